@@ -1,0 +1,53 @@
+"""LaunchHelm: experiment tracking that survives crashes.
+
+Write a run with :func:`init`, read and steer runs with :class:`Api`::
+
+    import launchhelm as lh
+
+    run = lh.init("quickstart", config={"lr": 3e-4})
+    for step in range(100):
+        run.global_step = step
+        run.log({"loss": 1 / (step + 1)})
+    run.finish()
+
+    lh.Api().run(run.id).history()
+
+Importing this package is cheap: torch, pandas, pyarrow, altair and IPython
+are imported only where first needed.
+"""
+
+from launchhelm._api import Api, RunHandle
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    CheckpointError,
+    CoordinationUnsupportedError,
+    InvalidMetricError,
+    LaunchHelmError,
+    ObjectNotFoundError,
+    RunClosedError,
+    RunFinishedError,
+    RunInUseError,
+    RunNotFoundError,
+    StorageError,
+)
+from launchhelm._run import Run, init
+from launchhelm._version import __version__
+
+__all__ = [
+    "AlreadyExistsError",
+    "Api",
+    "CheckpointError",
+    "CoordinationUnsupportedError",
+    "InvalidMetricError",
+    "LaunchHelmError",
+    "ObjectNotFoundError",
+    "Run",
+    "RunClosedError",
+    "RunFinishedError",
+    "RunHandle",
+    "RunInUseError",
+    "RunNotFoundError",
+    "StorageError",
+    "__version__",
+    "init",
+]

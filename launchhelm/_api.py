@@ -1,0 +1,195 @@
+"""The query API: what notebooks, widgets and the CLI read runs through."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from launchhelm._events import EventLog, RunState, fold, validate_project
+from launchhelm._metrics import decode_chunks, history_frame
+from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
+from launchhelm._sessions import Liveness, liveness, run_status
+from launchhelm.storage import Store, open_store
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Api", "RunHandle"]
+
+
+class RunHandle:
+    """A run as stored, read from any process (a notebook, the CLI, a widget).
+
+    Properties are read fresh from the store on each access, so a notebook
+    that keeps a handle sees the run progress.
+    """
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self._store = store
+        self._record = read_run_record(store, run_id)
+        self._events = EventLog(store, run_id)
+        self._chunk_cache: dict[str, bytes] = {}
+
+    # identity (immutable)
+    @property
+    def id(self) -> str:
+        return str(self._record["id"])
+
+    @property
+    def project(self) -> str:
+        return str(self._record["project"])
+
+    @property
+    def name(self) -> str:
+        return str(self._record["name"])
+
+    @property
+    def config(self) -> Mapping[str, Any]:
+        return dict(self._record.get("config") or {})
+
+    @property
+    def created(self) -> float:
+        """Creation time, seconds since the epoch."""
+        return float(self._record["created"])
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.RunHandle {self.project}/{self.id} {self.name!r}>"
+
+    # state
+    def _state(self) -> RunState:
+        return fold(self._events.read())
+
+    def _last_liveness(self, state: RunState) -> Liveness | None:
+        last = state.last_session
+        return liveness(self._store, self.id, last) if last is not None else None
+
+    @property
+    def status(self) -> str:
+        """``"running"``, ``"stopped"`` (its last session neither ended nor
+        heartbeats any more: crashed or killed), ``"resumable"`` (ended with
+        ``finish(close_run=False)`` or at interpreter exit) or ``"closed"``."""
+        state = self._state()
+        return run_status(state, self._last_liveness(state))
+
+    @property
+    def step(self) -> int:
+        """The furthest step reached, across sessions and attempts."""
+        return furthest_step(self._store, self.id, self._state())
+
+    @property
+    def last_heartbeat(self) -> float | None:
+        """Time of the last session's latest heartbeat (epoch seconds)."""
+        live = self._last_liveness(self._state())
+        return live.last_heartbeat if live else None
+
+    def events(self) -> list[dict[str, Any]]:
+        """The run's event log, oldest first (session starts and ends, ...)."""
+        return self._events.read()
+
+    def summary(self) -> dict[str, Any]:
+        """One row of :meth:`Api.runs`: id, name, status, step, created, ..."""
+        import pandas as pd
+
+        state = self._state()
+        live = self._last_liveness(state)
+        return {
+            "id": self.id,
+            "name": self.name,
+            "status": run_status(state, live),
+            "step": furthest_step(self._store, self.id, state),
+            "created": pd.Timestamp(self.created, unit="s", tz="UTC"),
+            "last_heartbeat": pd.Timestamp(live.last_heartbeat, unit="s", tz="UTC") if live else pd.NaT,
+            "sessions": len(state.sessions),
+            "rewinds": len(state.rewinds),
+        }
+
+    def history(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> pd.DataFrame:
+        """The run's metrics as a DataFrame.
+
+        Parameters
+        ----------
+        keys:
+            Metric names to return (default: all).
+        duplicates:
+            ``"all"``: one row per ``(step, attempt)``: a step redone after a
+            rewind appears once per attempt. ``"last"``: one row per step,
+            each metric's value from the newest attempt that logged it there.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns ``step``, ``attempt``, ``time`` (UTC), then one column per
+            metric key; sorted by step then attempt.
+        """
+        if duplicates not in ("all", "last"):
+            raise ValueError(f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)")
+        state = self._state()
+        blobs = []
+        for key, _, _ in metric_chunk_keys(self._store, self.id, state):
+            blob = self._chunk_cache.get(key)
+            if blob is None:
+                blob = self._chunk_cache[key] = self._store.read(key)  # chunks are immutable
+            blobs.append(blob)
+        return history_frame(decode_chunks(blobs), keys=keys, duplicates=duplicates)
+
+
+class Api:
+    """Read and steer runs in a store.
+
+    Parameters
+    ----------
+    store:
+        Store URL or path; default ``$LAUNCHHELM_STORE``, else ``~/.launchhelm``.
+    storage_options:
+        Passed to fsspec.
+
+    Examples
+    --------
+    >>> import launchhelm as lh
+    >>> api = lh.Api("memory://doc")
+    >>> api.projects()    # doctest: +SKIP
+    ['quickstart']
+    """
+
+    def __init__(
+        self,
+        store: str | os.PathLike[str] | Store | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        self.store = open_store(store, storage_options)
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.Api {self.store.url}>"
+
+    def projects(self) -> list[str]:
+        """Names of the projects in the store, sorted."""
+        names = {name.split("/")[0] for name in self.store.list("projects") if name.endswith("/project.json")}
+        return sorted(names)
+
+    def run_ids(self, project: str) -> list[str]:
+        """Ids of the project's runs."""
+        validate_project(project)
+        return [name for name in self.store.list(f"projects/{project}/runs") if "/" not in name]
+
+    def runs(self, project: str) -> pd.DataFrame:
+        """One row per run of ``project``, newest first.
+
+        Columns: id, name, status, step (furthest reached), created,
+        last_heartbeat, sessions, rewinds.
+        """
+        import pandas as pd
+
+        validate_project(project)
+        rows = []
+        for run_id in self.run_ids(project):
+            rows.append(RunHandle(self.store, run_id).summary())
+        columns = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds"]
+        frame = pd.DataFrame(rows, columns=columns)
+        if len(frame):
+            frame = frame.sort_values("created", ascending=False, ignore_index=True)
+        return frame
+
+    def run(self, run_id: str) -> RunHandle:
+        """A handle on the run ``run_id``; :class:`RunNotFoundError` if unknown."""
+        return RunHandle(self.store, run_id)

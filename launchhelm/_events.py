@@ -1,0 +1,207 @@
+"""The per-run event log and the run state folded from it.
+
+Every change to a run that more than one process could race on is an event:
+``runs/<id>/events/<seq:020d>.json``, each written with ``Store.create``. A
+writer that loses a sequence number re-reads the log and takes the next one,
+so every backend gives one total order of events. Conditional appends
+(``expect_seq``) turn the log into a compare-and-swap: resume checks the
+run's state at sequence N and only succeeds if its event lands at N + 1.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from launchhelm._exceptions import AlreadyExistsError, LaunchHelmError
+from launchhelm.storage import Store
+
+__all__ = [
+    "SESSION_ENDED",
+    "SESSION_STARTED",
+    "EventLog",
+    "RunState",
+    "SessionRecord",
+    "fold",
+    "run_prefix",
+]
+
+# record types, defined once
+SESSION_STARTED = "session_started"
+SESSION_ENDED = "session_ended"
+REWIND = "rewind"
+
+RUN_FORMAT = "launchhelm.run/1"
+_PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN_ID_RE = re.compile(r"^[a-z0-9]{4,64}$")
+
+
+def validate_project(project: object) -> str:
+    if not isinstance(project, str) or not _PROJECT_RE.match(project):
+        raise ValueError(
+            f"invalid project name {project!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. 'quickstart')"
+        )
+    return project
+
+
+def validate_run_id(run_id: object) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
+        raise ValueError(
+            f"invalid run id {run_id!r}: run ids are lowercase letters and digits, "
+            "as printed by init() or listed by Api().runs(project)"
+        )
+    return run_id
+
+
+def run_prefix(run_id: str) -> str:
+    return f"runs/{run_id}"
+
+
+def project_run_marker(project: str, run_id: str) -> str:
+    return f"projects/{project}/runs/{run_id}"
+
+
+class SequenceTaken(LaunchHelmError):
+    """A conditional append lost: the log moved past what the caller checked."""
+
+
+class EventLog:
+    """Append-only, totally ordered event log of one run.
+
+    Reads are incremental: events are immutable, so each is fetched once.
+    """
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.prefix = f"{run_prefix(run_id)}/events"
+        self._events: list[dict[str, Any]] = []
+
+    @staticmethod
+    def _key_seq(name: str) -> int | None:
+        stem = name.split("/")[-1]
+        if not stem.endswith(".json"):
+            return None
+        try:
+            return int(stem[:-5])
+        except ValueError:
+            return None
+
+    def read(self) -> list[dict[str, Any]]:
+        """All events, oldest first (fetching only those not yet seen)."""
+        seen = len(self._events)
+        names = sorted(
+            (seq, name)
+            for name in self.store.list(self.prefix)
+            if (seq := self._key_seq(name)) is not None and seq > seen
+        )
+        for seq, name in names:
+            if seq != len(self._events) + 1:
+                break  # a gap: a writer is mid-create; stop at the last contiguous one
+            self._events.append(json.loads(self.store.read(f"{self.prefix}/{name}")))
+        return list(self._events)
+
+    @property
+    def last_seq(self) -> int:
+        return len(self._events)
+
+    def append(
+        self, type_: str, payload: dict[str, Any], *, expect_seq: int | None = None
+    ) -> dict[str, Any]:
+        """Append one event and return it (with its ``seq``).
+
+        With ``expect_seq`` the event must land at exactly that sequence
+        number, else :class:`SequenceTaken` is raised and the caller re-checks
+        the state it based its decision on.
+        """
+        while True:
+            seq = expect_seq if expect_seq is not None else self.last_seq + 1
+            event = {"seq": seq, "type": type_, "time": time.time(), **payload}
+            body = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
+            try:
+                self.store.create(f"{self.prefix}/{seq:020d}.json", body)
+            except AlreadyExistsError:
+                self.read()
+                if expect_seq is not None:
+                    raise SequenceTaken(f"event {seq} of run {self.run_id} was taken by another writer") from None
+                if self.last_seq < seq:  # taken but not yet readable: wait for it
+                    time.sleep(0.01)
+                continue
+            if seq == self.last_seq + 1:
+                self._events.append(event)
+            return event
+
+
+@dataclass
+class SessionRecord:
+    """One session (process or DDP job) attached to a run, as the log tells it."""
+
+    id: str
+    started_at: float
+    process: dict[str, Any]
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    resumed: bool = False
+    start_step: int = 0
+    ended_at: float | None = None
+    end_reason: str | None = None
+    end_step: int | None = None
+    closed_run: bool = False
+
+
+@dataclass
+class RunState:
+    """What the event log says about a run."""
+
+    sessions: list[SessionRecord] = field(default_factory=list)
+    closed: bool = False
+    closed_at: float | None = None
+    rewinds: list[dict[str, Any]] = field(default_factory=list)
+    last_seq: int = 0
+
+    @property
+    def last_session(self) -> SessionRecord | None:
+        return self.sessions[-1] if self.sessions else None
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number new points carry: one more per rewind."""
+        return len(self.rewinds)
+
+
+def fold(events: list[dict[str, Any]]) -> RunState:
+    """Fold the log into the run's state."""
+    state = RunState()
+    by_id: dict[str, SessionRecord] = {}
+    for event in events:
+        kind = event.get("type")
+        state.last_seq = int(event["seq"])
+        if kind == SESSION_STARTED:
+            rec = SessionRecord(
+                id=event["session"],
+                started_at=float(event["time"]),
+                process=dict(event.get("process", {})),
+                heartbeat_interval=float(event.get("heartbeat_interval", 5.0)),
+                heartbeat_timeout=float(event.get("heartbeat_timeout", 30.0)),
+                resumed=bool(event.get("resumed", False)),
+                start_step=int(event.get("step", 0)),
+            )
+            state.sessions.append(rec)
+            by_id[rec.id] = rec
+        elif kind == SESSION_ENDED:
+            ended = by_id.get(event.get("session", ""))
+            if ended is not None:
+                ended.ended_at = float(event["time"])
+                ended.end_reason = event.get("reason")
+                ended.end_step = int(event.get("step", 0))
+                ended.closed_run = bool(event.get("close_run", False))
+            if event.get("close_run"):
+                state.closed = True
+                state.closed_at = float(event["time"])
+        elif kind == REWIND:
+            state.rewinds.append(dict(event))
+    return state

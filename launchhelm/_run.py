@@ -1,0 +1,558 @@
+"""Writing a run: ``init``, ``log``, ``flush``, ``finish``.
+
+``log()`` only validates and appends to an in-memory buffer (a few
+microseconds); a background thread writes the buffer as immutable chunks
+every ``flush_interval`` seconds and rewrites the session's heartbeat every
+``heartbeat_interval`` seconds. ``flush()``, ``finish()`` and interpreter
+exit write what is buffered.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import math
+import os
+import secrets
+import sys
+import threading
+import time
+import types
+from collections.abc import Mapping
+from typing import Any
+
+from launchhelm._events import (
+    SESSION_ENDED,
+    SESSION_STARTED,
+    EventLog,
+    SequenceTaken,
+    fold,
+    project_run_marker,
+    run_prefix,
+    validate_project,
+)
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    InvalidMetricError,
+    RunClosedError,
+    RunFinishedError,
+    RunInUseError,
+)
+from launchhelm._liveness import process_identity
+from launchhelm._metrics import Row, chunk_key, coerce_value, encode_chunk, validate_key
+from launchhelm._runinfo import furthest_step, read_run_record
+from launchhelm._sessions import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    encode_heartbeat,
+    env_seconds,
+    heartbeat_key,
+    liveness,
+)
+from launchhelm.storage import Store, open_store
+
+__all__ = ["Run", "init"]
+
+#: Seconds between background metric flushes (``LAUNCHHELM_FLUSH_INTERVAL``).
+DEFAULT_FLUSH_INTERVAL = 2.0
+
+_ADJECTIVES = "amber brave calm daring eager fleet gentle hardy keen lively mellow nimble proud quiet rapid steady swift tidy vivid witty".split()
+_NOUNS = "otter falcon heron lynx marten osprey panda puffin raven robin salmon swift tern tiger vole wren yak zebra badger bison".split()
+
+_live_runs: set[Run] = set()
+_live_lock = threading.Lock()
+
+
+def _new_run_id() -> str:
+    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
+    return "".join(secrets.choice(alphabet) for _ in range(8))
+
+
+def _new_session_id() -> str:
+    return f"{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+
+
+def _default_name() -> str:
+    return f"{secrets.choice(_ADJECTIVES)}-{secrets.choice(_NOUNS)}-{secrets.randbelow(100)}"
+
+
+def _check_jsonable(value: Any, where: str) -> None:
+    """Refuse what would not round-trip through JSON, naming the key path."""
+    if value is None or isinstance(value, (bool, str)):
+        return
+    if type(value) in (int, float):
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{where} is {value}; use a finite number or a string")
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where} has a key {k!r} of type {type(k).__name__}; keys must be strings")
+            _check_jsonable(v, f"{where}[{k!r}]")
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_jsonable(v, f"{where}[{i}]")
+        return
+    raise TypeError(
+        f"{where} is a {type(value).__name__}; config and tunables hold JSON values "
+        "(str, int, float, bool, None, lists and dicts of them): convert it first, e.g. str(path)"
+    )
+
+
+def _check_step(step: object) -> int:
+    if isinstance(step, bool) or not hasattr(step, "__index__"):
+        raise TypeError(f"step {step!r} is a {type(step).__name__}; steps are non-negative integers")
+    value = int(step.__index__())  # type: ignore[attr-defined]
+    if value < 0:
+        raise InvalidMetricError(f"step {value} is negative; steps are non-negative integers")
+    return value
+
+
+class Run:
+    """A run being written by this process (one session of it).
+
+    Create it with :func:`launchhelm.init`. Use it as a context manager to
+    finish it on exit (an exception ends the session but keeps the run open,
+    so it can be resumed).
+
+    Attributes
+    ----------
+    id, project, name:
+        The run's identity; ``id`` is what ``resume=`` takes.
+    config:
+        Read-only mapping given at creation.
+    session_id:
+        This process's session of the run.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        record: dict[str, Any],
+        session_id: str,
+        events: EventLog,
+        global_step: int,
+        attempt: int,
+        resumed: bool,
+        flush_interval: float,
+        heartbeat_interval: float,
+    ) -> None:
+        self._store = store
+        self.id: str = record["id"]
+        self.project: str = record["project"]
+        self.name: str = record["name"]
+        self.config: Mapping[str, Any] = types.MappingProxyType(dict(record.get("config") or {}))
+        self._tunables = types.MappingProxyType(dict(record.get("tunables") or {}))
+        self.session_id = session_id
+        self.resumed = resumed
+        self._events = events
+        self._step = global_step
+        self._reached = global_step
+        self._attempt = attempt
+        self._rows: list[Row] = []
+        self._lock = threading.Lock()
+        self._io_lock = threading.Lock()
+        self._known_keys: set[str] = set()
+        self._chunk_number = 0
+        self._finished = False
+        self._flush_interval = flush_interval
+        self._heartbeat_interval = heartbeat_interval
+        self._stop = threading.Event()
+        self._last_error: BaseException | None = None
+        self._worker = threading.Thread(target=self._work, name=f"launchhelm-{self.id}", daemon=True)
+
+    # -- identity -------------------------------------------------------
+    @property
+    def store(self) -> Store:
+        """The store the run lives in."""
+        return self._store
+
+    @property
+    def tunables(self) -> Mapping[str, Any]:
+        """Read-only mapping of the run's tunables."""
+        return self._tunables
+
+    @property
+    def global_step(self) -> int:
+        """The current step; ``log(step=None)`` logs here. Settable."""
+        return self._step
+
+    @global_step.setter
+    def global_step(self, value: int) -> None:
+        step = _check_step(value)
+        self._step = step
+        if step > self._reached:
+            self._reached = step
+
+    @property
+    def attempt(self) -> int:
+        """The attempt new points are logged under (one more per rewind)."""
+        return self._attempt
+
+    def __repr__(self) -> str:
+        state = "finished" if self._finished else "live"
+        return f"<launchhelm.Run {self.project}/{self.id} {self.name!r} step={self._step} {state}>"
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: object) -> None:
+        if exc is None:
+            self.finish()
+        else:
+            self._end_session(close_run=False, reason=f"exception: {type(exc).__name__}: {exc}")
+
+    # -- logging --------------------------------------------------------
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Record metric values at ``step`` (default: :attr:`global_step`).
+
+        Values must be real numbers: bool, int, float, numpy scalars or
+        one-element torch tensors; NaN and infinities are stored as such.
+        The whole call is checked before anything is recorded, so a bad
+        value raises and loses nothing logged before.
+
+        Raises
+        ------
+        TypeError
+            A value is not a real number (the message names the key), or a
+            key is not a string.
+        InvalidMetricError
+            A key is empty, has an empty, ``.`` or ``..`` segment, or control
+            characters; or ``step`` is negative.
+        RunFinishedError
+            ``finish()`` was already called in this process.
+
+        Examples
+        --------
+        >>> run.log({"loss": 0.42, "lr": 3e-4})            # doctest: +SKIP
+        >>> run.log({"eval/accuracy": 0.91}, step=1000)   # doctest: +SKIP
+        """
+        if self._finished:
+            raise RunFinishedError(
+                f"run {self.id} was finished in this process; resume it with "
+                f"launchhelm.init({self.project!r}, resume={self.id!r}) to log more",
+                run_id=self.id,
+            )
+        if step is None:
+            step = self._step
+        elif type(step) is not int or step < 0:
+            step = _check_step(step)
+        if type(metrics) is not dict and not isinstance(metrics, Mapping):
+            raise TypeError(f"log() takes a mapping of metric names to numbers, not {type(metrics).__name__}")
+        row: dict[str, float] = {}
+        known = self._known_keys
+        for key, value in metrics.items():
+            if key not in known:
+                validate_key(key)
+                known.add(key)
+            kind = type(value)
+            if kind is float:
+                row[key] = value
+            elif kind is int:
+                row[key] = float(value)
+            else:
+                row[key] = coerce_value(key, value)
+        if not row:
+            return
+        if step > self._reached:
+            self._reached = step
+        now = time.time()
+        with self._lock:
+            self._rows.append((step, self._attempt, now, row))
+
+    def flush(self) -> None:
+        """Write every buffered point to the store now (blocking)."""
+        self._flush()
+
+    def _flush(self) -> None:
+        with self._io_lock:
+            with self._lock:
+                rows, self._rows = self._rows, []
+            if not rows:
+                return
+            try:
+                data = encode_chunk(rows)
+                first = min(r[0] for r in rows)
+                last = max(r[0] for r in rows)
+                while True:
+                    key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
+                    self._chunk_number += 1
+                    try:
+                        self._store.create(key, data)
+                        break
+                    except AlreadyExistsError:
+                        continue  # a chunk number taken by an earlier, ambiguous write
+            except BaseException:
+                with self._lock:
+                    self._rows[:0] = rows  # keep them for the next try
+                raise
+
+    def _beat(self) -> None:
+        self._store.put(
+            heartbeat_key(self.id, self.session_id),
+            encode_heartbeat(max(self._step, self._reached), self._heartbeat_interval),
+        )
+
+    # -- background work ------------------------------------------------
+    def _start(self) -> None:
+        self._beat()
+        with _live_lock:
+            _live_runs.add(self)
+        self._worker.start()
+
+    def _work(self) -> None:
+        now = time.monotonic()
+        next_flush = now + self._flush_interval
+        next_beat = now + self._heartbeat_interval
+        while not self._stop.wait(max(0.0, min(next_flush, next_beat) - time.monotonic())):
+            now = time.monotonic()
+            try:
+                if now >= next_flush:
+                    next_flush = now + self._flush_interval
+                    self._flush()
+                if now >= next_beat:
+                    next_beat = now + self._heartbeat_interval
+                    self._beat()
+                self._last_error = None
+            except Exception as exc:  # keep going: the store may come back
+                self._last_error = exc
+
+    # -- ending ---------------------------------------------------------
+    def finish(self, close_run: bool = True) -> None:
+        """End this session, writing every buffered point first.
+
+        Parameters
+        ----------
+        close_run:
+            True (default) closes the run for good: it can no longer be
+            resumed. False ends only the session and keeps the run
+            resumable (``launchhelm.init(project, resume=run.id)``).
+        """
+        self._end_session(close_run=close_run, reason="finish")
+
+    def _end_session(self, *, close_run: bool, reason: str) -> None:
+        if self._finished:
+            return
+        self._stop.set()
+        if self._worker.is_alive() and threading.current_thread() is not self._worker:
+            self._worker.join()
+        self._flush()
+        self._events.append(
+            SESSION_ENDED,
+            {
+                "session": self.session_id,
+                "close_run": bool(close_run),
+                "reason": reason,
+                "step": max(self._step, self._reached),
+            },
+        )
+        self._finished = True
+        with _live_lock:
+            _live_runs.discard(self)
+
+
+def _at_exit() -> None:
+    """End live sessions at interpreter exit, keeping their runs open."""
+    last = getattr(sys, "last_value", None)
+    reason = f"exception: {type(last).__name__}: {last}" if last is not None else "exit"
+    with _live_lock:
+        runs = list(_live_runs)
+    for run in runs:
+        try:
+            run._end_session(close_run=False, reason=reason)
+        except Exception as exc:  # the store may be gone; nothing else to do here
+            print(f"launchhelm: could not end run {run.id} at exit: {exc}", file=sys.stderr)
+
+
+atexit.register(_at_exit)
+
+
+def init(
+    project: str,
+    name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    tunables: Mapping[str, Any] | None = None,
+    resume: str | None = None,
+    store: str | os.PathLike[str] | Store | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    takeover: bool = False,
+    flush_interval: float | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
+) -> Run:
+    """Start a run, or reopen one with ``resume=<run id>``.
+
+    Parameters
+    ----------
+    project:
+        Project name (letters, digits, ``.``, ``_``, ``-``).
+    name:
+        Display name; a random ``adjective-noun-N`` if omitted.
+    config:
+        JSON-serialisable settings recorded with the run.
+    tunables:
+        Values that may be changed from outside while the run trains.
+    resume:
+        Id of an open run to reopen as a new session. Refused with
+        :class:`RunNotFoundError` (unknown id), :class:`RunClosedError`
+        (``finish()`` closed it) or :class:`RunInUseError` (its session is
+        alive). A session on this host whose process is gone counts as dead
+        immediately; one on another host once its heartbeat is older than
+        its timeout.
+    store:
+        Store URL or path; default ``$LAUNCHHELM_STORE``, else ``~/.launchhelm``.
+    storage_options:
+        Passed to fsspec (credentials, ``endpoint_url``...).
+    takeover:
+        With ``resume``: take the run over even if its last session still
+        looks alive. Only for when you know that process is gone (a node that
+        vanished); two live writers would interleave their metrics.
+    flush_interval, heartbeat_interval, heartbeat_timeout:
+        Seconds; defaults 2, 5 and 30 or ``LAUNCHHELM_FLUSH_INTERVAL``,
+        ``LAUNCHHELM_HEARTBEAT_INTERVAL``, ``LAUNCHHELM_HEARTBEAT_TIMEOUT``.
+
+    Examples
+    --------
+    >>> import launchhelm as lh
+    >>> run = lh.init("quickstart", config={"lr": 3e-4}, store="memory://doc")
+    >>> run.global_step = 1
+    >>> run.log({"loss": 0.5})
+    >>> run.finish()
+    """
+    validate_project(project)
+    flush_s = flush_interval or env_seconds("LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
+    beat_s = heartbeat_interval or env_seconds("LAUNCHHELM_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL)
+    timeout_s = heartbeat_timeout or env_seconds("LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT)
+    if timeout_s <= beat_s:
+        raise ValueError(
+            f"heartbeat_timeout ({timeout_s}s) must exceed heartbeat_interval ({beat_s}s), "
+            "or live sessions would look dead"
+        )
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise ValueError(f"name={name!r}: give a non-empty string or None for a generated one")
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise TypeError(f"config is a {type(config).__name__}; pass a dict")
+        _check_jsonable(config, "config")
+    if tunables is not None:
+        if not isinstance(tunables, Mapping):
+            raise TypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
+        _check_jsonable(tunables, "tunables")
+    import pyarrow  # noqa: F401  imported here so the flush thread never stalls log() on it
+
+    st = open_store(store, storage_options)
+    session_id = _new_session_id()
+    session_payload = {
+        "session": session_id,
+        "process": process_identity(),
+        "heartbeat_interval": beat_s,
+        "heartbeat_timeout": timeout_s,
+    }
+    if resume is None:
+        record, events = _create_run(st, project, name, config, tunables)
+        events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
+        step, attempt = 0, 0
+    else:
+        record, events, step, attempt = _reopen_run(st, project, resume, session_payload, takeover)
+    run = Run(
+        store=st,
+        record=record,
+        session_id=session_id,
+        events=events,
+        global_step=step,
+        attempt=attempt,
+        resumed=resume is not None,
+        flush_interval=flush_s,
+        heartbeat_interval=beat_s,
+    )
+    run._start()
+    return run
+
+
+def _create_run(
+    store: Store,
+    project: str,
+    name: str | None,
+    config: Mapping[str, Any] | None,
+    tunables: Mapping[str, Any] | None,
+) -> tuple[dict[str, Any], EventLog]:
+    while True:
+        run_id = _new_run_id()
+        record = {
+            "format": "launchhelm.run/1",
+            "id": run_id,
+            "project": project,
+            "name": name or _default_name(),
+            "config": dict(config or {}),
+            "tunables": dict(tunables or {}),
+            "created": time.time(),
+        }
+        try:
+            store.create(f"{run_prefix(run_id)}/run.json", json.dumps(record).encode())
+            break
+        except AlreadyExistsError:
+            continue  # an id collision: draw another
+    for key, body in (
+        (f"projects/{project}/project.json", {"project": project, "created": record["created"]}),
+        (project_run_marker(project, run_id), {"created": record["created"]}),
+    ):
+        try:
+            store.create(key, json.dumps(body).encode())
+        except AlreadyExistsError:
+            pass
+    return record, EventLog(store, run_id)
+
+
+def _reopen_run(
+    store: Store, project: str, run_id: str, session_payload: dict[str, Any], takeover: bool
+) -> tuple[dict[str, Any], EventLog, int, int]:
+    if not isinstance(run_id, str):
+        raise TypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
+    record = read_run_record(store, run_id)
+    if record["project"] != project:
+        raise ValueError(
+            f"run {run_id} belongs to project {record['project']!r}, not {project!r}; "
+            f"call init({record['project']!r}, resume={run_id!r})"
+        )
+    # Concurrent resumes are settled by the log: our start event must land
+    # right after the state we checked, or we check again.
+    store.require_coordination("resuming a run")
+    events = EventLog(store, run_id)
+    while True:
+        state = fold(events.read())
+        if state.closed:
+            closed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.closed_at or 0))
+            raise RunClosedError(
+                f"run {run_id} is closed: finish() was called at {closed}; start a new run, or "
+                "next time end sessions with finish(close_run=False) to keep the run resumable",
+                run_id=run_id,
+            )
+        previous = state.last_session
+        replaces: dict[str, Any] | None = None
+        if previous is not None and previous.ended_at is None:
+            live = liveness(store, run_id, previous)
+            if live.alive and not takeover:
+                age = time.time() - live.last_heartbeat
+                where = previous.process.get("hostname", "?")
+                raise RunInUseError(
+                    f"run {run_id} is in use by session {previous.id} (pid {previous.process.get('pid')} "
+                    f"on {where}, last heartbeat {age:.0f}s ago, {live.reason}); stop that process first, "
+                    f"or wait {previous.heartbeat_timeout:.0f}s past its last heartbeat if its host is gone, "
+                    "or pass takeover=True if you are sure it is dead",
+                    run_id=run_id,
+                    session_id=previous.id,
+                )
+            replaces = {"session": previous.id, "reason": "takeover" if live.alive else live.reason}
+        step = furthest_step(store, run_id, state)
+        try:
+            events.append(
+                SESSION_STARTED,
+                {**session_payload, "resumed": True, "step": step, "replaces": replaces},
+                expect_seq=state.last_seq + 1,
+            )
+        except SequenceTaken:
+            continue
+        return record, events, step, state.attempt

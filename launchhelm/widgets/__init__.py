@@ -1,0 +1,1 @@
+"""Notebook widgets (built in a later issue)."""
