@@ -1,0 +1,470 @@
+"""Benchmark of LaunchHelm's metric hot path against the simplest possible baseline.
+
+What is measured (all in one process, on a fresh temporary local store):
+
+LaunchHelm
+    * ``run.log(d)`` latency, one ``time.perf_counter_ns()`` pair around each call, over
+      ``--steps`` steps (default 10,000) of 5 scalar metrics each: mean and p99 in µs.
+      ``run.global_step = s`` is set before each call, outside the timed region.
+    * ``run.finish()`` wall time in ms (joins the flush thread, encodes and writes the buffered
+      points, appends the session-ended event; the local store fsyncs what it writes).
+    * ``launchhelm.Api(store).run(run_id).history()`` into a pandas DataFrame in ms
+      (10,000 steps x 5 metrics = 50k values): the first (cold) read, then the median of the
+      warm reads. pandas and pyarrow are imported before any timing, so the cold read does not
+      include their import time (``benchmarks/bench_import.py`` measures imports).
+
+Baseline (same process, same dicts)
+    * ``buffer.append(d)`` into a Python list: mean and p99 in µs per call.
+    * Writing the buffered rows once at the end as one Arrow IPC file (pyarrow, wide table: a
+      ``step`` column plus one column per metric) and as one JSON-lines file, each followed by an
+      fsync, since the local store fsyncs too (ms).
+    * Reading the Arrow file back into a pandas DataFrame (ms, cold and warm median).
+
+Other trackers, only if already installed (never installed by this script)
+    * ``mlflow.log_metrics`` per call with a file store in a temporary directory.
+    * ``wandb.log`` per call in offline mode with its directory in a temporary folder.
+
+Every timed loop is preceded by ~200 warm-up calls on throwaway data (for LaunchHelm: on a
+separate warm-up run, so the measured run holds exactly ``--steps`` steps). The garbage
+collector stays enabled; the collections that ran inside each timed loop are counted and printed.
+
+Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
+any miss): ``log()`` mean <= 5 µs, ``log()`` p99 <= 20 µs, ``finish()`` <= 50 ms, warm history
+read <= 30 ms for 50k values.
+
+Run it from the repository root::
+
+    python benchmarks/bench_log.py
+    python benchmarks/bench_log.py --steps 10000 --store /some/dir   # fresh store created inside DIR
+    python benchmarks/bench_log.py --check                           # exit 1 on a missed target
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+WARMUP_CALLS = 200
+METRIC_KEYS = ("loss", "accuracy", "lr", "grad_norm", "throughput")
+
+TARGET_LOG_MEAN_US = 5.0
+TARGET_LOG_P99_US = 20.0
+TARGET_FINISH_MS = 50.0
+TARGET_HISTORY_MS = 30.0
+
+
+# -- helpers ----------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in 0..100) of ``values``."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return float(ordered[rank - 1])
+
+
+def summarize_ns(latencies_ns: Sequence[int]) -> tuple[float, float]:
+    """(mean, p99) of nanosecond latencies, in µs."""
+    return statistics.fmean(latencies_ns) / 1000, percentile(latencies_ns, 99) / 1000
+
+
+class GcCounter:
+    """Counts garbage collections per generation while active (gc stays enabled)."""
+
+    def __init__(self) -> None:
+        self.counts = [0, 0, 0]
+        self.pause_ns = 0
+        self._started = 0
+
+    def _callback(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter_ns()
+        else:
+            self.counts[info["generation"]] += 1
+            self.pause_ns += time.perf_counter_ns() - self._started
+
+    def __enter__(self) -> GcCounter:
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def describe(self) -> str:
+        g0, g1, g2 = self.counts
+        return f"gc runs gen0/gen1/gen2 = {g0}/{g1}/{g2}, {self.pause_ns / 1e6:.2f} ms in gc"
+
+
+def make_rows(steps: int, seed: int = 0) -> list[dict[str, float]]:
+    """``steps`` dicts of 5 float metrics, built before any timing."""
+    rows = []
+    for s in range(steps):
+        x = s + seed + 1.0
+        rows.append(
+            {
+                "loss": 1.0 / x,
+                "accuracy": 1.0 - 1.0 / (x + 1.0),
+                "lr": 3e-4 * (0.999 ** (s % 1000)),
+                "grad_norm": 1.0 + (s % 17) / 17.0,
+                "throughput": 1000.0 + (s % 101),
+            }
+        )
+    return rows
+
+
+def time_ms(fn: Callable[[], Any]) -> tuple[float, Any]:
+    t0 = time.perf_counter_ns()
+    result = fn()
+    return (time.perf_counter_ns() - t0) / 1e6, result
+
+
+def timer_overhead_ns(n: int = 100_000) -> float:
+    """Mean cost of an empty ``perf_counter_ns()`` pair, included in every per-call figure."""
+    pc = time.perf_counter_ns
+    total = 0
+    for _ in range(n):
+        t0 = pc()
+        total += pc() - t0
+    return total / n
+
+
+def fsync_write(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+# -- LaunchHelm -------------------------------------------------------------
+def bench_launchhelm(store_dir: Path, rows: list[dict[str, float]], reads: int) -> dict[str, Any]:
+    import launchhelm
+
+    out: dict[str, Any] = {}
+    url = str(store_dir)
+
+    # warm-up on a separate run, so the measured run holds exactly len(rows) steps
+    warm = launchhelm.init("bench-warmup", store=url)
+    for s, d in enumerate(make_rows(WARMUP_CALLS, seed=10**6)):
+        warm.global_step = s
+        warm.log(d)
+    warm.finish()
+
+    out["init_ms"], run = time_ms(lambda: launchhelm.init("bench", store=url))
+    pc = time.perf_counter_ns
+    lat = [0] * len(rows)
+    log = run.log
+    with GcCounter() as gcs:
+        loop_start = pc()
+        for i, d in enumerate(rows):
+            run.global_step = i
+            t0 = pc()
+            log(d)
+            lat[i] = pc() - t0
+        loop_ns = pc() - loop_start
+    out["log_mean_us"], out["log_p99_us"] = summarize_ns(lat)
+    out["log_max_us"] = max(lat) / 1000
+    out["log_loop_ms"] = loop_ns / 1e6
+    out["log_gc"] = gcs.describe()
+    metrics_dir = store_dir / "runs" / run.id / "metrics"
+    out["chunks_before_finish"] = sum(1 for p in metrics_dir.rglob("*.arrow")) if metrics_dir.exists() else 0
+
+    out["finish_ms"], _ = time_ms(run.finish)
+    out["chunks_after_finish"] = sum(1 for p in metrics_dir.rglob("*.arrow"))
+    out["run_id"] = run.id
+
+    times = []
+    frame = None
+    for _ in range(reads):
+        ms, frame = time_ms(lambda: launchhelm.Api(url).run(run.id).history())
+        times.append(ms)
+    out["history_cold_ms"] = times[0]
+    out["history_warm_ms"] = statistics.median(times[1:]) if len(times) > 1 else math.nan
+    out["history_all_ms"] = times
+
+    # where the warm read's time goes: opening the handle vs history() itself
+    open_ms, handle = time_ms(lambda: launchhelm.Api(url).run(run.id))
+    hist_ms, _ = time_ms(handle.history)
+    out["history_split"] = (open_ms, hist_ms)
+
+    out["check"] = check_history(frame, rows)
+    return out
+
+
+def check_history(frame: Any, rows: list[dict[str, float]]) -> str:
+    """Compare the history read back with what was logged; '' when it matches."""
+    import numpy as np
+
+    problems = []
+    expected_cols = ["step", "attempt", "time", *METRIC_KEYS]
+    if list(frame.columns) != expected_cols:
+        problems.append(f"columns {list(frame.columns)} != {expected_cols}")
+    if len(frame) != len(rows):
+        problems.append(f"{len(frame)} rows, expected {len(rows)}")
+    else:
+        if not np.array_equal(frame["step"].to_numpy(), np.arange(len(rows))):
+            problems.append("steps are not 0..n-1 in order")
+        for key in METRIC_KEYS:
+            if key in frame.columns and not np.array_equal(frame[key].to_numpy(), [r[key] for r in rows]):
+                problems.append(f"values of {key!r} differ from what was logged")
+    return "; ".join(problems)
+
+
+# -- baseline ---------------------------------------------------------------
+def bench_baseline(out_dir: Path, rows: list[dict[str, float]], reads: int) -> dict[str, Any]:
+    import pyarrow as pa
+
+    out: dict[str, Any] = {}
+    scratch: list[dict[str, float]] = []
+    for d in make_rows(WARMUP_CALLS, seed=10**6):
+        scratch.append(d)
+
+    pc = time.perf_counter_ns
+    buffer: list[dict[str, float]] = []
+    append = buffer.append
+    lat = [0] * len(rows)
+    with GcCounter() as gcs:
+        for i, d in enumerate(rows):
+            t0 = pc()
+            append(d)
+            lat[i] = pc() - t0
+    out["append_mean_us"], out["append_p99_us"] = summarize_ns(lat)
+    out["append_gc"] = gcs.describe()
+
+    arrow_path = out_dir / "metrics.arrow"
+    jsonl_path = out_dir / "metrics.jsonl"
+
+    def write_arrow() -> None:
+        columns: dict[str, Any] = {"step": pa.array(range(len(buffer)), pa.int64())}
+        for key in METRIC_KEYS:
+            columns[key] = pa.array([d[key] for d in buffer], pa.float64())
+        table = pa.table(columns)
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        fsync_write(arrow_path, sink.getvalue().to_pybytes())
+
+    def write_jsonl() -> None:
+        dumps = json.dumps
+        text = "".join(dumps({"step": i, **d}) + "\n" for i, d in enumerate(buffer))
+        fsync_write(jsonl_path, text.encode())
+
+    out["arrow_write_ms"], _ = time_ms(write_arrow)
+    out["jsonl_write_ms"], _ = time_ms(write_jsonl)
+    out["arrow_bytes"] = arrow_path.stat().st_size
+    out["jsonl_bytes"] = jsonl_path.stat().st_size
+
+    def read_arrow() -> Any:
+        with pa.memory_map(str(arrow_path)) as source:
+            return pa.ipc.open_file(source).read_all().to_pandas()
+
+    times = [time_ms(read_arrow)[0] for _ in range(reads)]
+    out["read_cold_ms"] = times[0]
+    out["read_warm_ms"] = statistics.median(times[1:]) if len(times) > 1 else math.nan
+    return out
+
+
+# -- other trackers (only if installed) -------------------------------------
+def bench_mlflow(tmp: Path, steps: int) -> str:
+    try:
+        import mlflow
+    except ImportError as exc:
+        return f"mlflow: skipped, not importable ({exc})"
+    try:
+        mlflow.set_tracking_uri((tmp / "mlruns").as_uri())
+        mlflow.set_experiment("bench")
+        rows = make_rows(steps)
+        pc = time.perf_counter_ns
+        lat = [0] * steps
+        with mlflow.start_run():
+            for s, d in enumerate(make_rows(WARMUP_CALLS, seed=10**6)):
+                mlflow.log_metrics(d, step=s)
+            with GcCounter() as gcs:
+                for i, d in enumerate(rows):
+                    t0 = pc()
+                    mlflow.log_metrics(d, step=WARMUP_CALLS + i)
+                    lat[i] = pc() - t0
+            end_ms, _ = time_ms(mlflow.end_run)
+    except Exception as exc:
+        return f"mlflow {getattr(mlflow, '__version__', '?')}: failed: {type(exc).__name__}: {exc}"
+    mean, p99 = summarize_ns(lat)
+    return (
+        f"mlflow {mlflow.__version__} log_metrics (file store, {steps} steps x 5): "
+        f"mean {mean:,.1f} µs, p99 {p99:,.1f} µs, end_run {end_ms:,.1f} ms; {gcs.describe()}"
+    )
+
+
+def bench_wandb(tmp: Path, steps: int) -> str:
+    try:
+        import wandb
+    except ImportError as exc:
+        return f"wandb: skipped, not importable ({exc})"
+    os.environ.setdefault("WANDB_SILENT", "true")
+    try:
+        run = wandb.init(project="bench", mode="offline", dir=str(tmp))
+        rows = make_rows(steps)
+        pc = time.perf_counter_ns
+        lat = [0] * steps
+        for s, d in enumerate(make_rows(WARMUP_CALLS, seed=10**6)):
+            run.log(d, step=s)
+        with GcCounter() as gcs:
+            for i, d in enumerate(rows):
+                t0 = pc()
+                run.log(d, step=WARMUP_CALLS + i)
+                lat[i] = pc() - t0
+        end_ms, _ = time_ms(run.finish)
+    except Exception as exc:
+        return f"wandb {getattr(wandb, '__version__', '?')}: failed: {type(exc).__name__}: {exc}"
+    mean, p99 = summarize_ns(lat)
+    return (
+        f"wandb {wandb.__version__} log (offline, {steps} steps x 5): "
+        f"mean {mean:,.1f} µs, p99 {p99:,.1f} µs, finish {end_ms:,.1f} ms; {gcs.describe()}"
+    )
+
+
+# -- report -----------------------------------------------------------------
+def fmt(value: float, digits: int = 2) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def print_table(rows: list[tuple[str, float, float, str, bool | None]]) -> bool:
+    """Print the comparison table; return True if every target was met."""
+    header = ("metric", "launchhelm", "baseline", "ratio", "target", "result")
+    lines = []
+    ok = True
+    for name, lh, base, target, passed in rows:
+        ratio = lh / base if base and not math.isnan(base) else math.nan
+        result = "info" if passed is None else ("PASS" if passed else "MISS")
+        ok = ok and passed is not False
+        lines.append((name, fmt(lh), fmt(base), f"{fmt(ratio, 1)}x", target, result))
+    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
+    sep = "  "
+    print(sep.join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    print(sep.join("-" * w for w in widths))
+    for line in lines:
+        print(sep.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    return ok
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=10_000, help="steps to log, 5 metrics each (default 10000)")
+    parser.add_argument(
+        "--store",
+        type=Path,
+        default=None,
+        help="directory in which a fresh store directory is created and kept (default: a temporary "
+        "directory, removed afterwards)",
+    )
+    parser.add_argument("--reads", type=int, default=7, help="history reads: 1 cold + the rest warm (default 7)")
+    parser.add_argument("--mlflow-steps", type=int, default=500)
+    parser.add_argument("--wandb-steps", type=int, default=2_000)
+    parser.add_argument("--check", action="store_true", help="exit with status 1 if a target is missed")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.reads < 2:
+        parser.error("--steps must be >= 1 and --reads >= 2")
+
+    # imported before any timing: the cold history read should not pay for imports
+    t0 = time.perf_counter_ns()
+    import launchhelm
+    import numpy
+    import pandas
+    import pyarrow
+    import pyarrow.compute  # noqa: F401
+
+    import_ms = (time.perf_counter_ns() - t0) / 1e6
+
+    if args.store is None:
+        root = Path(tempfile.mkdtemp(prefix="launchhelm-bench-"))
+        keep = False
+    else:
+        args.store.mkdir(parents=True, exist_ok=True)
+        root = Path(tempfile.mkdtemp(prefix="launchhelm-bench-", dir=args.store))
+        keep = True
+    store_dir = root / "store"
+    baseline_dir = root / "baseline"
+    others_dir = root / "others"
+    for d in (store_dir, baseline_dir, others_dir):
+        d.mkdir()
+
+    print(f"launchhelm {launchhelm.__version__}, Python {platform.python_version()} on {platform.platform()}")
+    print(
+        f"numpy {numpy.__version__}, pandas {pandas.__version__}, pyarrow {pyarrow.__version__}; "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(f"store: {store_dir} ({'kept' if keep else 'temporary'})")
+    print(f"steps: {args.steps:,} x {len(METRIC_KEYS)} metrics = {args.steps * len(METRIC_KEYS):,} values")
+    print(
+        f"gc: enabled (not disabled), thresholds {gc.get_threshold()}; "
+        f"warm-up: {WARMUP_CALLS} calls before each timed loop"
+    )
+    print(f"timer: an empty perf_counter_ns() pair costs {timer_overhead_ns():.0f} ns (included in per-call figures)")
+    print(f"imports done before timing (launchhelm, numpy, pandas, pyarrow): {import_ms:,.0f} ms")
+    print()
+
+    rows = make_rows(args.steps)
+    try:
+        lh = bench_launchhelm(store_dir, rows, args.reads)
+        base = bench_baseline(baseline_dir, rows, args.reads)
+        others = [bench_mlflow(others_dir, args.mlflow_steps), bench_wandb(others_dir, args.wandb_steps)]
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+    n_values = args.steps * len(METRIC_KEYS)
+    table = [
+        ("log() mean, µs/call (vs list.append)", lh["log_mean_us"], base["append_mean_us"], "<= 5 µs",
+         lh["log_mean_us"] <= TARGET_LOG_MEAN_US),
+        ("log() p99, µs/call (vs list.append)", lh["log_p99_us"], base["append_p99_us"], "<= 20 µs",
+         lh["log_p99_us"] <= TARGET_LOG_P99_US),
+        ("finish(), ms (vs Arrow IPC write)", lh["finish_ms"], base["arrow_write_ms"], "<= 50 ms",
+         lh["finish_ms"] <= TARGET_FINISH_MS),
+        ("finish(), ms (vs JSONL write)", lh["finish_ms"], base["jsonl_write_ms"], "-", None),
+        (f"history() warm median, ms, {n_values // 1000}k values (vs Arrow->pandas)", lh["history_warm_ms"],
+         base["read_warm_ms"], "<= 30 ms", lh["history_warm_ms"] <= TARGET_HISTORY_MS),
+        ("history() cold (first read), ms (vs Arrow->pandas)", lh["history_cold_ms"], base["read_cold_ms"], "-",
+         None),
+    ]  # fmt: skip
+    all_ok = print_table(table)
+    print()
+    print("LaunchHelm details:")
+    print(f"  init(): {lh['init_ms']:,.1f} ms; run {lh['run_id']}")
+    print(
+        f"  log(): max {lh['log_max_us']:,.1f} µs; whole loop incl. global_step setter {lh['log_loop_ms']:,.1f} ms; "
+        f"{lh['log_gc']}"
+    )
+    print(
+        f"  chunks written by the flush thread during the loop: {lh['chunks_before_finish']}; "
+        f"after finish(): {lh['chunks_after_finish']}"
+    )
+    print(f"  history() reads, ms: {', '.join(f'{t:,.1f}' for t in lh['history_all_ms'])}")
+    open_ms, hist_ms = lh["history_split"]
+    print(f"  one more warm read split: Api(store).run(id) {open_ms:,.2f} ms + .history() {hist_ms:,.2f} ms")
+    print(f"  history matches what was logged: {'yes' if not lh['check'] else 'NO: ' + lh['check']}")
+    print("Baseline details:")
+    print(f"  list.append: {base['append_gc']}")
+    print(
+        f"  Arrow IPC file {base['arrow_bytes']:,} bytes, {base['arrow_write_ms']:,.2f} ms; "
+        f"JSONL file {base['jsonl_bytes']:,} bytes, {base['jsonl_write_ms']:,.2f} ms (both incl. fsync)"
+    )
+    print("Other trackers:")
+    for line in others:
+        print(f"  {line}")
+    print()
+    print("PASS/MISS is informational" + ("" if not args.check else "; --check given") + ".")
+    if lh["check"]:
+        all_ok = False
+    return 1 if args.check and not all_ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

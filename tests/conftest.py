@@ -1,0 +1,100 @@
+"""Fixtures shared by every test layer: stores on each backend, for real.
+
+S3 is a real ``moto_server`` process listening on 127.0.0.1, started once per
+test session; every test gets its own bucket prefix. Child processes find it
+through the standard ``AWS_*`` environment variables set here.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+BUCKET = "launchhelm-tests"
+BACKENDS = ["local", "memory", "s3"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A real moto S3 server over HTTP on 127.0.0.1."""
+    exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    port = _free_port()
+    log = tmp_path_factory.mktemp("moto") / "moto.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    endpoint = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(f"{endpoint}/moto-api/", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                raise RuntimeError(f"moto_server did not start: {log.read_text()[-2000:]}") from None
+            time.sleep(0.1)
+    saved = {k: os.environ.get(k) for k in _AWS_ENV}
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_ENDPOINT_URL": endpoint,
+        }
+    )
+    import boto3
+
+    boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket=BUCKET)
+    try:
+        yield endpoint
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+_AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
+
+
+def make_store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    if backend == "local":
+        return str(tmp_path / "store")
+    if backend == "memory":
+        return f"memory://lh-{secrets.token_hex(6)}"
+    request.getfixturevalue("moto_endpoint")
+    return f"s3://{BUCKET}/{secrets.token_hex(6)}"
+
+
+@pytest.fixture(params=BACKENDS)
+def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A fresh, empty store on each backend: local directory, memory, moto S3."""
+    return make_store_url(request.param, tmp_path, request)
+
+
+@pytest.fixture(params=["local", "s3"])
+def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store other processes can reach too (memory:// is per process)."""
+    return make_store_url(request.param, tmp_path, request)
