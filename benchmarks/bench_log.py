@@ -173,20 +173,26 @@ def bench_launchhelm(store_dir: Path, rows: list[dict[str, float]], reads: int) 
         loop_ns = pc() - loop_start
     out["log_mean_us"], out["log_p99_us"] = summarize_ns(lat)
     out["log_max_us"] = max(lat) / 1000
+    out["log_p50_us"] = percentile(lat, 50) / 1000
+    out["log_p999_us"] = percentile(lat, 99.9) / 1000
     out["log_loop_ms"] = loop_ns / 1e6
     out["log_gc"] = gcs.describe()
     metrics_dir = store_dir / "runs" / run.id / "metrics"
     out["chunks_before_finish"] = sum(1 for p in metrics_dir.rglob("*.arrow")) if metrics_dir.exists() else 0
 
-    out["finish_ms"], _ = time_ms(run.finish)
+    with GcCounter() as gcs:
+        out["finish_ms"], _ = time_ms(run.finish)
+    out["finish_gc"] = gcs.describe()
     out["chunks_after_finish"] = sum(1 for p in metrics_dir.rglob("*.arrow"))
     out["run_id"] = run.id
 
     times = []
     frame = None
-    for _ in range(reads):
-        ms, frame = time_ms(lambda: launchhelm.Api(url).run(run.id).history())
-        times.append(ms)
+    with GcCounter() as gcs:
+        for _ in range(reads):
+            ms, frame = time_ms(lambda: launchhelm.Api(url).run(run.id).history())
+            times.append(ms)
+    out["history_gc"] = gcs.describe()
     out["history_cold_ms"] = times[0]
     out["history_warm_ms"] = statistics.median(times[1:]) if len(times) > 1 else math.nan
     out["history_all_ms"] = times
@@ -285,16 +291,18 @@ def bench_mlflow(tmp: Path, steps: int) -> str:
         rows = make_rows(steps)
         pc = time.perf_counter_ns
         lat = [0] * steps
-        with mlflow.start_run():
-            for s, d in enumerate(make_rows(WARMUP_CALLS, seed=10**6)):
-                mlflow.log_metrics(d, step=s)
-            with GcCounter() as gcs:
-                for i, d in enumerate(rows):
-                    t0 = pc()
-                    mlflow.log_metrics(d, step=WARMUP_CALLS + i)
-                    lat[i] = pc() - t0
-            end_ms, _ = time_ms(mlflow.end_run)
+        mlflow.start_run()
+        for s, d in enumerate(make_rows(WARMUP_CALLS, seed=10**6)):
+            mlflow.log_metrics(d, step=s)
+        with GcCounter() as gcs:
+            for i, d in enumerate(rows):
+                t0 = pc()
+                mlflow.log_metrics(d, step=WARMUP_CALLS + i)
+                lat[i] = pc() - t0
+        end_ms, _ = time_ms(mlflow.end_run)
     except Exception as exc:
+        if mlflow.active_run() is not None:
+            mlflow.end_run(status="FAILED")
         return f"mlflow {getattr(mlflow, '__version__', '?')}: failed: {type(exc).__name__}: {exc}"
     mean, p99 = summarize_ns(lat)
     return (
@@ -348,10 +356,10 @@ def print_table(rows: list[tuple[str, float, float, str, bool | None]]) -> bool:
         lines.append((name, fmt(lh), fmt(base), f"{fmt(ratio, 1)}x", target, result))
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
     sep = "  "
-    print(sep.join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths))))
+    print(sep.join(h.ljust(w) if i == 0 else h.rjust(w) for i, (h, w) in enumerate(zip(header, widths, strict=True))))
     print(sep.join("-" * w for w in widths))
     for line in lines:
-        print(sep.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths))))
+        print(sep.join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))))
     return ok
 
 
@@ -375,11 +383,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     # imported before any timing: the cold history read should not pay for imports
     t0 = time.perf_counter_ns()
-    import launchhelm
     import numpy
     import pandas
     import pyarrow
-    import pyarrow.compute  # noqa: F401
+    import pyarrow.compute
+
+    import launchhelm
 
     import_ms = (time.perf_counter_ns() - t0) / 1e6
 
@@ -398,8 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"launchhelm {launchhelm.__version__}, Python {platform.python_version()} on {platform.platform()}")
     print(
-        f"numpy {numpy.__version__}, pandas {pandas.__version__}, pyarrow {pyarrow.__version__}; "
-        f"{os.cpu_count()} CPUs"
+        f"numpy {numpy.__version__}, pandas {pandas.__version__}, pyarrow {pyarrow.__version__}; {os.cpu_count()} CPUs"
     )
     print(f"store: {store_dir} ({'kept' if keep else 'temporary'})")
     print(f"steps: {args.steps:,} x {len(METRIC_KEYS)} metrics = {args.steps * len(METRIC_KEYS):,} values")
@@ -439,14 +447,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("LaunchHelm details:")
     print(f"  init(): {lh['init_ms']:,.1f} ms; run {lh['run_id']}")
     print(
-        f"  log(): max {lh['log_max_us']:,.1f} µs; whole loop incl. global_step setter {lh['log_loop_ms']:,.1f} ms; "
+        f"  log(): p50 {lh['log_p50_us']:,.2f} µs, p99.9 {lh['log_p999_us']:,.1f} µs, max {lh['log_max_us']:,.1f} µs; "
         f"{lh['log_gc']}"
     )
+    print(f"  whole log loop incl. the global_step setter: {lh['log_loop_ms']:,.1f} ms")
     print(
         f"  chunks written by the flush thread during the loop: {lh['chunks_before_finish']}; "
         f"after finish(): {lh['chunks_after_finish']}"
     )
-    print(f"  history() reads, ms: {', '.join(f'{t:,.1f}' for t in lh['history_all_ms'])}")
+    print(f"  finish(): {lh['finish_gc']}")
+    print(f"  history() reads, ms: {', '.join(f'{t:,.1f}' for t in lh['history_all_ms'])}; {lh['history_gc']}")
     open_ms, hist_ms = lh["history_split"]
     print(f"  one more warm read split: Api(store).run(id) {open_ms:,.2f} ms + .history() {hist_ms:,.2f} ms")
     print(f"  history matches what was logged: {'yes' if not lh['check'] else 'NO: ' + lh['check']}")

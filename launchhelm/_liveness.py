@@ -11,9 +11,7 @@ another host is dead once its heartbeat is older than its timeout.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import socket
 from functools import lru_cache
 
 __all__ = ["ProcessIdentity", "process_identity", "process_state"]
@@ -32,6 +30,9 @@ def _read(path: str) -> str:
 @lru_cache(maxsize=1)
 def host_id() -> str:
     """A stable id of this host (and PID namespace) for this boot."""
+    import hashlib
+    import socket
+
     try:
         pidns = os.readlink("/proc/self/ns/pid")
     except OSError:
@@ -52,6 +53,8 @@ def _proc_start(pid: int) -> tuple[str, str] | None:
 
 def process_identity() -> ProcessIdentity:
     """Where the calling process runs, as recorded in a session's start event."""
+    import socket
+
     pid = os.getpid()
     started = _proc_start(pid)
     return {

@@ -93,18 +93,14 @@ def encode_chunk(rows: Sequence[Row]) -> bytes:
     """Encode buffered rows as one Arrow IPC file (lz4)."""
     import pyarrow as pa
 
-    steps: list[int] = []
-    attempts: list[int] = []
-    times: list[float] = []
-    keys: list[str] = []
-    values: list[float] = []
-    for step, attempt, t, metrics in rows:
-        n = len(metrics)
-        steps.extend([step] * n)
-        attempts.extend([attempt] * n)
-        times.extend([t] * n)
-        keys.extend(metrics.keys())
-        values.extend(metrics.values())
+    import numpy as np
+
+    counts = np.fromiter((len(r[3]) for r in rows), dtype=np.int64, count=len(rows))
+    keys = [k for r in rows for k in r[3]]
+    values = np.fromiter((v for r in rows for v in r[3].values()), dtype=np.float64, count=len(keys))
+    steps = np.repeat(np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows)), counts)
+    attempts = np.repeat(np.fromiter((r[1] for r in rows), dtype=np.int32, count=len(rows)), counts)
+    times = np.repeat(np.fromiter((r[2] for r in rows), dtype=np.float64, count=len(rows)), counts)
     table = pa.table(
         {
             "step": pa.array(steps, pa.int64()),
@@ -179,9 +175,10 @@ def history_frame(
     n = len(step)
     arrival = np.arange(n, dtype=np.int64)
     if duplicates == "all":
-        row_key = np.stack([step, attempt])
-        uniq, row_of = np.unique(row_key, axis=1, return_inverse=True)
-        row_step, row_attempt = uniq[0], uniq[1]
+        # one int64 per (step, attempt): np.unique on it is ~20x faster than on pairs
+        width = int(attempt.max()) + 1 if n else 1
+        uniq, row_of = np.unique(step * width + attempt, return_inverse=True)
+        row_step, row_attempt = uniq // width, uniq % width
     else:
         row_step, row_of = np.unique(step, return_inverse=True)
         row_attempt = np.full(len(row_step), -1, dtype=np.int64)

@@ -13,7 +13,6 @@ import atexit
 import json
 import math
 import os
-import secrets
 import sys
 import threading
 import time
@@ -65,15 +64,16 @@ _live_lock = threading.Lock()
 
 def _new_run_id() -> str:
     alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
-    return "".join(secrets.choice(alphabet) for _ in range(8))
+    return "".join(alphabet[b % 36] for b in os.urandom(8))
 
 
 def _new_session_id() -> str:
-    return f"{int(time.time() * 1000):012x}{secrets.token_hex(4)}"
+    return f"{int(time.time() * 1000):012x}{os.urandom(4).hex()}"
 
 
 def _default_name() -> str:
-    return f"{secrets.choice(_ADJECTIVES)}-{secrets.choice(_NOUNS)}-{secrets.randbelow(100)}"
+    a, n, k = os.urandom(3)
+    return f"{_ADJECTIVES[a % len(_ADJECTIVES)]}-{_NOUNS[n % len(_NOUNS)]}-{k % 100}"
 
 
 def _check_jsonable(value: Any, where: str) -> None:
@@ -98,6 +98,30 @@ def _check_jsonable(value: Any, where: str) -> None:
         f"{where} is a {type(value).__name__}; config and tunables hold JSON values "
         "(str, int, float, bool, None, lists and dicts of them): convert it first, e.g. str(path)"
     )
+
+
+def _seconds(name: str, given: float | None, env: str, default: float) -> float:
+    if given is None:
+        return env_seconds(env, default)
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not given > 0:
+        raise ValueError(f"{name}={given!r}: give a positive number of seconds")
+    return float(given)
+
+
+_warmed_up = False
+
+
+def _warm_up_encoder() -> None:
+    """Encode one chunk now, in the caller's thread.
+
+    pyarrow imports parts of itself (and pandas) lazily on first use. Done
+    at interpreter exit that fails ("can't register atexit after shutdown"),
+    and done in the flush thread it would stall ``log()`` on the import lock.
+    """
+    global _warmed_up
+    if not _warmed_up:
+        encode_chunk([(0, 0, 0.0, {"warm-up": 0.0})])
+        _warmed_up = True
 
 
 def _check_step(step: object) -> int:
@@ -366,7 +390,28 @@ def _at_exit() -> None:
             print(f"launchhelm: could not end run {run.id} at exit: {exc}", file=sys.stderr)
 
 
-atexit.register(_at_exit)
+_exit_hook_installed = False
+
+
+def _install_exit_hook() -> None:
+    """End live sessions at exit, before the interpreter stops thread pools.
+
+    Object-store clients (aiohttp under s3fs) resolve hosts in the event
+    loop's thread pool, which refuses work once ``concurrent.futures`` has
+    shut down at exit. ``threading``'s exit hooks run before that one when
+    registered after it (they run in reverse order), so the final flush can
+    still reach S3. ``atexit`` stays as the fallback.
+    """
+    global _exit_hook_installed
+    if _exit_hook_installed:
+        return
+    import concurrent.futures.thread  # noqa: F401  registers its own hook first
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_at_exit)
+    atexit.register(_at_exit)
+    _exit_hook_installed = True
 
 
 def init(
@@ -423,9 +468,13 @@ def init(
     >>> run.finish()
     """
     validate_project(project)
-    flush_s = flush_interval or env_seconds("LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
-    beat_s = heartbeat_interval or env_seconds("LAUNCHHELM_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL)
-    timeout_s = heartbeat_timeout or env_seconds("LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT)
+    flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
+    beat_s = _seconds(
+        "heartbeat_interval", heartbeat_interval, "LAUNCHHELM_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL
+    )
+    timeout_s = _seconds(
+        "heartbeat_timeout", heartbeat_timeout, "LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT
+    )
     if timeout_s <= beat_s:
         raise ValueError(
             f"heartbeat_timeout ({timeout_s}s) must exceed heartbeat_interval ({beat_s}s), "
@@ -441,7 +490,8 @@ def init(
         if not isinstance(tunables, Mapping):
             raise TypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         _check_jsonable(tunables, "tunables")
-    import pyarrow  # noqa: F401  imported here so the flush thread never stalls log() on it
+    _warm_up_encoder()
+    _install_exit_hook()
 
     st = open_store(store, storage_options)
     session_id = _new_session_id()

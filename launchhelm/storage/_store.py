@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -59,6 +57,12 @@ _TRANSIENT_MARKERS = (
 )
 
 _STAGING = ".staging"
+
+
+def _copy(src: BinaryIO, dst: BinaryIO, block: int = 8 * 2**20) -> None:
+    """Stream ``src`` to ``dst`` in blocks (never the whole file in memory)."""
+    while chunk := src.read(block):
+        dst.write(chunk)
 
 
 def _check_key(key: str) -> str:
@@ -165,7 +169,7 @@ class Store:
         """
         target = Path(local_path)
         target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+        tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.part")
         try:
             with open(tmp, "wb") as out:
                 self._download(_check_key(key), out)
@@ -251,7 +255,7 @@ class LocalStore(Store):
 
     def _stage(self, write: Callable[[BinaryIO], None]) -> Path:
         self._mkdir(self._staging)
-        tmp = self._staging / f"{os.getpid()}-{secrets.token_hex(8)}.tmp"
+        tmp = self._staging / f"{os.getpid()}-{os.urandom(8).hex()}.tmp"
         try:
             with open(tmp, "xb") as f:
                 write(f)
@@ -332,14 +336,14 @@ class LocalStore(Store):
     def _upload(self, key: str, path: Path) -> None:
         def copy(f: BinaryIO) -> None:
             with open(path, "rb") as src:
-                shutil.copyfileobj(src, f, 8 * 2**20)
+                _copy(src, f)
 
         self._publish(self._stage(copy), key)
 
     def _download(self, key: str, out: BinaryIO) -> None:
         try:
             with open(self._path(key), "rb") as src:
-                shutil.copyfileobj(src, out, 8 * 2**20)
+                _copy(src, out)
         except FileNotFoundError:
             raise ObjectNotFoundError(
                 f"{self.url_for(key)} does not exist", url=self.url_for(key)
@@ -475,7 +479,7 @@ class ObjectStore(Store):
     def _download(self, key: str, out: BinaryIO) -> None:
         try:
             with self.fs.open(self._path(key), "rb") as src:
-                shutil.copyfileobj(src, out, 8 * 2**20)
+                _copy(src, out)
         except FileNotFoundError:
             raise ObjectNotFoundError(
                 f"{self.url_for(key)} does not exist", url=self.url_for(key)
