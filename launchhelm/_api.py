@@ -123,7 +123,9 @@ class RunHandle:
             metric key; sorted by step then attempt.
         """
         if duplicates not in ("all", "last"):
-            raise ValueError(f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)")
+            raise ValueError(
+                f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
+            )
         state = self._state()
         blobs = []
         for key, _, _ in metric_chunk_keys(self._store, self.id, state):
@@ -188,7 +190,8 @@ class Api:
         frame = pd.DataFrame(rows, columns=columns)
         if len(frame):
             frame = frame.sort_values("created", ascending=False, ignore_index=True)
-        return frame
+        result: pd.DataFrame = frame
+        return result
 
     def run(self, run_id: str) -> RunHandle:
         """A handle on the run ``run_id``; :class:`RunNotFoundError` if unknown."""

@@ -33,12 +33,13 @@ def run_demo(store: str | os.PathLike[str] | None = None, steps: int = 200) -> i
     rng = np.random.default_rng(0)
     x, y = _data(rng)
     w = np.zeros(x.shape[1])
-    config = {"lr": 0.5, "batch_size": 64, "steps": steps, "model": "logistic-regression"}
+    base_lr, batch_size = 0.5, 64
+    config = {"lr": base_lr, "batch_size": batch_size, "steps": steps, "model": "logistic-regression"}
     run = lh.init("demo", config=config, store=store)
     print(f"run {run.id} ({run.name}) in store {run.store.url}")
     for step in range(1, steps + 1):
-        lr = config["lr"] * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine decay
-        idx = rng.integers(0, len(x), config["batch_size"])
+        lr = base_lr * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine decay
+        idx = rng.integers(0, len(x), batch_size)
         p = 1 / (1 + np.exp(-(x[idx] @ w)))
         w -= lr * x[idx].T @ (p - y[idx]) / len(idx)
         p_all = 1 / (1 + np.exp(-(x @ w)))

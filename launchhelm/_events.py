@@ -109,9 +109,7 @@ class EventLog:
     def last_seq(self) -> int:
         return len(self._events)
 
-    def append(
-        self, type_: str, payload: dict[str, Any], *, expect_seq: int | None = None
-    ) -> dict[str, Any]:
+    def append(self, type_: str, payload: dict[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
         """Append one event and return it (with its ``seq``).
 
         With ``expect_seq`` the event must land at exactly that sequence

@@ -92,9 +92,7 @@ class RunClosedError(LaunchHelmError, RuntimeError):
 class RunInUseError(LaunchHelmError, RuntimeError):
     """Another live session is attached to the run."""
 
-    def __init__(
-        self, message: str, *, run_id: str | None = None, session_id: str | None = None
-    ) -> None:
+    def __init__(self, message: str, *, run_id: str | None = None, session_id: str | None = None) -> None:
         super().__init__(message)
         self.run_id = run_id
         self.session_id = session_id
@@ -115,9 +113,7 @@ class InvalidMetricError(LaunchHelmError, ValueError):
 class CheckpointError(LaunchHelmError, RuntimeError):
     """A checkpoint could not be saved, found, verified or restored."""
 
-    def __init__(
-        self, message: str, *, run_id: str | None = None, step: int | None = None
-    ) -> None:
+    def __init__(self, message: str, *, run_id: str | None = None, step: int | None = None) -> None:
         super().__init__(message)
         self.run_id = run_id
         self.step = step

@@ -69,31 +69,35 @@ def coerce_value(key: str, value: object) -> float:
     kind = type(value)
     module = kind.__module__ or ""
     if module.startswith("torch") and hasattr(value, "numel") and hasattr(value, "item"):
-        count = value.numel()
+        tensor: Any = value
+        count = tensor.numel()
         if count != 1:
             raise TypeError(
                 f"metric {key!r} is a torch tensor with {count} elements; log a scalar, e.g. loss.item() or x.mean()"
             )
-        if value.is_complex() or value.dtype.is_complex:
+        if tensor.is_complex():
             raise TypeError(f"metric {key!r} is a complex tensor; log a real number")
-        return float(value.detach().cpu().item())
+        return float(tensor.detach().cpu().item())
     if module.startswith("numpy") and hasattr(value, "ndim") and hasattr(value, "item"):
-        if value.ndim == 0:
-            item = value.item()
+        array: Any = value
+        if array.ndim == 0:
+            item = array.item()
             if isinstance(item, numbers.Real):
                 return float(item)
         raise TypeError(
             f"metric {key!r} is a numpy {kind.__name__} of shape {getattr(value, 'shape', '?')}; "
             "log a real scalar, e.g. float(x.mean())"
         )
-    raise TypeError(f"metric {key!r} has a value of type {kind.__name__}; values must be real numbers (int, float, bool, numpy or torch scalars)")
+    raise TypeError(
+        f"metric {key!r} has a value of type {kind.__name__}; "
+        "values must be real numbers (int, float, bool, numpy or torch scalars)"
+    )
 
 
 def encode_chunk(rows: Sequence[Row]) -> bytes:
     """Encode buffered rows as one Arrow IPC file (lz4)."""
-    import pyarrow as pa
-
     import numpy as np
+    import pyarrow as pa
 
     counts = np.fromiter((len(r[3]) for r in rows), dtype=np.int64, count=len(rows))
     keys = [k for r in rows for k in r[3]]
@@ -139,9 +143,7 @@ def decode_chunks(blobs: Iterable[bytes]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
-def history_frame(
-    table: pa.Table, keys: Sequence[str] | None = None, duplicates: str = "all"
-) -> pd.DataFrame:
+def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates: str = "all") -> pd.DataFrame:
     """Pivot long points into the wide history frame.
 
     Columns: ``step``, ``attempt``, ``time`` (UTC), then one per metric key in
@@ -207,7 +209,8 @@ def history_frame(
     columns = {name: grid[:, index[name]] for name in order_names}
     if columns:
         frame = pd.concat([frame, pd.DataFrame(columns)], axis=1)
-    return frame
+    result: pd.DataFrame = frame
+    return result
 
 
 def pa_array(values: list[str]) -> Any:

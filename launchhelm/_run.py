@@ -55,8 +55,50 @@ __all__ = ["Run", "init"]
 #: Seconds between background metric flushes (``LAUNCHHELM_FLUSH_INTERVAL``).
 DEFAULT_FLUSH_INTERVAL = 2.0
 
-_ADJECTIVES = "amber brave calm daring eager fleet gentle hardy keen lively mellow nimble proud quiet rapid steady swift tidy vivid witty".split()
-_NOUNS = "otter falcon heron lynx marten osprey panda puffin raven robin salmon swift tern tiger vole wren yak zebra badger bison".split()
+_ADJECTIVES = [
+    "amber",
+    "brave",
+    "calm",
+    "daring",
+    "eager",
+    "fleet",
+    "gentle",
+    "hardy",
+    "keen",
+    "lively",
+    "mellow",
+    "nimble",
+    "proud",
+    "quiet",
+    "rapid",
+    "steady",
+    "swift",
+    "tidy",
+    "vivid",
+    "witty",
+]
+_NOUNS = [
+    "otter",
+    "falcon",
+    "heron",
+    "lynx",
+    "marten",
+    "osprey",
+    "panda",
+    "puffin",
+    "raven",
+    "robin",
+    "salmon",
+    "swift",
+    "tern",
+    "tiger",
+    "vole",
+    "wren",
+    "yak",
+    "zebra",
+    "badger",
+    "bison",
+]
 
 _live_runs: set[Run] = set()
 _live_lock = threading.Lock()
@@ -127,7 +169,7 @@ def _warm_up_encoder() -> None:
 def _check_step(step: object) -> int:
     if isinstance(step, bool) or not hasattr(step, "__index__"):
         raise TypeError(f"step {step!r} is a {type(step).__name__}; steps are non-negative integers")
-    value = int(step.__index__())  # type: ignore[attr-defined]
+    value = int(step.__index__())
     if value < 0:
         raise InvalidMetricError(f"step {value} is negative; steps are non-negative integers")
     return value

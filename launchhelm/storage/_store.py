@@ -11,6 +11,7 @@ Keys are ``/``-separated paths relative to the store's root URL.
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
 import threading
@@ -63,6 +64,13 @@ def _copy(src: BinaryIO, dst: BinaryIO, block: int = 8 * 2**20) -> None:
     """Stream ``src`` to ``dst`` in blocks (never the whole file in memory)."""
     while chunk := src.read(block):
         dst.write(chunk)
+
+
+def _writing(data: bytes) -> Callable[[BinaryIO], None]:
+    def write(f: BinaryIO) -> None:
+        f.write(data)
+
+    return write
 
 
 def _check_key(key: str) -> str:
@@ -215,7 +223,7 @@ class Store:
     def _exists(self, key: str) -> bool:
         raise NotImplementedError
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> builtins.list[str]:
         raise NotImplementedError
 
     def _delete(self, key: str) -> None:
@@ -286,18 +294,16 @@ class LocalStore(Store):
                 self._mkdir(final.parent)
                 os.link(tmp, final)
         except FileExistsError:
-            raise AlreadyExistsError(
-                f"{self.url_for(key)} already exists", url=self.url_for(key)
-            ) from None
+            raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key)) from None
         finally:
             tmp.unlink(missing_ok=True)
         self._fsync_dir(final.parent)
 
     def _create(self, key: str, data: bytes) -> None:
-        self._publish(self._stage(lambda f: f.write(data) and None), key)
+        self._publish(self._stage(_writing(data)), key)
 
     def _put(self, key: str, data: bytes) -> None:
-        tmp = self._stage(lambda f: f.write(data) and None)
+        tmp = self._stage(_writing(data))
         final = self._path(key)
         try:
             self._mkdir(final.parent)
@@ -310,16 +316,14 @@ class LocalStore(Store):
             with open(self._path(key), "rb") as f:
                 return f.read()
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
-            raise ObjectNotFoundError(
-                f"{self.url_for(key)} does not exist", url=self.url_for(key)
-            ) from None
+            raise ObjectNotFoundError(f"{self.url_for(key)} does not exist", url=self.url_for(key)) from None
 
     def _exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> builtins.list[str]:
         base = self._path(prefix) if prefix else self.root
-        out: list[str] = []
+        out: builtins.list[str] = []
         if not base.is_dir():
             return out
         for dirpath, dirnames, filenames in os.walk(base):
@@ -345,9 +349,7 @@ class LocalStore(Store):
             with open(self._path(key), "rb") as src:
                 _copy(src, out)
         except FileNotFoundError:
-            raise ObjectNotFoundError(
-                f"{self.url_for(key)} does not exist", url=self.url_for(key)
-            ) from None
+            raise ObjectNotFoundError(f"{self.url_for(key)} does not exist", url=self.url_for(key)) from None
 
 
 class ObjectStore(Store):
@@ -418,9 +420,7 @@ class ObjectStore(Store):
         try:
             self._retrying(attempt, key)
         except FileExistsError:
-            raise AlreadyExistsError(
-                f"{self.url_for(key)} already exists", url=self.url_for(key)
-            ) from None
+            raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key)) from None
 
     def _same_bytes(self, path: str, data: bytes) -> bool:
         try:
@@ -435,14 +435,12 @@ class ObjectStore(Store):
         try:
             return bytes(self._retrying(lambda: self.fs.cat_file(self._path(key)), key))
         except FileNotFoundError:
-            raise ObjectNotFoundError(
-                f"{self.url_for(key)} does not exist", url=self.url_for(key)
-            ) from None
+            raise ObjectNotFoundError(f"{self.url_for(key)} does not exist", url=self.url_for(key)) from None
 
     def _exists(self, key: str) -> bool:
         return bool(self._retrying(lambda: self.fs.isfile(self._path(key)), key))
 
-    def _list(self, prefix: str) -> list[str]:
+    def _list(self, prefix: str) -> builtins.list[str]:
         base = self._path(prefix) if prefix else self.root
         try:
             found = self._retrying(lambda: self.fs.find(base), prefix or "/")
@@ -472,18 +470,14 @@ class ObjectStore(Store):
         try:
             self._retrying(lambda: self.fs.put_file(str(path), remote, mode="create"), key)
         except FileExistsError:
-            raise AlreadyExistsError(
-                f"{self.url_for(key)} already exists", url=self.url_for(key)
-            ) from None
+            raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key)) from None
 
     def _download(self, key: str, out: BinaryIO) -> None:
         try:
             with self.fs.open(self._path(key), "rb") as src:
                 _copy(src, out)
         except FileNotFoundError:
-            raise ObjectNotFoundError(
-                f"{self.url_for(key)} does not exist", url=self.url_for(key)
-            ) from None
+            raise ObjectNotFoundError(f"{self.url_for(key)} does not exist", url=self.url_for(key)) from None
 
 
 class MemoryStore(ObjectStore):

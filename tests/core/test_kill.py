@@ -103,7 +103,8 @@ def test_sigkill_while_a_big_chunk_is_being_written_leaves_no_partial_chunk(shar
         run_id = proc.stdout.readline().strip()
         assert proc.stdout.readline().strip() == "flushing"
         try:
-            written = (lambda: proxy.sent) if proxy else (lambda: _written(proc.pid))
+            pid = proc.pid
+            written = (lambda: proxy.sent) if proxy else (lambda: _written(pid))  # noqa: B023
             base = written()
             deadline = time.monotonic() + 30
             while time.monotonic() < deadline and written() - base < 2**20:

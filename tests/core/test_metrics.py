@@ -169,7 +169,7 @@ def test_a_redone_step_keeps_both_attempts_unless_duplicates_last() -> None:
     ]
     table = _table(rows)
     every = history_frame(table)  # type: ignore[arg-type]
-    assert list(zip(every["step"], every["attempt"])) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1)]
+    assert list(zip(every["step"], every["attempt"], strict=True)) == [(1, 0), (2, 0), (2, 1), (3, 0), (3, 1)]
     assert every["loss"].tolist() == [1.0, 2.0, 2.5, 3.0, 3.6]
     assert every.loc[2, "acc"] != every.loc[2, "acc"]  # attempt 1 logged no acc at step 2 (NaN)
     assert every["time"].iloc[-1] == pd.Timestamp(22.0, unit="s", tz="UTC")

@@ -166,7 +166,9 @@ def _check(blob: bytes) -> int:
     return int(body.split(b":", 1)[0])
 
 
-def _writer(url: str, writer: int, barrier: threading.Barrier, results: list[tuple[int, int, int]] | None, queue: object = None) -> None:
+def _writer(
+    url: str, writer: int, barrier: threading.Barrier, results: list[tuple[int, int, int]] | None, queue: object = None
+) -> None:
     store = open_store(url)
     wins = []
     for r in range(ROUNDS):

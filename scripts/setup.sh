@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install LaunchHelm into it with what the
+# given extras need. Sourced by scripts/demo.sh and scripts/test.sh.
+#   usage: source scripts/setup.sh [extras]      e.g. "dev"
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+# shellcheck disable=SC1091
+source .venv/bin/activate
+python -m pip install --quiet --upgrade pip
+extras=${1:-}
+if [ -n "$extras" ]; then
+    # torch 2.13.0: its CPU wheel is on these machines' disk (tests log torch scalars)
+    python -m pip install --quiet -e ".[$extras]" "torch==2.13.0"
+else
+    python -m pip install --quiet -e .
+fi
