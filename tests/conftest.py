@@ -19,8 +19,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from lhtest import BUCKET
 
-BUCKET = "launchhelm-tests"
 BACKENDS = ["local", "memory", "s3"]
 
 

@@ -9,6 +9,8 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+#: The bucket the moto fixture creates.
+BUCKET = "launchhelm-tests"
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -91,6 +93,113 @@ class CountingProxy:
                     s.close()  # type: ignore[attr-defined]
                 except OSError:
                     pass
+
+    def close(self) -> None:
+        self._server.close()
+
+
+class FaultyS3Proxy:
+    """An HTTP proxy in front of moto that answers some PUTs with an error.
+
+    The first ``failures`` PUT requests whose path contains ``match`` get
+    ``status`` with an S3 error body (``code``) instead of reaching moto, as
+    S3 itself answers under load (503 SlowDown) or while a conditional write
+    is in flight (409 ConditionalRequestConflict). Everything else is
+    forwarded unchanged, one request per connection.
+    """
+
+    def __init__(self, upstream_port: int, *, status: int, code: str, failures: int, match: str) -> None:
+        import socket
+        import threading
+
+        self.upstream_port = upstream_port
+        self.status, self.code, self.match = status, code, match
+        self.remaining = failures
+        self.injected = 0
+        self.forwarded_puts = 0
+        self._lock = threading.Lock()
+        self._server = socket.socket()
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(16)
+        self.port = self._server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import threading
+
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(client,), daemon=True).start()
+
+    @staticmethod
+    def _read_head(conn: object) -> tuple[list[bytes], bytes] | None:
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = conn.recv(65536)  # type: ignore[attr-defined]
+            if not chunk:
+                return None
+            data += chunk
+        head, _, rest = data.partition(b"\r\n\r\n")
+        return head.split(b"\r\n"), rest
+
+    @staticmethod
+    def _header(lines: list[bytes], name: bytes) -> bytes | None:
+        for line in lines[1:]:
+            key, _, value = line.partition(b":")
+            if key.strip().lower() == name:
+                return value.strip()
+        return None
+
+    def _serve(self, client: object) -> None:
+        import socket
+
+        try:
+            got = self._read_head(client)
+            if got is None:
+                return
+            lines, body = got
+            method, path = lines[0].decode().split(" ")[:2]
+            inject = False
+            if method == "PUT" and self.match in path:
+                with self._lock:
+                    inject = self.remaining > 0
+                    if inject:
+                        self.remaining -= 1
+                        self.injected += 1
+                    else:
+                        self.forwarded_puts += 1
+            if inject:  # answer at once, as S3 does, even before a 100-continue body
+                payload = (
+                    f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{self.code}</Code>'
+                    f"<Message>injected by the test</Message></Error>"
+                ).encode()
+                reply = (
+                    f"HTTP/1.1 {self.status} Injected\r\nContent-Type: application/xml\r\n"
+                    f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n"
+                ).encode()
+                client.sendall(reply + payload)  # type: ignore[attr-defined]
+                return
+            if (self._header(lines, b"expect") or b"").lower() == b"100-continue":
+                client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[attr-defined]
+            length = int(self._header(lines, b"content-length") or 0)
+            while len(body) < length:
+                chunk = client.recv(65536)  # type: ignore[attr-defined]
+                if not chunk:
+                    return
+                body += chunk
+            kept = [ln for ln in lines if not ln.lower().startswith((b"connection:", b"expect:"))]
+            upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
+            upstream.sendall(b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + body)
+            while chunk := upstream.recv(65536):
+                client.sendall(chunk)  # type: ignore[attr-defined]
+            upstream.close()
+        except OSError:
+            pass
+        finally:
+            client.close()  # type: ignore[attr-defined]
 
     def close(self) -> None:
         self._server.close()
