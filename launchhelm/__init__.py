@@ -31,16 +31,19 @@ from launchhelm._exceptions import (
     StorageError,
 )
 from launchhelm._run import Run, init
+from launchhelm._types import Checkpoint, Rewind
 from launchhelm._version import __version__
 
 __all__ = [
     "AlreadyExistsError",
     "Api",
+    "Checkpoint",
     "CheckpointError",
     "CoordinationUnsupportedError",
     "InvalidMetricError",
     "LaunchHelmError",
     "ObjectNotFoundError",
+    "Rewind",
     "Run",
     "RunClosedError",
     "RunFinishedError",

@@ -6,10 +6,13 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._events import EventLog, RunState, fold, validate_project
+from launchhelm._checkpoints import checkpoint_record
+from launchhelm._events import RESUME_CHOICE, EventLog, RunState, fold, validate_project
+from launchhelm._exceptions import CheckpointError
 from launchhelm._metrics import decode_chunks, history_frame
 from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
+from launchhelm._types import Checkpoint, Rewind
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -103,6 +106,65 @@ class RunHandle:
             "sessions": len(state.sessions),
             "rewinds": len(state.rewinds),
         }
+
+    def rewinds(self) -> list[Rewind]:
+        """Every time history went back, oldest first."""
+        return [
+            Rewind(
+                to_step=int(e["to_step"]),
+                reached=int(e["reached"]),
+                cause=str(e.get("cause", "load_checkpoint")),
+                checkpoint=e.get("checkpoint"),
+                attempt=int(e.get("attempt", i + 1)),
+            )
+            for i, e in enumerate(self._state().rewinds)
+        ]
+
+    def checkpoints(self) -> list[Checkpoint]:
+        """The run's published checkpoints, oldest first, as "Resume…" lists them.
+
+        Each carries ``steps_to_redo`` (the furthest step reached minus its
+        step), ``before_last_control_change`` and ``chosen_for_resume``.
+        """
+        state = self._state()
+        reached = furthest_step(self._store, self.id, state)
+        return [checkpoint_record(self.id, state, event, reached) for event in state.checkpoints]
+
+    def latest_checkpoint(self) -> Checkpoint | None:
+        """What ``load_checkpoint("latest")`` would restore now."""
+        found = self.checkpoints()
+        return found[-1] if found else None
+
+    def resume_checkpoint(self) -> Checkpoint | None:
+        """What ``load_checkpoint("resume")`` would restore now: the choice, else the newest."""
+        found = self.checkpoints()
+        chosen = [c for c in found if c.chosen_for_resume]
+        return chosen[0] if chosen else (found[-1] if found else None)
+
+    def choose_for_resume(self, checkpoint_id: str) -> Checkpoint:
+        """Make ``checkpoint_id`` the one the next ``load_checkpoint("resume")`` restores, once.
+
+        A new choice replaces an unconsumed one. The choice is an event in
+        the run's log, so two people choosing at once still leave one answer
+        (the later event).
+
+        Raises
+        ------
+        CheckpointError
+            No published checkpoint of this run has that id.
+        """
+        state = self._state()
+        if state.checkpoint(checkpoint_id) is None:
+            known = ", ".join(e["checkpoint"] for e in state.checkpoints[-5:]) or "none yet"
+            raise CheckpointError(
+                f"run {self.id} has no checkpoint {checkpoint_id!r} (its latest: {known}); "
+                "pick one from RunHandle.checkpoints()",
+                run_id=self.id,
+            )
+        self._store.require_coordination("choosing a checkpoint for resume")
+        self._events.append(RESUME_CHOICE, {"checkpoint": checkpoint_id})
+        chosen = [c for c in self.checkpoints() if c.id == checkpoint_id]
+        return chosen[0]
 
     def history(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> pd.DataFrame:
         """The run's metrics as a DataFrame.

@@ -20,6 +20,10 @@ from launchhelm._exceptions import AlreadyExistsError, LaunchHelmError
 from launchhelm.storage import Store
 
 __all__ = [
+    "CHECKPOINT",
+    "RESUME_CHOICE",
+    "RESUME_CHOICE_CONSUMED",
+    "REWIND",
     "SESSION_ENDED",
     "SESSION_STARTED",
     "EventLog",
@@ -33,6 +37,11 @@ __all__ = [
 SESSION_STARTED = "session_started"
 SESSION_ENDED = "session_ended"
 REWIND = "rewind"
+CHECKPOINT = "checkpoint"
+RESUME_CHOICE = "resume_choice"
+RESUME_CHOICE_CONSUMED = "resume_choice_consumed"
+#: Control changes (tunables, pause/resume/stop/checkpoint) share this prefix.
+CONTROL = "control"
 
 RUN_FORMAT = "launchhelm.run/1"
 _PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -159,7 +168,32 @@ class RunState:
     closed: bool = False
     closed_at: float | None = None
     rewinds: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    #: the unconsumed resume choice (checkpoint id), if any
+    resume_choice: str | None = None
+    #: sequence number of the latest control change (0: none yet)
+    last_control_seq: int = 0
     last_seq: int = 0
+
+    def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
+        for event in self.checkpoints:
+            if event["checkpoint"] == checkpoint_id:
+                return event
+        return None
+
+    @property
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest published checkpoint: what ``"latest"`` restores."""
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    @property
+    def resume_checkpoint(self) -> dict[str, Any] | None:
+        """What ``"resume"`` restores: the chosen checkpoint, else the newest."""
+        if self.resume_choice is not None:
+            chosen = self.checkpoint(self.resume_choice)
+            if chosen is not None:
+                return chosen
+        return self.latest_checkpoint
 
     @property
     def last_session(self) -> SessionRecord | None:
@@ -202,4 +236,13 @@ def fold(events: list[dict[str, Any]]) -> RunState:
                 state.closed_at = float(event["time"])
         elif kind == REWIND:
             state.rewinds.append(dict(event))
+        elif kind == CHECKPOINT:
+            state.checkpoints.append(dict(event))
+        elif kind == RESUME_CHOICE:
+            state.resume_choice = event["checkpoint"]
+        elif kind == RESUME_CHOICE_CONSUMED:
+            if state.resume_choice == event.get("checkpoint"):
+                state.resume_choice = None
+        elif isinstance(kind, str) and kind.startswith(CONTROL):
+            state.last_control_seq = int(event["seq"])
     return state

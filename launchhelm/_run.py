@@ -17,10 +17,15 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, TypeVar
 
+from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm._events import (
+    CHECKPOINT,
+    RESUME_CHOICE_CONSUMED,
+    REWIND,
     SESSION_ENDED,
     SESSION_STARTED,
     EventLog,
@@ -48,6 +53,7 @@ from launchhelm._sessions import (
     heartbeat_key,
     liveness,
 )
+from launchhelm._types import Rewind
 from launchhelm.storage import Store, open_store
 
 __all__ = ["Run", "init"]
@@ -204,6 +210,7 @@ class Run:
         resumed: bool,
         flush_interval: float,
         heartbeat_interval: float,
+        control_seq: int = 0,
     ) -> None:
         self._store = store
         self.id: str = record["id"]
@@ -227,6 +234,8 @@ class Run:
         self._heartbeat_interval = heartbeat_interval
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
+        self._control_seq = control_seq
+        self._rewind_callbacks: list[Callable[[Rewind], Any]] = []
         self._worker = threading.Thread(target=self._work, name=f"launchhelm-{self.id}", daemon=True)
 
     # -- identity -------------------------------------------------------
@@ -296,11 +305,7 @@ class Run:
         >>> run.log({"eval/accuracy": 0.91}, step=1000)   # doctest: +SKIP
         """
         if self._finished:
-            raise RunFinishedError(
-                f"run {self.id} was finished in this process; resume it with "
-                f"launchhelm.init({self.project!r}, resume={self.id!r}) to log more",
-                run_id=self.id,
-            )
+            self._check_live()
         if step is None:
             step = self._step
         elif type(step) is not int or step < 0:
@@ -360,6 +365,108 @@ class Run:
             heartbeat_key(self.id, self.session_id),
             encode_heartbeat(max(self._step, self._reached), self._heartbeat_interval),
         )
+
+    # -- checkpoints and rewinds ----------------------------------------
+    def checkpoint(self, path: str | os.PathLike[str], step: int | None = None) -> str:
+        """Upload a file or folder as a checkpoint of this run; return its artifact id.
+
+        For code that saves its own checkpoints (any framework): the payload
+        is uploaded under a fresh key, verified by size and sha256, and
+        published by an event only once complete, so a crash mid-upload never
+        leaves a visible half checkpoint. PyTorch users call
+        ``launchhelm.torch``'s ``save_checkpoint()`` instead.
+
+        Parameters
+        ----------
+        path:
+            A file, or a folder (uploaded whole).
+        step:
+            The step it restores; default :attr:`global_step`.
+        """
+        self._check_live()
+        step = self._step if step is None else _check_step(step)
+        artifact = new_artifact_id(step)
+        prefix = artifact_prefix(self.id, artifact)
+        fmt, files, digest, size = upload_path(self._store, prefix, Path(path))
+        self._publish_checkpoint(artifact, step=step, fmt=fmt, files=files, sha256=digest, size=size)
+        return artifact
+
+    def _publish_checkpoint(
+        self,
+        artifact_id: str,
+        *,
+        step: int,
+        fmt: str,
+        files: list[dict[str, Any]],
+        sha256: str,
+        size: int,
+        world_size: int = 1,
+    ) -> dict[str, Any]:
+        self.flush()  # metrics logged before the save are stored by the time it returns
+        return self._events.append(
+            CHECKPOINT,
+            {
+                "session": self.session_id,
+                "checkpoint": artifact_id,
+                "prefix": artifact_prefix(self.id, artifact_id),
+                "step": step,
+                "format": fmt,
+                "files": files,
+                "sha256": sha256,
+                "size": size,
+                "world_size": world_size,
+                "control_seq": self._control_seq,
+            },
+        )
+
+    def on_rewind(self, callback: Callable[[Rewind], Any]) -> Callable[[Rewind], Any]:
+        """Call ``callback(rewind)`` whenever a restore takes the run back.
+
+        For state a checkpoint does not hold (a data position kept in
+        ``extra``, a cache of the last N steps). Usable as a decorator.
+        """
+        if not callable(callback):
+            raise TypeError(f"on_rewind() takes a callable, not {type(callback).__name__}")
+        self._rewind_callbacks.append(callback)
+        return callback
+
+    def _record_rewind(self, to_step: int, checkpoint_id: str | None, cause: str, reached: int) -> Rewind | None:
+        """Record a rewind if ``to_step`` is behind ``reached``; new points get a new attempt."""
+        if to_step >= reached:
+            return None
+        self._attempt += 1
+        self._events.append(
+            REWIND,
+            {
+                "session": self.session_id,
+                "to_step": to_step,
+                "reached": reached,
+                "checkpoint": checkpoint_id,
+                "cause": cause,
+                "attempt": self._attempt,
+            },
+        )
+        return Rewind(to_step=to_step, reached=reached, cause=cause, checkpoint=checkpoint_id, attempt=self._attempt)
+
+    def _run_rewind_callbacks(self, rewind: Rewind) -> None:
+        for callback in list(self._rewind_callbacks):
+            callback(rewind)
+
+    def _consume_resume_choice(self, checkpoint_id: str) -> None:
+        self._events.append(RESUME_CHOICE_CONSUMED, {"session": self.session_id, "checkpoint": checkpoint_id})
+
+    @property
+    def reached(self) -> int:
+        """The furthest step this run has reached, over all sessions and attempts."""
+        return max(self._step, self._reached)
+
+    def _check_live(self) -> None:
+        if self._finished:
+            raise RunFinishedError(
+                f"run {self.id} was finished in this process; resume it with "
+                f"launchhelm.init({self.project!r}, resume={self.id!r})",
+                run_id=self.id,
+            )
 
     # -- background work ------------------------------------------------
     def _start(self) -> None:
@@ -509,6 +616,41 @@ def init(
     >>> run.log({"loss": 0.5})
     >>> run.finish()
     """
+    return start_run(
+        Run,
+        project,
+        name=name,
+        config=config,
+        tunables=tunables,
+        resume=resume,
+        store=store,
+        storage_options=storage_options,
+        takeover=takeover,
+        flush_interval=flush_interval,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout,
+    )
+
+
+RunT = TypeVar("RunT", bound=Run)
+
+
+def start_run(
+    run_class: type[RunT],
+    project: str,
+    *,
+    name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    tunables: Mapping[str, Any] | None = None,
+    resume: str | None = None,
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: dict[str, Any] | None = None,
+    takeover: bool = False,
+    flush_interval: float | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
+) -> RunT:
+    """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
     flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
     beat_s = _seconds(
@@ -547,9 +689,10 @@ def init(
         record, events = _create_run(st, project, name, config, tunables)
         events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
         step, attempt = 0, 0
+        control_seq = 0
     else:
-        record, events, step, attempt = _reopen_run(st, project, resume, session_payload, takeover)
-    run = Run(
+        record, events, step, attempt, control_seq = _reopen_run(st, project, resume, session_payload, takeover)
+    run = run_class(
         store=st,
         record=record,
         session_id=session_id,
@@ -559,6 +702,7 @@ def init(
         resumed=resume is not None,
         flush_interval=flush_s,
         heartbeat_interval=beat_s,
+        control_seq=control_seq,
     )
     run._start()
     return run
@@ -600,7 +744,7 @@ def _create_run(
 
 def _reopen_run(
     store: Store, project: str, run_id: str, session_payload: dict[str, Any], takeover: bool
-) -> tuple[dict[str, Any], EventLog, int, int]:
+) -> tuple[dict[str, Any], EventLog, int, int, int]:
     if not isinstance(run_id, str):
         raise TypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
     record = read_run_record(store, run_id)
@@ -647,4 +791,4 @@ def _reopen_run(
             )
         except SequenceTaken:
             continue
-        return record, events, step, state.attempt
+        return record, events, step, state.attempt, state.last_control_seq

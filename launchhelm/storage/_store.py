@@ -16,7 +16,8 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
@@ -170,6 +171,24 @@ class Store:
             raise FileNotFoundError(f"cannot upload {str(path)!r}: no such file")
         self._upload(_check_key(key), path)
 
+    @contextmanager
+    def writer(self, key: str) -> Iterator[BinaryIO]:
+        """Stream bytes to a new object at ``key``; it appears only if the block succeeds.
+
+        For large artifacts written on the fly (``torch.save`` straight into
+        the store): nothing is held whole in memory, a failure or crash
+        inside the block leaves no object at ``key``, and ``key`` must be
+        new (use unique keys: on object stores this is checked, not raced).
+
+        Examples
+        --------
+        >>> with store.writer("artifacts/a1/model.pt") as f:   # doctest: +SKIP
+        ...     torch.save(state, f)
+        """
+        _check_key(key)
+        with self._writer(key) as f:
+            yield f
+
     def download(self, key: str, local_path: str | os.PathLike[str]) -> Path:
         """Stream the object at ``key`` to a local file and return its path.
 
@@ -233,6 +252,9 @@ class Store:
         raise NotImplementedError
 
     def _download(self, key: str, out: BinaryIO) -> None:
+        raise NotImplementedError
+
+    def _writer(self, key: str) -> Any:
         raise NotImplementedError
 
 
@@ -343,6 +365,20 @@ class LocalStore(Store):
                 _copy(src, f)
 
         self._publish(self._stage(copy), key)
+
+    @contextmanager
+    def _writer(self, key: str) -> Iterator[BinaryIO]:
+        self._mkdir(self._staging)
+        tmp = self._staging / f"{os.getpid()}-{os.urandom(8).hex()}.tmp"
+        try:
+            with open(tmp, "xb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        self._publish(tmp, key)
 
     def _download(self, key: str, out: BinaryIO) -> None:
         try:
@@ -472,6 +508,26 @@ class ObjectStore(Store):
         except FileExistsError:
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key)) from None
 
+    @contextmanager
+    def _writer(self, key: str) -> Iterator[BinaryIO]:
+        path = self._path(key)
+        if self._retrying(lambda: self.fs.exists(path), key):
+            raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
+        # "wb", not "xb": s3fs leaks the multipart upload of a lost "xb" race;
+        # keys written here are unique, so there is no race to lose
+        f = self.fs.open(path, "wb")
+        try:
+            yield f
+        except BaseException:
+            discard = getattr(f, "discard", None)
+            if discard is not None:
+                discard()  # abort the multipart upload: nothing becomes visible
+            else:
+                f.close()
+                self.fs.rm_file(path)
+            raise
+        f.close()
+
     def _download(self, key: str, out: BinaryIO) -> None:
         try:
             with self.fs.open(self._path(key), "rb") as src:
@@ -503,6 +559,14 @@ class MemoryStore(ObjectStore):
     def _put(self, key: str, data: bytes) -> None:
         with self._lock:
             self.fs.pipe_file(self._path(key), data)
+
+    @contextmanager
+    def _writer(self, key: str) -> Iterator[BinaryIO]:
+        import io
+
+        buffer = io.BytesIO()  # memory:// holds the object in memory anyway
+        yield buffer
+        self._create(key, buffer.getvalue())
 
     def _upload(self, key: str, path: Path) -> None:
         remote = self._path(key)
