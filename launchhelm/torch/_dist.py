@@ -1,0 +1,49 @@
+"""The few collective operations checkpoints need, and their single-process stand-ins."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch.distributed as dist
+
+from launchhelm._exceptions import LaunchHelmError
+
+__all__ = ["all_gather", "barrier", "broadcast", "rank_and_world"]
+
+
+def rank_and_world() -> tuple[int, int]:
+    """``(rank, world_size)``; ``(0, 1)`` outside ``torch.distributed``."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1:
+        raise LaunchHelmError(
+            f"WORLD_SIZE={world} but torch.distributed is not initialised: call "
+            "torch.distributed.init_process_group() before launchhelm.torch.init(), so rank 0 "
+            "can open the run and the other ranks join it"
+        )
+    return 0, 1
+
+
+def barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def broadcast(value: Any, world: int) -> Any:
+    """Rank 0's ``value`` on every rank (between our own processes only)."""
+    if world == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def all_gather(value: Any, world: int) -> list[Any]:
+    """Every rank's ``value``, indexed by rank."""
+    if world == 1:
+        return [value]
+    out: list[Any] = [None] * world
+    dist.all_gather_object(out, value)
+    return out

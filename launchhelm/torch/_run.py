@@ -1,0 +1,564 @@
+"""``TorchRun``: checkpoints that restore everything, single process and DDP.
+
+A bundle is one ``torch.save`` file holding model, optimizer, scheduler,
+scaler, step, RNG states, tunables, control state and ``extra``; it loads
+with ``torch.load(weights_only=True)``. Rank 0 streams it straight into the
+store (never a whole in-memory copy), then publishes it by an event with its
+size and sha256. Loads verify size, hash, format and world size on every
+rank, and apply nothing unless every rank validated; if applying fails on
+any rank, every rank raises :class:`CheckpointError` and the next watched
+optimizer step raises it again rather than train on mixed state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+import time
+import zipfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id
+from launchhelm._events import fold
+from launchhelm._exceptions import CheckpointError, LaunchHelmError
+from launchhelm._run import Run, start_run
+from launchhelm._runinfo import read_run_record
+from launchhelm.storage import LocalStore, Store, open_store
+from launchhelm.torch import _dist
+from launchhelm.torch._payload import check_payload
+from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
+
+__all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SINGLE", "TorchRun", "init"]
+
+#: Format of a single-rank bundle.
+FORMAT_SINGLE = "launchhelm.torch.checkpoint/1"
+#: Format of a multi-rank (DDP) bundle: one ``rng_by_rank`` record per rank.
+FORMAT_DISTRIBUTED = "launchhelm.torch.checkpoint/2"
+_FORMATS = (FORMAT_SINGLE, FORMAT_DISTRIBUTED)
+PAYLOAD_SUFFIX = ".pt"
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The module inside a DistributedDataParallel / DataParallel wrapper."""
+    inner = getattr(model, "module", None)
+    if isinstance(inner, torch.nn.Module) and type(model).__name__ in ("DistributedDataParallel", "DataParallel"):
+        return inner
+    return model
+
+
+class TorchRun(Run):
+    """A :class:`launchhelm.Run` that checkpoints and restores PyTorch training.
+
+    Create it with :func:`launchhelm.torch.init` on every rank.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._rank = 0
+        self._world = 1
+        self._model: torch.nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._scheduler: Any = None
+        self._scaler: Any = None
+        self._hooks: list[Any] = []
+        self._pending_error: CheckpointError | None = None
+
+    # -- DDP followers ------------------------------------------------------
+    @classmethod
+    def _join(cls, store: Store, record: dict[str, Any], rank: int, world: int) -> TorchRun:
+        """A rank > 0 view of rank 0's run: no session of its own, logs nothing."""
+        from launchhelm._events import EventLog
+
+        run = cls(
+            store=store,
+            record=record,
+            session_id=f"rank{rank}",
+            events=EventLog(store, record["id"]),
+            global_step=0,
+            attempt=0,
+            resumed=False,
+            flush_interval=3600.0,
+            heartbeat_interval=3600.0,
+        )
+        run._rank, run._world = rank, world
+        return run
+
+    @property
+    def rank(self) -> int:
+        """This process's rank (0 outside DDP)."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks (1 outside DDP)."""
+        return self._world
+
+    def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+        """Like :meth:`launchhelm.Run.log`; under DDP only rank 0's calls are recorded."""
+        if self._rank == 0:
+            super().log(metrics, step)
+
+    def flush(self) -> None:
+        if self._rank == 0:
+            super().flush()
+
+    def finish(self, close_run: bool = True) -> None:
+        """End the session (rank 0 records it; other ranks just stop)."""
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._rank == 0:
+            super().finish(close_run)
+        else:
+            self._finished = True
+
+    def __repr__(self) -> str:
+        where = f" rank {self._rank}/{self._world}" if self._world > 1 else ""
+        return f"<launchhelm.torch.TorchRun {self.project}/{self.id} step={self._step}{where}>"
+
+    # -- watching -----------------------------------------------------------
+    def watch(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        scheduler: Any = None,
+        scaler: Any = None,
+    ) -> None:
+        """Name what checkpoints save and restore; the optimizer's ``step()`` advances ``global_step``.
+
+        Parameters
+        ----------
+        model:
+            The module (a DDP wrapper is unwrapped, so checkpoints hold plain keys).
+        optimizer:
+            Its ``step()`` advances :attr:`global_step` by one.
+        scheduler:
+            Any LR scheduler with ``state_dict``/``load_state_dict``.
+        scaler:
+            A ``torch.amp.GradScaler``.
+        """
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"watch() takes a torch.nn.Module first, not {type(model).__name__}")
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"watch() takes a torch.optim.Optimizer second, not {type(optimizer).__name__}")
+        for name, obj in (("scheduler", scheduler), ("scaler", scaler)):
+            if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise TypeError(f"{name} {type(obj).__name__} has no state_dict()/load_state_dict()")
+        for handle in self._hooks:
+            handle.remove()
+        self._model, self._optimizer, self._scheduler, self._scaler = _unwrap(model), optimizer, scheduler, scaler
+        self._hooks = [
+            optimizer.register_step_pre_hook(self._before_optimizer_step),
+            optimizer.register_step_post_hook(self._after_optimizer_step),
+        ]
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._pending_error is not None:
+            raise self._pending_error
+
+    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.global_step = self._step + 1
+
+    def _require_watch(self, what: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+        if self._model is None or self._optimizer is None:
+            raise CheckpointError(
+                f"{what} needs the model and optimizer: call run.watch(model, optimizer) first", run_id=self.id
+            )
+        return self._model, self._optimizer
+
+    # -- saving ---------------------------------------------------------------
+    def save_checkpoint(self, extra: Any = None) -> str | None:
+        """Save model, optimizer, scheduler, scaler, step, RNG, tunables, control state and ``extra``.
+
+        Under DDP every rank calls it: a barrier comes first, each rank
+        captures its own RNG (and ``extra``) at that point, and rank 0 uploads
+        one bundle. Metrics logged before the call are flushed by the time it
+        returns.
+
+        Parameters
+        ----------
+        extra:
+            Anything ``torch.load(weights_only=True)`` can load (tensors,
+            numbers, strings, lists, dicts): a data position, a sampler's
+            generator state... Refused here, naming the key path, if it holds
+            anything else.
+
+        Returns
+        -------
+        str or None
+            The artifact id on rank 0, None on other ranks.
+        """
+        self._check_live()
+        if self._pending_error is not None:
+            raise self._pending_error
+        model, optimizer = self._require_watch("save_checkpoint()")
+        problem = None
+        try:
+            check_payload(extra, "extra")
+            check_payload(dict(self.tunables), "tunables")
+        except CheckpointError as exc:
+            problem = str(exc)
+        _dist.barrier(self._world)
+        mine = {"rank": self._rank, "problem": problem, "rng": capture_rng(), "extra": extra}
+        records = _dist.all_gather(mine, self._world) if self._world > 1 else [mine]
+        problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
+        if problems:
+            raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=self.id, step=self._step)
+        artifact: str | None = None
+        error: str | None = None
+        if self._rank == 0:
+            try:
+                artifact = self._write_bundle(model, optimizer, records)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {exc}"
+        artifact, error = _dist.broadcast((artifact, error), self._world)
+        if error is not None:
+            raise CheckpointError(f"checkpoint at step {self._step} was not saved: {error}", run_id=self.id)
+        return artifact if self._rank == 0 else None
+
+    def _bundle(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        bundle: dict[str, Any] = {
+            "format": FORMAT_SINGLE if self._world == 1 else FORMAT_DISTRIBUTED,
+            "run_id": self.id,
+            "step": self._step,
+            "saved_at": time.time(),
+            "world_size": self._world,
+            "torch_version": str(torch.__version__),
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
+            "scaler": self._scaler.state_dict() if self._scaler is not None else None,
+            "tunables": dict(self.tunables),
+            "control": {"seq": self._control_seq},
+        }
+        if self._world == 1:
+            bundle["rng"] = records[0]["rng"]
+            bundle["extra"] = records[0]["extra"]
+        else:
+            bundle["rng_by_rank"] = [{"rank": r["rank"], **r["rng"]} for r in records]
+            bundle["extra_by_rank"] = [r["extra"] for r in records]
+        return bundle
+
+    def _write_bundle(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
+    ) -> str:
+        bundle = self._bundle(model, optimizer, records)
+        check_payload(bundle, "checkpoint")  # e.g. a scheduler whose state holds an object
+        artifact = new_artifact_id(self._step)
+        name = f"{artifact}{PAYLOAD_SUFFIX}"
+        key = f"{artifact_prefix(self.id, artifact)}/{name}"
+        with self._store.writer(key) as raw:
+            out = HashingWriter(raw)
+            torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
+        digest = out.sha256.hexdigest()
+        self._publish_checkpoint(
+            artifact,
+            step=self._step,
+            fmt=bundle["format"],
+            files=[{"name": name, "size": out.size, "sha256": digest}],
+            sha256=digest,
+            size=out.size,
+            world_size=self._world,
+        )
+        return artifact
+
+    # -- loading --------------------------------------------------------------
+    def load_checkpoint(self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu") -> Any:
+        """Restore everything a checkpoint holds and return its ``extra``.
+
+        Parameters
+        ----------
+        checkpoint:
+            ``"latest"``: the newest published checkpoint. ``"resume"``: the
+            one chosen with ``RunHandle.choose_for_resume()`` (the choice is
+            consumed), else the newest. A checkpoint id of this run, or a path
+            to a bundle file.
+        map_location:
+            Where tensors land; ``"cpu"`` by default so peers do not inherit
+            the saving rank's device.
+
+        Raises
+        ------
+        CheckpointError
+            On every rank together, if any rank could not fetch, verify or
+            apply it (missing, truncated, corrupted, wrong format or world
+            size, pickled code). Nothing is applied unless every rank
+            verified; if applying failed part-way, the next optimizer step
+            raises the same error.
+        """
+        self._check_live()
+        model, optimizer = self._require_watch("load_checkpoint()")
+        target = None
+        error = None
+        if self._rank == 0:
+            try:
+                target = self._resolve(checkpoint)
+            except CheckpointError as exc:
+                error = str(exc)
+        target, error = _dist.broadcast((target, error), self._world)
+        if error is not None:
+            raise CheckpointError(error, run_id=self.id)
+        assert target is not None
+        with tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
+            bundle, problem = None, None
+            try:
+                bundle = self._fetch_and_verify(target, Path(tmp), map_location)
+            except CheckpointError as exc:
+                problem = str(exc)
+            self._agree(problem, "was not restored (nothing was applied)")
+            assert bundle is not None
+            problem = None
+            try:
+                extra = self._apply(bundle, model, optimizer)
+            except Exception as exc:
+                problem = f"{type(exc).__name__}: {exc}"
+            self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+        self._pending_error = None
+        step = int(bundle["step"])
+        rewind = None
+        if self._rank == 0:
+            rewind = self._record_rewind(step, target.get("checkpoint"), "load_checkpoint", self.reached)
+            if target.get("consume"):
+                self._consume_resume_choice(target["checkpoint"])
+        rewind = _dist.broadcast(rewind, self._world)
+        if rewind is not None:
+            self._attempt = rewind.attempt
+        self.global_step = step
+        if rewind is not None:
+            self._run_rewind_callbacks(rewind)
+        return extra
+
+    def _agree(self, problem: str | None, outcome: str, pending: bool = False) -> None:
+        """Raise on every rank if any rank had a problem."""
+        problems = _dist.all_gather(problem, self._world)
+        failed = [(r, p) for r, p in enumerate(problems) if p]
+        if not failed:
+            return
+        detail = "; ".join(f"rank {r}: {p}" if self._world > 1 else str(p) for r, p in failed)
+        error = CheckpointError(f"checkpoint {outcome}: {detail}", run_id=self.id)
+        if pending:
+            self._pending_error = error
+        raise error
+
+    def _resolve(self, checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+        """What to load: a published checkpoint's record, or a local path."""
+        state = fold(self._events.read())
+        if isinstance(checkpoint, str) and checkpoint in ("latest", "resume"):
+            event = state.latest_checkpoint if checkpoint == "latest" else state.resume_checkpoint
+            if event is None:
+                raise CheckpointError(
+                    f"run {self.id} has no checkpoint yet: nothing to restore for {checkpoint!r}; "
+                    "save one with save_checkpoint()",
+                    run_id=self.id,
+                )
+            consume = checkpoint == "resume" and state.resume_choice == event["checkpoint"]
+            return {**_target(event), "consume": consume}
+        if isinstance(checkpoint, str) and state.checkpoint(checkpoint) is not None:
+            return _target(state.checkpoint(checkpoint))  # type: ignore[arg-type]
+        path = Path(os.fspath(checkpoint)).expanduser()
+        if not path.is_file():
+            raise CheckpointError(
+                f"no checkpoint {str(checkpoint)!r}: not 'latest', 'resume', a checkpoint id of run "
+                f"{self.id}, nor an existing file",
+                run_id=self.id,
+            )
+        target: dict[str, Any] = {"path": str(path.absolute()), "checkpoint": None}
+        # a downloaded copy of a published checkpoint is verified against its record
+        known = state.checkpoint(path.name.removesuffix(PAYLOAD_SUFFIX))
+        if known is not None:
+            target = {**_target(known), "path": str(path.absolute())}
+        return target
+
+    def _fetch_and_verify(self, target: dict[str, Any], tmp: Path, map_location: Any) -> dict[str, Any]:
+        if target.get("path"):
+            local = Path(target["path"])
+        elif isinstance(self._store, LocalStore):
+            local = self._store.root / target["key"]  # read in place: no copy
+        else:
+            local = self._store.download(target["key"], tmp / Path(target["key"]).name)
+        where = target.get("checkpoint") or str(local)
+        try:
+            size = local.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"checkpoint {where}: its file {local} is missing", run_id=self.id) from None
+        if size == 0:
+            raise CheckpointError(f"checkpoint {where} is an empty file (0 bytes)", run_id=self.id)
+        if target.get("size") is not None:
+            if size != target["size"]:
+                raise CheckpointError(
+                    f"checkpoint {where} is {size} bytes but was saved as {target['size']}: truncated or replaced",
+                    run_id=self.id,
+                )
+            digest = hashlib.sha256()
+            with open(local, "rb") as f:
+                while block := f.read(8 * 2**20):
+                    digest.update(block)
+            if digest.hexdigest() != target["sha256"]:
+                raise CheckpointError(
+                    f"checkpoint {where} does not match its sha256 ({target['sha256'][:12]}…): the file is "
+                    "corrupted (torch.load would not notice: it ignores the zip CRC)",
+                    run_id=self.id,
+                )
+        mmap = map_location in (None, "cpu") or map_location == torch.device("cpu")
+        try:
+            bundle = torch.load(local, map_location=map_location, weights_only=True, mmap=mmap)
+        except pickle.UnpicklingError as exc:
+            raise CheckpointError(
+                f"checkpoint {where} was refused by torch.load(weights_only=True): it holds pickled code or "
+                f"objects a checkpoint may not contain; nothing in it was executed ({_unpickler_reason(exc)})",
+                run_id=self.id,
+            ) from exc
+        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+            raise CheckpointError(
+                f"checkpoint {where} is not a readable torch file (truncated or not a checkpoint): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
+                run_id=self.id,
+            ) from exc
+        self._validate(bundle, where)
+        return dict(bundle)
+
+    def _validate(self, bundle: Any, where: str) -> None:
+        if not isinstance(bundle, dict) or bundle.get("format") not in _FORMATS:
+            found = bundle.get("format") if isinstance(bundle, dict) else type(bundle).__name__
+            raise CheckpointError(
+                f"checkpoint {where} is not a LaunchHelm torch checkpoint (format {found!r}; expected one of "
+                f"{', '.join(_FORMATS)})",
+                run_id=self.id,
+            )
+        saved_world = int(bundle.get("world_size", 1))
+        if saved_world != self._world:
+            raise CheckpointError(
+                f"checkpoint {where} was saved by {saved_world} rank(s) and cannot be restored with "
+                f"{self._world}: restore a distributed checkpoint with the same world size and rank mapping",
+                run_id=self.id,
+            )
+        for field in ("model", "optimizer"):
+            if not isinstance(bundle.get(field), dict):
+                raise CheckpointError(f"checkpoint {where} has no {field} state", run_id=self.id)
+        if not isinstance(bundle.get("step"), int) or bundle["step"] < 0:
+            raise CheckpointError(f"checkpoint {where} has no valid step", run_id=self.id)
+        if bundle["format"] == FORMAT_SINGLE:
+            validate_rng(bundle.get("rng"), f"checkpoint {where} rng")
+        else:
+            by_rank = bundle.get("rng_by_rank")
+            if not isinstance(by_rank, list) or len(by_rank) != self._world:
+                raise CheckpointError(f"checkpoint {where} has no rng_by_rank record per rank", run_id=self.id)
+            if by_rank[self._rank].get("rank") != self._rank:
+                raise CheckpointError(
+                    f"checkpoint {where}: record {self._rank} belongs to rank {by_rank[self._rank].get('rank')}; "
+                    "restore with the same rank mapping as the save",
+                    run_id=self.id,
+                )
+            validate_rng(by_rank[self._rank], f"checkpoint {where} rng_by_rank[{self._rank}]")
+        for name, obj in (("scheduler", self._scheduler), ("scaler", self._scaler)):
+            if obj is not None and bundle.get(name) is None:
+                raise CheckpointError(
+                    f"checkpoint {where} holds no {name} state, but a {name} is watched", run_id=self.id
+                )
+
+    def _apply(self, bundle: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+        model.load_state_dict(bundle["model"])
+        optimizer.load_state_dict(bundle["optimizer"])
+        if self._scheduler is not None:
+            self._scheduler.load_state_dict(bundle["scheduler"])
+        if self._scaler is not None:
+            self._scaler.load_state_dict(bundle["scaler"])
+        if bundle["format"] == FORMAT_SINGLE:
+            restore_rng(bundle["rng"])
+            extra = bundle.get("extra")
+        else:
+            restore_rng(bundle["rng_by_rank"][self._rank])
+            extra = bundle["extra_by_rank"][self._rank]
+        tunables = bundle.get("tunables")
+        if isinstance(tunables, dict):
+            import types
+
+            self._tunables = types.MappingProxyType(dict(tunables))
+        control = bundle.get("control")
+        if isinstance(control, dict) and isinstance(control.get("seq"), int):
+            self._control_seq = control["seq"]
+        return extra
+
+
+def _unpickler_reason(exc: BaseException) -> str:
+    for line in str(exc).splitlines():
+        if "WeightsUnpickler error" in line:
+            return line.strip()
+    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+
+
+def _target(event: dict[str, Any]) -> dict[str, Any]:
+    file = event["files"][0]
+    return {
+        "checkpoint": event["checkpoint"],
+        "key": f"{event['prefix']}/{file['name']}",
+        "size": int(file["size"]),
+        "sha256": str(file["sha256"]),
+        "step": int(event["step"]),
+        "format": event["format"],
+    }
+
+
+def init(
+    project: str,
+    name: str | None = None,
+    config: Mapping[str, Any] | None = None,
+    tunables: Mapping[str, Any] | None = None,
+    resume: str | None = None,
+    store: str | os.PathLike[str] | Store | None = None,
+    **options: Any,
+) -> TorchRun:
+    """Start or resume a run for PyTorch training: :func:`launchhelm.init` plus checkpoints.
+
+    Under ``torch.distributed`` every rank calls it with the same arguments:
+    rank 0 creates or reopens the run, the other ranks join it (they receive
+    its id), so training code is the same on every rank. Initialise the
+    process group first.
+
+    Examples
+    --------
+    >>> import launchhelm.torch as lht                      # doctest: +SKIP
+    >>> tr = lht.init("quickstart")
+    >>> tr.watch(model, optimizer)
+    >>> tr.save_checkpoint(extra={"epoch": 3})
+    """
+    rank, world = _dist.rank_and_world()
+    if world == 1:
+        return start_run(
+            TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
+        )
+    run: TorchRun | None = None
+    outcome: tuple[str, str] | None = None
+    if rank == 0:
+        try:
+            run = start_run(
+                TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
+            )
+            outcome = ("ok", run.id)
+        except Exception as exc:
+            outcome = ("error", f"{type(exc).__name__}: {exc}")
+            _dist.broadcast(outcome, world)
+            raise
+    outcome = _dist.broadcast(outcome, world)
+    assert outcome is not None
+    if outcome[0] != "ok":
+        raise LaunchHelmError(f"rank 0 could not start the run, so rank {rank} cannot join it: {outcome[1]}")
+    if run is None:
+        shared = open_store(store, options.get("storage_options"))
+        run = TorchRun._join(shared, read_run_record(shared, outcome[1]), rank, world)
+    run._rank, run._world = rank, world
+    # every rank starts from the run's furthest step (rank 0 computed it at resume)
+    run._step = run._reached = int(_dist.broadcast(run._step, world))
+    if rank != 0:
+        state = fold(run._events.read())
+        run._attempt = state.attempt
+        run._control_seq = state.last_control_seq
+    return run
