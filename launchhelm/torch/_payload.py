@@ -54,10 +54,7 @@ def check_payload(value: Any, where: str, *, _depth: int = 0) -> None:
         return
     if kind in _CONTAINERS:
         for key, item in value.items():
-            if type(key) not in _SCALARS:
-                raise CheckpointError(
-                    f"{where} has a key {key!r} of type {_describe(key)}; use str or int keys in a checkpoint"
-                )
+            check_payload(key, f"{where} key {key!r}", _depth=_depth + 1)
             check_payload(item, f"{where}[{key!r}]", _depth=_depth + 1)
         return
     if kind in _SEQUENCES:

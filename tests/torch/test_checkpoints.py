@@ -1,0 +1,332 @@
+"""Single-process checkpoints: what a save holds, what a load restores, what
+is refused, and how a run remembers that history went back."""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import datetime
+import os
+import pickle
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import launchhelm as lh
+import launchhelm.torch as lht
+
+
+def _build(seed: int = 0, hidden: int = 8) -> tuple[torch.nn.Module, torch.optim.Optimizer, object, object]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(4, hidden), torch.nn.Dropout(0.3), torch.nn.Linear(hidden, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3, gamma=0.5)
+    scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
+    return model, optimizer, scheduler, scaler
+
+
+def _train(
+    tr: lht.TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: object, n: int
+) -> None:
+    for _ in range(n):
+        optimizer.zero_grad()
+        loss = model(torch.randn(8, 4)).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        scheduler.step()  # type: ignore[attr-defined]
+        tr.log({"loss": loss})
+
+
+def _payload_path(store_url: str, tr: lh.Run, artifact: str) -> Path:
+    return Path(store_url) / "runs" / tr.id / "artifacts" / artifact / f"{artifact}.pt"
+
+
+def test_save_then_load_restores_everything(store_url: str) -> None:
+    model, optimizer, scheduler, scaler = _build()
+    tr = lht.init("ckpt", store=store_url, tunables={"lr": 1e-2})
+    tr.watch(model, optimizer, scheduler, scaler)
+    _train(tr, model, optimizer, scheduler, 5)
+    assert tr.global_step == 5  # the watched optimizer's step() advances it
+    scaler.scale(torch.ones(()))  # GradScaler creates its scale lazily
+    scaler.update(512.0)
+    random.seed(1)
+    np.random.seed(2)
+    artifact = tr.save_checkpoint(extra={"epoch": 2, "position": torch.tensor([3, 4]), "tag": "warm"})
+    assert isinstance(artifact, str)
+    after_save = (random.random(), float(np.random.rand()), torch.rand(3))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_opt = copy.deepcopy(optimizer.state_dict())
+    _train(tr, model, optimizer, scheduler, 4)
+    scaler.update(64.0)
+
+    extra = tr.load_checkpoint("latest")
+    assert extra["epoch"] == 2 and extra["tag"] == "warm" and torch.equal(extra["position"], torch.tensor([3, 4]))
+    assert tr.global_step == 5
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    restored_opt = optimizer.state_dict()
+    for pid, st in saved_opt["state"].items():
+        assert all(torch.equal(st[k], restored_opt["state"][pid][k]) for k in st)
+    assert scheduler.state_dict()["last_epoch"] == 5  # type: ignore[attr-defined]
+    assert scaler.get_scale() == 512.0
+    assert (random.random(), float(np.random.rand())) == after_save[:2]
+    assert torch.equal(torch.rand(3), after_save[2])
+    assert dict(tr.tunables) == {"lr": 1e-2}
+    tr.finish()
+
+
+def test_the_bundle_is_weights_only_safe_and_its_record_verifies(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    model, optimizer, scheduler, scaler = _build()
+    tr = lht.init("ckpt", store=store_url)
+    tr.watch(model, optimizer, scheduler, scaler)
+    _train(tr, model, optimizer, scheduler, 2)
+    tr.log({"before": 1.0})
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    # metrics logged before the save are stored by the time it returns
+    assert "before" in lh.Api(store_url).run(tr.id).history().columns
+    payload = _payload_path(store_url, tr, artifact)
+    bundle = torch.load(payload, weights_only=True)
+    assert bundle["format"] == lht.FORMAT_SINGLE == "launchhelm.torch.checkpoint/1"
+    assert bundle["step"] == 2 and bundle["world_size"] == 1
+    rng = bundle["rng"]
+    assert isinstance(rng["python"], tuple) and rng["python"][1].dtype == torch.int64
+    assert rng["torch"].dtype == torch.uint8 and rng["numpy"]["key"].dtype == torch.int64
+    (record,) = lh.Api(store_url).run(tr.id).checkpoints()
+    assert record.id == artifact and record.step == 2 and record.format == lht.FORMAT_SINGLE
+    assert record.size == payload.stat().st_size
+    assert record.sha256 == __import__("hashlib").sha256(payload.read_bytes()).hexdigest()
+    tr.finish()
+
+
+@dataclasses.dataclass
+class _Position:
+    batch: int
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"lr": np.float64(0.1)}, "extra['lr'] is a numpy.float64"),
+        ({"data": {"file": Path("/data/x")}}, "extra['data']['file'] is a pathlib.PosixPath"),
+        ({"when": datetime.datetime(2026, 1, 1)}, "extra['when'] is a datetime.datetime"),
+        ({"pos": _Position(3)}, "extra['pos'] is a"),
+        ({"counts": collections.defaultdict(int)}, "extra['counts'] is a collections.defaultdict"),
+        ({"items": [1, object()]}, "extra['items'][1] is a object"),
+        ({"gen": torch.Generator()}, "extra['gen'] is a torch._C.Generator"),
+        ({"arr": np.zeros(3)}, "extra['arr'] is a numpy.ndarray"),
+        ({Path("k"): 3}, "extra key PosixPath('k') is a pathlib.PosixPath"),
+    ],
+)
+def test_extra_that_would_not_load_is_refused_at_save_time(store_url: str, extra: object, needle: str) -> None:
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("ckpt", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    with pytest.raises(lh.CheckpointError) as info:
+        tr.save_checkpoint(extra=extra)
+    assert needle in str(info.value) and "weights_only=True" in str(info.value)
+    assert lh.Api(store_url).run(tr.id).checkpoints() == []  # nothing published
+    assert tr.save_checkpoint(extra={"fine": [1, 2.0, "x", None, torch.zeros(2)], (1, 2): {3}}) is not None
+    tr.finish()
+
+
+def test_save_and_load_need_watch_and_a_checkpoint(store_url: str) -> None:
+    tr = lht.init("ckpt", store=store_url)
+    with pytest.raises(lh.CheckpointError, match=r"call run.watch\(model, optimizer\) first"):
+        tr.save_checkpoint()
+    model, optimizer, scheduler, _ = _build()
+    tr.watch(model, optimizer, scheduler)
+    with pytest.raises(lh.CheckpointError, match="has no checkpoint yet"):
+        tr.load_checkpoint("latest")
+    with pytest.raises(lh.CheckpointError, match="no checkpoint 'nope.pt'"):
+        tr.load_checkpoint("nope.pt")
+    with pytest.raises(TypeError, match=r"torch.nn.Module"):
+        tr.watch(optimizer, model)  # type: ignore[arg-type]
+    tr.finish()
+
+
+def _saved_run(store_url: str, steps: int = 3) -> tuple[lht.TorchRun, str, torch.nn.Module, torch.optim.Optimizer]:
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("bad", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    _train(tr, model, optimizer, scheduler, steps)
+    artifact = tr.save_checkpoint(extra={"ok": True})
+    assert artifact is not None
+    return tr, artifact, model, optimizer
+
+
+def _corrupt(path: Path, how: str) -> None:
+    data = bytearray(path.read_bytes())
+    if how == "truncated":
+        path.write_bytes(bytes(data[: len(data) // 2]))
+    elif how == "empty":
+        path.write_bytes(b"")
+    elif how == "bitflip":
+        data[len(data) // 2] ^= 0x01
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize(
+    ("how", "needle"),
+    [
+        ("truncated", "truncated or replaced"),
+        ("empty", "empty file"),
+        ("bitflip", "does not match its sha256"),
+    ],
+)
+def test_a_damaged_checkpoint_file_gives_checkpoint_error_and_changes_nothing(
+    tmp_path: Path, how: str, needle: str
+) -> None:
+    store_url = str(tmp_path / "store")
+    tr, artifact, model, optimizer = _saved_run(store_url)
+    _corrupt(_payload_path(store_url, tr, artifact), how)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(lh.CheckpointError, match=needle):
+        tr.load_checkpoint("latest")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert tr.global_step == 3
+    optimizer.step()  # nothing was applied, so training may go on
+    tr.finish()
+
+
+def test_a_damaged_copy_loaded_by_path_is_checked_against_its_record(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    tr, artifact, _, _ = _saved_run(store_url)
+    copy = tmp_path / f"{artifact}.pt"
+    copy.write_bytes(_payload_path(store_url, tr, artifact).read_bytes())
+    assert tr.load_checkpoint(str(copy)) == {"ok": True}
+    _corrupt(copy, "bitflip")
+    with pytest.raises(lh.CheckpointError, match="does not match its sha256"):
+        tr.load_checkpoint(copy)
+    tr.finish()
+
+
+class _Exploit:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/launchhelm-pwned-$PPID",))
+
+
+def test_files_that_are_not_checkpoints_are_refused_and_pickles_never_run(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    tr, _, model, _ = _saved_run(store_url)
+    marker = Path(f"/tmp/launchhelm-pwned-{os.getpid()}")
+    marker.unlink(missing_ok=True)
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": lht.FORMAT_SINGLE, "model": _Exploit()}, evil)
+    with pytest.raises(
+        lh.CheckpointError, match="refused by torch.load\\(weights_only=True\\).*nothing in it was executed"
+    ):
+        tr.load_checkpoint(evil)
+    raw_pickle = tmp_path / "raw.pkl"
+    raw_pickle.write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(lh.CheckpointError):
+        tr.load_checkpoint(raw_pickle)
+    assert not marker.exists(), "a pickled payload was executed"
+    foreign = tmp_path / "plain.pt"
+    torch.save(model.state_dict(), foreign)  # a plain state dict: not a LaunchHelm bundle
+    with pytest.raises(lh.CheckpointError, match="not a LaunchHelm torch checkpoint"):
+        tr.load_checkpoint(foreign)
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"definitely not a zip file" * 10)
+    with pytest.raises(lh.CheckpointError, match="not a readable torch file"):
+        tr.load_checkpoint(garbage)
+    tr.finish()
+
+
+def test_a_checkpoint_that_fails_while_applied_blocks_the_next_optimizer_step(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    tr, artifact, _, _ = _saved_run(store_url)
+    tr.finish(close_run=False)
+    other, other_opt, other_sched, _ = _build(hidden=16)  # a different architecture
+    again = lht.init("bad", resume=tr.id, store=store_url)
+    again.watch(other, other_opt, other_sched)
+    with pytest.raises(lh.CheckpointError, match="failed part-way while being applied"):
+        again.load_checkpoint(artifact)
+    with pytest.raises(lh.CheckpointError, match="failed part-way"):
+        other_opt.step()  # training on with mixed state is refused
+    again.finish(close_run=False)
+
+
+def test_a_rewind_is_recorded_and_both_attempts_stay_in_history(store_url: str) -> None:
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("rewind", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    seen: list[lh.Rewind] = []
+    tr.on_rewind(seen.append)
+    _train(tr, model, optimizer, scheduler, 4)
+    artifact = tr.save_checkpoint()
+    _train(tr, model, optimizer, scheduler, 6)  # reaches step 10
+    tr.load_checkpoint("latest")
+    assert seen == [lh.Rewind(to_step=4, reached=10, cause="load_checkpoint", checkpoint=artifact, attempt=1)]
+    assert seen[0].describe() == "Resumed from step 4 after reaching 10"
+    _train(tr, model, optimizer, scheduler, 6)
+    tr.finish()
+    handle = lh.Api(store_url).run(tr.id)
+    assert handle.rewinds() == seen
+    every = handle.history(duplicates="all")
+    assert every[every["step"] == 7]["attempt"].tolist() == [0, 1]
+    last = handle.history(duplicates="last")
+    assert last["step"].tolist() == list(range(1, 11)) and last[last["step"] > 4]["attempt"].eq(1).all()
+    # loading the same step again without having moved on records no new rewind
+    assert handle.summary()["rewinds"] == 1
+
+
+def test_resume_choice_is_restored_once_then_latest_again(store_url: str) -> None:
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("choice", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    ids = []
+    for _ in range(3):
+        _train(tr, model, optimizer, scheduler, 2)
+        ids.append(tr.save_checkpoint(extra={"step": tr.global_step}))
+    tr.finish(close_run=False)
+    handle = lh.Api(store_url).run(tr.id)
+    assert handle.resume_checkpoint().id == ids[-1]  # type: ignore[union-attr]
+    chosen = handle.choose_for_resume(ids[0])
+    assert chosen.chosen_for_resume and chosen.steps_to_redo == 4
+    handle.choose_for_resume(ids[1])  # a new choice replaces the old one
+    assert [c.chosen_for_resume for c in handle.checkpoints()] == [False, True, False]
+    assert handle.latest_checkpoint().id == ids[2]  # type: ignore[union-attr]
+    with pytest.raises(lh.CheckpointError, match="has no checkpoint 'ckpt-0000-bogus'"):
+        handle.choose_for_resume("ckpt-0000-bogus")
+
+    again = lht.init("choice", resume=tr.id, store=store_url)
+    m2, o2, s2, _ = _build()
+    again.watch(m2, o2, s2)
+    assert again.load_checkpoint("resume") == {"step": 4}
+    assert again.load_checkpoint("resume") == {"step": 6}  # consumed: newest again
+    assert not any(c.chosen_for_resume for c in handle.checkpoints())
+    assert again.load_checkpoint("latest") == {"step": 6}
+    again.finish()
+
+    other = lht.init("choice", store=store_url)
+    other.finish()
+    with pytest.raises(lh.CheckpointError, match=f"run {other.id} has no checkpoint"):
+        lh.Api(store_url).run(other.id).choose_for_resume(ids[0])  # another run's checkpoint
+
+
+def test_plain_runs_checkpoint_files_and_folders(store_url: str, tmp_path: Path) -> None:
+    run = lh.init("plain", store=store_url)
+    single = tmp_path / "weights.bin"
+    single.write_bytes(os.urandom(1000))
+    folder = tmp_path / "ckpt"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "a.json").write_text("{}")
+    (folder / "sub" / "b.bin").write_bytes(b"x" * 300)
+    run.global_step = 7
+    first = run.checkpoint(single)
+    second = run.checkpoint(folder, step=9)
+    with pytest.raises(FileNotFoundError):
+        run.checkpoint(tmp_path / "missing")
+    run.finish()
+    records = lh.Api(store_url).run(run.id).checkpoints()
+    assert [(c.id, c.step, c.format, c.size) for c in records] == [
+        (first, 7, "file", 1000),
+        (second, 9, "directory", 302),
+    ]
+    assert records[1].files == {"a.json": 2, "sub/b.bin": 300}
+    assert lh.Api(store_url).store.read(f"runs/{run.id}/artifacts/{first}/weights.bin") == single.read_bytes()
