@@ -142,7 +142,7 @@ def test_save_and_load_need_watch_and_a_checkpoint(store_url: str) -> None:
     tr.watch(model, optimizer, scheduler)
     with pytest.raises(lh.CheckpointError, match="has no checkpoint yet"):
         tr.load_checkpoint("latest")
-    with pytest.raises(lh.CheckpointError, match="no checkpoint 'nope.pt'"):
+    with pytest.raises(lh.CheckpointError, match=r"no checkpoint 'nope\.pt'"):
         tr.load_checkpoint("nope.pt")
     with pytest.raises(TypeError, match=r"torch.nn.Module"):
         tr.watch(optimizer, model)  # type: ignore[arg-type]
@@ -218,7 +218,7 @@ def test_files_that_are_not_checkpoints_are_refused_and_pickles_never_run(tmp_pa
     evil = tmp_path / "evil.pt"
     torch.save({"format": lht.FORMAT_SINGLE, "model": _Exploit()}, evil)
     with pytest.raises(
-        lh.CheckpointError, match="refused by torch.load\\(weights_only=True\\).*nothing in it was executed"
+        lh.CheckpointError, match=r"refused by torch.load\(weights_only=True\).*nothing in it was executed"
     ):
         tr.load_checkpoint(evil)
     raw_pickle = tmp_path / "raw.pkl"

@@ -83,7 +83,7 @@ def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(shared_store
     assert redone["attempt"].tolist() == [0, 1]
 
     # negative control: the same resume without the restored RNG (dropout) must differ
-    checkpoint = [c for c in handle.checkpoints() if c.step == restored_step][0]
+    checkpoint = next(c for c in handle.checkpoints() if c.step == restored_step)
     handle.choose_for_resume(checkpoint.id)
     control = tmp_path / "control.pt"
     _finish(
