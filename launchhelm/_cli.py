@@ -51,6 +51,20 @@ def _cmd_show(args: argparse.Namespace) -> int:
     for event in run.events():
         detail = {k: v for k, v in event.items() if k not in ("seq", "type", "time", "process")}
         print(f"  {event['seq']:>4}  {_fmt_time(event['time'])}  {event['type']:<16} {detail}")
+    rewinds = run.rewinds()
+    if rewinds:
+        print("rewinds:")
+        for rewind in rewinds:
+            print(f"  {rewind.describe()} (checkpoint {rewind.checkpoint}, attempt {rewind.attempt})")
+    checkpoints = run.checkpoints()
+    if checkpoints:
+        print("checkpoints:")
+        for ck in checkpoints:
+            marks = " (chosen for resume)" if ck.chosen_for_resume else ""
+            print(
+                f"  {ck.id}  step {ck.step:<7} {_fmt_time(ck.saved_at)}  {ck.size:>12,} B  "
+                f"steps to redo {ck.steps_to_redo}{marks}"
+            )
     history = run.history(duplicates="last")
     keys = [c for c in history.columns if c not in ("step", "attempt", "time")]
     print(f"metrics: {len(history)} steps" + (f", keys {', '.join(keys)}" if keys else ""))
@@ -71,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", default=None, help="store URL or path (default: $LAUNCHHELM_STORE, else ~/.launchhelm)"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="run a small real training run and print its history")
-    demo.add_argument("--steps", type=int, default=200, help="training steps (default 200)")
+    demo = sub.add_parser("demo", help="train a small PyTorch model, SIGKILL it, resume it, print the run")
+    demo.add_argument("--steps", type=int, default=150, help="training steps (default 150)")
     demo.set_defaults(func=_cmd_demo)
     runs = sub.add_parser("runs", help="table of a project's runs")
     runs.add_argument("project")

@@ -1,60 +1,85 @@
-"""``launchhelm demo``: a small real training run on the local store.
+"""``launchhelm demo``: train, crash, resume, on the local store.
 
-It fits a logistic-regression classifier to a synthetic two-moons-like data
-set with minibatch SGD in numpy, logging loss, accuracy and learning rate each
-step, then prints the run as the query API reads it back.
+A real PyTorch training process (``launchhelm.torch._demo_train``) learns a
+small classifier, saving a checkpoint every 40 steps. The demo kills it with
+SIGKILL at step 110, then relaunches it with ``resume=<run id>``: it restores
+the latest checkpoint (step 80), records the rewind, trains to the end and
+closes the run. The demo prints what the query API then reads back.
 """
 
 from __future__ import annotations
 
 import os
-
-import numpy as np
+import signal
+import subprocess
+import sys
+import time
 
 import launchhelm as lh
 
 __all__ = ["run_demo"]
 
 
-def _data(rng: np.random.Generator, n: int = 2048) -> tuple[np.ndarray, np.ndarray]:
-    labels = rng.integers(0, 2, n)
-    angle = rng.uniform(0, np.pi, n)
-    x = np.stack([np.cos(angle) + labels, np.sin(angle) * (1 - 2 * labels) + 0.3 * labels], axis=1)
-    x += rng.normal(0, 0.15, x.shape)
-    # polynomial features make the classes separable by a linear model
-    feats = np.concatenate([x, x**2, x[:, :1] * x[:, 1:], x**3, np.ones((n, 1))], axis=1)
-    return feats, labels.astype(np.float64)
+def _child(store: str, steps: int, *args: str) -> subprocess.Popen[str]:
+    env = dict(os.environ, LAUNCHHELM_FLUSH_INTERVAL="0.2", PYTHONUNBUFFERED="1")
+    return subprocess.Popen(
+        [sys.executable, "-m", "launchhelm.torch._demo_train", store, "--steps", str(steps), *args],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
-def run_demo(store: str | os.PathLike[str] | None = None, steps: int = 200) -> int:
-    """Train, log every step, finish, then print what was stored."""
-    if steps < 1:
-        raise ValueError(f"steps={steps}: give at least 1 step")
-    rng = np.random.default_rng(0)
-    x, y = _data(rng)
-    w = np.zeros(x.shape[1])
-    base_lr, batch_size = 0.5, 64
-    config = {"lr": base_lr, "batch_size": batch_size, "steps": steps, "model": "logistic-regression"}
-    run = lh.init("demo", config=config, store=store)
-    print(f"run {run.id} ({run.name}) in store {run.store.url}")
-    for step in range(1, steps + 1):
-        lr = base_lr * 0.5 * (1 + np.cos(np.pi * step / steps))  # cosine decay
-        idx = rng.integers(0, len(x), batch_size)
-        p = 1 / (1 + np.exp(-(x[idx] @ w)))
-        w -= lr * x[idx].T @ (p - y[idx]) / len(idx)
-        p_all = 1 / (1 + np.exp(-(x @ w)))
-        loss = -np.mean(y * np.log(p_all + 1e-12) + (1 - y) * np.log(1 - p_all + 1e-12))
-        acc = np.mean((p_all > 0.5) == y)
-        run.global_step = step
-        run.log({"train/loss": loss, "train/accuracy": acc, "lr": lr})
-    run.finish()
+def run_demo(store: str | os.PathLike[str] | None = None, steps: int = 150) -> int:
+    """Train, SIGKILL, resume, finish; print the run. Returns an exit code."""
+    if steps < 60:
+        raise ValueError(f"steps={steps}: the demo needs at least 60 steps to crash and resume")
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        print("launchhelm demo trains a PyTorch model: pip install 'launchhelm[torch]'", file=sys.stderr)
+        return 2
+    api = lh.Api(store)
+    url = api.store.url
+    save_every, kill_at = 40, steps * 3 // 4
+    print(f"store {url}")
+    print(f"1. training (checkpoint every {save_every} steps); it will be killed at step {kill_at}")
+    trainer = _child(url, steps)
+    assert trainer.stdout is not None
+    run_id = trainer.stdout.readline().split()[1]
+    handle = api.run(run_id)
+    for line in trainer.stdout:
+        if line.strip() == f"step {kill_at}":
+            break
+    deadline = time.monotonic() + 10
+    while handle.step < kill_at and time.monotonic() < deadline:
+        time.sleep(0.05)  # until its progress is in the store
+    trainer.send_signal(signal.SIGKILL)
+    trainer.wait()
+    print(f"   run {run_id}: killed by SIGKILL at step {handle.step}; status now {handle.status!r}")
+    latest = handle.latest_checkpoint()
+    print(f"   latest checkpoint {latest.id} at step {latest.step}" if latest else "   no checkpoint yet")
 
-    handle = lh.Api(run.store).run(run.id)
+    print(f"2. relaunching with resume={run_id!r} and load_checkpoint('latest')")
+    resumer = _child(url, steps, "--resume", run_id, "--step-sleep", "0")
+    out, _ = resumer.communicate(timeout=300)
+    if resumer.returncode != 0:
+        print(f"   the resumed process failed (exit {resumer.returncode})", file=sys.stderr)
+        return 1
+    restored = next(line for line in out.splitlines() if line.startswith("restored"))
+    print(f"   {restored.replace('restored', 'restored step', 1)}; trained to step {steps} and finished")
+
+    print("3. what the store says")
+    print(f"   status: {handle.status}; furthest step {handle.step}; sessions {handle.summary()['sessions']}")
+    for rewind in handle.rewinds():
+        print(f"   rewind: {rewind.describe()} (checkpoint {rewind.checkpoint})")
+    for ck in handle.checkpoints():
+        print(f"   checkpoint {ck.id}: step {ck.step}, {ck.size / 1e3:.1f} kB, steps to redo {ck.steps_to_redo}")
     history = handle.history()
-    print(f"status: {handle.status}; {len(history)} steps logged; furthest step {handle.step}")
-    shown = history.drop(columns=["time"])
-    print(shown.iloc[:: max(1, len(shown) // 10)].to_string(index=False))
-    final = history.iloc[-1]
-    print(f"final loss {final['train/loss']:.4f}, accuracy {final['train/accuracy']:.3f}")
-    print(f"see it again with: launchhelm --store {run.store.url} show {run.id}")
+    per_step = history.groupby("step")["attempt"].nunique()
+    redone = int((per_step > 1).sum())
+    print(f"   history: {len(history)} rows; {redone} redone steps keep both attempts' values")
+    final = handle.history(duplicates="last").iloc[-1]
+    print(f"   final: loss {final['train/loss']:.4f}, accuracy {final['train/accuracy']:.3f}")
+    print(f"see it again with: launchhelm --store {url} show {run_id}")
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install LaunchHelm into it with what the
 # given extras need. Sourced by scripts/demo.sh and scripts/test.sh.
-#   usage: source scripts/setup.sh [extras]      e.g. "dev"
+#   usage: source scripts/setup.sh [extras]      default "torch"; the tests use "dev,torch"
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -11,10 +11,7 @@ fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-extras=${1:-}
-if [ -n "$extras" ]; then
-    # torch 2.13.0: its CPU wheel is on these machines' disk (tests log torch scalars)
-    python -m pip install --quiet -e ".[$extras]" "torch==2.13.0"
-else
-    python -m pip install --quiet -e .
-fi
+extras=${1:-torch}
+# torch 2.13.0: its CPU wheel lies on these machines' disk (the demo trains a
+# PyTorch model; the tests run real torch and torch.distributed)
+python -m pip install --quiet -e ".[$extras]" "torch==2.13.0"

@@ -15,18 +15,24 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
 
 
-def test_demo_trains_a_real_model_and_prints_its_history(tmp_path: Path) -> None:
+def test_demo_trains_crashes_resumes_and_prints_the_rewind(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    done = _cli("--store", store, "demo", "--steps", "80")
+    done = _cli("--store", store, "demo", "--steps", "100")
     assert done.returncode == 0, done.stderr
-    assert "status: closed; 80 steps logged" in done.stdout
-    run_id = lh.Api(store).run_ids("demo")[0]
-    assert run_id in done.stdout
-    history = lh.Api(store).run(run_id).history()
-    assert history["step"].tolist() == list(range(1, 81))
-    # it really learns: loss falls, accuracy rises well above chance
-    assert history["train/loss"].iloc[-1] < 0.5 * history["train/loss"].iloc[0]
-    assert history["train/accuracy"].iloc[-1] > 0.85
+    (run_id,) = lh.Api(store).run_ids("demo")
+    handle = lh.Api(store).run(run_id)
+    assert handle.status == "closed" and handle.step == 100
+    (rewind,) = handle.rewinds()
+    assert rewind.to_step == 40 and rewind.reached >= 75  # killed at step 75, checkpoints every 40
+    assert f"killed by SIGKILL at step {rewind.reached}; status now 'stopped'" in done.stdout
+    assert f"rewind: Resumed from step 40 after reaching {rewind.reached}" in done.stdout
+    assert [c.step for c in handle.checkpoints()] == [40, 80]
+    last = handle.history(duplicates="last")
+    assert last["step"].tolist() == list(range(1, 101))
+    # it really learns
+    assert last["train/accuracy"].iloc[-1] > 0.9
+    every = handle.history()
+    assert (every.groupby("step")["attempt"].nunique() == 2).sum() == rewind.reached - 40
 
     listing = _cli("--store", store, "runs", "demo")
     assert listing.returncode == 0, listing.stderr
@@ -34,9 +40,9 @@ def test_demo_trains_a_real_model_and_prints_its_history(tmp_path: Path) -> None
 
     shown = _cli("--store", store, "show", run_id)
     assert shown.returncode == 0, shown.stderr
-    assert "status   closed" in shown.stdout
-    assert "session_started" in shown.stdout and "session_ended" in shown.stdout
-    assert "metrics: 80 steps, keys train/loss, train/accuracy, lr" in shown.stdout
+    assert "status   closed" in shown.stdout and "sessions 2, rewinds 1" in shown.stdout
+    assert "rewind" in shown.stdout and "checkpoint" in shown.stdout
+    assert "metrics: 100 steps, keys train/loss, train/accuracy, lr" in shown.stdout
 
 
 def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
@@ -48,5 +54,5 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert empty.returncode == 0 and "no runs in project 'nobody'" in empty.stdout
     bad = _cli("--store", store, "runs", "bad/name")
     assert bad.returncode == 2 and "invalid project name" in bad.stderr
-    steps = _cli("--store", store, "demo", "--steps", "0")
-    assert steps.returncode == 2 and "steps=0" in steps.stderr
+    steps = _cli("--store", store, "demo", "--steps", "10")
+    assert steps.returncode == 2 and "steps=10" in steps.stderr
