@@ -60,6 +60,7 @@ def main() -> None:
         tr.log({"train/loss": loss, "train/accuracy": accuracy, "lr": scheduler.get_last_lr()[0]})
         if tr.global_step % args.save_every == 0:
             tr.save_checkpoint(extra={"note": f"saved at step {tr.global_step}", "batches": batches.get_state()})
+        tr.flush()  # only so the demo can kill it at an exact step: the store knows each step at once
         print(f"step {tr.global_step}", flush=True)
         time.sleep(args.step_sleep)
     tr.finish()
