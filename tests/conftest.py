@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -32,12 +31,14 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real moto S3 server over HTTP on 127.0.0.1."""
-    exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+    """A real moto S3 server over HTTP on 127.0.0.1 (requests applied one at a time, as S3 is atomic)."""
     port = _free_port()
     log = tmp_path_factory.mktemp("moto") / "moto.log"
+    launcher = Path(__file__).with_name("moto_serial.py")
     with open(log, "wb") as out:
-        proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, str(launcher), "127.0.0.1", str(port)], stdout=out, stderr=subprocess.STDOUT
+        )
     endpoint = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while True:

@@ -555,6 +555,7 @@ def init(
         shared = open_store(store, options.get("storage_options"))
         run = TorchRun._join(shared, read_run_record(shared, outcome[1]), rank, world)
     run._rank, run._world = rank, world
+    run.resumed = resume is not None  # the same answer on every rank: `if tr.resumed: load` stays collective
     # every rank starts from the run's furthest step (rank 0 computed it at resume)
     run._step = run._reached = int(_dist.broadcast(run._step, world))
     if rank != 0:
