@@ -51,7 +51,8 @@ def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(shared_store
     reference = tmp_path / "reference.pt"
     _finish(_worker(shared_store_url, "--out", str(reference)))
 
-    kill_at = random.Random().randint(SAVE_EVERY + 1, STEPS - 2)
+    # a random step well between two saves (the kill lands a step or two later)
+    kill_at = random.Random().choice([s for s in range(SAVE_EVERY + 2, STEPS - 3) if 2 <= s % SAVE_EVERY <= 4])
     crashing = _worker(shared_store_url, "--step-sleep", "0.05")
     assert crashing.stdout is not None
     run_id = crashing.stdout.readline().split()[1]
