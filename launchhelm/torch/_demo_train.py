@@ -52,7 +52,7 @@ def main() -> None:
         idx = torch.randint(0, len(x), (64,), generator=batches)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x[idx]).squeeze(1), y[idx])
         optimizer.zero_grad()
-        loss.backward()
+        loss.backward()  # type: ignore[no-untyped-call]
         optimizer.step()
         scheduler.step()
         with torch.no_grad():

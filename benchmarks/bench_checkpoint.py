@@ -1,0 +1,683 @@
+"""Benchmark of ``TorchRun.save_checkpoint`` / ``load_checkpoint`` against raw file I/O and plain torch.
+
+What is measured (all in one process; the state is built before any timing):
+
+State
+    ``N_LAYERS`` square ``nn.Linear`` layers and AdamW after one optimizer step, sized so the
+    tensors hold about ``--size-mb`` MB (MB = 10^6 bytes): weights ~1/3, AdamW ``exp_avg`` and
+    ``exp_avg_sq`` ~2/3. Loads go into a second model/optimizer of the same shape.
+
+Baselines (same tensors, same disk, same process)
+    * raw write: each tensor's bytes (a memoryview of ``t.numpy()``) written to a new file, then
+      fsync.
+    * ``torch.save({"model": ..., "optimizer": ...}, path)`` + fsync (state dicts taken inside the
+      timed call, as LaunchHelm does).
+    * raw read: ``readinto`` a preallocated, pre-touched bytearray. "cold" means the file was
+      fsynced and dropped from the page cache with ``posix_fadvise(DONTNEED)`` first (the
+      hypervisor may still cache it: cold-ish); "warm" reads it again from the page cache.
+    * ``torch.load(path, weights_only=True)``, cold and warm; and ``torch.load(mmap=True)`` +
+      ``load_state_dict`` warm, i.e. a load without LaunchHelm's sha256 verification.
+
+LaunchHelm (local store: a temporary directory on the same disk)
+    * ``tr.save_checkpoint()``: the call is synchronous, so its wall time is what blocks the
+      training loop. Peak RSS growth during the call (VmHWM reset through
+      ``/proc/self/clear_refs``, else a 2 ms VmRSS sampler) is reported relative to the state
+      size, to show that nothing buffers the whole bundle in memory.
+    * ``tr.load_checkpoint("latest")``, cold and warm (whole call: resolve, sha256 pass,
+      ``torch.load(weights_only=True, mmap=True)``, apply). AdamW's state stays mapped from the
+      file after such a load, so the first optimizer step afterwards is timed too, against a
+      steady step.
+
+With ``--s3``: a real ``moto_server`` on 127.0.0.1 (started and stopped by this script), and
+    * ``fs.pipe`` / ``fs.cat`` of the LaunchHelm bundle's bytes with s3fs (baselines);
+    * ``save_checkpoint()`` / ``load_checkpoint("latest")`` on an ``s3://`` store.
+
+Method: first touch of memory is several times slower on these VMs, and memory left free for more
+than ~2 s goes back to the host (virtio-balloon free page reporting) and is slow to touch again.
+Filling new page-cache pages runs at ~0.3 GB/s on such memory and at ~3 GB/s on pages freed just
+before, whatever writes them. So memory is pre-touched once (``--pretouch-gib``, default 3), and
+each save phase (baseline or LaunchHelm) deletes its own file of the previous round right before
+its timed call, as a checkpoint rotation would: every writer refills recently freed pages. One
+untimed warm-up round, then ``--repeat`` timed rounds (default 3), phases interleaved within each
+round; the median is reported (every round's time is printed too: expect noise on a VM). The
+restored state is compared with the saved one after the timed rounds.
+
+Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
+any miss or a restore mismatch): ``save_checkpoint()`` <= 1.10x raw write+fsync (s3: <= 1.10x
+``fs.pipe``), ``load_checkpoint()`` <= 1.2x raw read (s3: <= 1.2x ``fs.cat``).
+
+Run it from the repository root::
+
+    python benchmarks/bench_checkpoint.py                       # 1000 MB, local store
+    python benchmarks/bench_checkpoint.py --size-mb 300 --repeat 5
+    python benchmarks/bench_checkpoint.py --s3 --size-mb 200    # also moto S3
+    python benchmarks/bench_checkpoint.py --check               # exit 1 on a missed target
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import gc
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+MB = 10**6
+N_LAYERS = 4
+TARGET_SAVE = 1.10
+TARGET_LOAD = 1.20
+PROJECT = "bench-checkpoint"
+BUCKET = "launchhelm-bench"
+
+
+# -- helpers ----------------------------------------------------------------
+def _status_kb(field_name: str) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (VmRSS, VmHWM), or None off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset VmHWM to the current RSS (Linux >= 4.0); False where that is not possible."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakRss:
+    """Peak RSS growth (bytes) inside a ``with`` block: VmHWM after a reset, else a 2 ms sampler."""
+
+    def __init__(self) -> None:
+        self.growth = math.nan
+        self._before: int | None = None
+        self._hwm = False
+        self._peak = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.002):
+            self._peak = max(self._peak, _status_kb("VmRSS") or 0)
+
+    def __enter__(self) -> PeakRss:
+        self._before = _status_kb("VmRSS")
+        if self._before is None:
+            return self
+        self._hwm = _reset_peak_rss()
+        if not self._hwm:
+            self._peak = self._before
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._before is None:
+            return
+        if self._hwm:
+            peak = _status_kb("VmHWM") or self._before
+        else:
+            self._stop.set()
+            assert self._thread is not None
+            self._thread.join()
+            peak = max(self._peak, _status_kb("VmRSS") or 0)
+        self.growth = float(max(0, peak - self._before) * 1024)
+
+    @staticmethod
+    def method() -> str:
+        if _status_kb("VmRSS") is None:
+            return "not measured (no /proc/self/status)"
+        if _reset_peak_rss():
+            return "VmHWM after resetting it via /proc/self/clear_refs"
+        return "VmRSS sampled every 2 ms in a thread"
+
+
+@dataclass
+class Phase:
+    """Timings (seconds) and peak RSS growth (bytes) of one phase over the timed rounds."""
+
+    name: str
+    nbytes: int = 0
+    times: list[float] = field(default_factory=list)
+    rss: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.times) if self.times else math.nan
+
+    @property
+    def max_rss(self) -> float:
+        return max(self.rss) if self.rss else math.nan
+
+
+class Recorder:
+    """Runs timed calls; only rounds after the warm-up are recorded."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, Phase] = {}
+        self.recording = False
+
+    def __call__(self, name: str, fn: Callable[[], Any], nbytes: int = 0) -> Any:
+        gc.collect()
+        with PeakRss() as rss:
+            t0 = time.perf_counter()
+            result = fn()
+            seconds = time.perf_counter() - t0
+        phase = self.phases.setdefault(name, Phase(name))
+        if nbytes:
+            phase.nbytes = nbytes
+        if self.recording:
+            phase.times.append(seconds)
+            phase.rss.append(rss.growth)
+        return result
+
+    def __getitem__(self, name: str) -> Phase:
+        return self.phases.get(name, Phase(name))
+
+
+def load_average() -> str:
+    """The 1-minute load average (other processes on the machine skew every figure)."""
+    try:
+        return f"{os.getloadavg()[0]:.2f}"
+    except OSError:
+        return "n/a"
+
+
+def fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def evict(path: Path) -> bool:
+    """Drop ``path`` from the page cache (fsync first: dirty pages are not dropped); False if unsupported."""
+    if not hasattr(os, "posix_fadvise"):
+        return False
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    return True
+
+
+def pretouch(gib: float) -> float:
+    """Write ``gib`` GiB once and free it (the VM pays first-touch only once); returns seconds."""
+    import torch
+
+    if gib <= 0:
+        return 0.0
+    t0 = time.perf_counter()
+    block = torch.empty(int(gib * 2**30), dtype=torch.uint8)
+    block.fill_(1)
+    del block
+    gc.collect()
+    return time.perf_counter() - t0
+
+
+def touched_buffer(nbytes: int) -> bytearray:
+    """A bytearray whose pages are already resident (``bytearray(n)`` alone maps zero pages lazily)."""
+    import torch
+
+    buf = bytearray(nbytes)
+    torch.frombuffer(buf, dtype=torch.uint8).fill_(1)
+    return buf
+
+
+# -- state ------------------------------------------------------------------
+def build_state(size_mb: float, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Linear layers + AdamW after one step: weights ~1/3, optimizer state ~2/3 of the bytes."""
+    import torch
+
+    n_params = size_mb * MB / (3 * 4)  # float32 weight + exp_avg + exp_avg_sq per parameter
+    width = max(8, int(math.sqrt(n_params / N_LAYERS)))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(N_LAYERS)])
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for p in model.parameters():
+        p.grad = torch.randn_like(p).mul_(1e-3)
+    optimizer.step()
+    for p in model.parameters():
+        p.grad = None
+    return model, optimizer
+
+
+def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    import torch
+
+    tensors = list(model.state_dict().values())
+    for per_param in optimizer.state_dict()["state"].values():
+        tensors.extend(v for v in per_param.values() if isinstance(v, torch.Tensor))
+    return tensors
+
+
+def same_state(m1: torch.nn.Module, o1: torch.optim.Optimizer, m2: torch.nn.Module, o2: torch.optim.Optimizer) -> bool:
+    import torch
+
+    a, b = m1.state_dict(), m2.state_dict()
+    if a.keys() != b.keys() or not all(torch.equal(a[k], b[k]) for k in a):
+        return False
+    sa, sb = o1.state_dict()["state"], o2.state_dict()["state"]
+    if sa.keys() != sb.keys():
+        return False
+    return all(sa[i].keys() == sb[i].keys() and all(torch.equal(sa[i][k], sb[i][k]) for k in sa[i]) for i in sa)
+
+
+def release(optimizer: torch.optim.Optimizer) -> None:
+    """Drop the optimizer state (after an mmap load it pins the checkpoint file's mapping and pages)."""
+    optimizer.state.clear()
+    gc.collect()
+
+
+# -- baselines ----------------------------------------------------------------
+def raw_write(views: Sequence[memoryview], path: Path) -> None:
+    with open(path, "wb", buffering=0) as f:
+        for view in views:
+            while view:
+                view = view[f.write(view) :]
+        os.fsync(f.fileno())
+
+
+def raw_read(path: Path, buf: bytearray) -> int:
+    view = memoryview(buf)
+    got = 0
+    with open(path, "rb", buffering=0) as f:
+        while n := f.readinto(view[got:]):
+            got += n
+    return got
+
+
+def torch_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    import torch
+
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, path)
+    fsync_path(path)
+
+
+def torch_load_apply(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """What ``load_checkpoint`` does on a local store, minus resolving, sha256 and bookkeeping."""
+    import torch
+
+    bundle = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    model.load_state_dict(bundle["model"])
+    optimizer.load_state_dict(bundle["optimizer"])
+
+
+# -- moto -------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MotoServer:
+    """A real ``moto_server`` process on 127.0.0.1, with the ``AWS_*`` variables pointing at it."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.endpoint = ""
+
+    def start(self) -> str:
+        exe = shutil.which("moto_server") or str(Path(sys.executable).with_name("moto_server"))
+        port = _free_port()
+        with open(self.log_path, "wb") as log:
+            self.proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=log)
+        atexit.register(self.stop)
+        self.endpoint = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                urllib.request.urlopen(f"{self.endpoint}/moto-api/", timeout=1).close()
+                break
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    tail = self.log_path.read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"moto_server did not start: {tail}") from None
+                time.sleep(0.1)
+        os.environ.update(
+            {
+                "AWS_ACCESS_KEY_ID": "testing",
+                "AWS_SECRET_ACCESS_KEY": "testing",
+                "AWS_DEFAULT_REGION": "us-east-1",
+                "AWS_ENDPOINT_URL": self.endpoint,
+            }
+        )
+        import boto3
+
+        boto3.client("s3", endpoint_url=self.endpoint).create_bucket(Bucket=BUCKET)
+        return self.endpoint
+
+    def stop(self) -> None:
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- the rounds ---------------------------------------------------------------
+def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, Any]:
+    import torch
+
+    import launchhelm.torch as lht
+
+    out: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    model, optimizer = build_state(args.size_mb, seed=0)
+    model2, optimizer2 = build_state(args.size_mb, seed=1)
+    grads2 = [torch.randn_like(p).mul_(1e-3) for p in model2.parameters()]
+    tensors = state_tensors(model, optimizer)
+    views = [memoryview(t.detach().reshape(-1).numpy()).cast("B") for t in tensors]
+    state_bytes = sum(len(v) for v in views)
+    weight_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    out["build_s"] = time.perf_counter() - t0
+    out["state_bytes"] = state_bytes
+    out["weight_bytes"] = weight_bytes
+    out["width"] = model[0].in_features
+    out["n_tensors"] = len(tensors)
+
+    out["pretouch_s"] = pretouch(args.pretouch_gib)
+    read_buf = touched_buffer(state_bytes + 64 * MB)  # room for the bundle's zip/pickle overhead
+
+    base_dir = root / "baseline"
+    store_dir = root / "store"
+    base_dir.mkdir()
+    tr = lht.init(PROJECT, store=str(store_dir))
+    out["store"] = str(store_dir)
+
+    s3: dict[str, Any] = {}
+    if args.s3:
+        import fsspec
+
+        moto = MotoServer(root / "moto.log")
+        s3["endpoint"] = moto.start()
+        s3["moto"] = moto
+        s3["fs"] = fsspec.filesystem("s3", use_listings_cache=False, skip_instance_cache=True)
+        s3["tr"] = lht.init(PROJECT, store=f"s3://{BUCKET}/store")
+
+    evicted = True
+    bundle_bytes = 0
+    lh_path: Path | None = None
+
+    def recycle(path: Path | None) -> None:
+        """Delete a previous round's file right before the next write: its pages are then freshly freed."""
+        if path is not None:
+            path.unlink(missing_ok=True)
+
+    rounds = 1 + args.repeat
+    for r in range(rounds):
+        record.recording = r > 0
+        label = "warm-up" if r == 0 else f"round {r}/{args.repeat}"
+        print(f"  {label} ...", flush=True)
+        raw_path = base_dir / f"raw-{r}.bin"
+        torch_path = base_dir / f"torch-{r}.pt"
+
+        # saves
+        recycle(base_dir / f"raw-{r - 1}.bin")
+        record("raw write+fsync", lambda p=raw_path: raw_write(views, p), state_bytes)
+        recycle(base_dir / f"torch-{r - 1}.pt")
+        record("torch.save(path)+fsync", lambda p=torch_path: torch_save(model, optimizer, p), state_bytes)
+        tr.watch(model, optimizer)
+        recycle(lh_path)  # the published event still names it; nothing reads it again
+        artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
+        lh_path = next(store_dir.rglob(f"{artifact}.pt"))
+        bundle_bytes = lh_path.stat().st_size
+        record.phases["LH save_checkpoint (local)"].nbytes = bundle_bytes
+
+        # loads: raw and plain torch
+        evicted = evict(raw_path) and evicted
+        record("raw read, cold", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
+        record("raw read, warm", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
+        evicted = evict(torch_path) and evicted
+        record("torch.load, cold", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
+        record("torch.load, warm", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
+        release(optimizer2)
+        record(
+            "torch.load(mmap)+apply, warm",
+            lambda p=torch_path: torch_load_apply(p, model2, optimizer2),
+            state_bytes,
+        )
+
+        # loads: LaunchHelm, then the first optimizer step on the restored (file-mapped) state
+        tr.watch(model2, optimizer2)
+        release(optimizer2)
+        evicted = evict(lh_path) and evicted
+        record("LH load_checkpoint, cold", lambda: tr.load_checkpoint("latest"), bundle_bytes)
+        release(optimizer2)
+        record("LH load_checkpoint, warm", lambda: tr.load_checkpoint("latest"), bundle_bytes)
+        for p, g in zip(model2.parameters(), grads2, strict=True):
+            p.grad = g
+        record("1st AdamW step after LH load", optimizer2.step)
+        record("AdamW step, steady", optimizer2.step)
+        for p in model2.parameters():
+            p.grad = None
+
+        if args.s3:
+            fs, tr_s3 = s3["fs"], s3["tr"]
+            data = lh_path.read_bytes()
+            key = f"{BUCKET}/baseline/bundle-{r}.pt"
+            record("s3fs pipe", lambda f=fs, k=key, d=data: f.pipe(k, d), len(data))
+            record("s3fs cat", lambda f=fs, k=key: f.cat(k), len(data))
+            fs.rm(key)
+            del data
+            tr_s3.watch(model, optimizer)
+            s3_artifact = record("LH save_checkpoint (s3)", tr_s3.save_checkpoint, bundle_bytes)
+            tr_s3.watch(model2, optimizer2)
+            release(optimizer2)
+            record("LH load_checkpoint (s3)", lambda t=tr_s3: t.load_checkpoint("latest"), bundle_bytes)
+            for old in fs.find(f"{BUCKET}/store"):
+                if old.endswith(".pt") and s3_artifact not in old:
+                    fs.rm(old)  # keep moto's memory bounded; events still name it, nothing reads it
+
+    record.recording = False
+    out["bundle_bytes"] = bundle_bytes
+    out["evicted"] = evicted
+
+    # correctness, untimed: the restored state equals the saved one
+    release(optimizer2)
+    tr.load_checkpoint("latest")
+    out["restored_local"] = same_state(model, optimizer, model2, optimizer2)
+    if args.s3:
+        release(optimizer2)
+        s3["tr"].load_checkpoint("latest")
+        out["restored_s3"] = same_state(model, optimizer, model2, optimizer2)
+        s3["tr"].finish()
+        s3["moto"].stop()
+        out["s3_endpoint"] = s3["endpoint"]
+    tr.finish()
+    return out
+
+
+# -- report -----------------------------------------------------------------
+def fmt(value: float, digits: int = 2) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
+
+
+def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | None]]) -> bool:
+    """Print (phase, baseline phase, target ratio) rows; return True if every target was met."""
+    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "target", "result")
+    lines = []
+    ok = True
+    for name, base_name, target in rows:
+        phase = record[name]
+        seconds = phase.median
+        rate = phase.nbytes / MB / seconds if phase.nbytes and seconds > 0 else math.nan
+        if base_name is None:
+            lines.append((name, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "base"))
+            continue
+        base = record[base_name].median
+        ratio = seconds / base if base > 0 else math.nan
+        if target is None:
+            result, target_text = "info", "-"
+        else:
+            passed = ratio <= target
+            ok = ok and passed
+            result, target_text = ("PASS" if passed else "MISS"), f"<= {target:.2f}x"
+        lines.append((name, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", target_text, result))
+    widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
+
+    def show(cells: Sequence[str]) -> None:
+        pairs = enumerate(zip(cells, widths, strict=True))
+        print("  ".join(c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in pairs))
+
+    show(header)
+    show(["-" * w for w in widths])
+    for line in lines:
+        show(line)
+    return ok
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # run the finally blocks: temporary files, moto
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size-mb", type=float, default=1000, help="model + AdamW state, MB (default 1000)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed rounds after one warm-up (default 3)")
+    parser.add_argument("--s3", action="store_true", help="also measure an s3:// store on a local moto_server")
+    parser.add_argument("--pretouch-gib", type=float, default=3.0, help="memory to pre-touch once, GiB (default 3)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="parent of the temporary directory (default: the system's)"
+    )
+    parser.add_argument("--check", action="store_true", help="exit with status 1 if a target is missed")
+    args = parser.parse_args(argv)
+    if args.size_mb < 1 or args.repeat < 1:
+        parser.error("--size-mb must be >= 1 and --repeat >= 1")
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    t0 = time.perf_counter()
+    import torch
+    from torch.utils.serialization import config as serialization_config
+
+    import launchhelm
+    import launchhelm.torch
+
+    if args.s3:
+        import boto3  # noqa: F401
+        import s3fs
+    import_s = time.perf_counter() - t0
+
+    root = Path(tempfile.mkdtemp(prefix="launchhelm-bench-ckpt-", dir=args.dir))
+    print(f"launchhelm {launchhelm.__version__}, torch {torch.__version__}, Python {platform.python_version()}")
+    print(f"{platform.platform()}; {os.cpu_count()} CPUs; torch threads {torch.get_num_threads()}")
+    if args.s3:
+        print(f"s3fs {s3fs.__version__}")
+    print(f"temporary directory: {root} (removed afterwards); imports {import_s:,.1f} s before timing")
+    crc = serialization_config.save.compute_crc32
+    print(f"torch.utils.serialization.config.save.compute_crc32 = {crc}")
+    print(f"state: ~{args.size_mb:g} MB; warm-up: 1 round; timed rounds: {args.repeat} (median)")
+
+    record = Recorder()
+    load_before = load_average()
+    try:
+        out = bench(args, root, record)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    state_mb = out["state_bytes"] / MB
+    print(
+        f"  {N_LAYERS} x Linear({out['width']}, {out['width']}) + AdamW after 1 step: {out['n_tensors']} tensors, "
+        f"{state_mb:,.1f} MB ({out['weight_bytes'] / out['state_bytes']:.0%} weights); "
+        f"bundle file {out['bundle_bytes'] / MB:,.1f} MB; built in {out['build_s']:,.1f} s"
+    )
+    print(f"  pre-touched {args.pretouch_gib:g} GiB in {out['pretouch_s']:,.2f} s")
+    print(f"  1-minute load average: {load_before} before, {load_average()} after ({os.cpu_count()} CPUs)")
+    print()
+
+    rows: list[tuple[str, str | None, float | None]] = [
+        ("raw write+fsync", None, None),
+        ("torch.save(path)+fsync", "raw write+fsync", None),
+        ("LH save_checkpoint (local)", "raw write+fsync", TARGET_SAVE),
+        ("raw read, cold", None, None),
+        ("raw read, warm", None, None),
+        ("torch.load, cold", "raw read, cold", None),
+        ("torch.load, warm", "raw read, warm", None),
+        ("torch.load(mmap)+apply, warm", "raw read, warm", None),
+        ("LH load_checkpoint, cold", "raw read, cold", TARGET_LOAD),
+        ("LH load_checkpoint, warm", "raw read, warm", TARGET_LOAD),
+        ("AdamW step, steady", None, None),
+        ("1st AdamW step after LH load", "AdamW step, steady", None),
+    ]
+    if args.s3:
+        rows += [
+            ("s3fs pipe", None, None),
+            ("LH save_checkpoint (s3)", "s3fs pipe", TARGET_SAVE),
+            ("s3fs cat", None, None),
+            ("LH load_checkpoint (s3)", "s3fs cat", TARGET_LOAD),
+        ]
+    all_ok = print_table(record, rows)
+
+    print()
+    print("What blocks the training loop during save_checkpoint() (the whole call is synchronous):")
+    saves = ["torch.save(path)+fsync", "LH save_checkpoint (local)"] + (["LH save_checkpoint (s3)"] if args.s3 else [])
+    for name in saves:
+        phase = record[name]
+        print(
+            f"  {name}: blocks {fmt(phase.median, 3)} s; peak RSS growth {fmt(phase.max_rss / MB, 1)} MB "
+            f"= {fmt(100 * phase.max_rss / out['state_bytes'], 1)}% of the {state_mb:,.0f} MB state (max of rounds)"
+        )
+    loads = ["LH load_checkpoint, cold"] + (["LH load_checkpoint (s3)"] if args.s3 else [])
+    for name in loads:
+        phase = record[name]
+        print(f"  {name}: peak RSS growth {fmt(phase.max_rss / MB, 1)} MB (file pages mapped by mmap count too)")
+    print(f"  RSS peak method: {PeakRss.method()}")
+    print("Details:")
+    for phase in record.phases.values():
+        print(f"  {phase.name}: " + ", ".join(f"{t:.3f}" for t in phase.times) + " s")
+    print(
+        "  cold = fsync + posix_fadvise(DONTNEED) before the read"
+        if out["evicted"]
+        else "  cold: NOT evicted (no posix_fadvise here); cold rows are warm"
+    )
+    if args.s3:
+        print(f"  moto_server at {out['s3_endpoint']} (stopped)")
+    restored = out["restored_local"] and out.get("restored_s3", True)
+    print(
+        f"  restored state equals the saved one: local {'yes' if out['restored_local'] else 'NO'}"
+        + (f", s3 {'yes' if out['restored_s3'] else 'NO'}" if args.s3 else "")
+    )
+    print()
+    print("PASS/MISS is informational" + ("" if not args.check else "; --check given") + ".")
+    if not restored:
+        all_ok = False
+    return 1 if args.check and not all_ok else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
