@@ -96,7 +96,15 @@ def test_sigkill_while_a_big_chunk_is_being_written_leaves_no_partial_chunk(shar
     if not local:
         proxy = CountingProxy(int(__import__("os").environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]))
         env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
-    caught_mid_write = False
+    try:
+        caught = _kill_mid_write(shared_store_url, local, proxy, env)
+    finally:
+        if proxy:
+            proxy.close()
+    assert caught, "never managed to kill the writer mid-flush in 5 tries"
+
+
+def _kill_mid_write(shared_store_url: str, local: bool, proxy: CountingProxy | None, env: dict[str, str]) -> bool:
     for _ in range(5):
         proc = spawn(BIG_FLUSH, shared_store_url, **env)
         assert proc.stdout is not None
@@ -124,8 +132,5 @@ def test_sigkill_while_a_big_chunk_is_being_written_leaves_no_partial_chunk(shar
             staging = __import__("pathlib").Path(shared_store_url) / ".staging"
             assert any(staging.glob("*.tmp")), "the kill did not land mid-write"
             assert not any(name.startswith(".staging") for name in store.list(""))
-        caught_mid_write = True
-        break
-    if proxy:
-        proxy.close()
-    assert caught_mid_write, "never managed to kill the writer mid-flush in 5 tries"
+        return True
+    return False
