@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import io
 import numbers
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import InvalidMetricError
@@ -155,6 +155,7 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
     """
     import numpy as np
     import pandas as pd
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     if duplicates not in ("all", "last"):
@@ -162,7 +163,7 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
     if keys is not None:
         if isinstance(keys, str):
             keys = [keys]
-        table = table.filter(pc.is_in(table.column("key"), value_set=pa_array(list(keys))))
+        table = table.filter(pc.is_in(table.column("key"), value_set=pa.array(list(keys), pa.string())))
     encoded = table.column("key").combine_chunks().dictionary_encode()
     key_names: list[str] = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
@@ -211,17 +212,6 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
         frame = pd.concat([frame, pd.DataFrame(columns)], axis=1)
     result: pd.DataFrame = frame
     return result
-
-
-def pa_array(values: list[str]) -> Any:
-    import pyarrow as pa
-
-    return pa.array(values, pa.string())
-
-
-def coerce_metrics(metrics: Mapping[Any, Any]) -> dict[str, float]:
-    """Validate a whole ``log()`` dict before anything of it is stored."""
-    return {validate_key(k): coerce_value(k, v) for k, v in metrics.items()}
 
 
 def chunk_key(run_id: str, session_id: str, number: int, first_step: int, last_step: int) -> str:
