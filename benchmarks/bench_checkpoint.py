@@ -23,10 +23,10 @@ LaunchHelm (local store: a temporary directory on the same disk)
       training loop. Peak RSS growth during the call (VmHWM reset through
       ``/proc/self/clear_refs``, else a 2 ms VmRSS sampler) is reported relative to the state
       size, to show that nothing buffers the whole bundle in memory.
-    * ``tr.load_checkpoint("latest")``, cold and warm (whole call: resolve, sha256 pass,
-      ``torch.load(weights_only=True, mmap=True)``, apply). AdamW's state stays mapped from the
-      file after such a load, so the first optimizer step afterwards is timed too, against a
-      steady step.
+    * ``tr.load_checkpoint("latest")``, cold and warm (the whole call: resolve, verify the
+      sha256, ``torch.load(weights_only=True)``, apply). A load that leaves AdamW's state mapped
+      from the file (``mmap=True``) moves part of its cost into the next optimizer step, so the
+      first step after the load is timed too, against a steady step.
 
 With ``--s3``: a real ``moto_server`` on 127.0.0.1 (started and stopped by this script), and
     * ``fs.pipe`` / ``fs.cat`` of the LaunchHelm bundle's bytes with s3fs (baselines);
@@ -419,107 +419,116 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
     base_dir.mkdir()
     tr = lht.init(PROJECT, store=str(store_dir))
     out["store"] = str(store_dir)
-
-    s3: dict[str, Any] = {}
-    if args.s3:
-        import fsspec
-
-        moto = MotoServer(root / "moto.log")
-        s3["endpoint"] = moto.start()
-        s3["moto"] = moto
-        s3["fs"] = fsspec.filesystem("s3", use_listings_cache=False, skip_instance_cache=True)
-        s3["tr"] = lht.init(PROJECT, store=f"s3://{BUCKET}/store")
-
-    evicted = True
-    bundle_bytes = 0
-    lh_path: Path | None = None
-
-    def recycle(path: Path | None) -> None:
-        """Delete a previous round's file right before the next write: its pages are then freshly freed."""
-        if path is not None:
-            path.unlink(missing_ok=True)
-
-    rounds = 1 + args.repeat
-    for r in range(rounds):
-        record.recording = r > 0
-        label = "warm-up" if r == 0 else f"round {r}/{args.repeat}"
-        print(f"  {label} ...", flush=True)
-        raw_path = base_dir / f"raw-{r}.bin"
-        torch_path = base_dir / f"torch-{r}.pt"
-
-        # saves
-        recycle(base_dir / f"raw-{r - 1}.bin")
-        record("raw write+fsync", lambda p=raw_path: raw_write(views, p), state_bytes)
-        recycle(base_dir / f"torch-{r - 1}.pt")
-        record("torch.save(path)+fsync", lambda p=torch_path: torch_save(model, optimizer, p), state_bytes)
-        tr.watch(model, optimizer)
-        recycle(lh_path)  # the published event still names it; nothing reads it again
-        artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
-        lh_path = next(store_dir.rglob(f"{artifact}.pt"))
-        bundle_bytes = lh_path.stat().st_size
-        record.phases["LH save_checkpoint (local)"].nbytes = bundle_bytes
-
-        # loads: raw and plain torch
-        evicted = evict(raw_path) and evicted
-        record("raw read, cold", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
-        record("raw read, warm", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
-        evicted = evict(torch_path) and evicted
-        record("torch.load, cold", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
-        record("torch.load, warm", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
-        release(optimizer2)
-        record(
-            "torch.load(mmap)+apply, warm",
-            lambda p=torch_path: torch_load_apply(p, model2, optimizer2),
-            state_bytes,
-        )
-
-        # loads: LaunchHelm, then the first optimizer step on the restored (file-mapped) state
-        tr.watch(model2, optimizer2)
-        release(optimizer2)
-        evicted = evict(lh_path) and evicted
-        record("LH load_checkpoint, cold", lambda: tr.load_checkpoint("latest"), bundle_bytes)
-        release(optimizer2)
-        record("LH load_checkpoint, warm", lambda: tr.load_checkpoint("latest"), bundle_bytes)
-        for p, g in zip(model2.parameters(), grads2, strict=True):
-            p.grad = g
-        record("1st AdamW step after LH load", optimizer2.step)
-        record("AdamW step, steady", optimizer2.step)
-        for p in model2.parameters():
-            p.grad = None
-
+    runs = [tr]
+    moto: MotoServer | None = None
+    try:
+        s3: dict[str, Any] = {}
         if args.s3:
-            fs, tr_s3 = s3["fs"], s3["tr"]
-            data = lh_path.read_bytes()
-            key = f"{BUCKET}/baseline/bundle-{r}.pt"
-            record("s3fs pipe", lambda f=fs, k=key, d=data: f.pipe(k, d), len(data))
-            record("s3fs cat", lambda f=fs, k=key: f.cat(k), len(data))
-            fs.rm(key)
-            del data
-            tr_s3.watch(model, optimizer)
-            s3_artifact = record("LH save_checkpoint (s3)", tr_s3.save_checkpoint, bundle_bytes)
-            tr_s3.watch(model2, optimizer2)
+            import fsspec
+
+            moto = MotoServer(root / "moto.log")
+            s3["endpoint"] = moto.start()
+            s3["fs"] = fsspec.filesystem("s3", use_listings_cache=False, skip_instance_cache=True)
+            s3["tr"] = lht.init(PROJECT, store=f"s3://{BUCKET}/store")
+            runs.append(s3["tr"])
+
+        evicted = True
+        bundle_bytes = 0
+        lh_path: Path | None = None
+
+        def recycle(path: Path | None) -> None:
+            """Delete a previous round's file right before the next write: its pages are then freshly freed."""
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+        rounds = 1 + args.repeat
+        for r in range(rounds):
+            record.recording = r > 0
+            label = "warm-up" if r == 0 else f"round {r}/{args.repeat}"
+            print(f"  {label} ...", flush=True)
+            raw_path = base_dir / f"raw-{r}.bin"
+            torch_path = base_dir / f"torch-{r}.pt"
+
+            # saves; first drop the restored optimizer state: an mmap load would pin the previous
+            # checkpoint's pages, and deleting that file would then free nothing for the next writer
             release(optimizer2)
-            record("LH load_checkpoint (s3)", lambda t=tr_s3: t.load_checkpoint("latest"), bundle_bytes)
-            for old in fs.find(f"{BUCKET}/store"):
-                if old.endswith(".pt") and s3_artifact not in old:
-                    fs.rm(old)  # keep moto's memory bounded; events still name it, nothing reads it
+            recycle(base_dir / f"raw-{r - 1}.bin")
+            record("raw write+fsync", lambda p=raw_path: raw_write(views, p), state_bytes)
+            recycle(base_dir / f"torch-{r - 1}.pt")
+            record("torch.save(path)+fsync", lambda p=torch_path: torch_save(model, optimizer, p), state_bytes)
+            tr.watch(model, optimizer)
+            recycle(lh_path)  # the published event still names it; nothing reads it again
+            artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
+            lh_path = next(store_dir.rglob(f"{artifact}.pt"))
+            bundle_bytes = lh_path.stat().st_size
+            record.phases["LH save_checkpoint (local)"].nbytes = bundle_bytes
 
-    record.recording = False
-    out["bundle_bytes"] = bundle_bytes
-    out["evicted"] = evicted
+            # loads: raw and plain torch
+            evicted = evict(raw_path) and evicted
+            record("raw read, cold", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
+            record("raw read, warm", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
+            evicted = evict(torch_path) and evicted
+            record("torch.load, cold", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
+            record("torch.load, warm", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
+            release(optimizer2)
+            record(
+                "torch.load(mmap)+apply, warm",
+                lambda p=torch_path: torch_load_apply(p, model2, optimizer2),
+                state_bytes,
+            )
 
-    # correctness, untimed: the restored state equals the saved one
-    release(optimizer2)
-    tr.load_checkpoint("latest")
-    out["restored_local"] = same_state(model, optimizer, model2, optimizer2)
-    if args.s3:
+            # loads: LaunchHelm, then the first optimizer step on the restored state
+            tr.watch(model2, optimizer2)
+            release(optimizer2)
+            evicted = evict(lh_path) and evicted
+            record("LH load_checkpoint, cold", lambda: tr.load_checkpoint("latest"), bundle_bytes)
+            release(optimizer2)
+            record("LH load_checkpoint, warm", lambda: tr.load_checkpoint("latest"), bundle_bytes)
+            for p, g in zip(model2.parameters(), grads2, strict=True):
+                p.grad = g
+            record("1st AdamW step after LH load", optimizer2.step)
+            record("AdamW step, steady", optimizer2.step)
+            for p in model2.parameters():
+                p.grad = None
+
+            if args.s3:
+                fs, tr_s3 = s3["fs"], s3["tr"]
+                data = lh_path.read_bytes()
+                key = f"{BUCKET}/baseline/bundle-{r}.pt"
+                record("s3fs pipe", lambda f=fs, k=key, d=data: f.pipe(k, d), len(data))
+                record("s3fs cat", lambda f=fs, k=key: f.cat(k), len(data))
+                fs.rm(key)
+                del data
+                tr_s3.watch(model, optimizer)
+                s3_artifact = record("LH save_checkpoint (s3)", tr_s3.save_checkpoint, bundle_bytes)
+                tr_s3.watch(model2, optimizer2)
+                release(optimizer2)
+                record("LH load_checkpoint (s3)", lambda t=tr_s3: t.load_checkpoint("latest"), bundle_bytes)
+                for old in fs.find(f"{BUCKET}/store"):
+                    if old.endswith(".pt") and s3_artifact not in old:
+                        fs.rm(old)  # keep moto's memory bounded; events still name it, nothing reads it
+
+        record.recording = False
+        out["bundle_bytes"] = bundle_bytes
+        out["evicted"] = evicted
+
+        # correctness, untimed: the restored state equals the saved one
         release(optimizer2)
-        s3["tr"].load_checkpoint("latest")
-        out["restored_s3"] = same_state(model, optimizer, model2, optimizer2)
-        s3["tr"].finish()
-        s3["moto"].stop()
-        out["s3_endpoint"] = s3["endpoint"]
-    tr.finish()
+        tr.load_checkpoint("latest")
+        out["restored_local"] = same_state(model, optimizer, model2, optimizer2)
+        if args.s3:
+            release(optimizer2)
+            s3["tr"].load_checkpoint("latest")
+            out["restored_s3"] = same_state(model, optimizer, model2, optimizer2)
+            out["s3_endpoint"] = s3["endpoint"]
+    finally:
+        for run in reversed(runs):  # the s3 run first, while moto still answers
+            try:
+                run.finish()
+            except Exception as exc:
+                print(f"  finishing run {run.id} failed: {type(exc).__name__}: {exc}")
+        if moto is not None:
+            moto.stop()
     return out
 
 
@@ -593,19 +602,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         import s3fs
     import_s = time.perf_counter() - t0
 
-    root = Path(tempfile.mkdtemp(prefix="launchhelm-bench-ckpt-", dir=args.dir))
     print(f"launchhelm {launchhelm.__version__}, torch {torch.__version__}, Python {platform.python_version()}")
     print(f"{platform.platform()}; {os.cpu_count()} CPUs; torch threads {torch.get_num_threads()}")
     if args.s3:
         print(f"s3fs {s3fs.__version__}")
-    print(f"temporary directory: {root} (removed afterwards); imports {import_s:,.1f} s before timing")
     crc = serialization_config.save.compute_crc32
-    print(f"torch.utils.serialization.config.save.compute_crc32 = {crc}")
+    print(f"torch.utils.serialization.config.save.compute_crc32 = {crc} (torch's default for plain torch.save)")
     print(f"state: ~{args.size_mb:g} MB; warm-up: 1 round; timed rounds: {args.repeat} (median)")
 
     record = Recorder()
     load_before = load_average()
+    root = Path(tempfile.mkdtemp(prefix="launchhelm-bench-ckpt-", dir=args.dir))
     try:
+        print(f"temporary directory: {root} (removed afterwards); imports {import_s:,.1f} s before timing")
         out = bench(args, root, record)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -515,7 +515,9 @@ class ObjectStore(Store):
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
         # "wb", not "xb": s3fs leaks the multipart upload of a lost "xb" race;
         # keys written here are unique, so there is no race to lose
-        f = self.fs.open(path, "wb")
+        # 8 MiB parts: s3fs's default 50 MiB blocks held ~240 MB of RSS while
+        # streaming a checkpoint, at no gain in speed (measured against moto)
+        f = self.fs.open(path, "wb", block_size=8 * 2**20)
         try:
             yield f
         except BaseException:
