@@ -12,7 +12,6 @@ optimizer step raises it again rather than train on mixed state.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import pickle
 import tempfile
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id
+from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id, sha256_file
 from launchhelm._events import fold
 from launchhelm._exceptions import CheckpointError, LaunchHelmError
 from launchhelm._run import Run, start_run
@@ -418,7 +417,7 @@ class TorchRun(Run):
         digest: dict[str, str] = {}
         hasher = None
         if target.get("sha256") is not None:
-            hasher = threading.Thread(target=lambda: digest.update(hex=_sha256_of(local)), daemon=True)
+            hasher = threading.Thread(target=lambda: digest.update(hex=sha256_file(local)), daemon=True)
             hasher.start()
         try:
             bundle = torch.load(local, map_location=map_location, weights_only=True)
@@ -511,14 +510,6 @@ class TorchRun(Run):
         if isinstance(control, dict) and isinstance(control.get("seq"), int):
             self._control_seq = control["seq"]
         return extra
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(8 * 2**20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _unpickler_reason(exc: BaseException) -> str:
