@@ -28,6 +28,7 @@ from launchhelm._exceptions import (
     RunFinishedError,
     RunInUseError,
     RunNotFoundError,
+    RunStopped,
     StorageError,
 )
 from launchhelm._run import Run, init
@@ -50,6 +51,7 @@ __all__ = [
     "RunHandle",
     "RunInUseError",
     "RunNotFoundError",
+    "RunStopped",
     "StorageError",
     "__version__",
     "init",

@@ -7,9 +7,18 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._checkpoints import checkpoint_record
-from launchhelm._events import RESUME_CHOICE, EventLog, RunState, fold, validate_project
-from launchhelm._exceptions import CheckpointError
-from launchhelm._metrics import decode_chunks, history_frame
+from launchhelm._control import ACTIONS, check_tunable_changes, in_force
+from launchhelm._events import (
+    CONTROL_ACTION,
+    CONTROL_TUNABLES,
+    RESUME_CHOICE,
+    EventLog,
+    RunState,
+    fold,
+    validate_project,
+)
+from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError
+from launchhelm._metrics import abandoned_mask, decode_chunks, history_frame
 from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
 from launchhelm._types import Checkpoint, Rewind
@@ -19,6 +28,18 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Api", "RunHandle"]
+
+
+def _requester() -> dict[str, Any]:
+    """Who asked for a control change: shown beside it in the run's events."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:
+        user = "?"
+    return {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 class RunHandle:
@@ -55,6 +76,11 @@ class RunHandle:
     def created(self) -> float:
         """Creation time, seconds since the epoch."""
         return float(self._record["created"])
+
+    @property
+    def store(self) -> Store:
+        """The store the run lives in (``Api(handle.store)`` reads the same store)."""
+        return self._store
 
     def __repr__(self) -> str:
         return f"<launchhelm.RunHandle {self.project}/{self.id} {self.name!r}>"
@@ -166,6 +192,133 @@ class RunHandle:
         chosen = [c for c in self.checkpoints() if c.id == checkpoint_id]
         return chosen[0]
 
+    # tunables and control
+    @property
+    def tunables(self) -> dict[str, Any]:
+        """The tunables in force in the training process (as it last applied them).
+
+        Requests it has not applied yet are in :meth:`pending_controls`.
+        """
+        return in_force(self._record.get("tunables") or {}, self._state())[0]
+
+    @property
+    def control_state(self) -> str:
+        """``"paused"`` if the training process applied a pause (and no resume since), else ``"running"``.
+
+        Only meaningful while :attr:`status` is ``"running"``.
+        """
+        return "paused" if in_force({}, self._state())[2] else "running"
+
+    def pending_controls(self) -> list[dict[str, Any]]:
+        """Control requests the training process has not applied yet, oldest first.
+
+        Each is its event: ``seq``, ``type`` (``control_tunables`` with
+        ``changes``, or ``control_action`` with ``action``), ``time``, ``by``.
+        An action asked for before the current session started is not
+        listed: it was aimed at a session that is gone.
+        """
+        return self._state().pending_controls()
+
+    def control_changes(self) -> list[dict[str, Any]]:
+        """Every control request and what became of it, oldest first.
+
+        Each row: ``seq``, ``time``, ``what`` (``"tunables"`` or the action),
+        ``changes``, ``by``, and ``applied_at_step`` / ``applied_time`` (None
+        while pending or if it was dropped).
+        """
+        state = self._state()
+        applied = {int(e["request"]): e for e in state.applied if e.get("request")}
+        rows = []
+        for event in state.controls:
+            done = applied.get(int(event["seq"]))
+            rows.append(
+                {
+                    "seq": int(event["seq"]),
+                    "time": float(event["time"]),
+                    "what": "tunables" if event["type"] == CONTROL_TUNABLES else str(event.get("action")),
+                    "changes": dict(event.get("changes") or {}),
+                    "by": event.get("by"),
+                    "applied_at_step": int(done["step"]) if done else None,
+                    "applied_time": float(done["time"]) if done else None,
+                }
+            )
+        return rows
+
+    def _require_open(self, what: str, state: RunState) -> None:
+        if state.closed:
+            raise RunClosedError(
+                f"run {self.id} is closed (finish() was called), so it cannot be {what}; "
+                "only open runs take control changes",
+                run_id=self.id,
+            )
+
+    def set_tunables(self, **values: Any) -> int:
+        """Change tunables of the run; the training process applies them at its next step boundary.
+
+        Recorded as a control change (an event); returns its sequence number.
+        While the run is stopped or resumable, the change waits for the
+        session that resumes it (applied at its first step boundary, after
+        any ``load_checkpoint``).
+
+        Raises
+        ------
+        KeyError
+            A name the run was not started with (``lh.init(tunables=...)``).
+        TypeError
+            A value of another kind than the tunable's (a string for a
+            number...), or one a ``weights_only`` checkpoint could not hold
+            (numpy scalars, paths, objects: give plain values).
+        ValueError
+            No changes, or NaN / infinity.
+        RunClosedError
+            The run is closed.
+
+        Examples
+        --------
+        >>> lh.Api().run(run_id).set_tunables(lr=1e-4)   # doctest: +SKIP
+        """
+        state = self._state()
+        self._require_open("tuned", state)
+        current = {**(self._record.get("tunables") or {}), **in_force({}, state)[0]}
+        changes = check_tunable_changes(current, values)
+        self._store.require_coordination("changing tunables")
+        event = self._events.append(CONTROL_TUNABLES, {"changes": changes, "by": _requester()})
+        return int(event["seq"])
+
+    def control(self, action: str) -> int:
+        """Ask the training process to ``"pause"``, ``"resume"``, ``"stop"`` or ``"checkpoint"``.
+
+        Applied at its next step boundary: ``pause`` waits there (heartbeats
+        go on) until ``resume``; ``stop`` ends the session with
+        ``finish(close_run=False)`` (the run stays resumable) and raises
+        :class:`launchhelm.RunStopped` in the training loop; ``checkpoint``
+        saves one (``launchhelm.torch``) or calls ``run.on_checkpoint_request``
+        callbacks. Returns the request's sequence number.
+
+        Raises
+        ------
+        ValueError
+            An unknown action.
+        RunClosedError
+            The run is closed.
+        LaunchHelmError
+            The run has no live session to apply it (stopped or resumable):
+            resume the run first.
+        """
+        if action not in ACTIONS:
+            raise ValueError(f"control({action!r}): use one of {', '.join(repr(a) for a in ACTIONS)}")
+        state = self._state()
+        self._require_open(f"sent {action!r}", state)
+        status = run_status(state, self._last_liveness(state))
+        if status != "running":
+            raise LaunchHelmError(
+                f"run {self.id} is {status}: no training process is attached to apply {action!r}; "
+                f"resume it first (launchhelm.init({self.project!r}, resume={self.id!r}))"
+            )
+        self._store.require_coordination("controlling a run")
+        event = self._events.append(CONTROL_ACTION, {"action": action, "by": _requester()})
+        return int(event["seq"])
+
     def history(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> pd.DataFrame:
         """The run's metrics as a DataFrame.
 
@@ -181,8 +334,12 @@ class RunHandle:
         Returns
         -------
         pandas.DataFrame
-            Columns ``step``, ``attempt``, ``time`` (UTC), then one column per
-            metric key; sorted by step then attempt.
+            Columns ``step``, ``attempt``, ``time`` (UTC), ``abandoned``, then
+            one column per metric key; sorted by step then attempt.
+            ``abandoned`` is True for values of an attempt that a later rewind
+            went back before: the dimmed line of a chart. However often a run
+            was rewound, each row's ``attempt`` and ``abandoned`` say which
+            line it belongs to (:meth:`rewinds` has each rewind's attempt).
         """
         if duplicates not in ("all", "last"):
             raise ValueError(
@@ -195,7 +352,9 @@ class RunHandle:
             if blob is None:
                 blob = self._chunk_cache[key] = self._store.read(key)  # chunks are immutable
             blobs.append(blob)
-        return history_frame(decode_chunks(blobs), keys=keys, duplicates=duplicates)
+        frame = history_frame(decode_chunks(blobs), keys=keys, duplicates=duplicates)
+        frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
+        return frame
 
 
 class Api:

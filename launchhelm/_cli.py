@@ -1,11 +1,13 @@
-"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``."""
+"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from launchhelm._api import Api
 from launchhelm._exceptions import LaunchHelmError
@@ -39,18 +41,38 @@ def _cmd_show(args: argparse.Namespace) -> int:
     api = Api(args.store)
     run = api.run(args.run)
     summary = run.summary()
+    status = summary["status"]
     print(f"run      {run.id}  {run.name!r}")
     print(f"project  {run.project}")
-    print(f"status   {summary['status']}")
+    explain = {
+        "running": "a live session is training it",
+        "stopped": "stopped without ending its session (crashed or killed); resume it",
+        "resumable": "its last session ended with finish(close_run=False); resume it",
+        "closed": "finish() closed it; it cannot be resumed",
+    }
+    print(f"status   {status}: {explain.get(status, '')}")
+    heartbeat = run.last_heartbeat
+    print(f"heartbeat {_fmt_time(heartbeat)}" + (f" ({time.time() - heartbeat:.0f}s ago)" if heartbeat else ""))
     print(f"step     {summary['step']} (furthest reached)")
     print(f"created  {_fmt_time(run.created)}")
     print(f"sessions {summary['sessions']}, rewinds {summary['rewinds']}")
     if run.config:
         print("config   " + ", ".join(f"{k}={v!r}" for k, v in run.config.items()))
-    print("events:")
-    for event in run.events():
-        detail = {k: v for k, v in event.items() if k not in ("seq", "type", "time", "process")}
-        print(f"  {event['seq']:>4}  {_fmt_time(event['time'])}  {event['type']:<16} {detail}")
+    tunables = run.tunables
+    if tunables:
+        print("tunables " + ", ".join(f"{k}={v!r}" for k, v in tunables.items()))
+    if status == "running":
+        print(f"control  {run.control_state}")
+    changes = run.control_changes()
+    if changes:
+        print("control changes:")
+        for change in changes:
+            what = change["what"]
+            if what == "tunables":
+                what = "set " + ", ".join(f"{k}={v!r}" for k, v in change["changes"].items())
+            done = change["applied_at_step"]
+            outcome = f"applied at step {done}" if done is not None else "pending"
+            print(f"  {change['seq']:>4}  {_fmt_time(change['time'])}  {what:<28} {outcome}")
     rewinds = run.rewinds()
     if rewinds:
         print("rewinds:")
@@ -58,18 +80,60 @@ def _cmd_show(args: argparse.Namespace) -> int:
             print(f"  {rewind.describe()} (checkpoint {rewind.checkpoint}, attempt {rewind.attempt})")
     checkpoints = run.checkpoints()
     if checkpoints:
-        print("checkpoints:")
+        latest = checkpoints[-1].id
+        resume = run.resume_checkpoint()
+        print('checkpoints ("latest" and "resume" say what load_checkpoint would restore now):')
         for ck in checkpoints:
-            marks = " (chosen for resume)" if ck.chosen_for_resume else ""
+            marks = []
+            if ck.id == latest:
+                marks.append("latest")
+            if resume is not None and ck.id == resume.id:
+                marks.append("resume" + (": chosen" if ck.chosen_for_resume else ""))
+            if ck.before_last_control_change:
+                marks.append("before last control change")
             print(
                 f"  {ck.id}  step {ck.step:<7} {_fmt_time(ck.saved_at)}  {ck.size:>12,} B  "
-                f"steps to redo {ck.steps_to_redo}{marks}"
+                f"steps to redo {ck.steps_to_redo:<6}" + (f" [{'; '.join(marks)}]" if marks else "")
             )
+    if args.events:
+        print("events:")
+        for event in run.events():
+            detail = {k: v for k, v in event.items() if k not in ("seq", "type", "time", "process")}
+            print(f"  {event['seq']:>4}  {_fmt_time(event['time'])}  {event['type']:<16} {detail}")
     history = run.history(duplicates="last")
-    keys = [c for c in history.columns if c not in ("step", "attempt", "time")]
+    keys = [c for c in history.columns if c not in ("step", "attempt", "time", "abandoned")]
     print(f"metrics: {len(history)} steps" + (f", keys {', '.join(keys)}" if keys else ""))
     if len(history):
         print("  last: " + ", ".join(f"{k}={history[k].iloc[-1]:.6g}" for k in keys))
+    return 0
+
+
+def _parse_value(text: str) -> Any:
+    """``1e-4`` -> 0.0001, ``true`` -> True, ``[0.9, 0.99]`` -> list; anything else stays a string."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _cmd_tune(args: argparse.Namespace) -> int:
+    changes: dict[str, Any] = {}
+    for item in args.changes:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ValueError(f"{item!r}: write NAME=VALUE, e.g. lr=1e-4")
+        changes[name] = _parse_value(value)
+    run = Api(args.store).run(args.run)
+    seq = run.set_tunables(**changes)
+    print(f"control change {seq}: {', '.join(f'{k}={v!r}' for k, v in changes.items())} for run {run.id}")
+    print("the training process applies it at its next step boundary (see `launchhelm show RUN`)")
+    return 0
+
+
+def _cmd_control(args: argparse.Namespace) -> int:
+    run = Api(args.store).run(args.run)
+    seq = run.control(args.action)
+    print(f"control change {seq}: {args.action} for run {run.id}; applied at its next step boundary")
     return 0
 
 
@@ -91,9 +155,18 @@ def build_parser() -> argparse.ArgumentParser:
     runs = sub.add_parser("runs", help="table of a project's runs")
     runs.add_argument("project")
     runs.set_defaults(func=_cmd_runs)
-    show = sub.add_parser("show", help="a run's status, events and metrics as text")
+    show = sub.add_parser("show", help="a run's status, tunables, rewinds, checkpoints and metrics as text")
     show.add_argument("run")
+    show.add_argument("--events", action="store_true", help="also print the run's whole event log")
     show.set_defaults(func=_cmd_show)
+    tune = sub.add_parser("tune", help="change a running (or stopped) run's tunables: tune RUN lr=1e-4")
+    tune.add_argument("run")
+    tune.add_argument("changes", nargs="+", metavar="NAME=VALUE", help="values are JSON (1e-4, true, [1, 2])")
+    tune.set_defaults(func=_cmd_tune)
+    control = sub.add_parser("control", help="pause, resume, stop or checkpoint a running run")
+    control.add_argument("run")
+    control.add_argument("action", choices=["pause", "resume", "stop", "checkpoint"])
+    control.set_defaults(func=_cmd_control)
     return parser
 
 
@@ -102,8 +175,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args))
-    except (LaunchHelmError, ValueError) as exc:
-        print(f"launchhelm: error: {exc}", file=sys.stderr)
+    except (LaunchHelmError, ValueError, TypeError, KeyError) as exc:
+        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else exc
+        print(f"launchhelm: error: {message}", file=sys.stderr)
         return 2
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,9 @@ from launchhelm.storage import Store
 
 __all__ = [
     "CHECKPOINT",
+    "CONTROL_ACTION",
+    "CONTROL_APPLIED",
+    "CONTROL_TUNABLES",
     "RESUME_CHOICE",
     "RESUME_CHOICE_CONSUMED",
     "REWIND",
@@ -40,8 +44,14 @@ REWIND = "rewind"
 CHECKPOINT = "checkpoint"
 RESUME_CHOICE = "resume_choice"
 RESUME_CHOICE_CONSUMED = "resume_choice_consumed"
-#: Control changes (tunables, pause/resume/stop/checkpoint) share this prefix.
-CONTROL = "control"
+#: A request from outside the training process: new tunable values...
+CONTROL_TUNABLES = "control_tunables"
+#: ... or an action: pause, resume, stop, checkpoint.
+CONTROL_ACTION = "control_action"
+#: The training process applied requests (or restored a checkpoint's settings).
+CONTROL_APPLIED = "control_applied"
+#: Actions that change the run's settings; "checkpoint" only asks for a save.
+STATE_ACTIONS = ("pause", "resume", "stop")
 
 RUN_FORMAT = "launchhelm.run/1"
 _PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -89,6 +99,9 @@ class EventLog:
         self.run_id = run_id
         self.prefix = f"{run_prefix(run_id)}/events"
         self._events: list[dict[str, Any]] = []
+        # the training process appends from its main thread and polls for
+        # control requests from its background thread
+        self._lock = threading.RLock()
 
     @staticmethod
     def _key_seq(name: str) -> int | None:
@@ -102,6 +115,10 @@ class EventLog:
 
     def read(self) -> list[dict[str, Any]]:
         """All events, oldest first (fetching only those not yet seen)."""
+        with self._lock:
+            return self._read()
+
+    def _read(self) -> list[dict[str, Any]]:
         seen = len(self._events)
         names = sorted(
             (seq, name)
@@ -125,6 +142,10 @@ class EventLog:
         number, else :class:`SequenceTaken` is raised and the caller re-checks
         the state it based its decision on.
         """
+        with self._lock:
+            return self._append(type_, payload, expect_seq)
+
+    def _append(self, type_: str, payload: dict[str, Any], expect_seq: int | None) -> dict[str, Any]:
         while True:
             seq = expect_seq if expect_seq is not None else self.last_seq + 1
             event = {"seq": seq, "type": type_, "time": time.time(), **payload}
@@ -132,7 +153,7 @@ class EventLog:
             try:
                 self.store.create(f"{self.prefix}/{seq:020d}.json", body)
             except AlreadyExistsError:
-                self.read()
+                self._read()
                 if expect_seq is not None:
                     raise SequenceTaken(f"event {seq} of run {self.run_id} was taken by another writer") from None
                 if self.last_seq < seq:  # taken but not yet readable: wait for it
@@ -158,6 +179,7 @@ class SessionRecord:
     end_reason: str | None = None
     end_step: int | None = None
     closed_run: bool = False
+    start_seq: int = 0
 
 
 @dataclass
@@ -171,8 +193,13 @@ class RunState:
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     #: the unconsumed resume choice (checkpoint id), if any
     resume_choice: str | None = None
-    #: sequence number of the latest control change (0: none yet)
+    #: sequence number of the latest control change (0: none yet): tunables,
+    #: pause, resume or stop (a "checkpoint" request changes no setting)
     last_control_seq: int = 0
+    #: control requests (tunables and actions), oldest first
+    controls: list[dict[str, Any]] = field(default_factory=list)
+    #: what training processes applied, oldest first
+    applied: list[dict[str, Any]] = field(default_factory=list)
     last_seq: int = 0
 
     def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
@@ -194,6 +221,28 @@ class RunState:
             if chosen is not None:
                 return chosen
         return self.latest_checkpoint
+
+    @property
+    def last_applied_request(self) -> int:
+        """Sequence number of the newest request a training process applied (0: none)."""
+        return max((int(e.get("request") or 0) for e in self.applied), default=0)
+
+    def pending_controls(self) -> list[dict[str, Any]]:
+        """Requests not applied yet, in order.
+
+        Actions (pause, stop...) are aimed at a live session: one asked for
+        before the current session started is dropped, not carried into a
+        resumed process. Tunable changes wait for the next session.
+        """
+        done = self.last_applied_request
+        last = self.last_session
+        live_since = last.start_seq if last is not None and last.ended_at is None else None
+        return [
+            event
+            for event in self.controls
+            if int(event["seq"]) > done
+            and (event["type"] != CONTROL_ACTION or (live_since is not None and int(event["seq"]) > live_since))
+        ]
 
     @property
     def last_session(self) -> SessionRecord | None:
@@ -221,6 +270,7 @@ def fold(events: list[dict[str, Any]]) -> RunState:
                 heartbeat_timeout=float(event.get("heartbeat_timeout", 30.0)),
                 resumed=bool(event.get("resumed", False)),
                 start_step=int(event.get("step", 0)),
+                start_seq=int(event["seq"]),
             )
             state.sessions.append(rec)
             by_id[rec.id] = rec
@@ -243,6 +293,10 @@ def fold(events: list[dict[str, Any]]) -> RunState:
         elif kind == RESUME_CHOICE_CONSUMED:
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None
-        elif isinstance(kind, str) and kind.startswith(CONTROL):
-            state.last_control_seq = int(event["seq"])
+        elif kind in (CONTROL_TUNABLES, CONTROL_ACTION):
+            state.controls.append(dict(event))
+            if kind == CONTROL_TUNABLES or event.get("action") in STATE_ACTIONS:
+                state.last_control_seq = int(event["seq"])
+        elif kind == CONTROL_APPLIED:
+            state.applied.append(dict(event))
     return state

@@ -10,6 +10,8 @@ inherits the built-in exception a caller would naturally catch, so
     │   ├── ObjectNotFoundError (FileNotFoundError)
     │   └── CoordinationUnsupportedError
     ├── RunNotFoundError (KeyError)
+    ├── EvaluationNotFoundError (KeyError)
+    ├── EvaluationStateError (RuntimeError)
     ├── RunClosedError (RuntimeError)
     ├── RunInUseError (RuntimeError)
     ├── RunFinishedError (RuntimeError)
@@ -26,6 +28,8 @@ __all__ = [
     "AlreadyExistsError",
     "CheckpointError",
     "CoordinationUnsupportedError",
+    "EvaluationNotFoundError",
+    "EvaluationStateError",
     "InvalidMetricError",
     "LaunchHelmError",
     "ObjectNotFoundError",
@@ -33,6 +37,7 @@ __all__ = [
     "RunFinishedError",
     "RunInUseError",
     "RunNotFoundError",
+    "RunStopped",
     "StorageError",
 ]
 
@@ -81,6 +86,26 @@ class RunNotFoundError(LaunchHelmError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class EvaluationNotFoundError(LaunchHelmError, KeyError):
+    """No evaluation with this id is queued (see ``RunHandle.evaluations()``)."""
+
+    def __init__(self, message: str, *, evaluation_id: str | None = None) -> None:
+        super().__init__(message)
+        self.evaluation_id = evaluation_id
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class EvaluationStateError(LaunchHelmError, RuntimeError):
+    """The evaluation is not in a state that allows this (e.g. retrying one that did not fail)."""
+
+    def __init__(self, message: str, *, evaluation_id: str | None = None, state: str | None = None) -> None:
+        super().__init__(message)
+        self.evaluation_id = evaluation_id
+        self.state = state
+
+
 class RunClosedError(LaunchHelmError, RuntimeError):
     """The run was closed with ``finish()`` and cannot be resumed."""
 
@@ -104,6 +129,26 @@ class RunFinishedError(LaunchHelmError, RuntimeError):
     def __init__(self, message: str, *, run_id: str | None = None) -> None:
         super().__init__(message)
         self.run_id = run_id
+
+
+class RunStopped(SystemExit):
+    """Raised at a step boundary after ``RunHandle.control("stop")`` was applied.
+
+    The session has already ended with ``finish(close_run=False)``: every
+    point logged is stored and the run is resumable. It is a
+    :class:`SystemExit` (code 0), so a script that does not catch it ends
+    cleanly without a traceback, and a broad ``except Exception`` in the
+    training loop does not swallow it. Catch it to clean up your own state.
+    """
+
+    def __init__(self, message: str, *, run_id: str | None = None, step: int | None = None) -> None:
+        super().__init__(0)
+        self.message = message
+        self.run_id = run_id
+        self.step = step
+
+    def __str__(self) -> str:
+        return self.message
 
 
 class InvalidMetricError(LaunchHelmError, ValueError):

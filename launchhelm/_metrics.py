@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["coerce_value", "decode_chunks", "encode_chunk", "history_frame", "validate_key"]
+__all__ = ["abandoned_mask", "coerce_value", "decode_chunks", "encode_chunk", "history_frame", "validate_key"]
 
 CHUNK_FORMAT = b"launchhelm.metrics/1"
 MAX_KEY_LENGTH = 256
@@ -212,6 +212,20 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
         frame = pd.concat([frame, pd.DataFrame(columns)], axis=1)
     result: pd.DataFrame = frame
     return result
+
+
+def abandoned_mask(step: Any, attempt: Any, state: Any) -> Any:
+    """True where a point belongs to an abandoned attempt.
+
+    A rewind to ``to_step`` that starts attempt ``a`` abandons every point of
+    an earlier attempt logged after ``to_step``: history went back past it.
+    """
+    import numpy as np
+
+    mask = np.zeros(len(step), dtype=bool)
+    for rewind in state.rewinds:
+        mask |= (attempt < int(rewind["attempt"])) & (step > int(rewind["to_step"]))
+    return mask
 
 
 def chunk_key(run_id: str, session_id: str, number: int, first_step: int, last_step: int) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import math
 import os
 import sys
@@ -22,13 +23,18 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm._control import in_force
 from launchhelm._events import (
     CHECKPOINT,
+    CONTROL_ACTION,
+    CONTROL_APPLIED,
+    CONTROL_TUNABLES,
     RESUME_CHOICE_CONSUMED,
     REWIND,
     SESSION_ENDED,
     SESSION_STARTED,
     EventLog,
+    RunState,
     SequenceTaken,
     fold,
     project_run_marker,
@@ -41,6 +47,7 @@ from launchhelm._exceptions import (
     RunClosedError,
     RunFinishedError,
     RunInUseError,
+    RunStopped,
 )
 from launchhelm._liveness import process_identity
 from launchhelm._metrics import Row, chunk_key, coerce_value, encode_chunk, validate_key
@@ -60,6 +67,10 @@ __all__ = ["Run", "init"]
 
 #: Seconds between background metric flushes (``LAUNCHHELM_FLUSH_INTERVAL``).
 DEFAULT_FLUSH_INTERVAL = 2.0
+#: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``).
+DEFAULT_CONTROL_INTERVAL = 3.0
+
+_log = logging.getLogger("launchhelm")
 
 _ADJECTIVES = [
     "amber",
@@ -211,13 +222,20 @@ class Run:
         flush_interval: float,
         heartbeat_interval: float,
         control_seq: int = 0,
+        control_interval: float = DEFAULT_CONTROL_INTERVAL,
+        tunables: Mapping[str, Any] | None = None,
+        control_cursor: int = 0,
+        session_seq: int = 0,
+        paused: bool = False,
     ) -> None:
         self._store = store
         self.id: str = record["id"]
         self.project: str = record["project"]
         self.name: str = record["name"]
         self.config: Mapping[str, Any] = types.MappingProxyType(dict(record.get("config") or {}))
-        self._tunables = types.MappingProxyType(dict(record.get("tunables") or {}))
+        self._tunables = types.MappingProxyType(
+            dict(record.get("tunables") or {}) if tunables is None else dict(tunables)
+        )
         self.session_id = session_id
         self.resumed = resumed
         self._events = events
@@ -235,6 +253,16 @@ class Run:
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
         self._control_seq = control_seq
+        self._control_interval = control_interval
+        self._control_cursor = control_cursor  # newest request seen by the poller
+        self._session_seq = session_seq  # our session_started event: older actions are dropped
+        self._polled = 0  # events of the log the poller has looked at
+        self._requests: list[dict[str, Any]] = []  # delivered by the poller, applied at a step boundary
+        self._control_flag = False  # cheap check on the hot path: requests are waiting
+        self._control_wake = threading.Event()
+        self._paused = paused
+        self._tunables_callbacks: list[Callable[[dict[str, Any]], Any]] = []
+        self._checkpoint_callbacks: list[Callable[[], Any]] = []
         self._rewind_callbacks: list[Callable[[Rewind], Any]] = []
         self._worker = threading.Thread(target=self._work, name=f"launchhelm-{self.id}", daemon=True)
 
@@ -246,8 +274,18 @@ class Run:
 
     @property
     def tunables(self) -> Mapping[str, Any]:
-        """Read-only mapping of the run's tunables."""
+        """Read-only mapping of the run's tunables, as in force now.
+
+        ``RunHandle.set_tunables()`` from another process changes them at the
+        next step boundary (see :meth:`on_tunables_change`); restoring a
+        checkpoint brings back the values in force when it was saved.
+        """
         return self._tunables
+
+    @property
+    def paused(self) -> bool:
+        """Paused by ``RunHandle.control("pause")`` (only seen from callbacks: a paused loop waits)."""
+        return self._paused
 
     @property
     def global_step(self) -> int:
@@ -260,6 +298,8 @@ class Run:
         self._step = step
         if step > self._reached:
             self._reached = step
+        if self._control_flag:
+            self._step_boundary()
 
     @property
     def attempt(self) -> int:
@@ -455,6 +495,168 @@ class Run:
     def _consume_resume_choice(self, checkpoint_id: str) -> None:
         self._events.append(RESUME_CHOICE_CONSUMED, {"session": self.session_id, "checkpoint": checkpoint_id})
 
+    # -- tunables and control ---------------------------------------------
+    def on_tunables_change(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+        """Call ``callback(changes)`` when tunables change; usable as a decorator.
+
+        ``changes`` maps each changed name to its new value. It runs in the
+        training thread at the step boundary where a ``set_tunables()`` from
+        outside takes effect, and after a checkpoint restore that brought
+        back different values. :attr:`tunables` already holds the new values.
+        (``launchhelm.torch`` also writes tunables named like optimizer
+        hyperparameters, ``lr`` first, into the watched optimizer.)
+        """
+        if not callable(callback):
+            raise TypeError(f"on_tunables_change() takes a callable, not {type(callback).__name__}")
+        self._tunables_callbacks.append(callback)
+        return callback
+
+    def on_checkpoint_request(self, callback: Callable[[], Any]) -> Callable[[], Any]:
+        """Call ``callback()`` when ``RunHandle.control("checkpoint")`` takes effect.
+
+        For code that saves its own checkpoints (``run.checkpoint(path)``);
+        ``launchhelm.torch`` runs save a checkpoint themselves. Its return
+        value, if a string, is recorded as the checkpoint saved.
+        """
+        if not callable(callback):
+            raise TypeError(f"on_checkpoint_request() takes a callable, not {type(callback).__name__}")
+        self._checkpoint_callbacks.append(callback)
+        return callback
+
+    def _poll_controls(self) -> None:
+        """Background thread: deliver new control requests to the training thread."""
+        events = self._events.read()
+        fresh, self._polled = events[self._polled :], len(events)
+        found = []
+        for event in fresh:
+            kind, seq = event.get("type"), int(event["seq"])
+            if kind not in (CONTROL_TUNABLES, CONTROL_ACTION) or seq <= self._control_cursor:
+                continue
+            if kind == CONTROL_ACTION and seq < self._session_seq:
+                continue  # aimed at an earlier session
+            found.append(event)
+        if found:
+            with self._lock:
+                self._requests.extend(found)
+                self._control_cursor = max(self._control_cursor, *(int(e["seq"]) for e in found))
+                self._control_flag = True
+            self._control_wake.set()
+
+    def _take_requests(self) -> list[dict[str, Any]]:
+        with self._lock:
+            requests, self._requests = self._requests, []
+            self._control_flag = False
+            self._control_wake.clear()
+        return requests
+
+    def _step_boundary(self) -> None:
+        """Apply waiting control requests; while paused, wait here (heartbeats go on)."""
+        announced = False
+        while True:
+            for request in self._take_requests():
+                self._apply_request(request)
+            if not self._paused or self._finished:
+                return
+            if not announced:
+                announced = True
+                _log.info("run %s paused at step %d; RunHandle.control('resume') continues", self.id, self._step)
+            self._wait_while_paused()
+
+    def _wait_while_paused(self) -> None:
+        self._control_wake.wait(timeout=1.0)
+
+    @property
+    def _records_events(self) -> bool:
+        return True
+
+    def _record_applied(self, request: int | None, cause: str, **detail: Any) -> None:
+        if self._records_events:
+            self._events.append(
+                CONTROL_APPLIED,
+                {
+                    "session": self.session_id,
+                    "request": request,
+                    "cause": cause,
+                    "step": self._step,
+                    "tunables": dict(self._tunables),
+                    "control_seq": self._control_seq,
+                    "paused": self._paused,
+                    **detail,
+                },
+            )
+
+    def _apply_request(self, request: dict[str, Any]) -> None:
+        seq = int(request["seq"])
+        if request["type"] == CONTROL_TUNABLES:
+            changes = {k: v for k, v in dict(request.get("changes") or {}).items() if k in self._tunables}
+            self._tunables = types.MappingProxyType({**self._tunables, **changes})
+            self._control_seq = seq
+            self._record_applied(seq, "control", changes=changes)
+            self._tunables_changed(changes, restored=False)
+            return
+        action = request.get("action")
+        if action in ("pause", "resume"):
+            self._paused = action == "pause"
+            self._control_seq = seq
+            self._record_applied(seq, "control", action=action)
+        elif action == "checkpoint":
+            saved = self._checkpoint_requested()
+            self._record_applied(seq, "control", action=action, checkpoint=saved)
+        elif action == "stop":
+            self._control_seq = seq
+            self._paused = False
+            self._record_applied(seq, "control", action=action)
+            step = self._step
+            self._stop_session()
+            raise RunStopped(
+                f"run {self.id} stopped at step {step} by RunHandle.control('stop'); the session ended and the "
+                f"run is resumable: launchhelm.init({self.project!r}, resume={self.id!r})",
+                run_id=self.id,
+                step=step,
+            )
+        else:
+            _log.warning("run %s: ignoring unknown control action %r (event %d)", self.id, action, seq)
+
+    def _tunables_changed(self, changes: dict[str, Any], *, restored: bool) -> None:
+        if not changes:
+            return
+        for callback in list(self._tunables_callbacks):
+            callback(dict(changes))
+
+    def _checkpoint_requested(self) -> str | None:
+        if not self._checkpoint_callbacks:
+            _log.warning(
+                "run %s: a checkpoint was requested at step %d but nothing saves one: register "
+                "run.on_checkpoint_request(fn), or use launchhelm.torch",
+                self.id,
+                self._step,
+            )
+            return None
+        saved = None
+        for callback in list(self._checkpoint_callbacks):
+            result = callback()
+            if isinstance(result, str):
+                saved = result
+        return saved
+
+    def _stop_session(self) -> None:
+        self._end_session(close_run=False, reason="stopped by control")
+
+    def _restore_control(self, tunables: Mapping[str, Any] | None, control_seq: int | None, paused: bool) -> None:
+        """A checkpoint restore brings back the tunables and control state it saw."""
+        changes: dict[str, Any] = {}
+        if tunables is not None:
+            new = dict(tunables)
+            changes = {k: v for k, v in new.items() if self._tunables.get(k, object()) != v}
+            self._tunables = types.MappingProxyType(new)
+        if control_seq is not None:
+            self._control_seq = control_seq
+        self._paused = paused
+        if paused:
+            self._control_flag = True  # wait at the next step boundary
+        self._record_applied(None, "restore")
+        self._tunables_changed(changes, restored=True)
+
     @property
     def reached(self) -> int:
         """The furthest step this run has reached, over all sessions and attempts."""
@@ -471,6 +673,8 @@ class Run:
     # -- background work ------------------------------------------------
     def _start(self) -> None:
         self._beat()
+        if self.resumed:
+            self._poll_controls()  # tunables changed while no session was live apply at the first step
         with _live_lock:
             _live_runs.add(self)
         self._worker.start()
@@ -479,7 +683,8 @@ class Run:
         now = time.monotonic()
         next_flush = now + self._flush_interval
         next_beat = now + self._heartbeat_interval
-        while not self._stop.wait(max(0.0, min(next_flush, next_beat) - time.monotonic())):
+        next_poll = now + self._control_interval
+        while not self._stop.wait(max(0.0, min(next_flush, next_beat, next_poll) - time.monotonic())):
             now = time.monotonic()
             try:
                 if now >= next_flush:
@@ -488,6 +693,9 @@ class Run:
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
                     self._beat()
+                if now >= next_poll:
+                    next_poll = now + self._control_interval
+                    self._poll_controls()
                 self._last_error = None
             except Exception as exc:  # keep going: the store may come back
                 self._last_error = exc
@@ -576,6 +784,7 @@ def init(
     flush_interval: float | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
+    control_interval: float | None = None,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -588,7 +797,9 @@ def init(
     config:
         JSON-serialisable settings recorded with the run.
     tunables:
-        Values that may be changed from outside while the run trains.
+        Values that may be changed from outside while the run trains
+        (``RunHandle.set_tunables(lr=1e-4)``): plain JSON values. Read them
+        as ``run.tunables``; changes arrive at step boundaries.
     resume:
         Id of an open run to reopen as a new session. Refused with
         :class:`RunNotFoundError` (unknown id), :class:`RunClosedError`
@@ -604,9 +815,11 @@ def init(
         With ``resume``: take the run over even if its last session still
         looks alive. Only for when you know that process is gone (a node that
         vanished); two live writers would interleave their metrics.
-    flush_interval, heartbeat_interval, heartbeat_timeout:
-        Seconds; defaults 2, 5 and 30 or ``LAUNCHHELM_FLUSH_INTERVAL``,
-        ``LAUNCHHELM_HEARTBEAT_INTERVAL``, ``LAUNCHHELM_HEARTBEAT_TIMEOUT``.
+    flush_interval, heartbeat_interval, heartbeat_timeout, control_interval:
+        Seconds; defaults 2, 5, 30 and 3 or ``LAUNCHHELM_FLUSH_INTERVAL``,
+        ``LAUNCHHELM_HEARTBEAT_INTERVAL``, ``LAUNCHHELM_HEARTBEAT_TIMEOUT``,
+        ``LAUNCHHELM_CONTROL_INTERVAL`` (how often the run looks for
+        tunable changes and pause/resume/stop/checkpoint requests).
 
     Examples
     --------
@@ -629,6 +842,7 @@ def init(
         flush_interval=flush_interval,
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
+        control_interval=control_interval,
     )
 
 
@@ -649,6 +863,7 @@ def start_run(
     flush_interval: float | None = None,
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
+    control_interval: float | None = None,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
@@ -659,6 +874,7 @@ def start_run(
     timeout_s = _seconds(
         "heartbeat_timeout", heartbeat_timeout, "LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT
     )
+    control_s = _seconds("control_interval", control_interval, "LAUNCHHELM_CONTROL_INTERVAL", DEFAULT_CONTROL_INTERVAL)
     if timeout_s <= beat_s:
         raise ValueError(
             f"heartbeat_timeout ({timeout_s}s) must exceed heartbeat_interval ({beat_s}s), "
@@ -687,11 +903,15 @@ def start_run(
     }
     if resume is None:
         record, events = _create_run(st, project, name, config, tunables)
-        events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
-        step, attempt = 0, 0
-        control_seq = 0
+        started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
+        step, attempt, state = 0, 0, None
     else:
-        record, events, step, attempt, control_seq = _reopen_run(st, project, resume, session_payload, takeover)
+        record, events, step, state, started = _reopen_run(st, project, resume, session_payload, takeover)
+        attempt = state.attempt
+    # a resumed session starts with the settings the last one had applied
+    # (not paused: a pause was aimed at that session); requests it never
+    # applied arrive through the poller at the first step boundary
+    in_force_tunables, control_seq, _ = in_force(record.get("tunables") or {}, state or fold([]))
     run = run_class(
         store=st,
         record=record,
@@ -703,6 +923,10 @@ def start_run(
         flush_interval=flush_s,
         heartbeat_interval=beat_s,
         control_seq=control_seq,
+        control_interval=control_s,
+        tunables=in_force_tunables,
+        control_cursor=state.last_applied_request if state is not None else 0,
+        session_seq=int(started["seq"]),
     )
     run._start()
     return run
@@ -744,7 +968,7 @@ def _create_run(
 
 def _reopen_run(
     store: Store, project: str, run_id: str, session_payload: dict[str, Any], takeover: bool
-) -> tuple[dict[str, Any], EventLog, int, int, int]:
+) -> tuple[dict[str, Any], EventLog, int, RunState, dict[str, Any]]:
     if not isinstance(run_id, str):
         raise TypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
     record = read_run_record(store, run_id)
@@ -784,11 +1008,11 @@ def _reopen_run(
             replaces = {"session": previous.id, "reason": "takeover" if live.alive else live.reason}
         step = furthest_step(store, run_id, state)
         try:
-            events.append(
+            started = events.append(
                 SESSION_STARTED,
                 {**session_payload, "resumed": True, "step": step, "replaces": replaces},
                 expect_seq=state.last_seq + 1,
             )
         except SequenceTaken:
             continue
-        return record, events, step, state.attempt, state.last_control_seq
+        return record, events, step, state, started

@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from launchhelm._exceptions import LaunchHelmError
 
-__all__ = ["all_gather", "barrier", "broadcast", "rank_and_world"]
+__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "rank_and_world"]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -47,3 +47,17 @@ def all_gather(value: Any, world: int) -> list[Any]:
     out: list[Any] = [None] * world
     dist.all_gather_object(out, value)
     return out
+
+
+def broadcast_flag(flag: bool, world: int) -> bool:
+    """Rank 0's ``flag`` on every rank: one 1-byte broadcast, cheap enough for every step."""
+    if world == 1:
+        return flag
+    import torch
+
+    device = torch.device("cpu")
+    if dist.get_backend() == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    box = torch.tensor([1 if flag else 0], dtype=torch.uint8, device=device)
+    dist.broadcast(box, src=0)
+    return bool(box.item())

@@ -17,6 +17,7 @@ import pickle
 import tempfile
 import threading
 import time
+import types
 import zipfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id, sha256_file
+from launchhelm._control import in_force
 from launchhelm._events import fold
 from launchhelm._exceptions import CheckpointError, LaunchHelmError
 from launchhelm._run import Run, start_run
@@ -85,6 +87,7 @@ class TorchRun(Run):
             resumed=False,
             flush_interval=3600.0,
             heartbeat_interval=3600.0,
+            control_interval=3600.0,  # rank 0 polls and shares requests at step boundaries
         )
         run._rank, run._world = rank, world
         return run
@@ -164,6 +167,51 @@ class TorchRun(Run):
 
     def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self.global_step = self._step + 1
+        # under DDP every rank applies control requests at the same step:
+        # rank 0 says whether any arrived (one 1-byte broadcast per step)
+        if self._world > 1 and not self._finished and _dist.broadcast_flag(self._control_flag, self._world):
+            Run._step_boundary(self)
+
+    # -- tunables and control (see launchhelm._control) ---------------------
+    @property
+    def _records_events(self) -> bool:
+        return self._rank == 0
+
+    def _step_boundary(self) -> None:
+        if self._world == 1:
+            super()._step_boundary()
+        # under DDP the optimizer hook applies requests on every rank together
+
+    def _take_requests(self) -> list[dict[str, Any]]:
+        if self._world == 1:
+            return super()._take_requests()
+        mine = super()._take_requests() if self._rank == 0 else None
+        shared: list[dict[str, Any]] = _dist.broadcast(mine, self._world)
+        return shared
+
+    def _wait_while_paused(self) -> None:
+        if self._rank == 0:
+            super()._wait_while_paused()
+        # other ranks wait in the next _take_requests broadcast
+
+    def _tunables_changed(self, changes: dict[str, Any], *, restored: bool) -> None:
+        if not restored and self._optimizer is not None:
+            _apply_to_optimizer(self._optimizer, self._scheduler, changes)
+        super()._tunables_changed(changes, restored=restored)
+
+    def _checkpoint_requested(self) -> str | None:
+        if self._model is not None and self._optimizer is not None:
+            return self.save_checkpoint()
+        return super()._checkpoint_requested()
+
+    def _stop_session(self) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._rank == 0:
+            super()._stop_session()
+        else:
+            self._finished = True
 
     def _require_watch(self, what: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         if self._model is None or self._optimizer is None:
@@ -237,7 +285,7 @@ class TorchRun(Run):
             "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
             "scaler": self._scaler.state_dict() if self._scaler is not None else None,
             "tunables": dict(self.tunables),
-            "control": {"seq": self._control_seq},
+            "control": {"seq": self._control_seq, "paused": self._paused},
         }
         if self._world == 1:
             bundle["rng"] = records[0]["rng"]
@@ -339,7 +387,16 @@ class TorchRun(Run):
         rewind = _dist.broadcast(rewind, self._world)
         if rewind is not None:
             self._attempt = rewind.attempt
-        self.global_step = step
+        self._step = step  # not a step boundary: requests wait for the next optimizer step
+        self._reached = max(self._reached, step)
+        tunables = bundle.get("tunables")
+        saved = bundle.get("control")
+        control: dict[str, Any] = saved if isinstance(saved, dict) else {}
+        self._restore_control(
+            dict(tunables) if isinstance(tunables, dict) else None,
+            control["seq"] if isinstance(control.get("seq"), int) else None,
+            bool(control.get("paused", False)),
+        )
         if rewind is not None:
             self._run_rewind_callbacks(rewind)
         return extra
@@ -501,15 +558,34 @@ class TorchRun(Run):
         else:
             restore_rng(bundle["rng_by_rank"][self._rank])
             extra = bundle["extra_by_rank"][self._rank]
-        tunables = bundle.get("tunables")
-        if isinstance(tunables, dict):
-            import types
-
-            self._tunables = types.MappingProxyType(dict(tunables))
-        control = bundle.get("control")
-        if isinstance(control, dict) and isinstance(control.get("seq"), int):
-            self._control_seq = control["seq"]
         return extra
+
+
+def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, changes: dict[str, Any]) -> None:
+    """Write tunables named like the optimizer's hyperparameters into every param group.
+
+    ``lr`` is the base learning rate: with a scheduler that keeps
+    ``base_lrs`` the current rate is scaled by new/old base (the schedule's
+    shape is kept) and the scheduler's bases become the new value; without
+    one, every group's ``lr`` becomes the value.
+    """
+    groups = optimizer.param_groups
+    for name, value in changes.items():
+        if name == "params" or not groups or name not in groups[0]:
+            continue
+        bases = getattr(scheduler, "base_lrs", None) if name == "lr" else None
+        for i, group in enumerate(groups):
+            old = group[name]
+            if isinstance(old, (int, float)) and not isinstance(old, bool) and isinstance(value, (int, float)):
+                if bases is not None and i < len(bases) and bases[i]:
+                    group[name] = float(old) * float(value) / float(bases[i])
+                    bases[i] = float(value)
+                    if "initial_lr" in group:
+                        group["initial_lr"] = float(value)
+                else:
+                    group[name] = float(value)
+            elif isinstance(old, tuple) and isinstance(value, list) and len(value) == len(old):
+                group[name] = tuple(value)
 
 
 def _unpickler_reason(exc: BaseException) -> str:
@@ -585,5 +661,6 @@ def init(
     if rank != 0:
         state = fold(run._events.read())
         run._attempt = state.attempt
-        run._control_seq = state.last_control_seq
+        tunables, run._control_seq, _ = in_force(dict(run._tunables), state)
+        run._tunables = types.MappingProxyType(tunables)
     return run

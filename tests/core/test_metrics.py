@@ -24,14 +24,21 @@ def test_logged_points_come_back_as_a_wide_frame(store_url: str) -> None:
             run.log({"eval/accuracy": step / 100})  # a second call at the same step merges
     run.finish()
     frame = lh.Api(store_url).run(run.id).history()
-    assert list(frame.columns) == ["step", "attempt", "time", "loss", "lr", "eval/accuracy"]
+    assert list(frame.columns) == ["step", "attempt", "time", "abandoned", "loss", "lr", "eval/accuracy"]
+    assert not frame["abandoned"].any()
     assert frame["step"].tolist() == list(range(1, 51))
     assert (frame["attempt"] == 0).all()
     assert frame["loss"].tolist() == pytest.approx([1.0 / s for s in range(1, 51)])
     assert frame["eval/accuracy"].dropna().tolist() == pytest.approx([0.1, 0.2, 0.3, 0.4, 0.5])
     assert str(frame["time"].dtype) == "datetime64[ns, UTC]"
     assert frame["time"].is_monotonic_increasing
-    assert lh.Api(store_url).run(run.id).history(keys=["lr"]).columns.tolist() == ["step", "attempt", "time", "lr"]
+    assert lh.Api(store_url).run(run.id).history(keys=["lr"]).columns.tolist() == [
+        "step",
+        "attempt",
+        "time",
+        "abandoned",
+        "lr",
+    ]
 
 
 def test_explicit_steps_and_step_validation(store_url: str) -> None:
@@ -132,14 +139,14 @@ def test_malformed_keys_are_refused_and_nothing_is_lost(store_url: str, key: obj
     run.finish()
     frame = lh.Api(store_url).run(run.id).history()
     assert frame["loss"].tolist() == [1.0]
-    assert lh.Api(store_url).run(run.id).history().columns.tolist() == ["step", "attempt", "time", "loss"]
+    assert lh.Api(store_url).run(run.id).history().columns.tolist() == ["step", "attempt", "time", "abandoned", "loss"]
 
 
 def test_namespaced_keys_are_fine(store_url: str) -> None:
     run = lh.init("metrics", store=store_url)
     run.log({"eval/accuracy": 0.9, "train/loss/smoothed": 0.1, "weird name (ok)": 1.0})
     run.finish()
-    assert lh.Api(store_url).run(run.id).history().columns.tolist()[3:] == [
+    assert lh.Api(store_url).run(run.id).history().columns.tolist()[4:] == [
         "eval/accuracy",
         "train/loss/smoothed",
         "weird name (ok)",
@@ -189,7 +196,7 @@ def test_history_of_a_run_with_no_points_is_an_empty_frame(store_url: str) -> No
     run = lh.init("metrics", store=store_url)
     run.finish()
     frame = lh.Api(store_url).run(run.id).history()
-    assert frame.empty and frame.columns.tolist() == ["step", "attempt", "time"]
+    assert frame.empty and frame.columns.tolist() == ["step", "attempt", "time", "abandoned"]
 
 
 def test_duplicates_argument_is_checked_on_the_handle(store_url: str) -> None:
