@@ -50,7 +50,7 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or self.proc.poll() is not None and self.lines.empty():
+            if left <= 0 or (self.proc.poll() is not None and self.lines.empty()):
                 err = self.proc.stderr.read() if self.proc.poll() is not None and self.proc.stderr else ""
                 raise AssertionError(f"no {prefix!r} line in {timeout}s; last lines {self.seen[-5:]}; {err}")
             try:
@@ -102,7 +102,7 @@ def test_tunables_pause_checkpoint_stop_then_resume_from_a_chosen_checkpoint(sha
         assert applied_step >= asked_at
         after = worker.wait_for("STEP", where=lambda w: int(w[1]) > applied_step)
         assert float(after[2]) == pytest.approx(0.01)  # the optimizer's param group, read in the worker
-        change = [c for c in handle.control_changes() if c["seq"] == seq][0]
+        change = next(c for c in handle.control_changes() if c["seq"] == seq)
         assert change["what"] == "tunables" and change["applied_at_step"] == applied_step
         assert handle.tunables == {"lr": 0.01, "grad_clip": 0.5} and handle.pending_controls() == []
         assert handle.checkpoints()[0].before_last_control_change  # saved under the old lr
