@@ -212,19 +212,20 @@ class RunHandle:
     def pending_controls(self) -> list[dict[str, Any]]:
         """Control requests the training process has not applied yet, oldest first.
 
-        Each is its event: ``seq``, ``type`` (``control_tunables`` with
-        ``changes``, or ``control_action`` with ``action``), ``time``, ``by``.
-        An action asked for before the current session started is not
-        listed: it was aimed at a session that is gone.
+        Rows as in :meth:`control_changes`. An action asked for before the
+        current session started is not listed: it was aimed at a session
+        that is gone, and is dropped.
         """
-        return self._state().pending_controls()
+        pending = {int(e["seq"]) for e in self._state().pending_controls()}
+        return [row for row in self.control_changes() if row["seq"] in pending]
 
     def control_changes(self) -> list[dict[str, Any]]:
         """Every control request and what became of it, oldest first.
 
         Each row: ``seq``, ``time``, ``what`` (``"tunables"`` or the action),
-        ``changes``, ``by``, and ``applied_at_step`` / ``applied_time`` (None
-        while pending or if it was dropped).
+        ``changes`` (new tunable values), ``by`` (user, host, pid), and
+        ``applied_at_step`` / ``applied_time`` (None while pending, or if it
+        was dropped).
         """
         state = self._state()
         applied = {int(e["request"]): e for e in state.applied if e.get("request")}

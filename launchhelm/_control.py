@@ -10,8 +10,8 @@ boundary, in the main thread: when ``global_step`` advances (the watched
 optimizer's ``step()``, or an assignment). Each application is recorded as a
 ``control_applied`` event with the step it took effect at.
 
-Every request that changes a setting (tunables, pause, resume, stop) is a
-*control change*; its sequence number is the run's control sequence number.
+Every request that changes a setting a checkpoint holds (tunables, pause,
+resume) is a *control change*; its sequence number is the run's control sequence number.
 Checkpoints record the number in force when they were saved, so "Resume…"
 can mark those saved before the last change, and restoring one brings back
 the tunables and control state in force then.

@@ -50,8 +50,9 @@ CONTROL_TUNABLES = "control_tunables"
 CONTROL_ACTION = "control_action"
 #: The training process applied requests (or restored a checkpoint's settings).
 CONTROL_APPLIED = "control_applied"
-#: Actions that change the run's settings; "checkpoint" only asks for a save.
-STATE_ACTIONS = ("pause", "resume", "stop")
+#: Actions that change settings a checkpoint holds (and restores): "stop"
+#: ends a session and "checkpoint" asks for a save, neither is restored.
+STATE_ACTIONS = ("pause", "resume")
 
 RUN_FORMAT = "launchhelm.run/1"
 _PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -194,7 +195,7 @@ class RunState:
     #: the unconsumed resume choice (checkpoint id), if any
     resume_choice: str | None = None
     #: sequence number of the latest control change (0: none yet): tunables,
-    #: pause, resume or stop (a "checkpoint" request changes no setting)
+    #: pause or resume (stop and checkpoint requests change no saved setting)
     last_control_seq: int = 0
     #: control requests (tunables and actions), oldest first
     controls: list[dict[str, Any]] = field(default_factory=list)

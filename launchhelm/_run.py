@@ -603,7 +603,6 @@ class Run:
             saved = self._checkpoint_requested()
             self._record_applied(seq, "control", action=action, checkpoint=saved)
         elif action == "stop":
-            self._control_seq = seq
             self._paused = False
             self._record_applied(seq, "control", action=action)
             step = self._step

@@ -13,6 +13,7 @@ Modes:
   errors      save, wait for the test to damage the file (``DIR/go``), try to load; then
               save (rank 1 with a bad extra, then a good one), rank 1 watches a model of
               another shape, load, step, save
+  steer       train until stopped from outside (test_steering.py), recording each step's lr
   train       DDP training with dropout, a shuffling DistributedSampler and periodic
               checkpoints; ``--hang-at`` stops after a step (to be SIGKILLed),
               ``--resume`` restores a checkpoint and continues from its data position
@@ -36,6 +37,7 @@ import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
+import launchhelm as lh
 import launchhelm.torch as lht
 from launchhelm import CheckpointError
 
@@ -279,7 +281,39 @@ def train(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) 
     tr.finish(close_run=False)
 
 
-MODES = {"roundtrip": roundtrip, "worldsize": worldsize, "errors": errors, "train": train}
+def steer(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) -> None:
+    """Train until the test stops the run from outside, recording each step's lr."""
+    tr = lht.init(
+        args.project,
+        name="ddp-steer",
+        tunables={"lr": 0.1},
+        store=args.store,
+        control_interval=0.1,
+        flush_interval=0.1,
+    )
+    torch.manual_seed(0)
+    model = DistributedDataParallel(torch.nn.Linear(4, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=tr.tunables["lr"])
+    tr.watch(model, optimizer)
+    if rank == 0:
+        say(f"run {tr.id}")
+    lr_by_step: dict[int, float] = {}
+    out["lr_by_step"] = lr_by_step
+    out["stopped_at"] = None
+    try:
+        for _ in range(5000):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).pow(2).mean().backward()
+            optimizer.step()  # control requests apply here, on every rank at once
+            lr_by_step[tr.global_step] = optimizer.param_groups[0]["lr"]
+            tr.log({"lr": optimizer.param_groups[0]["lr"]})
+            time.sleep(0.01)
+    except lh.RunStopped as stopped:
+        out["stopped_at"] = stopped.step
+    out["tunables"] = dict(tr.tunables)
+
+
+MODES = {"roundtrip": roundtrip, "worldsize": worldsize, "errors": errors, "train": train, "steer": steer}
 
 
 def main() -> None:

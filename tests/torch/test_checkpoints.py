@@ -275,6 +275,45 @@ def test_a_rewind_is_recorded_and_both_attempts_stay_in_history(store_url: str) 
     assert handle.summary()["rewinds"] == 1
 
 
+def test_a_run_rewound_twice_marks_each_abandoned_attempt(tmp_path: Path) -> None:
+    store = str(tmp_path)
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("rewind", store=store)
+    tr.watch(model, optimizer, scheduler)
+    _train(tr, model, optimizer, scheduler, 2)
+    early = tr.save_checkpoint()
+    _train(tr, model, optimizer, scheduler, 4)  # attempt 0 reaches 6
+    tr.load_checkpoint(early)
+    _train(tr, model, optimizer, scheduler, 2)  # attempt 1 reaches 4
+    late = tr.save_checkpoint()
+    _train(tr, model, optimizer, scheduler, 1)  # and 5
+    tr.load_checkpoint(early)  # back to 2 again: attempt 2
+    _train(tr, model, optimizer, scheduler, 1)
+    tr.finish()
+    handle = lh.Api(store).run(tr.id)
+    assert [(r.to_step, r.reached, r.checkpoint, r.attempt) for r in handle.rewinds()] == [
+        (2, 6, early, 1),
+        (2, 6, early, 2),
+    ]
+    every = handle.history(duplicates="all")
+    rows = {
+        (int(s), int(a)): bool(ab) for s, a, ab in zip(every["step"], every["attempt"], every["abandoned"], strict=True)
+    }
+    assert rows == {
+        (1, 0): False,
+        (2, 0): False,
+        (3, 0): True,
+        (4, 0): True,
+        (5, 0): True,
+        (6, 0): True,
+        (3, 1): True,
+        (4, 1): True,
+        (5, 1): True,
+        (3, 2): False,
+    }
+    assert late is not None and handle.checkpoints()[1].steps_to_redo == 6 - 4
+
+
 def test_resume_choice_is_restored_once_then_latest_again(store_url: str) -> None:
     model, optimizer, scheduler, _ = _build()
     tr = lht.init("choice", store=store_url)

@@ -496,3 +496,40 @@ def test_every_rank_of_a_resumed_ddp_run_reports_it_resumed(crash: dict[str, Any
     # the same branch on every rank, or rank 0 waits forever in the load's collectives
     assert [rec["resumed"] for rec in crash["resumed"]] == [True, True], "TorchRun.resumed differs between ranks"
     assert [rec["resumed"] for rec in crash["reference"]] == [False, False]
+
+
+# -- steering a DDP job from outside --------------------------------------------------
+@pytest.mark.slow
+def test_control_changes_apply_on_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    job = Job(2, "steer", url, tmp_path / "out")
+    run_id = job.expect("run ").split()[1]
+    handle = lh.Api(url).run(run_id)
+
+    def until(check: Any, what: str) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while not check():
+            if time.monotonic() > deadline or job.proc.poll() is not None:
+                job.kill()
+                raise AssertionError(f"no {what}:\n{job.output[-4000:]}")
+            time.sleep(0.05)
+
+    until(lambda: handle.step >= 3, "steps")
+    seq = handle.set_tunables(lr=0.01)
+    until(lambda: not handle.pending_controls(), "lr change applied")
+    handle.control("checkpoint")
+    until(lambda: len(handle.checkpoints()) == 1, "checkpoint on request")
+    handle.control("stop")
+    r0, r1 = job.finish()
+
+    applied = next(c for c in handle.control_changes() if c["seq"] == seq)["applied_at_step"]
+    for rank in (r0, r1):
+        lrs = {int(step): lr for step, lr in rank["lr_by_step"].items()}
+        assert all(lr == 0.1 for step, lr in lrs.items() if step < applied), rank["rank"]
+        assert all(lr == pytest.approx(0.01) for step, lr in lrs.items() if step >= applied), rank["rank"]
+        assert rank["tunables"] == {"lr": 0.01}
+    assert r0["stopped_at"] == r1["stopped_at"] is not None  # both ranks stopped at the same step
+    assert max(map(int, r0["lr_by_step"])) == max(map(int, r1["lr_by_step"]))
+    [ckpt] = handle.checkpoints()
+    assert ckpt.format == FORMAT_2 and not ckpt.before_last_control_change
+    assert handle.status == "resumable"

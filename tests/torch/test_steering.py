@@ -160,8 +160,8 @@ def test_tunables_pause_checkpoint_stop_then_resume_from_a_chosen_checkpoint(sha
 
 
 @pytest.mark.slow
-def test_tunables_set_while_stopped_apply_after_the_restore_and_sigkill_reads_stopped(tmp_path: Path) -> None:
-    store = str(tmp_path / "store")
+def test_tunables_set_while_stopped_apply_after_the_restore_and_sigkill_reads_stopped(shared_store_url: str) -> None:
+    store = shared_store_url
     worker = Worker(store, "--save-at", "3")
     handle = lh.Api(store).run(worker.run_id)
     _until(lambda: len(handle.checkpoints()) == 1 and handle.step >= 5, what="a checkpoint and a few steps")
