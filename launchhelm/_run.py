@@ -441,6 +441,7 @@ class Run:
         sha256: str,
         size: int,
         world_size: int = 1,
+        control_seq: int | None = None,
     ) -> dict[str, Any]:
         self.flush()  # metrics logged before the save are stored by the time it returns
         return self._events.append(
@@ -455,7 +456,7 @@ class Run:
                 "sha256": sha256,
                 "size": size,
                 "world_size": world_size,
-                "control_seq": self._control_seq,
+                "control_seq": self._control_seq if control_seq is None else control_seq,
             },
         )
 

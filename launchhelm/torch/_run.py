@@ -12,6 +12,7 @@ optimizer step raises it again rather than train on mixed state.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import tempfile
@@ -35,6 +36,8 @@ from launchhelm.storage import LocalStore, Store, open_store
 from launchhelm.torch import _dist
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
+
+_log = logging.getLogger("launchhelm")
 
 __all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SINGLE", "TorchRun", "init"]
 
@@ -70,6 +73,8 @@ class TorchRun(Run):
         self._scaler: Any = None
         self._hooks: list[Any] = []
         self._pending_error: CheckpointError | None = None
+        self._save_thread: threading.Thread | None = None
+        self._save_error: CheckpointError | None = None
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -112,7 +117,16 @@ class TorchRun(Run):
             super().flush()
 
     def finish(self, close_run: bool = True) -> None:
-        """End the session (rank 0 records it; other ranks just stop)."""
+        """End the session (rank 0 records it; other ranks just stop).
+
+        Waits for a non-blocking save in progress first; if that failed, the
+        session still ends and the save's :class:`CheckpointError` is raised.
+        """
+        failed: CheckpointError | None = None
+        try:
+            self.wait_for_checkpoint()
+        except CheckpointError as exc:
+            failed = exc
         for handle in self._hooks:
             handle.remove()
         self._hooks.clear()
@@ -120,6 +134,16 @@ class TorchRun(Run):
             super().finish(close_run)
         else:
             self._finished = True
+        if failed is not None:
+            raise failed
+
+    def _end_session(self, *, close_run: bool, reason: str) -> None:
+        if self._save_thread is not None and threading.current_thread() is not self._save_thread:
+            try:
+                self.wait_for_checkpoint()  # at exit: publish what was being saved
+            except CheckpointError as exc:
+                _log.error("%s", exc)
+        super()._end_session(close_run=close_run, reason=reason)
 
     def __repr__(self) -> str:
         where = f" rank {self._rank}/{self._world}" if self._world > 1 else ""
@@ -221,13 +245,13 @@ class TorchRun(Run):
         return self._model, self._optimizer
 
     # -- saving ---------------------------------------------------------------
-    def save_checkpoint(self, extra: Any = None) -> str | None:
+    def save_checkpoint(self, extra: Any = None, *, blocking: bool = True) -> str | None:
         """Save model, optimizer, scheduler, scaler, step, RNG, tunables, control state and ``extra``.
 
         Under DDP every rank calls it: a barrier comes first, each rank
         captures its own RNG (and ``extra``) at that point, and rank 0 uploads
         one bundle. Metrics logged before the call are flushed by the time it
-        returns.
+        returns (by the time it is published, with ``blocking=False``).
 
         Parameters
         ----------
@@ -236,15 +260,26 @@ class TorchRun(Run):
             numbers, strings, lists, dicts): a data position, a sampler's
             generator state... Refused here, naming the key path, if it holds
             anything else.
+        blocking:
+            False: copy the state once in memory (CPU) and return; a
+            background thread writes, hashes and publishes it while training
+            goes on. Training blocks only for that copy; it needs memory for
+            one more copy of the state. The next save, ``load_checkpoint``,
+            ``finish`` and interpreter exit wait for it;
+            :meth:`wait_for_checkpoint` does so explicitly and raises if it
+            failed. A crash before it is published leaves no checkpoint
+            (never a partial one).
 
         Returns
         -------
         str or None
-            The artifact id on rank 0, None on other ranks.
+            The artifact id on rank 0 (with ``blocking=False``, the id it will
+            be published under), None on other ranks.
         """
         self._check_live()
         if self._pending_error is not None:
             raise self._pending_error
+        self.wait_for_checkpoint()
         model, optimizer = self._require_watch("save_checkpoint()")
         problem = None
         try:
@@ -262,7 +297,10 @@ class TorchRun(Run):
         error: str | None = None
         if self._rank == 0:
             try:
-                artifact = self._write_bundle(model, optimizer, records)
+                if blocking:
+                    artifact = self._write_bundle(model, optimizer, records)
+                else:
+                    artifact = self._start_background_save(model, optimizer, records)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
         artifact, error = _dist.broadcast((artifact, error), self._world)
@@ -301,6 +339,48 @@ class TorchRun(Run):
         bundle = self._bundle(model, optimizer, records)
         check_payload(bundle, "checkpoint")  # e.g. a scheduler whose state holds an object
         artifact = new_artifact_id(self._step)
+        self._write(bundle, artifact, self._step, self._control_seq)
+        return artifact
+
+    def _start_background_save(
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
+    ) -> str:
+        bundle = self._bundle(model, optimizer, records)
+        check_payload(bundle, "checkpoint")
+        snapshot = _snapshot(bundle)  # the one in-memory copy training waits for
+        artifact = new_artifact_id(self._step)
+        step, control_seq = self._step, self._control_seq
+
+        def work() -> None:
+            try:
+                self._write(snapshot, artifact, step, control_seq)
+            except BaseException as exc:
+                self._save_error = CheckpointError(
+                    f"background save of checkpoint {artifact} (step {step}) failed: {type(exc).__name__}: {exc}",
+                    run_id=self.id,
+                    step=step,
+                )
+
+        self._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
+        self._save_thread.start()
+        return artifact
+
+    def wait_for_checkpoint(self) -> None:
+        """Wait until a ``save_checkpoint(blocking=False)`` in progress is published.
+
+        Raises
+        ------
+        CheckpointError
+            It failed (the checkpoint was not published; earlier ones stand).
+        """
+        thread, self._save_thread = self._save_thread, None
+        if thread is not None:
+            thread.join()
+        error, self._save_error = self._save_error, None
+        if error is not None:
+            raise error
+
+    def _write(self, bundle: dict[str, Any], artifact: str, step: int, control_seq: int) -> None:
         name = f"{artifact}{PAYLOAD_SUFFIX}"
         key = f"{artifact_prefix(self.id, artifact)}/{name}"
         from torch.utils.serialization import config as serialization_config
@@ -317,14 +397,14 @@ class TorchRun(Run):
         digest = out.sha256.hexdigest()
         self._publish_checkpoint(
             artifact,
-            step=self._step,
+            step=step,
             fmt=bundle["format"],
             files=[{"name": name, "size": out.size, "sha256": digest}],
             sha256=digest,
             size=out.size,
             world_size=self._world,
+            control_seq=control_seq,
         )
-        return artifact
 
     # -- loading --------------------------------------------------------------
     def load_checkpoint(self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu") -> Any:
@@ -352,6 +432,7 @@ class TorchRun(Run):
         """
         self._check_live()
         model, optimizer = self._require_watch("load_checkpoint()")
+        self.wait_for_checkpoint()  # "latest" includes a save still being written
         target = None
         error = None
         if self._rank == 0:
@@ -586,6 +667,20 @@ def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, change
                     group[name] = float(value)
             elif isinstance(old, tuple) and isinstance(value, list) and len(value) == len(old):
                 group[name] = tuple(value)
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of ``value`` whose tensors are copied to CPU memory (containers rebuilt, leaves shared)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu", copy=True)
+    if isinstance(value, dict):
+        copied = {k: _snapshot(v) for k, v in value.items()}
+        return copied if type(value) is dict else type(value)(copied)
+    if isinstance(value, list):
+        return [_snapshot(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_snapshot(v) for v in value)
+    return value
 
 
 def _unpickler_reason(exc: BaseException) -> str:

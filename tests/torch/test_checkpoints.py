@@ -369,3 +369,66 @@ def test_plain_runs_checkpoint_files_and_folders(store_url: str, tmp_path: Path)
     ]
     assert records[1].files == {"a.json": 2, "sub/b.bin": 300}
     assert lh.Api(store_url).store.read(f"runs/{run.id}/artifacts/{first}/weights.bin") == single.read_bytes()
+
+
+# -- non-blocking saves ------------------------------------------------------------
+def test_a_non_blocking_save_holds_the_state_at_the_call_while_training_goes_on(store_url: str) -> None:
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("async", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    _train(tr, model, optimizer, scheduler, 3)
+    at_save = copy.deepcopy(model.state_dict())
+    artifact = tr.save_checkpoint(extra={"epoch": 1}, blocking=False)
+    _train(tr, model, optimizer, scheduler, 4)  # moves the live tensors on while it is written
+    assert not torch.equal(model.state_dict()["0.weight"], at_save["0.weight"])
+    assert tr.load_checkpoint("latest") == {"epoch": 1}  # waits for the save, then restores it
+    assert tr.global_step == 3
+    assert all(torch.equal(model.state_dict()[k], at_save[k]) for k in at_save)
+    (saved,) = lh.Api(store_url).run(tr.id).checkpoints()
+    assert saved.id == artifact and saved.step == 3
+    tr.finish()
+
+
+def test_a_failed_non_blocking_save_raises_at_the_next_wait_and_publishes_nothing(tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("async", store=str(store))
+    tr.watch(model, optimizer, scheduler)
+    _train(tr, model, optimizer, scheduler, 2)
+    first = tr.save_checkpoint()
+    staging = store / ".staging"
+    staging.rename(tmp_path / "staging-away")
+    staging.write_bytes(b"not a folder")  # the next write to the store fails for real
+    tr.save_checkpoint(blocking=False)
+    with pytest.raises(lh.CheckpointError, match=r"background save .* failed"):
+        tr.wait_for_checkpoint()
+    tr.wait_for_checkpoint()  # reported once
+    staging.unlink()
+    (tmp_path / "staging-away").rename(staging)
+    assert [c.id for c in lh.Api(str(store)).run(tr.id).checkpoints()] == [first]
+    tr.finish()
+
+
+def test_interpreter_exit_publishes_a_non_blocking_save_in_progress(tmp_path: Path) -> None:
+    from lhtest import run_python
+
+    store = str(tmp_path / "store")
+    result = run_python(
+        """
+        import sys, torch
+        import launchhelm.torch as lht
+        tr = lht.init("async", store=sys.argv[1])
+        model = torch.nn.Linear(2048, 2048)  # ~48 MB with AdamW state: takes a moment to write
+        optimizer = torch.optim.AdamW(model.parameters())
+        tr.watch(model, optimizer)
+        model(torch.randn(4, 2048)).sum().backward()
+        optimizer.step()
+        print(tr.id, tr.save_checkpoint(blocking=False), flush=True)
+        # no finish(): the interpreter exits while the save may still be running
+        """,
+        store,
+    )
+    assert result.returncode == 0, result.stderr
+    run_id, artifact = result.stdout.split()
+    handle = lh.Api(store).run(run_id)
+    assert [c.id for c in handle.checkpoints()] == [artifact] and handle.status == "resumable"
