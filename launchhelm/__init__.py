@@ -17,10 +17,14 @@ are imported only where first needed.
 """
 
 from launchhelm._api import Api, RunHandle
+from launchhelm._evaluation import EvaluationHandle, ProjectHandle
+from launchhelm._evaluation_worker import EvaluationContext, EvaluationWorker, evaluate
 from launchhelm._exceptions import (
     AlreadyExistsError,
     CheckpointError,
     CoordinationUnsupportedError,
+    EvaluationNotFoundError,
+    EvaluationStateError,
     InvalidMetricError,
     LaunchHelmError,
     ObjectNotFoundError,
@@ -32,7 +36,7 @@ from launchhelm._exceptions import (
     StorageError,
 )
 from launchhelm._run import Run, init
-from launchhelm._types import Checkpoint, Rewind
+from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
 
 __all__ = [
@@ -41,9 +45,16 @@ __all__ = [
     "Checkpoint",
     "CheckpointError",
     "CoordinationUnsupportedError",
+    "Evaluation",
+    "EvaluationContext",
+    "EvaluationHandle",
+    "EvaluationNotFoundError",
+    "EvaluationStateError",
+    "EvaluationWorker",
     "InvalidMetricError",
     "LaunchHelmError",
     "ObjectNotFoundError",
+    "ProjectHandle",
     "Rewind",
     "Run",
     "RunClosedError",
@@ -54,5 +65,6 @@ __all__ = [
     "RunStopped",
     "StorageError",
     "__version__",
+    "evaluate",
     "init",
 ]

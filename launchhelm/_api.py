@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from launchhelm._checkpoints import checkpoint_record
 from launchhelm._control import ACTIONS, check_tunable_changes, in_force
+from launchhelm._evaluation import EvaluationHandle, ProjectHandle, queue_for, queue_manual
 from launchhelm._events import (
     CONTROL_ACTION,
     CONTROL_TUNABLES,
@@ -21,7 +22,7 @@ from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedEr
 from launchhelm._metrics import abandoned_mask, decode_chunks, history_frame
 from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
-from launchhelm._types import Checkpoint, Rewind
+from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -166,6 +167,31 @@ class RunHandle:
         found = self.checkpoints()
         chosen = [c for c in found if c.chosen_for_resume]
         return chosen[0] if chosen else (found[-1] if found else None)
+
+    # evaluations
+    def evaluations(self) -> list[Evaluation]:
+        """The evaluations of this run's checkpoints, by step.
+
+        Each has the checkpoint id, step, state (``"queued"``, ``"running"``,
+        ``"done"``, ``"failed"``), scores, error and attempts. One listing
+        plus a read per evaluation not yet finished: cheap to refresh.
+        """
+        return queue_for(self._store, self.project).evaluations(run_id=self.id)
+
+    def evaluate(self, checkpoint_id: str) -> Evaluation:
+        """Queue one evaluation of a checkpoint for a worker ("Evaluate this checkpoint").
+
+        For checkpoints saved before the project's rule was on. Idempotent: a
+        checkpoint has at most one evaluation, so asking again returns the
+        existing one, whatever its state (use ``Api.evaluation(id).retry()``
+        for a failed one).
+
+        Raises
+        ------
+        CheckpointError
+            The run has no published checkpoint with that id.
+        """
+        return queue_manual(self._store, self.project, self.id, self._state(), checkpoint_id)
 
     def choose_for_resume(self, checkpoint_id: str) -> Checkpoint:
         """Make ``checkpoint_id`` the one the next ``load_checkpoint("resume")`` restores, once.
@@ -418,3 +444,22 @@ class Api:
     def run(self, run_id: str) -> RunHandle:
         """A handle on the run ``run_id``; :class:`RunNotFoundError` if unknown."""
         return RunHandle(self.store, run_id)
+
+    def project(self, name: str) -> ProjectHandle:
+        """A project's rule and evaluation queue (the project need not have runs yet).
+
+        Examples
+        --------
+        >>> lh.Api().project("quickstart").evaluate_every_checkpoint(True)   # doctest: +SKIP
+        """
+        return ProjectHandle(self.store, name)
+
+    def evaluation(self, evaluation_id: str) -> EvaluationHandle:
+        """One evaluation by id (``Evaluation.id``); ``.retry()`` is "Try again".
+
+        Raises
+        ------
+        EvaluationNotFoundError
+            No such evaluation is queued.
+        """
+        return EvaluationHandle(self.store, evaluation_id)

@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from launchhelm._api import Api
+from launchhelm._evaluation_cli import add_commands as add_evaluation_commands
+from launchhelm._evaluation_cli import print_evaluations
 from launchhelm._exceptions import LaunchHelmError
 
 __all__ = ["main"]
@@ -95,6 +97,7 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 f"  {ck.id}  step {ck.step:<7} {_fmt_time(ck.saved_at)}  {ck.size:>12,} B  "
                 f"steps to redo {ck.steps_to_redo:<6}" + (f" [{'; '.join(marks)}]" if marks else "")
             )
+    print_evaluations(run)
     if args.events:
         print("events:")
         for event in run.events():
@@ -167,6 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument("run")
     control.add_argument("action", choices=["pause", "resume", "stop", "checkpoint"])
     control.set_defaults(func=_cmd_control)
+    add_evaluation_commands(sub)
     return parser
 
 

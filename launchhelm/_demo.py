@@ -4,7 +4,11 @@ A real PyTorch training process (``launchhelm.torch._demo_train``) learns a
 small classifier, saving a checkpoint every 40 steps. The demo kills it with
 SIGKILL at step 110, then relaunches it with ``resume=<run id>``: it restores
 the latest checkpoint (step 80), records the rewind, trains to the end and
-closes the run. The demo prints what the query API then reads back.
+closes the run. The project's "evaluate every checkpoint" rule is on, so
+each checkpoint is queued for evaluation; an evaluation worker
+(``launchhelm evaluate launchhelm.torch._demo_eval:score --stop-when-idle``)
+scores them, logging ``eval/loss`` and ``eval/accuracy`` at each
+checkpoint's step. The demo prints what the query API then reads back.
 """
 
 from __future__ import annotations
@@ -42,6 +46,8 @@ def run_demo(store: str | os.PathLike[str] | None = None, steps: int = 150) -> i
     url = api.store.url
     save_every, kill_at = 40, steps * 3 // 4
     print(f"store {url}")
+    api.project("demo").evaluate_every_checkpoint(True)
+    print("0. project rule on: evaluate every checkpoint of project 'demo'")
     print(f"1. training (checkpoint every {save_every} steps); it will be killed at step {kill_at}")
     trainer = _child(url, steps)
     assert trainer.stdout is not None
@@ -65,7 +71,22 @@ def run_demo(store: str | os.PathLike[str] | None = None, steps: int = 150) -> i
     restored = next(line for line in out.splitlines() if line.startswith("restored"))
     print(f"   {restored.replace('restored', 'restored step', 1)}; trained to step {steps} and finished")
 
-    print("3. what the store says")
+    print("3. an evaluation worker scores each checkpoint (launchhelm evaluate ... --stop-when-idle)")
+    scorer = "launchhelm.torch._demo_eval:score"
+    worker = subprocess.run(
+        [sys.executable, "-m", "launchhelm._cli", "--store", url, "evaluate", scorer, "--stop-when-idle"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, PYTHONUNBUFFERED="1"),
+    )
+    if worker.returncode != 0:
+        print(f"   the evaluation worker failed (exit {worker.returncode}): {worker.stderr[-2000:]}", file=sys.stderr)
+        return 1
+    for ev in handle.evaluations():
+        print(f"   {ev.checkpoint} (step {ev.step}): {ev.describe()}")
+
+    print("4. what the store says")
     print(f"   status: {handle.status}; furthest step {handle.step}; sessions {handle.summary()['sessions']}")
     for rewind in handle.rewinds():
         print(f"   rewind: {rewind.describe()} (checkpoint {rewind.checkpoint})")

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm._control import in_force
+from launchhelm._evaluation import on_checkpoint_published
 from launchhelm._events import (
     CHECKPOINT,
     CONTROL_ACTION,
@@ -444,7 +445,7 @@ class Run:
         control_seq: int | None = None,
     ) -> dict[str, Any]:
         self.flush()  # metrics logged before the save are stored by the time it returns
-        return self._events.append(
+        event = self._events.append(
             CHECKPOINT,
             {
                 "session": self.session_id,
@@ -459,6 +460,9 @@ class Run:
                 "control_seq": self._control_seq if control_seq is None else control_seq,
             },
         )
+        # the project's "evaluate every checkpoint" rule; never raises (workers sweep for misses)
+        on_checkpoint_published(self._store, self.project, self.id, event)
+        return event
 
     def on_rewind(self, callback: Callable[[Rewind], Any]) -> Callable[[Rewind], Any]:
         """Call ``callback(rewind)`` whenever a restore takes the run back.

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
-__all__ = ["Checkpoint", "Rewind"]
+__all__ = ["Checkpoint", "Evaluation", "Rewind"]
 
 
 @dataclass(frozen=True)
@@ -82,3 +83,75 @@ class Checkpoint:
     before_last_control_change: bool
     chosen_for_resume: bool
     files: dict[str, int]
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One evaluation of a checkpoint, as the checkpoint list shows it.
+
+    Read with ``RunHandle.evaluations()`` or ``Api.project(p).evaluations()``;
+    a snapshot, not a live view.
+
+    Attributes
+    ----------
+    id:
+        ``<run id>-<checkpoint id>``: what ``Api.evaluation()`` takes.
+    run_id, checkpoint, step:
+        The run, the checkpoint scored and the step it was saved at.
+    state:
+        ``"queued"`` (waiting for a worker, or for another one after its
+        worker's lease lapsed), ``"running"`` (a worker holds a live lease),
+        ``"done"`` (``scores`` are logged to the run as ``eval/<name>``) or
+        ``"failed"`` (``error`` and ``traceback`` say why).
+    scores:
+        ``name -> value`` as the score function returned them (``done`` only).
+    error, traceback:
+        Why it failed (``failed`` only).
+    worker:
+        The worker running it, or that finished it.
+    lease_expires:
+        When the running worker's lease lapses unless renewed (``running`` only).
+    attempts:
+        How many times a worker started it (a takeover after a worker died
+        and each "Try again" count).
+    retries:
+        How many times "Try again" (``retry()``) queued it again.
+    queued_at, started_at, finished_at:
+        Seconds since the epoch; ``started_at`` is when the current (or last)
+        worker took it.
+    project:
+        The project whose queue holds it.
+    reason:
+        ``"rule"`` (the project's evaluate-every-checkpoint rule) or
+        ``"manual"`` ("Evaluate this checkpoint").
+    """
+
+    id: str
+    run_id: str
+    checkpoint: str
+    step: int
+    state: str
+    scores: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+    traceback: str | None = None
+    worker: str | None = None
+    lease_expires: float | None = None
+    attempts: int = 0
+    retries: int = 0
+    queued_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float | None = None
+    project: str = ""
+    reason: str = "rule"
+
+    def describe(self) -> str:
+        """One line for a listing: ``done: accuracy=0.91, loss=0.3``."""
+        if self.state == "done":
+            shown = ", ".join(f"{k}={v:.6g}" for k, v in self.scores.items())
+            return f"done: {shown or 'no scores'}"
+        if self.state == "failed":
+            return f"failed: {self.error}"
+        if self.state == "running":
+            left = "" if self.lease_expires is None else f", lease {self.lease_expires - time.time():.0f}s left"
+            return f"running on {self.worker}{left}"
+        return "queued"

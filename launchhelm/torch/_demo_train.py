@@ -24,6 +24,14 @@ def _moons(n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tens
     return x + 0.1 * torch.randn(x.shape, generator=generator), labels.float()
 
 
+def build_model() -> torch.nn.Module:
+    """The demo's classifier (the evaluation worker rebuilds it to load a checkpoint)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+        torch.nn.Linear(64, 1),
+    )  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("store")
@@ -35,10 +43,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     x, y = _moons(1024, torch.Generator().manual_seed(1))
-    model = torch.nn.Sequential(
-        torch.nn.Linear(2, 64), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(64, 64), torch.nn.ReLU(),
-        torch.nn.Linear(64, 1),
-    )  # fmt: skip
+    model = build_model()
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.02)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
     tr = lht.init("demo", store=args.store, resume=args.resume, config={"steps": args.steps, "lr": 0.02})

@@ -33,6 +33,12 @@ def test_demo_trains_crashes_resumes_and_prints_the_rewind(tmp_path: Path) -> No
     assert last["train/accuracy"].iloc[-1] > 0.9
     every = handle.history()
     assert (every.groupby("step")["attempt"].nunique() == 2).sum() == rewind.reached - 40
+    # the project rule queued each checkpoint; the demo's worker scored them at their steps
+    assert [(e.step, e.state) for e in handle.evaluations()] == [(40, "done"), (80, "done")]
+    scores = every.set_index(["step", "attempt"])
+    assert scores.loc[(80, 1), "eval/accuracy"] > 0.9  # saved after the rewind: attempt 1
+    assert scores["eval/loss"].notna().sum() == 2
+    assert "3. an evaluation worker scores each checkpoint" in done.stdout and "(step 80): done: loss=" in done.stdout
 
     listing = _cli("--store", store, "runs", "demo")
     assert listing.returncode == 0, listing.stderr
@@ -43,6 +49,7 @@ def test_demo_trains_crashes_resumes_and_prints_the_rewind(tmp_path: Path) -> No
     assert "status   closed" in shown.stdout and "sessions 2, rewinds 1" in shown.stdout
     assert "rewind" in shown.stdout and "checkpoint" in shown.stdout
     assert "metrics: 100 steps, keys train/loss, train/accuracy, lr" in shown.stdout
+    assert "evaluations:" in shown.stdout and "step 80      done: loss=" in shown.stdout
 
 
 def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:

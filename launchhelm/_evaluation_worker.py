@@ -1,0 +1,557 @@
+"""Evaluation workers: ``@launchhelm.evaluate`` and ``EvaluationContext``.
+
+A worker takes the project's queued evaluations one at a time (the queue,
+leases and results are described in ``launchhelm._evaluation``)::
+
+    @launchhelm.evaluate(project="quickstart")
+    def score(ctx: launchhelm.EvaluationContext) -> dict[str, float]:
+        model = load(ctx.download_to("checkpoints"))
+        return {"accuracy": accuracy(model), "loss": loss(model)}
+
+    score.serve()
+
+While the function runs, a background thread renews the worker's lease
+every quarter of ``lease_seconds``. A worker that dies leaves the evaluation
+to the next one once its lease lapses (at once if it was a process on the
+same host); a worker stalled past its lease is fenced and its result is
+dropped. Ctrl-C releases the lease, so another worker takes the evaluation
+at once.
+
+Access: a worker reads ``runs/`` and ``projects/<p>/``, and writes only
+under ``projects/<p>/evaluations/`` and ``runs/*/metrics/eval-*``
+(``launchhelm policy evaluation --store s3://...`` prints the S3 policy).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from launchhelm._evaluation import (
+    DEFAULT_LEASE_SECONDS,
+    DONE,
+    FAILED,
+    SCORE_PREFIX,
+    Claim,
+    EvaluationQueue,
+    _Listed,
+)
+from launchhelm._events import RunState, validate_project
+from launchhelm._exceptions import CheckpointError
+from launchhelm._metrics import coerce_value, validate_key
+from launchhelm.storage import Store, open_store
+
+if TYPE_CHECKING:
+    from launchhelm._api import RunHandle
+    from launchhelm._types import Checkpoint
+
+__all__ = ["EvaluationContext", "EvaluationWorker", "evaluate"]
+
+_log = logging.getLogger("launchhelm.evaluation")
+
+#: Seconds between looks at the queue when it is empty.
+DEFAULT_POLL_INTERVAL = 2.0
+#: Seconds between sweeps for checkpoints the rule covers that nobody queued.
+DEFAULT_DISCOVER_INTERVAL = 30.0
+
+ScoreFunction = Callable[["EvaluationContext"], Mapping[str, Any]]
+
+
+def _positive(name: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
+        raise ValueError(f"{name}={value!r}: give a positive number of seconds")
+    return float(value)
+
+
+def _check_scores(returned: object) -> dict[str, float]:
+    if not isinstance(returned, Mapping):
+        raise TypeError(
+            f"the score function returned a {type(returned).__name__}; return a dict of score names to "
+            'numbers, e.g. {"accuracy": 0.91}'
+        )
+    scores: dict[str, float] = {}
+    for name, value in returned.items():
+        if not isinstance(name, str):
+            raise TypeError(f"score name {name!r} is a {type(name).__name__}; names must be strings")
+        key = f"{SCORE_PREFIX}{name}"
+        try:
+            validate_key(key)
+            scores[name] = coerce_value(key, value)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"score {name!r} is not a number that can be logged: {exc}") from None
+    return scores
+
+
+class _LeaseKeeper:
+    """Renews a claim every quarter lease until stopped; notices when it is fenced."""
+
+    def __init__(self, queue: EvaluationQueue, claim: Claim) -> None:
+        self._queue = queue
+        self._claim = claim
+        self._stop = threading.Event()
+        self.lost = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"launchhelm-lease-{claim.id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join()
+
+    def _run(self) -> None:
+        interval = max(self._claim.lease_seconds / 4, 0.02)
+        number = 0
+        while not self._stop.wait(interval):
+            try:
+                if self._queue.is_fenced(self._claim):
+                    _log.warning(
+                        "lost the lease on evaluation %s (another worker took it over after it lapsed); "
+                        "this worker's result will be dropped",
+                        self._claim.id,
+                    )
+                    self.lost.set()
+                    return
+                number += 1
+                self._queue.renew(self._claim, number)
+            except Exception as exc:  # the store may come back before the lease lapses
+                _log.debug("renewing the lease on %s failed: %s", self._claim.id, exc)
+
+
+def _release(queue: EvaluationQueue, claim: Claim) -> None:
+    try:
+        queue.release(claim)
+        _log.info("released the lease on %s", claim.id)
+    except Exception as exc:  # it lapses on its own
+        _log.warning("could not release the lease on %s: %s", claim.id, exc)
+
+
+class EvaluationContext:
+    """What a score function is asked to score: one checkpoint of one run.
+
+    Attributes
+    ----------
+    evaluation_id:
+        ``<run id>-<checkpoint id>``.
+    checkpoint_id:
+        The checkpoint's id (what ``save_checkpoint`` returned).
+    step:
+        The step it was saved at: scores are logged there as ``eval/<name>``.
+    run_id:
+        The training run.
+    worker:
+        This worker's name.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        claim: Claim,
+        event: Mapping[str, Any],
+        state: RunState,
+        keeper: _LeaseKeeper,
+    ) -> None:
+        self._store = store
+        self._claim = claim
+        self._event = dict(event)
+        self._state = state
+        self._keeper = keeper
+        self._downloads: list[Path] = []
+        self._keep = False
+        self.evaluation_id = claim.id
+        self.checkpoint_id = claim.checkpoint
+        self.run_id = claim.run_id
+        self.step = int(event["step"])
+        self.worker = claim.worker
+        self._run: RunHandle | None = None
+        self._checkpoint: Checkpoint | None = None
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.EvaluationContext {self.checkpoint_id} of run {self.run_id} at step {self.step}>"
+
+    @property
+    def run(self) -> RunHandle:
+        """The training run, as ``launchhelm.Api().run(run_id)`` gives it."""
+        if self._run is None:
+            from launchhelm._api import RunHandle
+
+            self._run = RunHandle(self._store, self.run_id)
+        return self._run
+
+    @property
+    def checkpoint(self) -> Checkpoint:
+        """The checkpoint scored (``.id``, ``.step``, ``.format``, ``.files``, ...)."""
+        if self._checkpoint is None:
+            from launchhelm._checkpoints import checkpoint_record
+            from launchhelm._runinfo import furthest_step
+
+            reached = furthest_step(self._store, self.run_id, self._state)
+            self._checkpoint = checkpoint_record(self.run_id, self._state, self._event, reached)
+        return self._checkpoint
+
+    @property
+    def lease_lost(self) -> bool:
+        """True once another worker took this evaluation over (its result will be dropped).
+
+        A long score function may check it and give up early.
+        """
+        return self._keeper.lost.is_set()
+
+    def download_to(self, directory: str | os.PathLike[str] | None = None, *, keep: bool = False) -> Path:
+        """Download the checkpoint's file(s), verify them, and return the local path.
+
+        Files land in ``<directory>/<checkpoint id>/``. Each file's size and
+        sha256 are checked against what was recorded when it was saved.
+
+        Parameters
+        ----------
+        directory:
+            Where to put them; default a temporary folder.
+        keep:
+            Keep the files after the evaluation; by default they are removed
+            when the score function returns, so a long-lived worker does not
+            fill its disk.
+
+        Returns
+        -------
+        pathlib.Path
+            The file, for a single-file checkpoint (``launchhelm.torch``
+            bundles, ``run.checkpoint(file)``); the folder, for
+            ``run.checkpoint(folder)``.
+
+        Raises
+        ------
+        CheckpointError
+            A file is missing from the store or differs from what was saved.
+        """
+        from launchhelm._checkpoints import DIRECTORY_FORMAT, sha256_file
+
+        base = Path(tempfile.mkdtemp(prefix="launchhelm-eval-")) if directory is None else Path(directory)
+        target = (base / self.checkpoint_id).absolute()
+        files = list(self._event.get("files") or [])
+        if not files:
+            raise CheckpointError(f"checkpoint {self.checkpoint_id} records no files", run_id=self.run_id)
+        self._downloads.append(base if directory is None else target)
+        self._keep = self._keep or keep
+        prefix = str(self._event["prefix"])
+        for entry in files:
+            name = str(entry["name"])
+            local = (target / name).absolute()
+            if target not in local.parents:
+                raise CheckpointError(f"checkpoint {self.checkpoint_id} names a file outside itself: {name!r}")
+            try:
+                self._store.download(f"{prefix}/{name}", local)
+            except FileNotFoundError:
+                raise CheckpointError(
+                    f"file {name!r} of checkpoint {self.checkpoint_id} is missing from the store",
+                    run_id=self.run_id,
+                    step=self.step,
+                ) from None
+            size = local.stat().st_size
+            if size != int(entry["size"]):
+                raise CheckpointError(
+                    f"file {name!r} of checkpoint {self.checkpoint_id} has {size} bytes, "
+                    f"{entry['size']} were saved: the stored copy is damaged",
+                    run_id=self.run_id,
+                    step=self.step,
+                )
+            if entry.get("sha256") and sha256_file(local) != entry["sha256"]:
+                raise CheckpointError(
+                    f"file {name!r} of checkpoint {self.checkpoint_id} does not match its sha256: "
+                    "the stored copy is damaged",
+                    run_id=self.run_id,
+                    step=self.step,
+                )
+        if self._event.get("format") == DIRECTORY_FORMAT or len(files) != 1:
+            return target
+        return target / str(files[0]["name"])
+
+    def _cleanup(self) -> None:
+        if self._keep:
+            return
+        for path in self._downloads:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class EvaluationWorker:
+    """A score function turned into a worker by :func:`launchhelm.evaluate`.
+
+    Calling it calls the function; :meth:`serve` takes queued evaluations.
+    """
+
+    def __init__(
+        self,
+        function: ScoreFunction,
+        *,
+        project: str,
+        store: str | os.PathLike[str] | Store | None = None,
+        storage_options: dict[str, Any] | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        discover_interval: float = DEFAULT_DISCOVER_INTERVAL,
+        name: str | None = None,
+    ) -> None:
+        if not callable(function):
+            raise TypeError(f"evaluate() decorates a score function, not a {type(function).__name__}")
+        self.function = function
+        self.project = validate_project(project)
+        self.store_url = store
+        self.storage_options = storage_options
+        self.lease_seconds = _positive("lease_seconds", lease_seconds)
+        self.poll_interval = _positive("poll_interval", poll_interval)
+        self.discover_interval = _positive("discover_interval", discover_interval)
+        if name is not None and (not isinstance(name, str) or not name.strip()):
+            raise ValueError(f"name={name!r}: give a non-empty string or None")
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}"
+        functools.update_wrapper(self, function)
+
+    def __call__(self, ctx: EvaluationContext) -> Mapping[str, Any]:
+        return self.function(ctx)
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.EvaluationWorker {getattr(self.function, '__name__', '?')} project={self.project!r}>"
+
+    def _replace(self, **changes: Any) -> EvaluationWorker:
+        """A copy with other settings (the command line's ``--store`` and friends)."""
+        settings: dict[str, Any] = {
+            "project": self.project,
+            "store": self.store_url,
+            "storage_options": self.storage_options,
+            "lease_seconds": self.lease_seconds,
+            "poll_interval": self.poll_interval,
+            "discover_interval": self.discover_interval,
+            "name": self.name,
+        }
+        settings.update({k: v for k, v in changes.items() if v is not None})
+        return EvaluationWorker(self.function, **settings)
+
+    def serve(
+        self,
+        max_evaluations: int | None = None,
+        *,
+        stop_when_idle: bool = False,
+        poll_interval: float | None = None,
+    ) -> int:
+        """Take queued evaluations one at a time until interrupted.
+
+        Ctrl-C (KeyboardInterrupt) stops it cleanly: an evaluation in progress
+        is abandoned and its lease released, so another worker takes it at
+        once.
+
+        Parameters
+        ----------
+        max_evaluations:
+            Stop after taking this many.
+        stop_when_idle:
+            Return as soon as nothing is left that this worker may take
+            (after looking for checkpoints the rule covers that nobody queued).
+        poll_interval:
+            Seconds between looks at an empty queue (default: the decorator's).
+
+        Returns
+        -------
+        int
+            How many evaluations this worker finished (done or failed).
+
+        Raises
+        ------
+        CoordinationUnsupportedError
+            The store has no atomic put-if-absent, so leases cannot work.
+        """
+        if max_evaluations is not None and (
+            isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1
+        ):
+            raise ValueError(f"max_evaluations={max_evaluations!r}: give a positive integer or None")
+        poll = self.poll_interval if poll_interval is None else _positive("poll_interval", poll_interval)
+        store = open_store(self.store_url, self.storage_options)
+        store.require_coordination("evaluation workers")
+        queue = EvaluationQueue(store, self.project)
+        taken = finished = 0
+        next_discovery = 0.0
+        _log.info("worker %s serving project %s in %s", self.name, self.project, store.url)
+        try:
+            while max_evaluations is None or taken < max_evaluations:
+                if time.monotonic() >= next_discovery:
+                    next_discovery = time.monotonic() + self.discover_interval
+                    self._discover(queue)
+                claim = self._claim_next(queue)
+                if claim is None and stop_when_idle:
+                    self._discover(queue)
+                    claim = self._claim_next(queue)
+                    if claim is None:
+                        break
+                if claim is None:
+                    time.sleep(poll)
+                    continue
+                taken += 1
+                if self._evaluate(store, queue, claim):
+                    finished += 1
+        except KeyboardInterrupt:
+            _log.info("worker %s interrupted; stopped after %d evaluations", self.name, finished)
+        return finished
+
+    @staticmethod
+    def _discover(queue: EvaluationQueue) -> None:
+        try:
+            queue.discover()
+        except Exception as exc:  # the sweep is a safety net: try again next time
+            _log.warning("looking for checkpoints to queue failed: %s", exc)
+
+    def _claim_next(self, queue: EvaluationQueue) -> Claim | None:
+        try:
+            listing = queue.scan()
+        except Exception as exc:  # the store may come back: a worker outlives a blip
+            _log.warning("could not list the queue of project %s: %s", self.project, exc)
+            return None
+        candidates: list[tuple[float, str, _Listed]] = []
+        for listed in listing.values():
+            if listed.objects(listed.attempt).logged:
+                continue  # done, and its scores are in the run's metrics
+            try:
+                if queue.repair(listed):
+                    _log.info("logged the scores of %s, which its worker left unlogged", listed.id)
+                candidates.append((float(queue.request(listed)["queued_at"]), listed.id, listed))
+            except Exception as exc:
+                _log.warning("could not look at evaluation %s: %s", listed.id, exc)
+        candidates.sort(key=lambda c: c[:2])  # oldest queued first
+        for _, _, listed in candidates:
+            try:
+                claim = queue.try_claim(listed, self.name, self.lease_seconds)
+            except Exception as exc:
+                _log.warning("could not take evaluation %s: %s", listed.id, exc)
+                continue
+            if claim is not None:
+                return claim
+        return None
+
+    def _evaluate(self, store: Store, queue: EvaluationQueue, claim: Claim) -> bool:
+        """Run the function on one claimed evaluation and publish the outcome; True if published."""
+        keeper = _LeaseKeeper(queue, claim)
+        keeper.start()
+        ctx: EvaluationContext | None = None
+        outcome: dict[str, Any]
+        _log.info("evaluating %s (run %s, step %s)", claim.checkpoint, claim.run_id, claim.request.get("step"))
+        try:
+            try:
+                event, run_attempt, state = queue.checkpoint_event(claim.run_id, claim.checkpoint)
+                ctx = EvaluationContext(store=store, claim=claim, event=event, state=state, keeper=keeper)
+                scores = _check_scores(self.function(ctx))
+                outcome = {
+                    "state": DONE,
+                    "scores": scores,
+                    "step": ctx.step,
+                    "run_attempt": run_attempt,
+                    # the checkpoint's time: the points sit beside the training
+                    # metrics of that step, not at the moment they were scored
+                    "point_time": float(event["time"]),
+                }
+            except Exception as exc:
+                outcome = {
+                    "state": FAILED,
+                    "error": f"{type(exc).__name__}: {exc}",
+                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+                }
+            finally:
+                if ctx is not None:
+                    ctx._cleanup()
+            keeper.stop()
+            published = False
+            if not keeper.lost.is_set():  # fenced: publishing would fail on the fence anyway
+                try:
+                    published = queue.publish(claim, outcome)
+                except Exception as exc:  # the next worker takes it once the lease lapses
+                    _log.warning("could not publish the result of %s: %s", claim.id, exc)
+                    _release(queue, claim)
+                    return False
+        except BaseException:  # Ctrl-C, SystemExit: give the lease up for the next worker
+            keeper.stop()
+            _release(queue, claim)
+            raise
+        if published:
+            try:
+                queue.finish(claim, outcome)
+            except Exception as exc:  # the next worker's scan logs them (EvaluationQueue.repair)
+                _log.warning("the result of %s is in, but logging its scores failed: %s", claim.id, exc)
+        if not published:
+            _log.warning("evaluation %s was taken over by another worker; this result was dropped", claim.id)
+            queue.collect_renewals(claim.attempt_prefix, epoch=claim.epoch)  # a fenced epoch's are garbage
+        elif outcome["state"] == DONE:
+            shown = ", ".join(f"{k}={v:.6g}" for k, v in outcome["scores"].items())
+            _log.info("evaluated %s at step %s: %s", claim.checkpoint, outcome["step"], shown or "no scores")
+        else:
+            _log.warning("evaluation %s failed: %s", claim.id, outcome["error"])
+        return published
+
+
+def evaluate(
+    project: str,
+    *,
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: dict[str, Any] | None = None,
+    lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    poll_interval: float = DEFAULT_POLL_INTERVAL,
+    discover_interval: float = DEFAULT_DISCOVER_INTERVAL,
+    name: str | None = None,
+) -> Callable[[ScoreFunction], EvaluationWorker]:
+    """Turn a score function into an evaluation worker for ``project``.
+
+    The function takes an :class:`EvaluationContext` and returns
+    ``{name: number}``; each number is logged to the training run as
+    ``eval/<name>`` at the checkpoint's step. An exception (or a value that
+    is not a real number) marks that evaluation failed, with the message and
+    traceback, and the worker goes on.
+
+    Parameters
+    ----------
+    project:
+        The project whose queue the worker serves.
+    store, storage_options:
+        As for :func:`launchhelm.init`.
+    lease_seconds:
+        How long a claim lasts without renewal (renewed every quarter of it
+        while the function runs); another worker takes over after that.
+    poll_interval:
+        Seconds between looks at an empty queue.
+    discover_interval:
+        Seconds between sweeps for checkpoints the rule covers that nobody
+        queued (a training process that died right after saving).
+    name:
+        The worker's name in listings; default ``host:pid``.
+
+    Examples
+    --------
+    >>> import launchhelm as lh
+    >>> @lh.evaluate(project="quickstart")
+    ... def score(ctx: lh.EvaluationContext) -> dict[str, float]:
+    ...     path = ctx.download_to("checkpoints")
+    ...     return {"size": path.stat().st_size}
+    >>> score.serve()   # doctest: +SKIP
+    """
+    if callable(project):
+        raise TypeError('use @launchhelm.evaluate(project="name"): the project to serve is required')
+    validate_project(project)
+    settings = {
+        "lease_seconds": _positive("lease_seconds", lease_seconds),
+        "poll_interval": _positive("poll_interval", poll_interval),
+        "discover_interval": _positive("discover_interval", discover_interval),
+    }
+
+    def wrap(function: ScoreFunction) -> EvaluationWorker:
+        return EvaluationWorker(
+            function, project=project, store=store, storage_options=storage_options, name=name, **settings
+        )
+
+    return wrap
