@@ -68,3 +68,10 @@ __all__ = [
     "evaluate",
     "init",
 ]
+
+
+def load_ipython_extension(ipython: object) -> None:
+    """``%load_ext launchhelm``: register the ``%launchhelm`` magic (IPython is imported only here)."""
+    from launchhelm._ipython import load_ipython_extension as load
+
+    load(ipython)

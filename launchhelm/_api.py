@@ -86,6 +86,12 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"<launchhelm.RunHandle {self.project}/{self.id} {self.name!r}>"
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
+        """In a notebook, a handle left as a cell's last expression shows its run panel."""
+        from launchhelm.widgets._display import run_mimebundle
+
+        return run_mimebundle(self)
+
     # state
     def _state(self) -> RunState:
         return fold(self._events.read())

@@ -311,6 +311,12 @@ class Run:
         state = "finished" if self._finished else "live"
         return f"<launchhelm.Run {self.project}/{self.id} {self.name!r} step={self._step} {state}>"
 
+    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
+        """In a notebook, a run left as a cell's last expression shows its run panel."""
+        from launchhelm.widgets._display import run_mimebundle
+
+        return run_mimebundle(self)
+
     def __enter__(self) -> Run:
         return self
 

@@ -8,5 +8,15 @@ ruff check launchhelm tests benchmarks examples
 ruff format --check launchhelm tests benchmarks examples
 echo "== mypy"
 mypy
+# Chromium for the browser tests (tests/widgets/, marked browser): Debian's package, never a downloaded build
+if [ ! -x /usr/bin/chromium ]; then
+    echo "== apt-get install chromium (for the browser tests)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/tmp/launchhelm-apt.log 2>&1; then
+        tail -5 /tmp/launchhelm-apt.log >&2
+        echo "scripts/test.sh: could not install chromium with apt-get (the browser tests in tests/widgets/ need" >&2
+        echo "/usr/bin/chromium): install it as root (apt-get install -y chromium), or skip them: bash scripts/test.sh -m 'not browser'" >&2
+        exit 1
+    fi
+fi
 echo "== pytest"
 python -m pytest "$@"

@@ -1,1 +1,58 @@
-"""Notebook widgets (built in a later issue)."""
+"""Notebook widgets: charts with rewinds marked, the "Resume…" picker, the
+evaluation table and a run's panel.
+
+Needs the ``widgets`` extra (``pip install 'launchhelm[widgets]'``)::
+
+    from launchhelm.widgets import RunChart, ResumePicker, EvaluationTable, RunPanel
+
+    RunChart(run_id, keys=["train/loss"])   # one panel per key, x = step
+    ResumePicker(run_id)                    # choose what load_checkpoint("resume") restores
+    EvaluationTable("quickstart")           # each checkpoint's evaluation
+    RunPanel(run_id)                        # all of them as tabs, plus Details
+
+A :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` left as a cell's
+last expression shows as its :class:`RunPanel`; ``%load_ext launchhelm``
+adds the ``%launchhelm`` magic. The names are imported on first use, so
+``import launchhelm.widgets`` pulls in neither anywidget nor altair.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from launchhelm.widgets._chart import RunChart
+    from launchhelm.widgets._details import RunDetails
+    from launchhelm.widgets._evaluations import EvaluationTable
+    from launchhelm.widgets._panel import RunPanel
+    from launchhelm.widgets._picker import ResumePicker
+
+__all__ = ["EvaluationTable", "ResumePicker", "RunChart", "RunDetails", "RunPanel"]
+
+_WHERE = {
+    "EvaluationTable": "launchhelm.widgets._evaluations",
+    "ResumePicker": "launchhelm.widgets._picker",
+    "RunChart": "launchhelm.widgets._chart",
+    "RunDetails": "launchhelm.widgets._details",
+    "RunPanel": "launchhelm.widgets._panel",
+}
+
+
+def __getattr__(name: str) -> Any:
+    where = _WHERE.get(name)
+    if where is None:
+        raise AttributeError(f"module 'launchhelm.widgets' has no attribute {name!r}")
+    try:
+        module = importlib.import_module(where)
+    except ImportError as exc:
+        raise ImportError(
+            f"launchhelm.widgets.{name} needs the widgets extra: pip install 'launchhelm[widgets]' ({exc})"
+        ) from exc
+    value = getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(list(globals()) + __all__)

@@ -1,0 +1,125 @@
+// RunDetails' front end (the Details tab): status, config, tunables with an
+// editor, the pause / resume / stop / checkpoint buttons and the project's
+// "Evaluate every checkpoint…" switch.
+import { act, h, mount } from "./dom.js";
+import { ruleSwitch } from "./evaluations.js";
+
+/** Read an input back as the tunable's kind (number, bool, JSON, else text). */
+function readValue(input, original) {
+  if (typeof original === "boolean") return input.checked;
+  const text = input.value.trim();
+  if (typeof original === "number") {
+    const n = Number(text);
+    if (text === "" || Number.isNaN(n)) throw new Error(`${input.name}: "${text}" is not a number`);
+    return n;
+  }
+  if (typeof original === "string") return input.value;
+  try {
+    return JSON.parse(text);
+  } catch {
+    return text;
+  }
+}
+
+function tunableInput(name, value) {
+  if (typeof value === "boolean") return h("input", { type: "checkbox", name, checked: value, class: "lh-tunable" });
+  if (typeof value === "number") return h("input", { type: "text", inputmode: "decimal", name, value: String(value), class: "lh-tunable" });
+  if (typeof value === "string") return h("input", { type: "text", name, value, class: "lh-tunable" });
+  return h("input", { type: "text", name, value: JSON.stringify(value), class: "lh-tunable" });
+}
+
+function render({ model, el }) {
+  return mount(model, el, "details", (root) => {
+    const state = model.get("state") || {};
+    const run = state.run || {};
+    const facts = [
+      ["Run", `${run.name || ""} (${run.id || ""})`],
+      ["Project", run.project],
+      ["Status", state.sentence || state.status],
+      ["Control state", state.control_state || "-"],
+      ["Furthest step", state.step],
+      ["Created", state.created],
+      ["Last heartbeat", state.last_heartbeat],
+      ["Sessions / rewinds", `${state.sessions} / ${state.rewinds}`],
+    ];
+    root.append(
+      h("table", { class: "lh-facts" }, h("tbody", {}, facts.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", { class: `lh-fact-${k.toLowerCase().replace(/[^a-z]+/g, "-")}` }, String(v ?? "-")))))),
+    );
+
+    // control buttons
+    const controls = h("div", { class: "lh-controls" });
+    for (const action of state.actions || []) {
+      controls.append(
+        h(
+          "button",
+          {
+            class: `lh-btn lh-control lh-control-${action}`,
+            disabled: !state.can_control,
+            title: state.can_control ? "" : "Only a running run takes control actions",
+            onclick: () => act(model, "control", { action }),
+          },
+          action === "checkpoint" ? "Checkpoint now" : action[0].toUpperCase() + action.slice(1),
+        ),
+      );
+    }
+    root.append(h("h4", {}, "Control"), controls);
+
+    // tunables
+    const tunables = state.tunables || {};
+    const names = Object.keys(tunables);
+    root.append(h("h4", {}, "Tunables"));
+    if (!names.length) {
+      root.append(h("p", { class: "lh-empty" }, "This run has no tunables (lh.init(tunables={...}) declares them)."));
+    } else {
+      const inputs = {};
+      const rows = names.map((name) => {
+        inputs[name] = tunableInput(name, tunables[name]);
+        inputs[name].disabled = !state.can_tune;
+        return h("tr", {}, h("th", {}, name), h("td", {}, inputs[name]));
+      });
+      const apply = h(
+        "button",
+        {
+          class: "lh-btn lh-apply-tunables",
+          disabled: !state.can_tune,
+          onclick: () => {
+            const values = {};
+            try {
+              for (const name of names) {
+                const value = readValue(inputs[name], tunables[name]);
+                if (JSON.stringify(value) !== JSON.stringify(tunables[name])) values[name] = value;
+              }
+            } catch (err) {
+              model.set("error", String(err.message || err));
+              model.save_changes();
+              return;
+            }
+            act(model, "set_tunables", { values });
+          },
+        },
+        "Apply",
+      );
+      root.append(h("table", { class: "lh-facts lh-tunables" }, h("tbody", {}, rows)), apply);
+    }
+    if ((state.pending || []).length) {
+      root.append(
+        h("p", { class: "lh-pending" }, "Waiting for the training process: ", state.pending.map((p) => `${p.what} (request ${p.seq})`).join("; ")),
+      );
+    }
+    root.append(h("h4", {}, "Evaluation"), ruleSwitch(model, state) || h("p", { class: "lh-empty" }, "-"));
+
+    // config
+    const config = state.config || {};
+    root.append(
+      h("h4", {}, "Config"),
+      h(
+        "table",
+        { class: "lh-facts lh-config" },
+        h("tbody", {}, Object.entries(config).map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, h("code", {}, JSON.stringify(v)))))),
+      ),
+    );
+    if (state.notice) root.append(h("p", { class: "lh-notice", role: "status" }, state.notice));
+  });
+}
+
+export default { render };

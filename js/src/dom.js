@@ -1,0 +1,93 @@
+// Small DOM helpers shared by the widgets' front ends (no framework: each
+// widget renders a state dict that the kernel owns).
+
+/**
+ * Create an element: h("button", {class: "lh-btn", onclick: f}, "Choose").
+ * @param {string} tag
+ * @param {Record<string, any>} [attrs]
+ * @param {...(Node|string|number|null|undefined|false)} children
+ * @returns {HTMLElement}
+ */
+export function h(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith("on") && typeof value === "function") {
+      node.addEventListener(name.slice(2), value);
+    } else if (name === "class") {
+      node.className = value;
+    } else if (name === "dataset") {
+      Object.assign(node.dataset, value);
+    } else if (name in node && typeof value !== "string") {
+      // properties such as checked, disabled, value
+      node[name] = value;
+    } else {
+      node.setAttribute(name, value === true ? "" : String(value));
+    }
+  }
+  for (const child of children.flat()) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+/**
+ * Ask the kernel to do something ("choose", "retry"...): it answers by
+ * updating the widget's state (and its `error` trait on failure).
+ * @param {any} model
+ * @param {string} name
+ * @param {Record<string, any>} [args]
+ */
+export function act(model, name, args = {}) {
+  model.send({ type: "action", name, args });
+}
+
+/**
+ * Wire the shared behaviour of a state-rendering widget: render now and on
+ * every change of the listed traits, show the `error` trait, say `ready`.
+ * @param {any} model
+ * @param {HTMLElement} el
+ * @param {string} kind  CSS class suffix: "picker", "evaluations", "details"
+ * @param {(root: HTMLElement) => void} draw
+ * @param {string[]} [traits]
+ * @returns {() => void} cleanup
+ */
+export function mount(model, el, kind, draw, traits = ["state"]) {
+  el.classList.add("launchhelm", `lh-${kind}`);
+  const root = h("div", { class: "lh-body" });
+  const error = h("div", { class: "lh-error", role: "alert" });
+  el.replaceChildren(root, error);
+  let deferred = false;
+  const redraw = () => {
+    // keep what the person is typing: redraw once they leave the field
+    const active = document.activeElement;
+    if (active && root.contains(active) && active.tagName === "INPUT" && active.type !== "checkbox") {
+      deferred = true;
+      return;
+    }
+    deferred = false;
+    root.replaceChildren();
+    draw(root);
+  };
+  const onFocusOut = () => {
+    if (deferred) setTimeout(redraw, 0);
+  };
+  const showError = () => {
+    const text = model.get("error") || "";
+    error.textContent = text;
+    error.hidden = !text;
+    redraw(); // re-enable a button pressed for an action that failed
+  };
+  const events = traits.map((name) => `change:${name}`);
+  for (const name of events) model.on(name, redraw);
+  model.on("change:error", showError);
+  root.addEventListener("focusout", onFocusOut);
+  showError();
+  model.send({ type: "ready" });
+  return () => {
+    for (const name of events) model.off(name, redraw);
+    model.off("change:error", showError);
+    root.removeEventListener("focusout", onFocusOut);
+  };
+}

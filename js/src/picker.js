@@ -1,0 +1,72 @@
+// ResumePicker's front end ("Resume…"): renders the state the kernel reads
+// from the store; "Choose" asks the kernel to call choose_for_resume.
+import { act, h, mount } from "./dom.js";
+
+function render({ model, el }) {
+  return mount(model, el, "picker", (root) => {
+    const state = model.get("state") || {};
+    const run = state.run || {};
+    const checkpoints = state.checkpoints || [];
+    root.append(
+      h("div", { class: "lh-title" }, "Resume… ", h("b", {}, run.name || ""), " ", h("code", {}, run.id || "")),
+      h("p", { class: `lh-status lh-status-${state.status}` }, `This run is ${state.sentence || state.status}.`),
+    );
+    if (!checkpoints.length) {
+      root.append(h("p", { class: "lh-empty" }, "No checkpoint was saved: a resumed run starts from step 0."));
+    } else {
+      const rows = checkpoints.map((c) => {
+        const marks = [];
+        if (c.latest) marks.push(h("span", { class: "lh-badge lh-latest" }, "latest"));
+        if (c.chosen) marks.push(h("span", { class: "lh-badge lh-chosen" }, "chosen"));
+        if (c.before_last_control_change) {
+          marks.push(
+            h(
+              "span",
+              { class: "lh-badge lh-before-control", title: "Restoring it brings back the tunables in force then" },
+              "saved before the last control change",
+            ),
+          );
+        }
+        const button = h(
+          "button",
+          {
+            class: "lh-btn lh-choose",
+            disabled: !state.can_choose || c.chosen,
+            onclick: (event) => {
+              event.currentTarget.disabled = true;
+              event.currentTarget.textContent = "Choosing…";
+              act(model, "choose", { checkpoint_id: c.id });
+            },
+          },
+          c.chosen ? "Chosen" : "Choose",
+        );
+        return h(
+          "tr",
+          { class: "lh-checkpoint", dataset: { checkpoint: c.id, step: String(c.step) } },
+          h("td", { class: "lh-num" }, String(c.step)),
+          h("td", {}, c.saved_at),
+          h("td", { class: "lh-num" }, String(c.steps_to_redo)),
+          h("td", { class: "lh-num" }, c.size),
+          h("td", {}, marks),
+          h("td", {}, button),
+        );
+      });
+      root.append(
+        h(
+          "table",
+          { class: "lh-table" },
+          h(
+            "thead",
+            {},
+            h("tr", {}, h("th", {}, "Step"), h("th", {}, "Saved at"), h("th", {}, "Steps to redo"), h("th", {}, "Size"), h("th", {}, ""), h("th", {}, "")),
+          ),
+          h("tbody", {}, rows),
+        ),
+      );
+    }
+    root.append(h("p", { class: "lh-restores" }, state.restores || ""));
+    if (state.confirmation) root.append(h("p", { class: "lh-confirmation", role: "status" }, state.confirmation));
+  });
+}
+
+export default { render };

@@ -1,0 +1,257 @@
+"""What every LaunchHelm widget shares.
+
+- **Targets**: a widget takes a :class:`launchhelm.Run`, a
+  :class:`launchhelm.RunHandle` or a run id, and reads it through the public
+  query API only (:class:`launchhelm.Api`, :class:`launchhelm.RunHandle`).
+- **Reattaching**: building a widget for a run that already has a live one
+  of the same kind and arguments returns that widget, so re-running a cell
+  shows the same widget (one poller per run and kind) instead of another.
+- **The ready handshake**: custom messages sent before the browser has
+  loaded the (large) front end are lost, so the front end says ``ready``
+  once it listens, and a widget sends nothing before that: its state is the
+  buffer, sent whole on each ``ready``.
+- **Polling**: a daemon thread re-reads the run every ``interval`` seconds
+  (slower once the run is no longer running), started when a front end
+  first says ``ready`` and stopped by :meth:`close`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import anywidget
+import traitlets
+
+from launchhelm._api import Api, RunHandle
+from launchhelm._run import Run
+
+__all__ = ["STATIC", "LiveWidget", "Reusable", "format_time", "resolve_run", "static_file"]
+
+#: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
+STATIC = Path(__file__).with_name("static")
+
+#: Message types, front end -> kernel.
+MSG_READY = "ready"
+MSG_ACTION = "action"
+
+#: Polling slows by this factor while the run is not running (nothing streams then).
+IDLE_SLOWDOWN = 5.0
+
+
+def static_file(name: str) -> Path:
+    """Path of a built front-end file; a clear error if the bundle was never built."""
+    path = STATIC / name
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the LaunchHelm widget front end is not built ({path} is missing): run `bash scripts/setup.sh`, "
+            "or `npm ci && npm run build` in js/ (needs Node.js and npm)"
+        )
+    return path
+
+
+def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Api, RunHandle]:
+    """An :class:`Api` on the run's store and a handle on the run of the widget's own.
+
+    Each widget polls from its own thread, so it never shares a handle with
+    the notebook's code or with another widget.
+
+    Parameters
+    ----------
+    run_or_id:
+        A :class:`Run` being written in this process, a :class:`RunHandle`,
+        or a run id (looked up in ``store``).
+    store:
+        Store URL or path for a run id; default ``$LAUNCHHELM_STORE``, else
+        ``~/.launchhelm``. Ignored for a run or handle, which know their store.
+    """
+    if isinstance(run_or_id, (RunHandle, Run)):
+        api = Api(run_or_id.store)
+        return api, api.run(run_or_id.id)
+    if isinstance(run_or_id, str):
+        api = Api(store)
+        return api, api.run(run_or_id)
+    raise TypeError(
+        f"expected a launchhelm.Run, a launchhelm.RunHandle or a run id string, not {type(run_or_id).__name__}"
+    )
+
+
+def format_time(ts: float | None) -> str:
+    """Local wall-clock time as people read it in a table ("2026-05-01 12:03:04"), or "-"."""
+    if ts is None:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+_registry: dict[tuple[Any, ...], Any] = {}
+_registry_lock = threading.Lock()
+
+
+class Reusable:
+    """Mixin: constructing with the same key returns the live widget already built.
+
+    Subclasses implement :meth:`_reuse_key` (the resolved run plus whatever
+    changes what is shown) and guard their ``__init__`` with
+    :meth:`_reused`.
+    """
+
+    _reuse_as: tuple[Any, ...] | None = None
+    _resolved: Any = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        key, resolved = cls._reuse_key(*args, **kwargs)
+        with _registry_lock:
+            existing = _registry.get(key)
+            if existing is not None and getattr(existing, "comm", None) is not None:
+                return existing
+            obj = super().__new__(cls, *args, **kwargs)
+            obj._reuse_as = key
+            obj._resolved = resolved
+            obj._initialised = False
+            _registry[key] = obj
+            return obj
+
+    @classmethod
+    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], Any]:
+        raise NotImplementedError
+
+    def _reused(self) -> bool:
+        """True when ``__init__`` runs again on a widget handed back by ``__new__``."""
+        if getattr(self, "_initialised", False):
+            return True
+        self._initialised = True
+        return False
+
+    def _forget(self) -> None:
+        with _registry_lock:
+            if self._reuse_as is not None and _registry.get(self._reuse_as) is self:
+                del _registry[self._reuse_as]
+
+
+def run_key(cls: type, api: Api, handle: RunHandle, *extra: Any) -> tuple[Any, ...]:
+    """The registry key of a widget of kind ``cls`` on ``handle`` showing ``extra``."""
+    return (cls.__qualname__, api.store.url, handle.id, *extra)
+
+
+class LiveWidget(Reusable, anywidget.AnyWidget):
+    """An anywidget that polls the store and speaks the ready handshake.
+
+    Subclasses implement :meth:`refresh` (re-read the run, update traits or
+    send messages) and may implement :meth:`snapshot_messages` (messages a
+    newly ready front end needs) and action handlers in :attr:`_actions`.
+    """
+
+    #: Seconds between reads of the store while the run is running.
+    interval = traitlets.Float(2.0)
+    #: A sentence about the last failure to read the store ("" when fine).
+    error = traitlets.Unicode("").tag(sync=True)
+
+    _actions: ClassVar[dict[str, str]] = {}
+
+    def _setup_live(self) -> None:
+        self._lock = threading.RLock()
+        self._ready = False
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self.on_msg(self._on_front_end_message)
+
+    # -- messages ---------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        """A front end has said it listens: custom messages now reach it."""
+        return self._ready
+
+    def send_when_ready(self, content: dict[str, Any], buffers: Sequence[bytes] | None = None) -> bool:
+        """Send a custom message if a front end listens; otherwise keep it for the next ``ready``.
+
+        Returns whether it was sent. Until ``ready`` nothing leaves the
+        kernel: the widget's state is the buffer, and :meth:`snapshot_messages`
+        turns it into the messages a front end needs when it says ``ready``.
+        """
+        with self._lock:
+            if not self._ready:
+                return False
+            self.send(content, list(buffers) if buffers else None)
+            return True
+
+    def snapshot_messages(self) -> list[dict[str, Any]]:
+        """Messages that bring a newly ready front end up to date."""
+        return []
+
+    def _on_front_end_message(self, _widget: Any, content: Any, buffers: Sequence[bytes]) -> None:
+        if not isinstance(content, dict):
+            return
+        kind = content.get("type")
+        if kind == MSG_READY:
+            with self._lock:
+                self._ready = True
+                for message in self.snapshot_messages():
+                    self.send(message)
+            self._start_polling()
+        elif kind == MSG_ACTION:
+            self._run_action(content)
+        else:
+            self.handle_message(content)
+
+    def handle_message(self, content: dict[str, Any]) -> None:
+        """Other front-end messages (the chart's zoom)."""
+
+    def _run_action(self, content: dict[str, Any]) -> None:
+        name = str(content.get("name", ""))
+        method: Callable[..., Any] | None = getattr(self, self._actions.get(name, ""), None)
+        if method is None:
+            self.error = f"unknown action {name!r}"
+            return
+        try:
+            method(**dict(content.get("args") or {}))
+        except Exception as exc:  # shown in the widget: a click must never kill the comm
+            self.error = f"{type(exc).__name__}: {exc}"
+        else:
+            self.error = ""
+
+    # -- polling ----------------------------------------------------------
+    def refresh(self) -> None:
+        """Re-read the run from the store and update what is shown."""
+        raise NotImplementedError
+
+    def is_active(self) -> bool:
+        """Whether the run may change soon (poll at full speed)."""
+        return True
+
+    def _start_polling(self) -> None:
+        with self._lock:
+            if self._poller is not None or self._stop.is_set():
+                return
+            self._poller = threading.Thread(target=self._poll, name=f"launchhelm-{type(self).__name__}", daemon=True)
+            self._poller.start()
+
+    def _poll(self) -> None:
+        wait = self.interval
+        while not self._stop.wait(wait):
+            try:
+                with self._lock:
+                    self.refresh()
+                active = self.is_active()
+                if self.error.startswith("reading the store failed"):
+                    self.error = ""
+            except Exception as exc:  # the store may come back: say so and keep polling
+                self.error = f"reading the store failed: {type(exc).__name__}: {exc}"
+                active = True
+            wait = self.interval if active else self.interval * IDLE_SLOWDOWN
+
+    @property
+    def polling(self) -> bool:
+        """A poller thread is alive for this widget."""
+        return self._poller is not None and self._poller.is_alive()
+
+    def close(self) -> None:
+        """Stop polling and close the widget (its views in the notebook go blank)."""
+        self._stop.set()
+        poller = self._poller
+        if poller is not None and poller is not threading.current_thread():
+            poller.join(timeout=10)
+        self._forget()
+        super().close()

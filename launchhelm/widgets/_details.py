@@ -1,0 +1,148 @@
+"""``RunDetails``: a run's status, config, tunables and controls (the Details tab).
+
+Tunables are changed with :meth:`launchhelm.RunHandle.set_tunables`, the
+pause / resume / stop / checkpoint buttons call
+:meth:`launchhelm.RunHandle.control`; the training process applies both at
+its next step boundary, so the widget shows what is in force and what is
+still pending.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import traitlets
+
+from launchhelm._api import Api, RunHandle
+from launchhelm._run import Run
+from launchhelm.widgets._base import LiveWidget, format_time, resolve_run, run_key, static_file
+from launchhelm.widgets._picker import status_sentence
+
+__all__ = ["RunDetails", "details_state"]
+
+#: The control buttons, in the order shown.
+CONTROL_ACTIONS = ("pause", "resume", "stop", "checkpoint")
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-safe copy for the front end (config values may be anything JSON holds)."""
+    try:
+        return json.loads(json.dumps(value))
+    except (TypeError, ValueError):
+        return repr(value)
+
+
+def details_state(handle: RunHandle, rule: bool, notice: str = "") -> dict[str, Any]:
+    """Everything the Details tab shows, read through the query API."""
+    summary = handle.summary()
+    status = str(summary["status"])
+    tunables = dict(handle.tunables)
+    pending = handle.pending_controls()
+    return {
+        "run": {"id": handle.id, "name": handle.name, "project": handle.project},
+        "status": status,
+        "sentence": status_sentence(status, handle.last_heartbeat, int(summary["step"])),
+        "step": int(summary["step"]),
+        "created": format_time(handle.created),
+        "last_heartbeat": format_time(handle.last_heartbeat),
+        "sessions": int(summary["sessions"]),
+        "rewinds": int(summary["rewinds"]),
+        "control_state": handle.control_state if status == "running" else None,
+        "config": _plain(dict(handle.config)),
+        "tunables": _plain(tunables),
+        "pending": [
+            {
+                "seq": int(p.get("seq", 0)),
+                "what": (
+                    ", ".join(f"{k}={v!r}" for k, v in dict(p.get("changes") or {}).items())
+                    if p.get("what") == "tunables"
+                    else str(p.get("what"))
+                ),
+                "time": format_time(p.get("time")),
+            }
+            for p in pending
+        ],
+        "can_control": status == "running",
+        "can_tune": status != "closed" and bool(tunables),
+        "actions": list(CONTROL_ACTIONS),
+        "rule": rule,
+        "notice": notice,
+    }
+
+
+class RunDetails(LiveWidget):
+    """A run's Details tab: status, config, tunables (editable) and control buttons.
+
+    Parameters
+    ----------
+    run_or_id:
+        A :class:`launchhelm.Run`, a :class:`launchhelm.RunHandle` or a run id.
+    store:
+        Store URL or path for a run id.
+    interval:
+        Seconds between reads of the store.
+    """
+
+    state = traitlets.Dict().tag(sync=True)
+    _actions = {"set_tunables": "set_tunables", "control": "control", "set_rule": "set_rule"}  # noqa: RUF012
+
+    @classmethod
+    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+        api, handle = resolve_run(run_or_id, store)
+        return run_key(cls, api, handle), (api, handle)
+
+    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+        if self._reused():
+            return
+        self._esm = static_file("details.js").read_text(encoding="utf-8")
+        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        super().__init__(interval=interval)
+        self._setup_live()
+        self._api: Api = self._resolved[0]
+        self._handle: RunHandle = self._resolved[1]
+        self._notice = ""
+        self.refresh()
+
+    @property
+    def run(self) -> RunHandle:
+        """The run shown."""
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.widgets.RunDetails {self._handle.project}/{self._handle.id}>"
+
+    def is_active(self) -> bool:
+        return self.state.get("status") == "running"
+
+    def refresh(self) -> None:
+        """Re-read status, tunables, pending control changes and the project's rule."""
+        with self._lock:
+            rule = self._api.project(self._handle.project).evaluate_every_checkpoint()
+            state = details_state(self._handle, rule, self._notice)
+            if state != self.state:
+                self.state = state
+
+    # -- actions (buttons) ---------------------------------------------------
+    def set_tunables(self, values: dict[str, Any]) -> None:
+        """Change tunables (applied by the training process at its next step boundary)."""
+        if not values:
+            raise ValueError("no tunable changed")
+        seq = self._handle.set_tunables(**values)
+        changes = ", ".join(f"{k}={v!r}" for k, v in values.items())
+        self._say(f"Asked for {changes} (request {seq}); the training process applies it at its next step.")
+
+    def control(self, action: str) -> None:
+        """Pause, resume, stop or checkpoint the run (at its next step boundary)."""
+        seq = self._handle.control(action)
+        self._say(f"Asked the run to {action} (request {seq}); the training process applies it at its next step.")
+
+    def set_rule(self, enabled: bool) -> None:
+        """Switch the project's "Evaluate every checkpoint…" rule."""
+        self._api.project(self._handle.project).evaluate_every_checkpoint(bool(enabled))
+        self._say("Every checkpoint is now evaluated." if enabled else "Checkpoints are no longer evaluated.")
+
+    def _say(self, notice: str) -> None:
+        with self._lock:
+            self._notice = notice
+            self.refresh()

@@ -1,0 +1,45 @@
+"""How a :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` displays in a notebook.
+
+``Run._repr_mimebundle_`` and ``RunHandle._repr_mimebundle_`` call
+:func:`run_mimebundle` (imported only then, so ``import launchhelm`` stays
+free of IPython and anywidget). In a Jupyter kernel the bundle is the run's
+panel; elsewhere (a terminal IPython, the widgets extra not installed) it is
+the plain-text repr alone.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["run_mimebundle"]
+
+#: The MIME type of a Jupyter widget view.
+WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
+
+
+def in_kernel() -> bool:
+    """A Jupyter kernel runs this code (a front end can draw widgets)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    shell = get_ipython()
+    return shell is not None and getattr(shell, "kernel", None) is not None
+
+
+def run_mimebundle(run: Any) -> dict[str, Any]:
+    """The run's panel as a MIME bundle, its plain-text repr included."""
+    text = repr(run)
+    if not in_kernel():
+        return {"text/plain": text}
+    try:
+        from launchhelm.widgets._panel import RunPanel
+    except ImportError:  # the widgets extra is not installed
+        return {"text/plain": text}
+    try:
+        panel = RunPanel(run)
+    except Exception as exc:  # a repr must not raise: say why there is no panel
+        return {"text/plain": f"{text}\n(no run panel: {type(exc).__name__}: {exc})"}
+    bundle = dict(panel._repr_mimebundle_() or {})
+    bundle["text/plain"] = text
+    return bundle

@@ -1,0 +1,98 @@
+"""``RunPanel``: a run's page in a notebook, as tabs.
+
+Charts (:class:`RunChart`), Checkpoints (the "Resume…" :class:`ResumePicker`),
+Evaluations (:class:`EvaluationTable`) and Details (:class:`RunDetails`).
+A :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` left as a cell's
+last expression displays as this panel.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Any
+
+import ipywidgets
+
+from launchhelm._api import RunHandle
+from launchhelm._run import Run
+from launchhelm.widgets._base import Reusable, resolve_run, run_key
+from launchhelm.widgets._chart import RunChart
+from launchhelm.widgets._details import RunDetails
+from launchhelm.widgets._evaluations import EvaluationTable
+from launchhelm.widgets._picker import ResumePicker
+
+__all__ = ["TAB_TITLES", "RunPanel"]
+
+#: The panel's tabs, in order.
+TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details")
+
+
+class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
+    """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details.
+
+    Showing the same run again (re-running the cell) shows the same panel:
+    its widgets and their pollers are reused, never duplicated.
+
+    Parameters
+    ----------
+    run_or_id:
+        A :class:`launchhelm.Run`, a :class:`launchhelm.RunHandle` or a run id.
+    store:
+        Store URL or path for a run id.
+    keys:
+        Metric keys for the Charts tab (default: all).
+
+    Attributes
+    ----------
+    chart, picker, evaluations, details:
+        The tabs' widgets.
+
+    Examples
+    --------
+    >>> from launchhelm.widgets import RunPanel
+    >>> RunPanel(run_id)          # doctest: +SKIP
+    """
+
+    @classmethod
+    def _reuse_key(
+        cls, run_or_id: Run | RunHandle | str, store: Any = None, keys: Any = None, **_: Any
+    ) -> tuple[tuple[Any, ...], Any]:
+        api, handle = resolve_run(run_or_id, store)
+        chosen = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
+        return run_key(cls, api, handle, chosen), (api, handle)
+
+    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, keys: Any = None) -> None:
+        if self._reused():
+            return
+        api, handle = self._resolved
+        self._handle: RunHandle = handle
+        self.chart = RunChart(handle, keys=keys)
+        self.picker = ResumePicker(handle)
+        self.evaluations = EvaluationTable(handle)
+        self.details = RunDetails(handle)
+        tabs = ipywidgets.Tab(children=[self.chart, self.picker, self.evaluations, self.details])
+        tabs.titles = TAB_TITLES
+        self.tabs = tabs
+        header = ipywidgets.HTML(
+            f"<div class='lh-panel-header'><b>{html.escape(handle.name)}</b> "
+            f"<code>{html.escape(handle.id)}</code> · project {html.escape(handle.project)} · "
+            f"store <code>{html.escape(api.store.url)}</code></div>"
+        )
+        super().__init__(children=[header, tabs])
+        self.add_class("launchhelm-panel")
+
+    @property
+    def run(self) -> RunHandle:
+        """The run shown."""
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.widgets.RunPanel {self._handle.project}/{self._handle.id}>"
+
+    def close(self) -> None:
+        """Close the panel and its tabs' widgets (stopping their pollers)."""
+        for child in (self.chart, self.picker, self.evaluations, self.details):
+            child.close()
+        self.tabs.close()
+        self._forget()
+        super().close()

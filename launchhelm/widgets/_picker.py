@@ -1,0 +1,158 @@
+"""``ResumePicker``: the "Resume…" list of a run's checkpoints.
+
+It says how the run ended ("stopped without ending its session, last
+heartbeat ..., furthest step N"), lists its checkpoints with the steps each
+leaves to redo, marks those saved before the last control change, the latest
+and the chosen one, and chooses one through
+:meth:`launchhelm.RunHandle.choose_for_resume`: the next
+``load_checkpoint("resume")`` restores it, once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import traitlets
+
+from launchhelm._api import Api, RunHandle
+from launchhelm._run import Run
+from launchhelm.widgets._base import LiveWidget, format_time, resolve_run, run_key, static_file
+
+__all__ = ["ResumePicker", "picker_state", "status_sentence"]
+
+
+def status_sentence(status: str, last_heartbeat: float | None, step: int) -> str:
+    """How the run stands, in the words the picker shows."""
+    beat = format_time(last_heartbeat)
+    if status == "stopped":
+        return f"stopped without ending its session, last heartbeat {beat}, furthest step {step}"
+    if status == "running":
+        return f"running, last heartbeat {beat}, furthest step {step}"
+    if status == "resumable":
+        return f"resumable: its last session ended with finish(close_run=False), furthest step {step}"
+    if status == "closed":
+        return f"closed: finish() closed it, so it cannot be resumed; furthest step {step}"
+    return f"{status}, furthest step {step}"
+
+
+def _size(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "kB", "MB"):
+        if value < 1000:
+            return f"{n} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{value:.1f} GB"
+
+
+def picker_state(handle: RunHandle, confirmation: str = "") -> dict[str, Any]:
+    """Everything the picker shows, read through the query API."""
+    summary = handle.summary()
+    status = str(summary["status"])
+    step = int(summary["step"])
+    checkpoints = handle.checkpoints()
+    latest = checkpoints[-1].id if checkpoints else None
+    resume = next((c for c in checkpoints if c.chosen_for_resume), None) or (checkpoints[-1] if checkpoints else None)
+    if resume is None:
+        restores = 'No checkpoint yet: load_checkpoint("resume") has nothing to restore.'
+    elif resume.chosen_for_resume:
+        restores = f'The next load_checkpoint("resume") restores step {resume.step} (chosen, checkpoint {resume.id}).'
+    else:
+        restores = (
+            f'The next load_checkpoint("resume") restores step {resume.step} (the latest, checkpoint {resume.id}).'
+        )
+    return {
+        "run": {"id": handle.id, "name": handle.name, "project": handle.project},
+        "status": status,
+        "sentence": status_sentence(status, handle.last_heartbeat, step),
+        "step": step,
+        "can_choose": status != "closed",
+        "restores": restores,
+        "confirmation": confirmation,
+        "checkpoints": [
+            {
+                "id": c.id,
+                "step": c.step,
+                "saved_at": format_time(c.saved_at),
+                "size": _size(c.size),
+                "steps_to_redo": c.steps_to_redo,
+                "before_last_control_change": c.before_last_control_change,
+                "latest": c.id == latest,
+                "chosen": c.chosen_for_resume,
+            }
+            for c in reversed(checkpoints)  # newest first
+        ],
+    }
+
+
+class ResumePicker(LiveWidget):
+    """The "Resume…" picker: choose which checkpoint the run's next ``load_checkpoint("resume")`` restores.
+
+    For a run that stopped without ending its session it says so, with its
+    last heartbeat and furthest step, and lists its checkpoints (newest
+    first): step, when it was saved, the steps it leaves to redo, a mark on
+    those saved before the last control change (restoring one brings back the
+    tunables in force then), which is the latest and which is chosen.
+    "Choose" records the choice (:meth:`launchhelm.RunHandle.choose_for_resume`).
+
+    Parameters
+    ----------
+    run_or_id:
+        A :class:`launchhelm.Run`, a :class:`launchhelm.RunHandle` or a run id.
+    store:
+        Store URL or path for a run id.
+    interval:
+        Seconds between reads of the store while it is shown.
+
+    Examples
+    --------
+    >>> from launchhelm.widgets import ResumePicker
+    >>> picker = ResumePicker(run_id)        # doctest: +SKIP
+    >>> picker.choose(picker.run.checkpoints()[0].id)   # what clicking "Choose" does   # doctest: +SKIP
+    """
+
+    state = traitlets.Dict().tag(sync=True)
+    _actions = {"choose": "choose"}  # noqa: RUF012
+
+    @classmethod
+    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+        api, handle = resolve_run(run_or_id, store)
+        return run_key(cls, api, handle), (api, handle)
+
+    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+        if self._reused():
+            return
+        self._esm = static_file("picker.js").read_text(encoding="utf-8")
+        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        super().__init__(interval=interval)
+        self._setup_live()
+        self._api: Api = self._resolved[0]
+        self._handle: RunHandle = self._resolved[1]
+        self._confirmation = ""
+        self.refresh()
+
+    @property
+    def run(self) -> RunHandle:
+        """The run whose checkpoints are listed."""
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.widgets.ResumePicker {self._handle.project}/{self._handle.id}>"
+
+    def is_active(self) -> bool:
+        return self.state.get("status") == "running"
+
+    def refresh(self) -> None:
+        """Re-read the run's status and checkpoints."""
+        with self._lock:
+            state = picker_state(self._handle, self._confirmation)
+            if state != self.state:
+                self.state = state
+
+    def choose(self, checkpoint_id: str) -> None:
+        """Make ``checkpoint_id`` the one the next ``load_checkpoint("resume")`` restores (as "Choose" does)."""
+        chosen = self._handle.choose_for_resume(checkpoint_id)
+        with self._lock:
+            self._confirmation = (
+                f'Chosen: the next load_checkpoint("resume") restores step {chosen.step} (checkpoint {chosen.id}).'
+            )
+            self.refresh()

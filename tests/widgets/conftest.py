@@ -1,0 +1,30 @@
+"""Fixtures of the widget tests: real runs in local stores.
+
+``stopped_run``: a plain (non-torch) run written by a child process that
+checkpoints, has its tunable changed, and is SIGKILLed: fast. The
+``widget_runs`` store holds PyTorch runs killed and resumed for real
+(:mod:`widget_runs`): built once per session, copied per test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from widget_runs import StoppedRun, WidgetRuns, build_stopped_run, build_store, copy_runs
+
+
+@pytest.fixture
+def stopped_run(tmp_path: Path) -> StoppedRun:
+    return build_stopped_run(tmp_path)
+
+
+@pytest.fixture(scope="session")
+def widget_runs_template(tmp_path_factory: pytest.TempPathFactory) -> WidgetRuns:
+    return build_store(tmp_path_factory.mktemp("widget-runs") / "store")
+
+
+@pytest.fixture
+def widget_runs(widget_runs_template: WidgetRuns, tmp_path: Path) -> WidgetRuns:
+    """A private copy of the PyTorch runs' store (tests may choose and retry in it)."""
+    return copy_runs(widget_runs_template, tmp_path)

@@ -1,0 +1,312 @@
+"""The widgets in a real JupyterLab 4 (and Notebook 7) in headless Chromium.
+
+One server per module; each test writes a notebook that reads a store of
+real runs (PyTorch processes SIGKILLed and resumed, :mod:`widget_runs`),
+runs all its cells in the browser and checks what a person would see: the
+rewind's label as SVG text, the dimmed abandoned attempt after ticking "Show
+the abandoned attempt", points logged by another process appearing with none
+lost, "Choose" in the picker making that checkpoint the resume one, "Try
+again" re-queueing a failed evaluation, the run panel's tabs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from jupyter_browser import CHROMIUM, JupyterServer, chromium, execute, open_notebook, run_all, write_notebook
+from widget_runs import FAILED_STEP, FAILURE, RESUMED_CRASH_AT, RESUMED_END, RESUMED_FROM, WidgetRuns, copy_runs
+
+import launchhelm as lh
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
+    ),
+]
+
+LABEL = f"Resumed from step {RESUMED_FROM} after reaching {RESUMED_CRASH_AT}"
+WAIT_MS = 60_000
+
+
+@pytest.fixture(scope="module")
+def runs(widget_runs_template: WidgetRuns, tmp_path_factory: pytest.TempPathFactory) -> WidgetRuns:
+    return copy_runs(widget_runs_template, tmp_path_factory.mktemp("browser-store"))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
+    root = tmp_path_factory.mktemp("notebooks")
+    jupyter = JupyterServer(root, tmp_path_factory.mktemp("jupyter-home"))
+    jupyter.start()
+    try:
+        yield jupyter
+    finally:
+        jupyter.stop()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 1600})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield tab
+    finally:
+        context.close()
+        server.shutdown_kernels()
+    launchhelm_errors = [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()]
+    assert not launchhelm_errors, launchhelm_errors
+
+
+def _show(page: Any, server: JupyterServer, name: str, cells: list[str], app: str = "lab") -> None:
+    write_notebook(server.root / name, cells)
+    open_notebook(page, server, name, app=app)
+    run_all(page)
+
+
+def _count(page: Any, selector: str) -> int:
+    return int(page.locator(selector).count())
+
+
+def _wait_count(page: Any, selector: str, expected: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (found := _count(page, selector)) != expected:
+        assert time.monotonic() < deadline, f"{selector}: {found} elements, expected {expected}"
+        time.sleep(0.2)
+
+
+ABANDONED = ".lh-chart g.mark-line.role-mark[class*='abandoned_'] path"
+
+
+def test_the_chart_marks_the_rewind_and_shows_the_abandoned_attempt_dimmed(
+    page: Any, server: JupyterServer, runs: WidgetRuns
+) -> None:
+    _show(
+        page,
+        server,
+        "chart.ipynb",
+        [f"from launchhelm.widgets import RunChart\nchart = RunChart({runs.resumed!r}, store={runs.store!r})\nchart"],
+    )
+    page.wait_for_selector(f".lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
+    # one rule and one label per panel: train/loss, lr, eval/accuracy
+    labels = page.locator(".lh-chart g.mark-text.role-mark[class*='rewind_label'] text")
+    assert labels.all_text_contents() == [LABEL] * 3
+    assert _count(page, ".lh-chart g.mark-rule.role-mark[class*='rewind_rule'] line") == 3
+    # the score at the step-64 checkpoint is a point in the eval panel
+    assert _count(page, ".lh-chart g.mark-symbol.role-mark.points_2_marks path") == 1
+    # the run's line covers every step once, the redone ones with their new values
+    assert _count(page, ".lh-chart g.mark-symbol.role-mark.points_0_marks path") == RESUMED_END
+    assert _count(page, ABANDONED) == 0
+
+    page.get_by_label("Show the abandoned attempt").check()
+    _wait_count(page, ABANDONED, 2)  # train/loss and lr each get their dimmed line
+    opacities = page.locator(ABANDONED).evaluate_all("els => els.map(e => getComputedStyle(e).opacity)")
+    assert opacities == ["0.4", "0.4"]
+    assert execute(page, "print(chart.show_abandoned)").strip() == "True"  # the kernel knows too
+    page.get_by_label("Show the abandoned attempt").uncheck()
+    _wait_count(page, ABANDONED, 0)
+
+
+def test_points_logged_by_another_process_stream_in_none_lost(
+    page: Any, server: JupyterServer, runs: WidgetRuns
+) -> None:
+    run = lh.init("live", store=runs.store, flush_interval=0.2)
+    try:
+        for step in range(50):
+            run.log({"loss": 1.0 / (step + 1)}, step=step)
+        run.flush()
+        _show(
+            page,
+            server,
+            "live.ipynb",
+            [
+                "from launchhelm.widgets import RunChart\n"
+                f"chart = RunChart({run.id!r}, store={runs.store!r}, interval=0.5)\n"
+                "chart"
+            ],
+        )
+        dots = ".lh-chart g.mark-symbol.role-mark.points_0_marks path"
+        _wait_count(page, dots, 50)
+
+        def train() -> None:  # another writer while the chart is shown
+            for step in range(50, 400):
+                run.log({"loss": 1.0 / (step + 1)}, step=step)
+                if step % 50 == 0:
+                    time.sleep(0.3)
+
+        writer = threading.Thread(target=train)
+        writer.start()
+        writer.join()
+        run.flush()
+        _wait_count(page, dots, 400)
+        chart = page.locator(".lh-chart")
+        assert chart.get_attribute("data-points") == "400"
+        assert chart.get_attribute("data-embeds") == "1"  # streamed into the view, never re-embedded
+        assert int(chart.get_attribute("data-messages") or 0) >= 3  # a snapshot, then inserts
+        xs = page.locator(dots).evaluate_all("els => els.map(e => e.getAttribute('transform'))")
+        assert len(set(xs)) == 400  # 400 distinct points: none twice
+    finally:
+        run.finish()
+
+
+def test_zooming_gets_the_visible_steps_at_full_detail_from_the_kernel(
+    page: Any, server: JupyterServer, runs: WidgetRuns
+) -> None:
+    with lh.init("zoom", store=runs.store, flush_interval=3600) as run:
+        for step in range(20_000):
+            run.log({"loss": (step % 997) / 997}, step=step)
+    _show(
+        page,
+        server,
+        "zoom.ipynb",
+        [
+            "from launchhelm.widgets import RunChart\n"
+            f"chart = RunChart({run.id!r}, store={runs.store!r}, max_points=200)\n"
+            "chart"
+        ],
+    )
+    chart = page.wait_for_selector(".lh-chart[data-points='200']", timeout=WAIT_MS)
+    assert chart is not None
+    box = page.locator(".lh-chart svg").bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    for _ in range(8):  # scroll to zoom in on the middle of the run
+        page.mouse.wheel(0, -300)
+        time.sleep(0.1)
+    # the kernel's resampled batch arrives after the first snapshot
+    page.wait_for_function("() => Number(document.querySelector('.lh-chart').dataset.messages) >= 2", timeout=WAIT_MS)
+    low, high, inside = map(
+        float,
+        execute(
+            page,
+            "low, high = chart._domain\nrows = chart.shown_rows()\n"
+            "print(low, high, rows['step'].between(low, high).sum())",
+        ).split(),
+    )
+    assert 0 < low < high < 19_999 and high - low < 5_000
+    assert inside >= 200 * 3 // 4 - 2  # three quarters of the points lie in the visible range
+    assert int(chart.get_attribute("data-points") or 0) <= 200
+
+
+def test_choose_in_the_picker_makes_that_checkpoint_the_resume_one(
+    page: Any, server: JupyterServer, runs: WidgetRuns
+) -> None:
+    _show(
+        page,
+        server,
+        "picker.ipynb",
+        ["%load_ext launchhelm", f"%launchhelm resume {runs.stopped} --store {runs.store}"],
+    )
+    page.wait_for_selector(".lh-picker tr.lh-checkpoint", timeout=WAIT_MS)
+    text = page.inner_text(".lh-picker")
+    assert "This run is stopped without ending its session, last heartbeat 20" in text
+    rows = page.locator(".lh-picker tr.lh-checkpoint")
+    assert rows.evaluate_all("els => els.map(e => e.dataset.step)") == ["96", "64", "32"]
+    assert "latest" in rows.nth(0).inner_text()
+    assert "saved before the last control change" in rows.nth(1).inner_text()
+    assert "saved before the last control change" not in rows.nth(0).inner_text()
+
+    rows.nth(1).get_by_role("button", name="Choose").click()
+    confirmation = page.wait_for_selector(".lh-picker .lh-confirmation", timeout=WAIT_MS)
+    assert confirmation is not None
+    assert confirmation.inner_text().startswith('Chosen: the next load_checkpoint("resume") restores step 64')
+    chosen = lh.Api(runs.store).run(runs.stopped).resume_checkpoint()
+    assert chosen is not None and chosen.step == 64 and chosen.id == rows.nth(1).get_attribute("data-checkpoint")
+    page.wait_for_selector(".lh-picker tr.lh-checkpoint[data-step='64'] .lh-chosen", timeout=WAIT_MS)
+
+
+def test_the_evaluation_table_shows_states_and_try_again_requeues(
+    page: Any, server: JupyterServer, runs: WidgetRuns
+) -> None:
+    _show(
+        page,
+        server,
+        "evaluations.ipynb",
+        [f"from launchhelm.widgets import EvaluationTable\nEvaluationTable({runs.resumed!r}, store={runs.store!r})"],
+    )
+    page.wait_for_selector(".lh-evaluations tr.lh-evaluation", timeout=WAIT_MS)
+    failed = page.locator(".lh-evaluations tr.lh-evaluation[data-state='failed']")
+    assert failed.count() == 1 and f"RuntimeError: {FAILURE}" in failed.inner_text()
+    done = page.locator(".lh-evaluations tr.lh-evaluation[data-state='done']")
+    assert done.count() == 1 and "accuracy 0.564" in done.inner_text()
+    assert (
+        page.locator(".lh-evaluations tr[data-state='not evaluated'] button").all_text_contents()
+        == ["Evaluate this checkpoint"] * 4
+    )
+
+    evaluation = next(e for e in lh.Api(runs.store).run(runs.resumed).evaluations() if e.step == FAILED_STEP)
+    failed.get_by_role("button", name="Try again").click()
+    page.wait_for_selector(
+        f".lh-evaluations tr.lh-evaluation[data-checkpoint='{evaluation.checkpoint}'][data-state='queued']",
+        timeout=WAIT_MS,
+    )
+    assert lh.Api(runs.store).evaluation(evaluation.id).state == "queued"
+
+    page.get_by_label("Evaluate every checkpoint…").check()
+    deadline = time.monotonic() + 30
+    while not lh.Api(runs.store).project("widgets").evaluate_every_checkpoint():
+        assert time.monotonic() < deadline, "the rule was not turned on"
+        time.sleep(0.2)
+
+
+def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
+    page: Any, server: JupyterServer, runs: WidgetRuns
+) -> None:
+    _show(page, server, "panel.ipynb", [f"import launchhelm as lh\nlh.Api({runs.store!r}).run({runs.resumed!r})"])
+    panel = page.wait_for_selector(".launchhelm-panel", timeout=WAIT_MS)
+    assert panel is not None
+    tabs = page.locator(".launchhelm-panel .lm-TabBar-tab")
+    assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details"]
+    page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
+    assert not page.locator(".launchhelm-panel .lh-details").is_visible()
+
+    tabs.nth(3).click()
+    page.wait_for_selector(".launchhelm-panel .lh-details", state="visible", timeout=WAIT_MS)
+    assert not page.locator(".launchhelm-panel .lh-chart").is_visible()
+    details = page.inner_text(".launchhelm-panel .lh-details")
+    assert "closed: finish() closed it" in details and '"mlp-16"' in details
+    assert page.locator(".launchhelm-panel .lh-control-pause").is_disabled()  # no process to pause
+
+    tabs.nth(1).click()
+    page.wait_for_selector(".launchhelm-panel .lh-picker", state="visible", timeout=WAIT_MS)
+    assert page.locator(".launchhelm-panel .lh-picker tr.lh-checkpoint").count() == 6
+    tabs.nth(2).click()
+    page.wait_for_selector(".launchhelm-panel .lh-evaluations", state="visible", timeout=WAIT_MS)
+
+    run_all(page)  # the cell again: the same panel (on the tab it was left on), its pollers not doubled
+    page.wait_for_selector(".launchhelm-panel .lh-evaluations", state="visible", timeout=WAIT_MS)
+    page.locator(".launchhelm-panel .lm-TabBar-tab", has_text="Charts").click()
+    page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
+    pollers = execute(
+        page, "import threading; print(sum(t.name == 'launchhelm-RunChart' for t in threading.enumerate()))"
+    )
+    assert pollers.strip() == "1"
+    assert _count(page, ".launchhelm-panel") == 1
+
+
+def test_notebook7_shows_the_panel_from_the_magic(page: Any, server: JupyterServer, runs: WidgetRuns) -> None:
+    _show(
+        page,
+        server,
+        "classic.ipynb",
+        ["%load_ext launchhelm", f"%launchhelm show {runs.resumed} --store {runs.store}"],
+        app="notebook",
+    )
+    page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
+    page.locator(".launchhelm-panel .lm-TabBar-tab", has_text="Checkpoints").click()
+    page.wait_for_selector(".launchhelm-panel .lh-picker", state="visible", timeout=WAIT_MS)
+    assert "closed: finish() closed it" in page.inner_text(".launchhelm-panel .lh-picker")
