@@ -19,6 +19,7 @@ from launchhelm._events import (
     validate_project,
 )
 from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError
+from launchhelm._liveness import requester
 from launchhelm._metrics import abandoned_mask, decode_chunks, history_frame
 from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
@@ -29,18 +30,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Api", "RunHandle"]
-
-
-def _requester() -> dict[str, Any]:
-    """Who asked for a control change: shown beside it in the run's events."""
-    import getpass
-    import socket
-
-    try:
-        user = getpass.getuser()
-    except Exception:
-        user = "?"
-    return {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 class RunHandle:
@@ -315,7 +304,7 @@ class RunHandle:
         current = {**(self._record.get("tunables") or {}), **in_force({}, state)[0]}
         changes = check_tunable_changes(current, values)
         self._store.require_coordination("changing tunables")
-        event = self._events.append(CONTROL_TUNABLES, {"changes": changes, "by": _requester()})
+        event = self._events.append(CONTROL_TUNABLES, {"changes": changes, "by": requester()})
         return int(event["seq"])
 
     def control(self, action: str) -> int:
@@ -349,7 +338,7 @@ class RunHandle:
                 f"resume it first (launchhelm.init({self.project!r}, resume={self.id!r}))"
             )
         self._store.require_coordination("controlling a run")
-        event = self._events.append(CONTROL_ACTION, {"action": action, "by": _requester()})
+        event = self._events.append(CONTROL_ACTION, {"action": action, "by": requester()})
         return int(event["seq"])
 
     def history(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> pd.DataFrame:

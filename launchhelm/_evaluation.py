@@ -59,9 +59,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import socket
 import threading
 import time
 import weakref
@@ -77,7 +75,7 @@ from launchhelm._exceptions import (
     EvaluationStateError,
     ObjectNotFoundError,
 )
-from launchhelm._liveness import process_identity, process_state
+from launchhelm._liveness import process_identity, process_state, requester
 from launchhelm._runinfo import read_run_record
 from launchhelm._types import Evaluation
 from launchhelm.storage import Store
@@ -162,16 +160,6 @@ def parse_evaluation_id(value: object) -> tuple[str, str]:
 
 def _dumps(body: Mapping[str, Any]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
-
-
-def _requester() -> dict[str, Any]:
-    import getpass
-
-    try:
-        user = getpass.getuser()
-    except Exception:  # no user database entry (containers)
-        user = "?"
-    return {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
 
 
 def _rule_enabled_at(entries: list[dict[str, Any]], when: float) -> bool:
@@ -475,7 +463,7 @@ class EvaluationQueue:
             entries = self.rule_entries()
             if entries and bool(entries[-1]["enabled"]) == enabled:
                 return enabled
-            body = {"enabled": enabled, "time": time.time(), "by": _requester()}
+            body = {"enabled": enabled, "time": time.time(), "by": requester()}
             try:
                 self.store.create(f"{prefix}/{len(self._rules) + 1:020d}.json", _dumps(body))
             except AlreadyExistsError:
@@ -552,7 +540,7 @@ class EvaluationQueue:
         self.store.require_coordination("retrying an evaluation")
         key = f"{_attempt_prefix(listed.base, listed.attempt + 1)}/retry.json"
         try:
-            self.store.create(key, _dumps({"time": time.time(), "by": _requester()}))
+            self.store.create(key, _dumps({"time": time.time(), "by": requester()}))
         except AlreadyExistsError:
             return False
         return True

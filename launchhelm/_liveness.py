@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from typing import Any
 
-__all__ = ["ProcessIdentity", "process_identity", "process_state"]
+__all__ = ["ProcessIdentity", "process_identity", "process_state", "requester"]
 
 ProcessIdentity = dict[str, object]
 
@@ -89,3 +90,15 @@ def process_state(identity: ProcessIdentity) -> str:
     except PermissionError:
         return "alive"
     return "alive"
+
+
+def requester() -> dict[str, Any]:
+    """Who asked for a change (a control request, a rule, a queued evaluation): user, host, pid."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except Exception:  # no user database entry (containers)
+        user = "?"
+    return {"user": user, "host": socket.gethostname(), "pid": os.getpid()}
