@@ -93,10 +93,9 @@ def _cmd_show(args: argparse.Namespace) -> int:
                 marks.append("resume" + (": chosen" if ck.chosen_for_resume else ""))
             if ck.before_last_control_change:
                 marks.append("before last control change")
-            print(
-                f"  {ck.id}  step {ck.step:<7} {_fmt_time(ck.saved_at)}  {ck.size:>12,} B  "
-                f"steps to redo {ck.steps_to_redo:<6}" + (f" [{'; '.join(marks)}]" if marks else "")
-            )
+            line = f"  {ck.id}  step {ck.step:<7} {_fmt_time(ck.saved_at)}  {ck.size:>12,} B  "
+            line += f"steps to redo {ck.steps_to_redo:<6}" + (f" [{'; '.join(marks)}]" if marks else "")
+            print(line.rstrip())
     print_evaluations(run)
     if args.events:
         print("events:")
@@ -107,7 +106,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     keys = [c for c in history.columns if c not in ("step", "attempt", "time", "abandoned")]
     print(f"metrics: {len(history)} steps" + (f", keys {', '.join(keys)}" if keys else ""))
     if len(history):
-        print("  last: " + ", ".join(f"{k}={history[k].iloc[-1]:.6g}" for k in keys))
+        last = {k: history[k].dropna() for k in keys}
+        print("  last: " + ", ".join(f"{k}={v.iloc[-1]:.6g}" for k, v in last.items() if len(v)))
     return 0
 
 
