@@ -21,6 +21,7 @@ from launchhelm._evaluation import EvaluationHandle, ProjectHandle
 from launchhelm._evaluation_worker import EvaluationContext, EvaluationWorker, evaluate
 from launchhelm._exceptions import (
     AlreadyExistsError,
+    BucketNotFoundError,
     CheckpointError,
     CoordinationUnsupportedError,
     EvaluationNotFoundError,
@@ -34,6 +35,8 @@ from launchhelm._exceptions import (
     RunNotFoundError,
     RunStopped,
     StorageError,
+    StoreAccessDeniedError,
+    StoreUnreachableError,
 )
 from launchhelm._run import Run, init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
@@ -42,6 +45,7 @@ from launchhelm._version import __version__
 __all__ = [
     "AlreadyExistsError",
     "Api",
+    "BucketNotFoundError",
     "Checkpoint",
     "CheckpointError",
     "CoordinationUnsupportedError",
@@ -64,6 +68,8 @@ __all__ = [
     "RunNotFoundError",
     "RunStopped",
     "StorageError",
+    "StoreAccessDeniedError",
+    "StoreUnreachableError",
     "__version__",
     "evaluate",
     "init",

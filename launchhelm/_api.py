@@ -15,6 +15,7 @@ from launchhelm._events import (
     RESUME_CHOICE,
     EventLog,
     RunState,
+    SequenceTaken,
     fold,
     validate_project,
 )
@@ -200,16 +201,22 @@ class RunHandle:
         CheckpointError
             No published checkpoint of this run has that id.
         """
-        state = self._state()
-        if state.checkpoint(checkpoint_id) is None:
-            known = ", ".join(e["checkpoint"] for e in state.checkpoints[-5:]) or "none yet"
-            raise CheckpointError(
-                f"run {self.id} has no checkpoint {checkpoint_id!r} (its latest: {known}); "
-                "pick one from RunHandle.checkpoints()",
-                run_id=self.id,
-            )
         self._store.require_coordination("choosing a checkpoint for resume")
-        self._events.append(RESUME_CHOICE, {"checkpoint": checkpoint_id})
+        while True:
+            state = self._state()
+            if state.checkpoint(checkpoint_id) is None:
+                known = ", ".join(e["checkpoint"] for e in state.checkpoints[-5:]) or "none yet"
+                raise CheckpointError(
+                    f"run {self.id} has no checkpoint {checkpoint_id!r} (its latest: {known}); "
+                    "pick one from RunHandle.checkpoints()",
+                    run_id=self.id,
+                )
+            try:
+                # only onto the state just checked: garbage collection may be deleting it
+                self._events.append(RESUME_CHOICE, {"checkpoint": checkpoint_id}, expect_seq=state.last_seq + 1)
+                break
+            except SequenceTaken:
+                continue
         chosen = [c for c in self.checkpoints() if c.id == checkpoint_id]
         return chosen[0]
 

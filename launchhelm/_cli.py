@@ -1,4 +1,4 @@
-"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``."""
+"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``gc``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from launchhelm._api import Api
 from launchhelm._evaluation_cli import add_commands as add_evaluation_commands
 from launchhelm._evaluation_cli import print_evaluations
 from launchhelm._exceptions import LaunchHelmError
+from launchhelm._gc import add_commands as add_gc_commands
 
 __all__ = ["main"]
 
@@ -171,6 +172,7 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument("action", choices=["pause", "resume", "stop", "checkpoint"])
     control.set_defaults(func=_cmd_control)
     add_evaluation_commands(sub)
+    add_gc_commands(sub)
     return parser
 
 

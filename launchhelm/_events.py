@@ -22,6 +22,7 @@ from launchhelm.storage import Store
 
 __all__ = [
     "CHECKPOINT",
+    "CHECKPOINT_DELETED",
     "CONTROL_ACTION",
     "CONTROL_APPLIED",
     "CONTROL_TUNABLES",
@@ -42,6 +43,8 @@ SESSION_STARTED = "session_started"
 SESSION_ENDED = "session_ended"
 REWIND = "rewind"
 CHECKPOINT = "checkpoint"
+#: Garbage collection removed a published checkpoint (recorded before its payload is deleted).
+CHECKPOINT_DELETED = "checkpoint_deleted"
 RESUME_CHOICE = "resume_choice"
 RESUME_CHOICE_CONSUMED = "resume_choice_consumed"
 #: A request from outside the training process: new tunable values...
@@ -192,6 +195,8 @@ class RunState:
     closed_at: float | None = None
     rewinds: list[dict[str, Any]] = field(default_factory=list)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``)
+    deleted_checkpoints: list[dict[str, Any]] = field(default_factory=list)
     #: the unconsumed resume choice (checkpoint id), if any
     resume_choice: str | None = None
     #: sequence number of the latest control change (0: none yet): tunables,
@@ -289,8 +294,15 @@ def fold(events: list[dict[str, Any]]) -> RunState:
             state.rewinds.append(dict(event))
         elif kind == CHECKPOINT:
             state.checkpoints.append(dict(event))
+        elif kind == CHECKPOINT_DELETED:
+            gone = event.get("checkpoint")
+            state.checkpoints = [c for c in state.checkpoints if c["checkpoint"] != gone]
+            state.deleted_checkpoints.append(dict(event))
+            if state.resume_choice == gone:
+                state.resume_choice = None
         elif kind == RESUME_CHOICE:
-            state.resume_choice = event["checkpoint"]
+            if not any(d.get("checkpoint") == event["checkpoint"] for d in state.deleted_checkpoints):
+                state.resume_choice = event["checkpoint"]  # a choice of a deleted checkpoint is void
         elif kind == RESUME_CHOICE_CONSUMED:
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None

@@ -8,7 +8,10 @@ inherits the built-in exception a caller would naturally catch, so
     ├── StorageError (OSError)
     │   ├── AlreadyExistsError (FileExistsError)
     │   ├── ObjectNotFoundError (FileNotFoundError)
-    │   └── CoordinationUnsupportedError
+    │   ├── CoordinationUnsupportedError
+    │   ├── StoreUnreachableError (ConnectionError)
+    │   ├── BucketNotFoundError
+    │   └── StoreAccessDeniedError (PermissionError)
     ├── RunNotFoundError (KeyError)
     ├── EvaluationNotFoundError (KeyError)
     ├── EvaluationStateError (RuntimeError)
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 __all__ = [
     "AlreadyExistsError",
+    "BucketNotFoundError",
     "CheckpointError",
     "CoordinationUnsupportedError",
     "EvaluationNotFoundError",
@@ -39,6 +43,8 @@ __all__ = [
     "RunNotFoundError",
     "RunStopped",
     "StorageError",
+    "StoreAccessDeniedError",
+    "StoreUnreachableError",
 ]
 
 
@@ -73,6 +79,18 @@ class ObjectNotFoundError(StorageError, FileNotFoundError):
 
 class CoordinationUnsupportedError(StorageError):
     """The backend cannot do put-if-absent, so it cannot coordinate writers."""
+
+
+class StoreUnreachableError(StorageError, ConnectionError):
+    """The store's endpoint did not answer: wrong endpoint URL, network, proxy, or the service is down."""
+
+
+class BucketNotFoundError(StorageError):
+    """The bucket (S3, GCS) or container (Azure) in the store URL does not exist."""
+
+
+class StoreAccessDeniedError(StorageError, PermissionError):
+    """The store refused the credentials, or they do not allow this operation on this prefix."""
 
 
 class RunNotFoundError(LaunchHelmError, KeyError):

@@ -3,6 +3,11 @@
 # and run every test (moto_server and other helpers are started by the tests).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "dev,torch"
+# Azurite (the Azure Storage emulator of the storage tests), from tests/azurite/package-lock.json
+if [ ! -x tests/azurite/node_modules/.bin/azurite-blob ] || [ tests/azurite/package-lock.json -nt tests/azurite/node_modules/.package-lock.json ]; then
+    echo "== npm ci --prefix tests/azurite (Azurite)"
+    npm ci --no-audit --no-fund --prefix tests/azurite >/tmp/launchhelm-azurite-npm.log 2>&1 || { tail -20 /tmp/launchhelm-azurite-npm.log >&2; exit 1; }
+fi
 echo "== ruff"
 ruff check launchhelm tests benchmarks examples
 ruff format --check launchhelm tests benchmarks examples

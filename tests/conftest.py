@@ -2,7 +2,9 @@
 
 S3 is a real ``moto_server`` process listening on 127.0.0.1, started once per
 test session; every test gets its own bucket prefix. Child processes find it
-through the standard ``AWS_*`` environment variables set here.
+through the standard ``AWS_*`` environment variables set here. GCS
+(fake-gcs-server) and Azure (Azurite) emulators come from ``emulators.py``,
+found the same way (``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING``).
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from emulators import azurite_endpoint, gcs_endpoint  # noqa: F401  (fixtures)
 from lhtest import BUCKET
 
-BACKENDS = ["local", "memory", "s3"]
+BACKENDS = ["local", "memory", "s3", "gcs", "azure"]
+#: Backends other processes can reach too (memory:// is per process).
+SHARED_BACKENDS = ["local", "s3", "gcs", "azure"]
 
 
 def _free_port() -> int:
@@ -85,17 +90,23 @@ def make_store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest)
         return str(tmp_path / "store")
     if backend == "memory":
         return f"memory://lh-{secrets.token_hex(6)}"
+    if backend == "gcs":
+        request.getfixturevalue("gcs_endpoint")
+        return f"gs://{BUCKET}/{secrets.token_hex(6)}"
+    if backend == "azure":
+        request.getfixturevalue("azurite_endpoint")
+        return f"az://{BUCKET}/{secrets.token_hex(6)}"
     request.getfixturevalue("moto_endpoint")
     return f"s3://{BUCKET}/{secrets.token_hex(6)}"
 
 
 @pytest.fixture(params=BACKENDS)
 def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A fresh, empty store on each backend: local directory, memory, moto S3."""
+    """A fresh, empty store on each backend: local directory, memory, moto S3, fake-gcs-server, Azurite."""
     return make_store_url(request.param, tmp_path, request)
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=SHARED_BACKENDS)
 def shared_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A store other processes can reach too (memory:// is per process)."""
     return make_store_url(request.param, tmp_path, request)

@@ -1,18 +1,26 @@
 """LaunchHelm's storage layer: put-if-absent and friends over fsspec.
 
 The whole surface is :class:`Store` (``create``, ``put``, ``read``, ``list``,
-``exists``, ``delete``, ``upload``, ``download``) and :func:`open_store`.
+``list_info``, ``exists``, ``delete``, ``upload``, ``download``, ``writer``,
+``incomplete_uploads``) and :func:`open_store`. Local directories, ``memory://``,
+S3 (``s3://``), Google Cloud Storage (``gs://``) and Azure Blob Storage
+(``az://``) give the same guarantees; see ``ARCHITECTURE.md``.
 """
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
+    BucketNotFoundError,
     CoordinationUnsupportedError,
     ObjectNotFoundError,
     StorageError,
+    StoreAccessDeniedError,
+    StoreUnreachableError,
 )
+from launchhelm.storage._backends import IncompleteUpload
 from launchhelm.storage._store import (
     LocalStore,
     MemoryStore,
+    ObjectInfo,
     ObjectStore,
     Store,
     default_store_url,
@@ -21,13 +29,18 @@ from launchhelm.storage._store import (
 
 __all__ = [
     "AlreadyExistsError",
+    "BucketNotFoundError",
     "CoordinationUnsupportedError",
+    "IncompleteUpload",
     "LocalStore",
     "MemoryStore",
+    "ObjectInfo",
     "ObjectNotFoundError",
     "ObjectStore",
     "StorageError",
     "Store",
+    "StoreAccessDeniedError",
+    "StoreUnreachableError",
     "default_store_url",
     "open_store",
 ]

@@ -89,13 +89,15 @@ def _written(pid: int) -> int:
 @pytest.mark.slow
 def test_sigkill_while_a_big_chunk_is_being_written_leaves_no_partial_chunk(shared_store_url: str) -> None:
     # The chunk is ~6 MB; the child is killed once 1 MB of it has gone out
-    # (into the staging file, or through a proxy in front of moto): mid-write.
+    # (into the staging file, or through a proxy in front of the emulator): mid-write.
     local = "://" not in shared_store_url
     proxy = None
     env = {}
     if not local:
-        proxy = CountingProxy(int(__import__("os").environ["AWS_ENDPOINT_URL"].rsplit(":", 1)[1]))
-        env["AWS_ENDPOINT_URL"] = f"http://127.0.0.1:{proxy.port}"
+        from emulators import emulator_port, proxied_env
+
+        proxy = CountingProxy(emulator_port(shared_store_url))  # moto, fake-gcs-server or Azurite
+        env = proxied_env(shared_store_url, proxy.port)
     try:
         caught = _kill_mid_write(shared_store_url, local, proxy, env)
     finally:

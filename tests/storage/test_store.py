@@ -1,4 +1,4 @@
-"""The storage surface every backend must honour (local, memory, moto S3).
+"""The storage surface every backend must honour (local, memory, moto S3, fake-gcs-server, Azurite).
 
 If these fail, users lose data or two processes both "win" a coordination
 step: a run resumed twice, a score logged twice.

@@ -1,0 +1,363 @@
+"""Garbage collection and retention: ``launchhelm gc``.
+
+What a store accumulates that nothing reads:
+
+- **orphaned uploads**: checkpoint payloads under ``runs/<id>/artifacts/<aid>/``
+  that no ``checkpoint`` event publishes (a process killed between upload
+  and publish, or mid-upload on a backend that shows partial uploads);
+- **incomplete uploads**: S3 multipart uploads and Azure uncommitted blobs a
+  killed writer left open (billed, never visible), local staging files;
+- **leftovers**: payload files of checkpoints gc already deleted (a gc that
+  was itself interrupted).
+
+Both kinds of upload are only removed once older than a safety window
+(``older_than``, 24 hours by default): a younger one may be a save still in
+progress, about to be published.
+
+Retention (``keep_last=N``) deletes published checkpoints beyond the newest N
+of each run, but never the latest one, the one a resume choice points to,
+or one with a queued or running evaluation. A deletion is first recorded as a
+``checkpoint_deleted`` event, appended only if the run's log has not moved
+since gc read it (so a resume choice made meanwhile is seen, and the
+decision is taken again); only then is the payload deleted. Readers fold the
+event: the checkpoint leaves ``RunHandle.checkpoints()`` at once, and a crash
+between the event and the deletion leaves a leftover for the next gc, never
+a listed checkpoint without its payload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from launchhelm._events import CHECKPOINT, CHECKPOINT_DELETED, EventLog, RunState, SequenceTaken, fold, run_prefix
+from launchhelm.storage import ObjectInfo, Store, open_store
+
+__all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
+
+#: Seconds an unpublished upload must have been left alone before gc removes it.
+DEFAULT_OLDER_THAN = 24 * 3600.0
+
+ORPHAN = "orphan"
+LEFTOVER = "leftover"
+RETENTION = "retention"
+UPLOAD = "incomplete upload"
+
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_duration(text: str) -> float:
+    """``"24h"`` -> 86400.0; also ``s``, ``m``, ``d``, ``w``; a bare number is seconds."""
+    match = _DURATION_RE.match(str(text))
+    if not match:
+        raise ValueError(f"invalid duration {text!r}: write e.g. 30m, 24h, 7d or a number of seconds")
+    return float(match.group(1)) * _UNITS[match.group(2)]
+
+
+@dataclass
+class GcAction:
+    """One thing gc deleted (or would delete, in a dry run).
+
+    Attributes
+    ----------
+    kind:
+        ``"orphan"``, ``"leftover"``, ``"retention"`` or ``"incomplete upload"``.
+    keys:
+        Store keys removed (for an incomplete upload: the key it was meant for).
+    size:
+        Bytes freed, where known.
+    """
+
+    kind: str
+    run_id: str | None
+    checkpoint: str | None
+    keys: list[str]
+    size: int
+    reason: str
+
+
+@dataclass
+class GcReport:
+    """What :func:`collect_garbage` did."""
+
+    dry_run: bool
+    actions: list[GcAction] = field(default_factory=list)
+    #: (run id, checkpoint id, why it was kept) for checkpoints retention spared
+    kept: list[tuple[str, str, str]] = field(default_factory=list)
+    #: orphans and uploads spared because they are younger than the window
+    too_young: list[str] = field(default_factory=list)
+    runs: int = 0
+
+    @property
+    def freed(self) -> int:
+        return sum(a.size for a in self.actions)
+
+    def lines(self) -> list[str]:
+        """Human-readable lines, one per action, then a summary."""
+        verb = "would delete" if self.dry_run else "deleted"
+        out = []
+        for a in self.actions:
+            what = f"checkpoint {a.checkpoint} of run {a.run_id}" if a.checkpoint else (a.keys[0] if a.keys else "?")
+            out.append(f"{verb} {a.kind}: {what} ({_size(a.size)}, {len(a.keys)} object(s)): {a.reason}")
+        for run_id, checkpoint, why in self.kept:
+            out.append(f"kept checkpoint {checkpoint} of run {run_id}: {why}")
+        for item in self.too_young:
+            out.append(f"kept {item}: younger than the safety window (--older-than)")
+        out.append(
+            f"{verb} {len(self.actions)} item(s), {_size(self.freed)} in {self.runs} run(s)"
+            + (" (dry run: nothing was changed)" if self.dry_run else "")
+        )
+        return out
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:,.0f} {unit}" if unit == "B" else f"{n:,.1f} {unit}"
+        n = n / 1024  # type: ignore[assignment]
+    return f"{n} B"
+
+
+def _run_ids(store: Store, project: str | None) -> list[str]:
+    found: set[str] = set()
+    for name in store.list(f"projects/{project}" if project else "projects"):
+        parts = name.split("/")
+        if project:
+            parts = [project, *parts]
+        if len(parts) == 3 and parts[1] == "runs":
+            found.add(parts[2])
+    return sorted(found)
+
+
+def _active_evaluations(store: Store, project: str, run_id: str) -> set[str]:
+    """Checkpoints of ``run_id`` with a queued or running evaluation."""
+    from launchhelm._evaluation import queue_for
+
+    records = queue_for(store, project).evaluations(run_id)
+    return {r.checkpoint for r in records if r.state in ("queued", "running")}
+
+
+def _project_of(store: Store, run_id: str) -> str | None:
+    from launchhelm._runinfo import read_run_record
+
+    try:
+        return str(read_run_record(store, run_id)["project"])
+    except Exception:
+        return None
+
+
+def _protections(state: RunState, keep_last: int, evaluating: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """(checkpoints to delete, {kept id: why}) under ``keep_last``."""
+    live = state.checkpoints
+    why: dict[str, str] = {}
+    for event in live[len(live) - keep_last :] if keep_last > 0 else []:
+        why[event["checkpoint"]] = f"one of the newest {keep_last}"
+    if live:
+        why.setdefault(live[-1]["checkpoint"], "the latest")
+    if state.resume_choice is not None:
+        why[state.resume_choice] = "chosen for resume"
+    for checkpoint in evaluating:
+        why.setdefault(checkpoint, "its evaluation is queued or running")
+    doomed = [e for e in live if e["checkpoint"] not in why]
+    return doomed, why
+
+
+class _Collector:
+    def __init__(self, store: Store, older_than: float, dry_run: bool, now: float, log: Callable[[str], None]) -> None:
+        self.store = store
+        self.older_than = older_than
+        self.dry_run = dry_run
+        self.now = now
+        self.log = log
+        self.report = GcReport(dry_run=dry_run)
+
+    def _delete(self, keys: list[str]) -> None:
+        if self.dry_run:
+            return
+        for key in keys:
+            self.store.delete(key)
+
+    def old_enough(self, when: float | None) -> bool:
+        if self.older_than <= 0:
+            return True
+        return when is not None and self.now - when >= self.older_than
+
+    def run(self, run_id: str, keep_last: int | None) -> None:
+        log = EventLog(self.store, run_id)
+        events = log.read()
+        state = fold(events)
+        published = {e["checkpoint"] for e in events if e.get("type") == CHECKPOINT}
+        deleted = {d["checkpoint"] for d in state.deleted_checkpoints}
+        live = {e["checkpoint"] for e in state.checkpoints}
+        base = f"{run_prefix(run_id)}/artifacts"
+        groups: dict[str, list[ObjectInfo]] = {}
+        for info in self.store.list_info(base):
+            groups.setdefault(info.key.split("/", 1)[0], []).append(info)
+        for artifact, infos in sorted(groups.items()):
+            if artifact in live:
+                continue
+            keys = [f"{base}/{i.key}" for i in infos]
+            size = sum(i.size for i in infos)
+            if artifact in deleted:
+                reason = "payload of a checkpoint gc already deleted"
+                self.report.actions.append(GcAction(LEFTOVER, run_id, artifact, keys, size, reason))
+            elif artifact in published:
+                continue  # published after our read of the log: not ours to judge
+            else:
+                newest = max((i.modified for i in infos if i.modified is not None), default=None)
+                if any(i.modified is None for i in infos):
+                    newest = None if self.older_than > 0 else newest
+                if not self.old_enough(newest):
+                    self.report.too_young.append(f"unpublished upload {base}/{artifact}")
+                    continue
+                reason = "no checkpoint event publishes it (the save never finished)"
+                self.report.actions.append(GcAction(ORPHAN, run_id, None, keys, size, reason))
+            self._delete(keys)
+        if keep_last is not None:
+            self.retain(run_id, log, keep_last, groups)
+
+    def retain(self, run_id: str, log: EventLog, keep_last: int, groups: dict[str, list[ObjectInfo]]) -> None:
+        project = _project_of(self.store, run_id)
+        base = f"{run_prefix(run_id)}/artifacts"
+        lost = 0
+        while True:
+            state = fold(log.read())
+            try:
+                evaluating = _active_evaluations(self.store, project, run_id) if project else set()
+            except Exception as exc:
+                self.log(f"run {run_id}: retention skipped, its evaluations could not be read: {exc}")
+                return
+            doomed, why = _protections(state, keep_last, evaluating)
+            if self.dry_run or not doomed:
+                for event in doomed:  # a dry run records nothing: list them all at once
+                    self._record_retention(run_id, event, groups, base, keep_last)
+                self.report.kept += [
+                    (run_id, c, reason) for c, reason in why.items() if not reason.startswith("one of the newest")
+                ]
+                return
+            event = doomed[0]
+            try:
+                log.append(
+                    CHECKPOINT_DELETED,
+                    {"checkpoint": event["checkpoint"], "step": event.get("step"), "reason": f"keep_last={keep_last}"},
+                    expect_seq=state.last_seq + 1,
+                )
+            except SequenceTaken:
+                lost += 1  # the run moved (a resume choice, a new checkpoint): decide again
+                if lost > 50:
+                    self.log(f"run {run_id}: retention gave up, its event log keeps moving")
+                    return
+                continue
+            self._delete(self._record_retention(run_id, event, groups, base, keep_last))
+
+    def _record_retention(
+        self, run_id: str, event: dict[str, Any], groups: dict[str, list[ObjectInfo]], base: str, keep_last: int
+    ) -> list[str]:
+        checkpoint = str(event["checkpoint"])
+        infos = groups.get(checkpoint, [])
+        keys = [f"{base}/{i.key}" for i in infos]
+        size = sum(i.size for i in infos) or int(event.get("size") or 0)
+        reason = f"beyond the newest {keep_last} (step {event.get('step')})"
+        self.report.actions.append(GcAction(RETENTION, run_id, checkpoint, keys, size, reason))
+        return keys
+
+    def uploads(self) -> None:
+        for upload in self.store.incomplete_uploads():
+            if not self.old_enough(upload.started):
+                self.report.too_young.append(f"incomplete upload of {upload.key}")
+                continue
+            self.report.actions.append(
+                GcAction(UPLOAD, None, None, [upload.key], 0, "started and never finished (a killed writer)")
+            )
+            if not self.dry_run:
+                self.store.abort_upload(upload)
+
+
+def collect_garbage(
+    store: str | Store | None = None,
+    *,
+    older_than: float = DEFAULT_OLDER_THAN,
+    keep_last: int | None = None,
+    dry_run: bool = False,
+    project: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    now: float | None = None,
+    log: Callable[[str], None] | None = None,
+) -> GcReport:
+    """Delete orphaned and incomplete uploads, and apply an optional retention policy.
+
+    Parameters
+    ----------
+    store:
+        The store (URL or :class:`~launchhelm.storage.Store`); default as for ``init``.
+    older_than:
+        Seconds an unpublished or incomplete upload must be old before it is
+        removed (default 24 h): younger ones may be saves still in progress.
+    keep_last:
+        Keep only the newest N published checkpoints of each run (plus the
+        latest, a resume choice's, and any with a queued or running
+        evaluation); None (default) deletes no published checkpoint.
+    dry_run:
+        Report what would be deleted; change nothing.
+    project:
+        Only this project's runs (incomplete uploads are store-wide either way).
+
+    Examples
+    --------
+    >>> from launchhelm._gc import collect_garbage
+    >>> report = collect_garbage("memory://gc-doc", keep_last=3, dry_run=True)
+    >>> report.actions
+    []
+    """
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
+        raise ValueError(f"keep_last={keep_last!r}: give a number of checkpoints >= 0")
+    if not older_than >= 0:
+        raise ValueError(f"older_than={older_than!r}: give a number of seconds >= 0")
+    st = open_store(store, storage_options)
+    collector = _Collector(st, float(older_than), dry_run, time.time() if now is None else now, log or (lambda _: None))
+    run_ids = _run_ids(st, project)
+    collector.report.runs = len(run_ids)
+    for run_id in run_ids:
+        collector.run(run_id, keep_last)
+    collector.uploads()
+    return collector.report
+
+
+# -- command line -------------------------------------------------------------------
+def _cmd_gc(args: argparse.Namespace) -> int:
+    import sys
+
+    report = collect_garbage(
+        args.store,
+        older_than=parse_duration(args.older_than),
+        keep_last=args.keep_last,
+        dry_run=args.dry_run,
+        project=args.project,
+        log=lambda line: print(f"launchhelm gc: {line}", file=sys.stderr),
+    )
+    for line in report.lines():
+        print(line)
+    return 0
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``gc`` to the ``launchhelm`` command's subparsers."""
+    gc = sub.add_parser(
+        "gc",
+        help="delete orphaned and incomplete uploads; --keep-last N deletes old checkpoints",
+        description=(
+            "Delete checkpoint uploads no event publishes and multipart uploads left open (both only once older "
+            "than --older-than), and with --keep-last N the published checkpoints of each run beyond its newest N "
+            "(never the latest, one chosen for resume, or one with a queued or running evaluation)."
+        ),
+    )
+    gc.add_argument("--older-than", default="24h", help="safety window for unpublished uploads (default 24h)")
+    gc.add_argument("--keep-last", type=int, default=None, metavar="N", help="keep the newest N checkpoints per run")
+    gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
+    gc.add_argument("--project", default=None, help="only this project's runs")
+    gc.set_defaults(func=_cmd_gc)

@@ -1,0 +1,496 @@
+"""What differs between S3, GCS and Azure: large uploads, leftovers, endpoints.
+
+Each cloud has its own way to upload an object in parts that stays invisible
+until committed, and its own put-if-absent on the commit:
+
+=======  ==========================================  ==============================================
+backend  parts                                       commit (put-if-absent)
+=======  ==========================================  ==============================================
+S3       multipart upload, parts in parallel         CompleteMultipartUpload with ``If-None-Match: *``
+GCS      resumable upload, chunks in order           the last chunk; ``ifGenerationMatch=0`` is set
+                                                     when the session starts and checked at the end
+Azure    staged blocks, in parallel                  Put Block List with ``If-None-Match: *``
+=======  ==========================================  ==============================================
+
+A failed or lost upload is aborted: S3's multipart upload is aborted (an
+upload left open is billed and invisible, and s3fs's ``open("xb")`` leaks
+one on a lost race), GCS's session is cancelled, Azure's uncommitted blocks
+are dropped. What a killed process leaves behind is found by
+:func:`incomplete_uploads` for ``launchhelm gc``.
+
+This module imports no backend library at import time; each function runs
+only once the matching file system exists.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from launchhelm.storage._errors import EXISTS, classify
+
+__all__ = [
+    "IncompleteUpload",
+    "abort_incomplete",
+    "bucket_exists",
+    "endpoint_of",
+    "incomplete_uploads",
+    "kind_of",
+    "part_upload_for",
+]
+
+S3, GCS, AZURE = "s3", "gcs", "azure"
+_KINDS = {"s3": S3, "s3a": S3, "gs": GCS, "gcs": GCS, "az": AZURE, "abfs": AZURE, "abfss": AZURE}
+
+
+def kind_of(protocol: str) -> str | None:
+    """``"s3"``, ``"gcs"``, ``"azure"``, or None for any other protocol."""
+    return _KINDS.get(protocol)
+
+
+def _sync(fs: Any, coro_fn: Any, *args: Any, **kwargs: Any) -> Any:
+    from fsspec.asyn import sync
+
+    return sync(fs.loop, coro_fn, *args, **kwargs)
+
+
+def to_epoch(value: object) -> float | None:
+    """A listing's modification time (datetime, ISO text or number) as seconds since the epoch."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value:
+        try:
+            return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+# -- S3 ------------------------------------------------------------------------
+class S3PartUpload:
+    """S3 multipart upload committed with ``If-None-Match: *``."""
+
+    concurrency = 4
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs = fs
+        self.path = path
+        self.bucket, self.key, _ = fs.split_path(path)
+        self.upload_id: str | None = None
+
+    def create_small(self, data: bytes) -> None:
+        self.fs.pipe_file(self.path, data, mode="create")
+
+    def begin(self) -> None:
+        out = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key)
+        self.upload_id = str(out["UploadId"])
+
+    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        out = self.fs.call_s3(
+            "upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=data
+        )
+        return {"PartNumber": number, "ETag": out["ETag"]}
+
+    def _expected_etag(self, tokens: list[Any]) -> str:
+        import hashlib
+
+        digests = b"".join(bytes.fromhex(str(t["ETag"]).strip('"')) for t in tokens)
+        return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(tokens)}"
+
+    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        from launchhelm.storage._transfer import with_retries
+
+        tokens = [*tokens, with_retries(lambda: self.put_part(number, offset, data))]
+        attempts = [0]
+
+        def complete() -> None:
+            attempts[0] += 1
+            try:
+                self.fs.call_s3(
+                    "complete_multipart_upload",
+                    Bucket=self.bucket,
+                    Key=self.key,
+                    UploadId=self.upload_id,
+                    MultipartUpload={"Parts": tokens},
+                    IfNoneMatch="*",
+                )
+            except Exception as exc:
+                if classify(exc).kind != EXISTS:
+                    raise
+                # a retried complete finds its own object: the first try landed
+                if attempts[0] > 1 and self._stored_etag() == self._expected_etag(tokens):
+                    return
+                raise FileExistsError(f"{self.path} already exists") from exc
+
+        with_retries(complete)
+        self.upload_id = None
+
+    def _stored_etag(self) -> str | None:
+        try:
+            out = self.fs.call_s3("head_object", Bucket=self.bucket, Key=self.key)
+        except Exception:
+            return None
+        return str(out.get("ETag", "")).strip('"')
+
+    def abort(self) -> None:
+        if self.upload_id is None:
+            return
+        try:
+            self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id)
+        except Exception:
+            pass  # gc finds it (``launchhelm gc`` aborts stale uploads)
+        self.upload_id = None
+
+
+# -- GCS -----------------------------------------------------------------------
+class GCSPartUpload:
+    """GCS resumable upload started with ``ifGenerationMatch=0``.
+
+    The object appears when the last chunk arrives, and GCS checks the
+    precondition then. Small objects go in one multipart upload request with
+    ``ifGenerationMatch=0`` (:meth:`create_small`).
+    """
+
+    concurrency = 1  # a resumable session takes its chunks in order
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs = fs
+        self.path = path
+        self.bucket, self.key, _ = fs.split_path(path)
+        self.location: str | None = None
+        self.exposed_generation: str | None = None
+
+    def create_small(self, data: bytes) -> None:
+        gcs_create(self.fs, self.path, data)
+
+    def begin(self) -> None:
+        from gcsfs.core import initiate_upload
+
+        self.location = str(
+            _sync(
+                self.fs,
+                initiate_upload,
+                self.fs,
+                self.bucket,
+                self.key,
+                "application/octet-stream",
+                None,
+                None,
+                "create",
+            )
+        )
+
+    def _put(self, offset: int, data: bytes, total: str) -> tuple[Any, bytes]:
+        end = offset + len(data) - 1
+        headers = {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {offset}-{end}/{total}"}
+        out: tuple[Any, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
+        return out
+
+    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        headers, body = self._put(offset, data, "*")
+        if body:
+            # Real GCS answers 308 with no body until the last chunk. An
+            # emulator that answers with an object has made the partial
+            # upload visible: remember it, so abort() can take it back.
+            try:
+                self.exposed_generation = str(json.loads(body)["generation"])
+            except (ValueError, KeyError, TypeError):
+                pass
+        persisted = headers.get("Range") if hasattr(headers, "get") else None
+        if persisted:
+            end = int(str(persisted).rsplit("-", 1)[1])
+            missing = offset + len(data) - 1 - end
+            if missing > 0:  # GCS kept less than was sent: send the rest
+                self.put_part(number, end + 1, data[-missing:])
+        return None
+
+    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        from launchhelm.storage._transfer import with_retries
+
+        try:
+            if data:
+                with_retries(lambda: self._put(offset, data, str(size)))
+            else:
+                with_retries(
+                    lambda: self.fs.call("PUT", self.location, headers={"Content-Range": f"bytes */{size}"}, data=b"")
+                )
+        except FileExistsError:
+            raise
+        except Exception as exc:
+            if classify(exc).kind == EXISTS:
+                raise FileExistsError(f"{self.path} already exists") from exc
+            raise
+        self.location = None
+
+    def abort(self) -> None:
+        if self.location is None:
+            return
+        try:
+            self.fs.call("DELETE", self.location)  # answers 499: cancelled
+        except Exception:
+            pass  # an abandoned session expires after a week and is never an object
+        self.location = None
+        if self.exposed_generation is not None:
+            try:  # only the generation this session exposed, never another writer's object
+                self.fs.call("DELETE", "b/{}/o/{}", self.bucket, self.key, ifGenerationMatch=self.exposed_generation)
+            except Exception:
+                pass
+            self.exposed_generation = None
+
+
+def gcs_create(fs: Any, path: str, data: bytes) -> None:
+    """Put-if-absent on GCS: one multipart upload with ``ifGenerationMatch=0``, whatever the size.
+
+    gcsfs would switch to a resumable upload above 50 MB; a single request
+    keeps the precondition checked on every GCS implementation (the
+    fake-gcs-server emulator honours it on multipart uploads only).
+    """
+    fs.pipe_file(path, data, mode="create", chunksize=len(data) + 1)
+
+
+# -- Azure ---------------------------------------------------------------------
+class AzurePartUpload:
+    """Azure block blob: blocks staged in parallel, committed with ``If-None-Match: *``."""
+
+    concurrency = 4
+
+    def __init__(self, fs: Any, path: str) -> None:
+        self.fs = fs
+        self.path = path
+        self.container, self.blob, _ = fs.split_path(path)
+        self._prefix = uuid.uuid4().hex[:16]
+        self.staged = False
+
+    def create_small(self, data: bytes) -> None:
+        self.fs.pipe_file(self.path, data, mode="create")
+
+    def begin(self) -> None:
+        pass  # blocks need no session
+
+    def _block_id(self, number: int) -> str:
+        # ids of one blob must all have the same length; random per upload, so
+        # two writers of one key never overwrite each other's blocks
+        return base64.b64encode(f"{self._prefix}-{number:08d}".encode()).decode()
+
+    def _stage(self, number: int, data: bytes) -> str:
+        block_id = self._block_id(number)
+
+        async def stage() -> None:
+            async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
+                await client.stage_block(block_id=block_id, data=data, length=len(data))
+
+        _sync(self.fs, stage)
+        self.staged = True
+        return block_id
+
+    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        return self._stage(number, data)
+
+    def _committed_ids(self) -> list[str] | None:
+        async def committed() -> list[str]:
+            async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
+                found = await client.get_block_list("committed")
+                blocks = found[0] if isinstance(found, tuple) else getattr(found, "committed_blocks", [])
+                return [str(b.id) for b in blocks]
+
+        try:
+            ids: list[str] = _sync(self.fs, committed)
+            return ids
+        except Exception:
+            return None
+
+    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        from azure.storage.blob import BlobBlock
+
+        from launchhelm.storage._transfer import with_retries
+
+        ids = [*tokens, with_retries(lambda: self._stage(number, data))]
+        attempts = [0]
+
+        async def commit() -> None:
+            async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
+                await client.commit_block_list([BlobBlock(block_id=i) for i in ids], headers={"If-None-Match": "*"})
+
+        def attempt() -> None:
+            attempts[0] += 1
+            try:
+                _sync(self.fs, commit)
+            except Exception as exc:
+                if classify(exc).kind != EXISTS:
+                    raise
+                if attempts[0] > 1 and self._committed_ids() == ids:
+                    return  # our earlier, ambiguous commit landed
+                raise FileExistsError(f"{self.path} already exists") from exc
+
+        with_retries(attempt)
+        self.staged = False
+
+    def abort(self) -> None:
+        # Uncommitted blocks are never part of a blob, but they hold the name:
+        # a later put-if-absent of this key is refused while they exist
+        # (Azurite; Azure drops them after a week). Drop them now, unless
+        # another writer committed the blob meanwhile.
+        if not self.staged:
+            return
+        self.staged = False
+        try:
+            abort_incomplete(self.fs, "az", self.container, IncompleteUpload(self.blob, None, self.blob))
+        except Exception:
+            pass  # ``launchhelm gc`` removes it later
+
+
+def part_upload_for(fs: Any, protocol: str, path: str) -> Any:
+    """The :class:`~launchhelm.storage._transfer.PartUpload` for ``path``, or None for other protocols."""
+    kind = kind_of(protocol)
+    if kind == S3:
+        return S3PartUpload(fs, path)
+    if kind == GCS:
+        return GCSPartUpload(fs, path)
+    if kind == AZURE:
+        return AzurePartUpload(fs, path)
+    return None
+
+
+# -- leftovers of killed uploads -------------------------------------------------
+@dataclass(frozen=True)
+class IncompleteUpload:
+    """An upload that was started and never committed nor aborted.
+
+    Attributes
+    ----------
+    key:
+        The object key it was meant for, relative to the store's root.
+    started:
+        When it started (seconds since the epoch), if the backend says.
+    upload_id:
+        The backend's id of it (S3 upload id, Azure blob name, a local staging file).
+    """
+
+    key: str
+    started: float | None
+    upload_id: str
+
+
+def _relative(root: str, path: str) -> str | None:
+    root = root.strip("/")
+    path = path.strip("/")
+    if not root:
+        return path
+    if path.startswith(root + "/"):
+        return path[len(root) + 1 :]
+    return None
+
+
+def incomplete_uploads(fs: Any, protocol: str, root: str) -> list[IncompleteUpload]:
+    """S3 multipart uploads and Azure uncommitted blobs under ``root``.
+
+    GCS resumable sessions cannot be listed; they expire a week after they
+    start and are never objects.
+    """
+    kind = kind_of(protocol)
+    found: list[IncompleteUpload] = []
+    if kind == S3:
+        bucket, prefix, _ = fs.split_path(root)
+        args: dict[str, Any] = {"Bucket": bucket, "Prefix": f"{prefix}/" if prefix else ""}
+        while True:
+            out = fs.call_s3("list_multipart_uploads", **args)
+            for upload in out.get("Uploads", []):
+                key = str(upload["Key"])
+                rel = key[len(prefix) + 1 :] if prefix else key
+                found.append(IncompleteUpload(rel, to_epoch(upload.get("Initiated")), str(upload["UploadId"])))
+            if not out.get("IsTruncated"):
+                break
+            args["KeyMarker"] = out.get("NextKeyMarker")
+            args["UploadIdMarker"] = out.get("NextUploadIdMarker")
+    elif kind == AZURE:
+        container, prefix, _ = fs.split_path(root)
+
+        async def listing() -> tuple[dict[str, Any], set[str]]:
+            client = fs.service_client.get_container_client(container)
+            start = f"{prefix}/" if prefix else None
+            every: dict[str, Any] = {}
+            committed: set[str] = set()
+            async for blob in client.list_blobs(name_starts_with=start, include=["uncommittedblobs"]):
+                every[blob.name] = blob
+            async for blob in client.list_blobs(name_starts_with=start):
+                committed.add(blob.name)
+            return every, committed
+
+        every, committed = _sync(fs, listing)
+        for name, blob in every.items():
+            if name in committed:
+                continue
+            rel = name[len(prefix) + 1 :] if prefix else name
+            started = to_epoch(getattr(blob, "creation_time", None) or getattr(blob, "last_modified", None))
+            found.append(IncompleteUpload(rel, started, name))
+    return found
+
+
+def abort_incomplete(fs: Any, protocol: str, root: str, upload: IncompleteUpload) -> None:
+    """Abort one :class:`IncompleteUpload` (absent is fine)."""
+    kind = kind_of(protocol)
+    if kind == S3:
+        bucket, prefix, _ = fs.split_path(root)
+        key = f"{prefix}/{upload.key}" if prefix else upload.key
+        try:
+            fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=key, UploadId=upload.upload_id)
+        except FileNotFoundError:
+            pass
+    elif kind == AZURE:
+        container, _, _ = fs.split_path(root)
+
+        async def delete() -> None:
+            async with fs.service_client.get_blob_client(container, upload.upload_id) as client:
+                # only if still uncommitted: a blob committed meanwhile has properties
+                try:
+                    await client.get_blob_properties()
+                    return
+                except Exception as exc:
+                    if classify(exc).kind != "missing":
+                        raise
+                await client.delete_blob()
+
+        try:
+            _sync(fs, delete)
+        except Exception as exc:
+            if classify(exc).kind != "missing":
+                raise
+
+
+# -- endpoints and buckets ----------------------------------------------------------
+def endpoint_of(fs: Any, protocol: str) -> str | None:
+    """The base URL the file system sends requests to, when it can be told."""
+    kind = kind_of(protocol)
+    try:
+        if kind == S3:
+            return (
+                getattr(fs, "endpoint_url", None)
+                or (getattr(fs, "client_kwargs", None) or {}).get("endpoint_url")
+                or os.environ.get("AWS_ENDPOINT_URL_S3")
+                or os.environ.get("AWS_ENDPOINT_URL")
+            )
+        if kind == GCS:
+            return str(fs._location)
+        if kind == AZURE:
+            return str(fs.service_client.url)
+    except Exception:
+        return None
+    return None
+
+
+def bucket_exists(fs: Any, protocol: str, root: str) -> bool | None:
+    """Whether the bucket / container of ``root`` exists; None when it cannot be told (e.g. denied)."""
+    bucket = root.strip("/").split("/", 1)[0]
+    if not bucket or kind_of(protocol) is None:
+        return None
+    try:
+        return bool(fs.exists(bucket))
+    except Exception:
+        return None

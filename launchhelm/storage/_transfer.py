@@ -1,0 +1,281 @@
+"""Large objects in parts: bounded memory, retried parts, all-or-nothing.
+
+:class:`PartWriter` is the file object ``Store.writer`` hands out on object
+stores. It cuts the stream into parts (8 MiB, 64 MiB after the first 1000 so
+an object can reach hundreds of GB within S3's 10,000 parts), uploads them
+from a few background threads while the caller keeps writing, and holds at
+most ``concurrency + 1`` parts in memory. A part that fails for a transient
+reason (5xx, 429, a reset connection) is sent again; one that keeps failing,
+or an exception in the caller's block, aborts the whole upload: nothing
+becomes visible, and on S3 the multipart upload is aborted rather than left
+behind. An object that fits in one part never starts a multipart upload: it
+is one conditional PUT.
+
+The backend side is a :class:`PartUpload` (see ``_backends.py``): begin, put
+a part, finish (upload the last part and commit with put-if-absent), abort.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, BinaryIO, Protocol, TypeVar
+
+from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify
+from launchhelm.storage._progress import Progress
+
+__all__ = ["PART_SIZE", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
+
+T = TypeVar("T")
+
+#: The first 1000 parts; S3 allows 10,000 parts per upload.
+PART_SIZE = 8 * 2**20
+_LARGE_PART_SIZE = 64 * 2**20
+_PARTS_AT_SMALL_SIZE = 1000
+#: Attempts per part (or per request of a transfer) before giving up.
+PART_ATTEMPTS = 5
+
+
+def part_size(number: int) -> int:
+    """Size of part ``number`` (1-based): every part but the last has exactly this size."""
+    return PART_SIZE if number <= _PARTS_AT_SMALL_SIZE else _LARGE_PART_SIZE
+
+
+def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay: float = 0.2) -> T:
+    """Run ``op``, again after a transient failure (with backoff), at most ``attempts`` times.
+
+    A connection that breaks mid-transfer is transient; an endpoint that
+    refuses connections is retried too, since a part upload already had a
+    working connection moments before.
+    """
+    delay = first_delay
+    for attempt in range(attempts):
+        try:
+            return op()
+        except Exception as exc:
+            kind = classify(exc).kind
+            if kind not in (TRANSIENT, UNREACHABLE) or attempt == attempts - 1:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+    raise AssertionError("unreachable")
+
+
+class PartUpload(Protocol):
+    """One object's upload in parts, as a backend does it."""
+
+    #: Parts in flight at once (GCS resumable uploads take their chunks in order: 1).
+    concurrency: int
+
+    def create_small(self, data: bytes) -> None:
+        """The whole object in one conditional request (FileExistsError if taken)."""
+
+    def begin(self) -> None:
+        """Start a multipart upload (called before the first part)."""
+
+    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        """Upload part ``number`` (not the last); return what ``finish`` needs to commit it."""
+
+    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        """Upload the last part and commit the object, put-if-absent (FileExistsError if taken)."""
+
+    def abort(self) -> None:
+        """Discard the parts uploaded so far (best effort, never raises)."""
+
+
+class PartWriter:
+    """A write-only binary file that streams into a :class:`PartUpload`.
+
+    ``close()`` commits; ``discard()`` aborts. Either may be called once.
+    """
+
+    def __init__(self, upload: PartUpload, progress: Progress) -> None:
+        self._upload = upload
+        self._progress = progress
+        self._buffer = bytearray()
+        self._number = 1  # the part the buffer fills
+        self._offset = 0  # where the buffer starts in the object
+        self._written = 0
+        self._begun = False
+        self._tokens: dict[int, Any] = {}
+        self._futures: list[Future[None]] = []
+        self._pool: ThreadPoolExecutor | None = None
+        self._slots = threading.BoundedSemaphore(max(1, upload.concurrency))
+        self._error: BaseException | None = None
+        self._lock = threading.Lock()
+        self.closed = False
+
+    # -- file protocol ------------------------------------------------------
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return self._written
+
+    def flush(self) -> None:
+        self._raise_failure()
+
+    def write(self, data: Any) -> int:
+        if self.closed:
+            raise ValueError("write to a closed store writer")
+        self._raise_failure()
+        view = memoryview(data).cast("B")
+        n = len(view)
+        pos = 0
+        while pos < n:
+            size = part_size(self._number)
+            if len(self._buffer) == size:
+                # dispatch a full part only once more bytes arrive: the part
+                # that is still in the buffer at close() is the last one
+                self._dispatch()
+                size = part_size(self._number)
+            take = min(size - len(self._buffer), n - pos)
+            self._buffer += view[pos : pos + take]
+            pos += take
+        self._written += n
+        return n
+
+    # -- parts ----------------------------------------------------------------
+    def _raise_failure(self) -> None:
+        with self._lock:
+            error = self._error
+        if error is not None:
+            raise error
+
+    def _dispatch(self) -> None:
+        if not self._begun:
+            self._upload.begin()
+            self._begun = True
+            self._pool = ThreadPoolExecutor(max(1, self._upload.concurrency), thread_name_prefix="launchhelm-upload")
+        data, self._buffer = bytes(self._buffer), bytearray()
+        number, offset = self._number, self._offset
+        self._number += 1
+        self._offset += len(data)
+        self._slots.acquire()  # backpressure: at most `concurrency` parts in flight
+        assert self._pool is not None
+        self._futures.append(self._pool.submit(self._send, number, offset, data))
+        self._raise_failure()
+
+    def _send(self, number: int, offset: int, data: bytes) -> None:
+        try:
+            with self._lock:
+                if self._error is not None:
+                    return
+            token = with_retries(lambda: self._upload.put_part(number, offset, data))
+            with self._lock:
+                self._tokens[number] = token
+            self._progress.update(len(data))
+        except BaseException as exc:
+            with self._lock:
+                if self._error is None:
+                    self._error = exc
+        finally:
+            self._slots.release()
+
+    def _wait(self) -> None:
+        for future in self._futures:
+            future.result()
+        self._futures.clear()
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+    # -- ending -----------------------------------------------------------------
+    def close(self) -> None:
+        """Commit: the object appears whole, or not at all (and the error is raised)."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            if not self._begun:
+                data = bytes(self._buffer)
+                self._buffer = bytearray()
+                with_retries(lambda: self._upload.create_small(data))
+                self._progress.update(len(data))
+                return
+            self._wait()
+            self._raise_failure()
+            data = bytes(self._buffer)
+            self._buffer = bytearray()
+            tokens = [self._tokens[n] for n in sorted(self._tokens)]
+            self._upload.finish(tokens, self._number, self._offset, data, self._offset + len(data))
+            self._progress.update(len(data))
+        except BaseException:
+            self._abort()
+            raise
+        finally:
+            self._progress.close()
+
+    def discard(self) -> None:
+        """Abort: nothing becomes visible and the parts are discarded."""
+        if self.closed:
+            return
+        self.closed = True
+        try:
+            self._abort()
+        finally:
+            self._progress.close()
+
+    def _abort(self) -> None:
+        with self._lock:
+            if self._error is None:
+                self._error = RuntimeError("upload aborted")
+        self._buffer = bytearray()
+        try:
+            self._wait()
+        except BaseException:
+            pass
+        if self._begun:
+            self._upload.abort()
+
+
+def download_parts(
+    fetch: Callable[[int, int], bytes],
+    size: int,
+    out: BinaryIO,
+    progress: Progress,
+    concurrency: int = 4,
+) -> None:
+    """Write ``size`` bytes to ``out`` from ranged reads ``fetch(start, end)``, in order.
+
+    Up to ``concurrency`` ranges are fetched at once, each retried on
+    transient failures; memory holds at most ``concurrency`` parts.
+    """
+    if size <= PART_SIZE:
+        data = with_retries(lambda: fetch(0, size)) if size else b""
+        if len(data) != size:
+            raise OSError(f"read {len(data)} bytes where {size} were stored")
+        out.write(data)
+        progress.update(len(data))
+        return
+
+    def get(start: int, end: int) -> bytes:
+        data = with_retries(lambda: fetch(start, end))
+        if len(data) != end - start:
+            raise OSError(f"range {start}-{end} returned {len(data)} bytes")
+        return data
+
+    ranges = [(start, min(start + PART_SIZE, size)) for start in range(0, size, PART_SIZE)]
+    with ThreadPoolExecutor(concurrency, thread_name_prefix="launchhelm-download") as pool:
+        pending: list[Future[bytes]] = []
+        it = iter(ranges)
+        for start, end in it:
+            pending.append(pool.submit(get, start, end))
+            if len(pending) >= concurrency:
+                break
+        while pending:
+            data = pending.pop(0).result()
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append(pool.submit(get, *nxt))
+            out.write(data)
+            progress.update(len(data))
+            del data
