@@ -10,7 +10,6 @@ found the same way (``STORAGE_EMULATOR_HOST``, ``AZURE_STORAGE_CONNECTION_STRING
 from __future__ import annotations
 
 import os
-import secrets
 import socket
 import subprocess
 import sys
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 from emulators import azurite_endpoint, gcs_endpoint  # noqa: F401  (fixtures)
-from lhtest import BUCKET
+from lhtest import BUCKET, make_store_url
 
 BACKENDS = ["local", "memory", "s3", "gcs", "azure"]
 #: Backends other processes can reach too (memory:// is per process).
@@ -83,21 +82,6 @@ def moto_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 _AWS_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
-
-
-def make_store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
-    if backend == "local":
-        return str(tmp_path / "store")
-    if backend == "memory":
-        return f"memory://lh-{secrets.token_hex(6)}"
-    if backend == "gcs":
-        request.getfixturevalue("gcs_endpoint")
-        return f"gs://{BUCKET}/{secrets.token_hex(6)}"
-    if backend == "azure":
-        request.getfixturevalue("azurite_endpoint")
-        return f"az://{BUCKET}/{secrets.token_hex(6)}"
-    request.getfixturevalue("moto_endpoint")
-    return f"s3://{BUCKET}/{secrets.token_hex(6)}"
 
 
 @pytest.fixture(params=BACKENDS)

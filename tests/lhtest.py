@@ -3,14 +3,33 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 #: The bucket the moto fixture creates.
 BUCKET = "launchhelm-tests"
+
+
+def make_store_url(backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """A fresh store URL on ``backend``, starting its emulator (a session fixture) if needed."""
+    if backend == "local":
+        return str(tmp_path / "store")
+    if backend == "memory":
+        return f"memory://lh-{secrets.token_hex(6)}"
+    if backend == "gcs":
+        request.getfixturevalue("gcs_endpoint")
+        return f"gs://{BUCKET}/{secrets.token_hex(6)}"
+    if backend == "azure":
+        request.getfixturevalue("azurite_endpoint")
+        return f"az://{BUCKET}/{secrets.token_hex(6)}"
+    request.getfixturevalue("moto_endpoint")
+    return f"s3://{BUCKET}/{secrets.token_hex(6)}"
 
 
 def child_env(**extra: str) -> dict[str, str]:

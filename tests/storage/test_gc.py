@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lhtest import BUCKET, spawn
+from lhtest import BUCKET, make_store_url, spawn
 
 import launchhelm as lh
 from launchhelm import _gc
@@ -30,8 +30,6 @@ DAY = 24 * 3600.0
 
 @pytest.fixture(params=["local", "s3"])
 def gc_store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    from conftest import make_store_url
-
     return make_store_url(request.param, tmp_path, request)
 
 
