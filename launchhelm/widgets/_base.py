@@ -255,3 +255,39 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             poller.join(timeout=10)
         self._forget()
         super().close()
+
+
+class RunWidget(LiveWidget):
+    """A live widget about one run, whose ``state`` trait carries its ``status``.
+
+    Subclasses name their front end in :attr:`_bundle` and call
+    :meth:`_init_run` from a ``__init__`` guarded by :meth:`_reused`.
+    """
+
+    #: The widget's front end in ``static/``.
+    _bundle: ClassVar[str] = ""
+
+    @classmethod
+    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+        api, handle = resolve_run(run_or_id, store)
+        return run_key(cls, api, handle), (api, handle)
+
+    def _init_run(self, interval: float) -> None:
+        self._esm = static_file(self._bundle).read_text(encoding="utf-8")
+        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        super().__init__(interval=interval)
+        self._setup_live()
+        self._api: Api = self._resolved[0]
+        self._handle: RunHandle = self._resolved[1]
+
+    @property
+    def run(self) -> RunHandle:
+        """The run shown."""
+        return self._handle
+
+    def __repr__(self) -> str:
+        return f"<launchhelm.widgets.{type(self).__name__} {self._handle.project}/{self._handle.id}>"
+
+    def is_active(self) -> bool:
+        state: dict[str, Any] = getattr(self, "state", {})
+        return state.get("status") == "running"

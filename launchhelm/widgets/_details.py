@@ -14,9 +14,9 @@ from typing import Any
 
 import traitlets
 
-from launchhelm._api import Api, RunHandle
+from launchhelm._api import RunHandle
 from launchhelm._run import Run
-from launchhelm.widgets._base import LiveWidget, format_time, resolve_run, run_key, static_file
+from launchhelm.widgets._base import RunWidget, format_time
 from launchhelm.widgets._picker import status_sentence
 
 __all__ = ["RunDetails", "details_state"]
@@ -71,7 +71,7 @@ def details_state(handle: RunHandle, rule: bool, notice: str = "") -> dict[str, 
     }
 
 
-class RunDetails(LiveWidget):
+class RunDetails(RunWidget):
     """A run's Details tab: status, config, tunables (editable) and control buttons.
 
     Parameters
@@ -84,36 +84,16 @@ class RunDetails(LiveWidget):
         Seconds between reads of the store.
     """
 
+    _bundle = "details.js"
     state = traitlets.Dict().tag(sync=True)
     _actions = {"set_tunables": "set_tunables", "control": "control", "set_rule": "set_rule"}  # noqa: RUF012
-
-    @classmethod
-    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
-        api, handle = resolve_run(run_or_id, store)
-        return run_key(cls, api, handle), (api, handle)
 
     def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
-        self._esm = static_file("details.js").read_text(encoding="utf-8")
-        self._css = static_file("widgets.css").read_text(encoding="utf-8")
-        super().__init__(interval=interval)
-        self._setup_live()
-        self._api: Api = self._resolved[0]
-        self._handle: RunHandle = self._resolved[1]
+        self._init_run(interval)
         self._notice = ""
         self.refresh()
-
-    @property
-    def run(self) -> RunHandle:
-        """The run shown."""
-        return self._handle
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.widgets.RunDetails {self._handle.project}/{self._handle.id}>"
-
-    def is_active(self) -> bool:
-        return self.state.get("status") == "running"
 
     def refresh(self) -> None:
         """Re-read status, tunables, pending control changes and the project's rule."""

@@ -14,9 +14,9 @@ from typing import Any
 
 import traitlets
 
-from launchhelm._api import Api, RunHandle
+from launchhelm._api import RunHandle
 from launchhelm._run import Run
-from launchhelm.widgets._base import LiveWidget, format_time, resolve_run, run_key, static_file
+from launchhelm.widgets._base import RunWidget, format_time
 
 __all__ = ["ResumePicker", "picker_state", "status_sentence"]
 
@@ -84,7 +84,7 @@ def picker_state(handle: RunHandle, confirmation: str = "") -> dict[str, Any]:
     }
 
 
-class ResumePicker(LiveWidget):
+class ResumePicker(RunWidget):
     """The "Resume…" picker: choose which checkpoint the run's next ``load_checkpoint("resume")`` restores.
 
     For a run that stopped without ending its session it says so, with its
@@ -110,36 +110,16 @@ class ResumePicker(LiveWidget):
     >>> picker.choose(picker.run.checkpoints()[0].id)   # what clicking "Choose" does   # doctest: +SKIP
     """
 
+    _bundle = "picker.js"
     state = traitlets.Dict().tag(sync=True)
     _actions = {"choose": "choose"}  # noqa: RUF012
-
-    @classmethod
-    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
-        api, handle = resolve_run(run_or_id, store)
-        return run_key(cls, api, handle), (api, handle)
 
     def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
-        self._esm = static_file("picker.js").read_text(encoding="utf-8")
-        self._css = static_file("widgets.css").read_text(encoding="utf-8")
-        super().__init__(interval=interval)
-        self._setup_live()
-        self._api: Api = self._resolved[0]
-        self._handle: RunHandle = self._resolved[1]
+        self._init_run(interval)
         self._confirmation = ""
         self.refresh()
-
-    @property
-    def run(self) -> RunHandle:
-        """The run whose checkpoints are listed."""
-        return self._handle
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.widgets.ResumePicker {self._handle.project}/{self._handle.id}>"
-
-    def is_active(self) -> bool:
-        return self.state.get("status") == "running"
 
     def refresh(self) -> None:
         """Re-read the run's status and checkpoints."""
