@@ -26,7 +26,7 @@ from typing import Any
 
 from launchhelm._events import RunState
 
-__all__ = ["ACTIONS", "check_tunable_changes", "in_force"]
+__all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 
 #: What ``RunHandle.control()`` takes.
 ACTIONS = ("pause", "resume", "stop", "checkpoint")
@@ -48,28 +48,33 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def _check_plain(value: Any, where: str) -> None:
-    """JSON values only: they survive the event log and ``torch.load(weights_only=True)``."""
-    if isinstance(value, bool) or value is None or isinstance(value, str):
+def check_plain(value: Any, where: str) -> None:
+    """Refuse what is not a plain JSON value, naming the key path.
+
+    Config and tunables must round-trip through the event log (JSON) and,
+    for tunables, through ``torch.load(weights_only=True)`` in a checkpoint.
+    """
+    if value is None or isinstance(value, (bool, str)):
         return
-    if isinstance(value, (int, float)) and type(value) in (int, float):
+    if type(value) in (int, float):
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"tunable {where} = {value!r}: give a finite number")
+            raise ValueError(f"{where} is {value}; use a finite number or a string")
+        return
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where} has a key {k!r} of type {type(k).__name__}; keys must be strings")
+            check_plain(v, f"{where}[{k!r}]")
         return
     if isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            _check_plain(item, f"{where}[{i}]")
+        for i, v in enumerate(value):
+            check_plain(v, f"{where}[{i}]")
         return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, str):
-                raise TypeError(f"tunable {where} has key {key!r}: keys must be strings")
-            _check_plain(item, f"{where}[{key!r}]")
-        return
+    kind = type(value)
     raise TypeError(
-        f"tunable {where} = {value!r} is a {type(value).__module__}.{type(value).__qualname__}; "
-        "tunables hold plain values (bool, int, float, str, None, lists and dicts of them), so every "
-        "checkpoint can restore them with torch.load(weights_only=True): convert it, e.g. float(x)"
+        f"{where} is a {kind.__name__} ({kind.__module__}.{kind.__qualname__}); config and tunables hold "
+        "plain values (str, int, float, bool, None, lists and dicts of them), which every checkpoint restores "
+        "with torch.load(weights_only=True): convert it first, e.g. float(x) or str(path)"
     )
 
 
@@ -88,7 +93,7 @@ def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]
         if name not in current:
             known = ", ".join(sorted(current)) or "none: start the run with lh.init(..., tunables={...})"
             raise KeyError(f"the run has no tunable {name!r} (its tunables: {known})")
-        _check_plain(value, repr(name))
+        check_plain(value, f"tunable {name!r}")
         old = current[name]
         if old is not None and _kind(old) != _kind(value):
             raise TypeError(

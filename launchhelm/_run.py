@@ -12,7 +12,6 @@ from __future__ import annotations
 import atexit
 import json
 import logging
-import math
 import os
 import sys
 import threading
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
-from launchhelm._control import in_force
+from launchhelm._control import check_plain, in_force
 from launchhelm._evaluation import on_checkpoint_published
 from launchhelm._events import (
     CHECKPOINT,
@@ -134,30 +133,6 @@ def _new_session_id() -> str:
 def _default_name() -> str:
     a, n, k = os.urandom(3)
     return f"{_ADJECTIVES[a % len(_ADJECTIVES)]}-{_NOUNS[n % len(_NOUNS)]}-{k % 100}"
-
-
-def _check_jsonable(value: Any, where: str) -> None:
-    """Refuse what would not round-trip through JSON, naming the key path."""
-    if value is None or isinstance(value, (bool, str)):
-        return
-    if type(value) in (int, float):
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{where} is {value}; use a finite number or a string")
-        return
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"{where} has a key {k!r} of type {type(k).__name__}; keys must be strings")
-            _check_jsonable(v, f"{where}[{k!r}]")
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_jsonable(v, f"{where}[{i}]")
-        return
-    raise TypeError(
-        f"{where} is a {type(value).__name__}; config and tunables hold JSON values "
-        "(str, int, float, bool, None, lists and dicts of them): convert it first, e.g. str(path)"
-    )
 
 
 def _seconds(name: str, given: float | None, env: str, default: float) -> float:
@@ -895,11 +870,11 @@ def start_run(
     if config is not None:
         if not isinstance(config, Mapping):
             raise TypeError(f"config is a {type(config).__name__}; pass a dict")
-        _check_jsonable(config, "config")
+        check_plain(config, "config")
     if tunables is not None:
         if not isinstance(tunables, Mapping):
             raise TypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
-        _check_jsonable(tunables, "tunables")
+        check_plain(tunables, "tunables")
     _warm_up_encoder()
     _install_exit_hook()
 
