@@ -1040,9 +1040,24 @@ def open_store(
         return MemoryStore(fs, root, text, progress)
     if kind == "azure":
         _shorten_azure_backoff(fs)
+        _quiet_azure_request_log()
     store = ObjectStore(fs, root, text, protocol, progress)
     _probe(store)
     return store
+
+
+#: azure-core logs every HTTP request and response at INFO: with heartbeats, metrics and
+#: control polling, a script that turns on INFO logging would print a dozen lines a second.
+_AZURE_REQUEST_LOGGER = "azure.core.pipeline.policies.http_logging_policy"
+
+
+def _quiet_azure_request_log() -> None:
+    """Raise azure-core's per-request logger to WARNING, unless the user set its level already."""
+    import logging
+
+    logger = logging.getLogger(_AZURE_REQUEST_LOGGER)
+    if logger.level == logging.NOTSET:
+        logger.setLevel(logging.WARNING)
 
 
 def _shorten_azure_backoff(fs: Any) -> None:

@@ -52,7 +52,7 @@ def _wait_for(log: Path, line: str, timeout: float = 60) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("shared_store_url", ["local", "s3"], indirect=True)  # ~30-60 s each: two backends
+@pytest.mark.parametrize("shared_store_url", ["local", "s3", "gcs", "azure"], indirect=True)  # ~30-60 s each
 def test_killed_restarted_and_stalled_workers_log_every_score_exactly_once(
     shared_store_url: str, tmp_path: Path
 ) -> None:

@@ -119,3 +119,26 @@ def test_credentials_come_from_the_usual_environment_variables(
     done = run_python(code, f"s3://{BUCKET}/env", f"gs://{BUCKET}/env", f"abfs://{BUCKET}/env", timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("[1.0]") == 3, done.stdout
+
+
+def test_info_logging_is_not_flooded_by_azure_request_lines(azurite_endpoint: str) -> None:
+    # azure-core logs each request at INFO; a user's own level on that logger wins
+    code = """
+        import logging, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(name)s %(message)s")
+        if sys.argv[2] == "user-chose-info":
+            logging.getLogger("azure.core.pipeline.policies.http_logging_policy").setLevel(logging.INFO)
+        import launchhelm as lh
+        run = lh.init("quiet", store=sys.argv[1], heartbeat_interval=0.2)
+        for step in range(20):
+            run.log({"loss": 1.0 / (step + 1)}, step=step)
+        run.finish()
+        print("finished")
+    """
+    url = f"az://{BUCKET}/quiet-{time.time_ns()}"
+    quiet = run_python(code, url, "default")
+    assert quiet.returncode == 0 and "finished" in quiet.stdout, quiet.stderr[-2000:]
+    assert "Request URL" not in quiet.stdout + quiet.stderr
+    chosen = run_python(code, url + "-info", "user-chose-info")
+    assert chosen.returncode == 0, chosen.stderr[-2000:]
+    assert chosen.stdout.count("Request URL") >= 5  # the user asked for them: still printed
