@@ -33,6 +33,10 @@ from datetime import datetime
 from typing import Any
 
 from launchhelm.storage._errors import EXISTS, classify
+from launchhelm.storage._transfer import PART_SIZE
+
+#: Chunk of a GCS resumable upload (google-cloud-storage sends 100 MiB, gcsfs 50 MiB).
+GCS_CHUNK = 32 * 2**20
 
 __all__ = [
     "IncompleteUpload",
@@ -78,6 +82,7 @@ class S3PartUpload:
     """S3 multipart upload committed with ``If-None-Match: *``."""
 
     concurrency = 4
+    part_bytes = PART_SIZE
 
     def __init__(self, fs: Any, path: str) -> None:
         self.fs = fs
@@ -159,6 +164,10 @@ class GCSPartUpload:
     """
 
     concurrency = 1  # a resumable session takes its chunks in order
+    # One request per chunk, one at a time: small chunks pay a round trip each
+    # (and fake-gcs-server re-copies the object per chunk: 8 MiB chunks saved
+    # 512 MB at 2.25x fs.pipe, 32 MiB at 0.91x). GCS wants multiples of 256 KiB.
+    part_bytes = GCS_CHUNK
 
     def __init__(self, fs: Any, path: str) -> None:
         self.fs = fs
@@ -260,6 +269,7 @@ class AzurePartUpload:
     """Azure block blob: blocks staged in parallel, committed with ``If-None-Match: *``."""
 
     concurrency = 4
+    part_bytes = PART_SIZE
 
     def __init__(self, fs: Any, path: str) -> None:
         self.fs = fs

@@ -2,7 +2,8 @@
 
 :class:`PartWriter` is the file object ``Store.writer`` hands out on object
 stores. It cuts the stream into parts (8 MiB, 64 MiB after the first 1000 so
-an object can reach hundreds of GB within S3's 10,000 parts), uploads them
+an object can reach hundreds of GB within S3's 10,000 parts; 32 MiB on GCS,
+whose resumable uploads take one chunk at a time), uploads them
 from a few background threads while the caller keeps writing, and holds at
 most ``concurrency + 1`` parts in memory. A part that fails for a transient
 reason (5xx, 429, a reset connection) is sent again; one that keeps failing,
@@ -38,9 +39,12 @@ _PARTS_AT_SMALL_SIZE = 1000
 PART_ATTEMPTS = 5
 
 
-def part_size(number: int) -> int:
-    """Size of part ``number`` (1-based): every part but the last has exactly this size."""
-    return PART_SIZE if number <= _PARTS_AT_SMALL_SIZE else _LARGE_PART_SIZE
+def part_size(number: int, first: int = PART_SIZE) -> int:
+    """Size of part ``number`` (1-based): every part but the last has exactly this size.
+
+    ``first`` is the size of the first 1000 parts (the upload's ``part_bytes``).
+    """
+    return first if number <= _PARTS_AT_SMALL_SIZE else max(first, _LARGE_PART_SIZE)
 
 
 def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay: float = 0.2) -> T:
@@ -68,6 +72,8 @@ class PartUpload(Protocol):
 
     #: Parts in flight at once (GCS resumable uploads take their chunks in order: 1).
     concurrency: int
+    #: Size of each of the first 1000 parts; memory holds at most ``concurrency + 1`` parts.
+    part_bytes: int
 
     def create_small(self, data: bytes) -> None:
         """The whole object in one conditional request (FileExistsError if taken)."""
@@ -131,12 +137,12 @@ class PartWriter:
         n = len(view)
         pos = 0
         while pos < n:
-            size = part_size(self._number)
+            size = part_size(self._number, self._upload.part_bytes)
             if len(self._buffer) == size:
                 # dispatch a full part only once more bytes arrive: the part
                 # that is still in the buffer at close() is the last one
                 self._dispatch()
-                size = part_size(self._number)
+                size = part_size(self._number, self._upload.part_bytes)
             take = min(size - len(self._buffer), n - pos)
             self._buffer += view[pos : pos + take]
             pos += take

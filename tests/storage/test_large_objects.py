@@ -36,16 +36,25 @@ def _multipart_uploads(store: Store) -> list[dict[str, object]]:
     return list(client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix + "/").get("Uploads", []))
 
 
-def _blocks(n: int, seed: int = 0) -> list[bytes]:
+def _blocks(n: int, seed: int = 0, at_least: int = 0) -> list[bytes]:
     """Writes of awkward sizes, as torch.save makes them (small records, big tensors)."""
     rng = __import__("random").Random(seed)
     sizes = [rng.choice([7, 4096, 100_000, 3 * 2**20, 9 * 2**20 + 5]) for _ in range(n)]
+    while sum(sizes) <= at_least:
+        sizes.append(rng.choice([4096, 9 * 2**20 + 5]))
     return [os.urandom(s) for s in sizes]
+
+
+def _part_bytes(store: Store) -> int:
+    """The size of this store's upload parts (32 MiB GCS chunks, else 8 MiB)."""
+    upload = store._part_upload("probe") if isinstance(store, ObjectStore) else None
+    return int(upload.part_bytes) if upload is not None else PART_SIZE
 
 
 def test_writer_streams_parts_and_the_object_appears_only_at_the_end(store_url: str) -> None:
     store = open_store(store_url)
-    blocks = _blocks(12)
+    part = _part_bytes(store)
+    blocks = _blocks(12, at_least=3 * part)
     digest = hashlib.sha256()
     with store.writer("runs/r/artifacts/a/model.pt") as f:
         for block in blocks:
@@ -54,7 +63,7 @@ def test_writer_streams_parts_and_the_object_appears_only_at_the_end(store_url: 
             if not store_url.startswith("gs://"):  # fake-gcs-server shows resumable uploads early
                 assert not store.exists("runs/r/artifacts/a/model.pt")
     data = store.read("runs/r/artifacts/a/model.pt")
-    assert len(data) == sum(map(len, blocks)) > 3 * PART_SIZE
+    assert len(data) == sum(map(len, blocks)) > 3 * part
     assert hashlib.sha256(data).digest() == digest.digest()
     with pytest.raises(AlreadyExistsError), store.writer("runs/r/artifacts/a/model.pt") as f:
         f.write(b"late")
@@ -120,7 +129,7 @@ def test_list_info_reports_sizes_and_recent_times(store_url: str) -> None:
 
 def test_download_in_parallel_ranges_restores_every_byte(object_store_url: str, tmp_path: Path) -> None:
     store = open_store(object_store_url)
-    data = os.urandom(3 * PART_SIZE + 999)
+    data = os.urandom(3 * PART_SIZE + 999)  # downloads come in 8 MiB ranges on every backend
     src = tmp_path / "big.bin"
     src.write_bytes(data)
     store.upload("big.bin", src)
