@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+from gcs_finalize_proxy import GcsFinalizeProxy
 from lhtest import BUCKET, FaultyS3Proxy, make_store_url
 
 from launchhelm.storage import AlreadyExistsError, ObjectStore, StorageError, Store, open_store
@@ -92,8 +93,8 @@ def test_small_objects_skip_multipart(object_store_url: str) -> None:
         assert _multipart_uploads(store) == []
 
 
-# Not on GCS: fake-gcs-server ignores ifGenerationMatch on resumable uploads, so a lost race at
-# the last chunk needs a real GCS bucket (the small-object race runs on the emulator: test_store.py).
+# GCS: fake-gcs-server ignores ifGenerationMatch on resumable uploads; the test below puts a
+# proxy in front of it that ends each resumable session with a conditional multipart upload.
 @pytest.mark.parametrize("object_store_url", ["s3", "azure"], indirect=True)
 def test_a_lost_race_at_commit_keeps_the_winner_and_leaks_nothing(object_store_url: str) -> None:
     store = open_store(object_store_url)
@@ -112,6 +113,35 @@ def test_a_lost_race_at_commit_keeps_the_winner_and_leaks_nothing(object_store_u
         assert _multipart_uploads(store) == []
     else:
         assert store.incomplete_uploads() == []
+
+
+def test_gcs_a_lost_race_at_the_last_chunk_keeps_the_winner_and_ends_the_session(gcs_endpoint: str) -> None:
+    # fake-gcs-server checks the precondition of the whole upload when the last chunk arrives,
+    # as GCS does, through GcsFinalizeProxy (gcs_finalize_proxy.py); a real bucket needs no proxy
+    proxy = GcsFinalizeProxy(int(gcs_endpoint.rsplit(":", 1)[1]))
+    prefix = f"finalize-{os.urandom(3).hex()}"
+    try:
+        store = open_store(f"gs://{BUCKET}/{prefix}", {"endpoint_url": proxy.endpoint, "token": "anon"})
+        chunk = _part_bytes(store)
+        data = os.urandom(2 * chunk + 5)
+        with store.writer("k/alone.pt") as f:  # uncontested: three chunks, one session
+            f.write(data)
+        assert store.read("k/alone.pt") == data
+        assert proxy.started == [(f"{prefix}/k/alone.pt", "0")] and proxy.finals == [200]
+
+        direct = open_store(f"gs://{BUCKET}/{prefix}")  # the other writer, straight to the emulator
+        with pytest.raises(AlreadyExistsError, match=r"k/model\.pt"), store.writer("k/model.pt") as f:
+            f.write(os.urandom(chunk + 10))  # the first chunk goes out
+            direct.create("k/model.pt", b"the other writer won")
+            f.write(os.urandom(chunk))
+        assert proxy.started[-1] == (f"{prefix}/k/model.pt", "0")  # create-only from the start
+        assert proxy.finals == [200, 412]  # refused when it ended
+        assert direct.read("k/model.pt") == b"the other writer won"
+        assert proxy.open_sessions() == []
+        with pytest.raises(AlreadyExistsError):  # and a later small create is refused too
+            store.create("k/model.pt", b"late")
+    finally:
+        proxy.close()
 
 
 def test_list_info_reports_sizes_and_recent_times(store_url: str) -> None:
