@@ -40,7 +40,8 @@ class GcsFinalizeProxy:
     """``GcsFinalizeProxy(upstream_port)``; ``.endpoint``; ``.close()``.
 
     ``finals`` lists the statuses fake-gcs-server gave each session's end;
-    ``open_sessions()`` the sessions neither ended nor cancelled.
+    ``open_sessions()`` the sessions neither ended nor cancelled;
+    ``authorizations`` the ``Authorization`` header of every request.
     """
 
     def __init__(self, upstream_port: int) -> None:
@@ -49,6 +50,7 @@ class GcsFinalizeProxy:
         self.started: list[tuple[str, str | None]] = []  # (object name, ifGenerationMatch) per session
         self.finals: list[int] = []
         self.cancelled = 0
+        self.authorizations: list[str] = []  # the Authorization header of every request ("" if none)
         self.lock = threading.Lock()
         proxy = self
 
@@ -57,6 +59,13 @@ class GcsFinalizeProxy:
 
             def log_message(self, *args: Any) -> None:
                 pass
+
+            def parse_request(self) -> bool:
+                parsed = super().parse_request()
+                if parsed:
+                    with proxy.lock:
+                        proxy.authorizations.append(self.headers.get("Authorization", ""))
+                return parsed
 
             def _body(self) -> bytes:
                 return self.rfile.read(int(self.headers.get("Content-Length") or 0))

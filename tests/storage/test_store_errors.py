@@ -7,11 +7,18 @@ or as a raw botocore / azure traceback.
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs
 
 import pytest
 from emulators import azurite_connection_string
+from gcs_finalize_proxy import GcsFinalizeProxy
 from lhtest import BUCKET, run_python
 
 import launchhelm as lh
@@ -107,7 +114,8 @@ def test_credentials_come_from_the_usual_environment_variables(
 ) -> None:
     # a fresh process given only the environment: AWS_*, STORAGE_EMULATOR_HOST,
     # AZURE_STORAGE_CONNECTION_STRING (AZURE_STORAGE_ACCOUNT_NAME + _KEY reach
-    # the real *.blob.core.windows.net, so they are not exercised offline)
+    # https://<account>.blob.core.windows.net, so they are not exercised offline;
+    # they sign requests as the connection string's AccountName/AccountKey do)
     code = """
     import sys, launchhelm as lh
     for url in sys.argv[1:]:
@@ -142,3 +150,92 @@ def test_info_logging_is_not_flooded_by_azure_request_lines(azurite_endpoint: st
     chosen = run_python(code, url + "-info", "user-chose-info")
     assert chosen.returncode == 0, chosen.stderr[-2000:]
     assert chosen.stdout.count("Request URL") >= 5  # the user asked for them: still printed
+
+
+def _service_account(path: Path, token_uri: str) -> str:
+    """A Google service-account key file whose tokens come from ``token_uri``; returns its email."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    email = "trainer@launchhelm-tests.iam.gserviceaccount.com"
+    info = {
+        "type": "service_account",
+        "project_id": "launchhelm-tests",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": email,
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    path.write_text(json.dumps(info))
+    return email
+
+
+class _TokenServer:
+    """An OAuth token endpoint on 127.0.0.1: trades a service account's signed JWT for a token."""
+
+    TOKEN = "lh-test-access-token"
+
+    def __init__(self) -> None:
+        self.issuers: list[str] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args: object) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                form = parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode())
+                claims = form["assertion"][0].split(".")[1]
+                server.issuers.append(json.loads(base64.urlsafe_b64decode(claims + "=" * (-len(claims) % 4)))["iss"])
+                body = json.dumps({"access_token": _TokenServer.TOKEN, "expires_in": 3600, "token_type": "Bearer"})
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body.encode())
+
+        self._http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._http.server_address[1]}/token"
+        threading.Thread(target=self._http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self._http.shutdown()
+        self._http.server_close()
+
+
+def test_google_application_credentials_sign_every_gcs_request(gcs_endpoint: str, tmp_path: Path) -> None:
+    # a service-account key file named by GOOGLE_APPLICATION_CREDENTIALS, as on a GCP VM or in CI;
+    # its token_uri points at a local token endpoint, and a proxy before fake-gcs-server
+    # records what each request carried
+    tokens = _TokenServer()
+    proxy = GcsFinalizeProxy(int(gcs_endpoint.rsplit(":", 1)[1]))
+    try:
+        email = _service_account(tmp_path / "sa.json", tokens.url)
+        code = """
+        import json, sys, launchhelm as lh
+        options = {"endpoint_url": sys.argv[2]}
+        run = lh.init("gcp-creds", store=sys.argv[1], storage_options=options)
+        run.log({"x": 2.0})
+        run.finish()
+        print(lh.Api(sys.argv[1], storage_options=options).run(run.id).history()["x"].tolist())
+        """
+        done = run_python(
+            code,
+            f"gs://{BUCKET}/gcp-creds",
+            proxy.endpoint,
+            GOOGLE_APPLICATION_CREDENTIALS=str(tmp_path / "sa.json"),
+            STORAGE_EMULATOR_HOST="",
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "[2.0]" in done.stdout
+        assert tokens.issuers and set(tokens.issuers) == {email}  # the key file signed the token request
+        assert len(proxy.authorizations) >= 5
+        assert set(proxy.authorizations) == {f"Bearer {_TokenServer.TOKEN}"}  # and every request carried it
+    finally:
+        proxy.close()
+        tokens.close()
