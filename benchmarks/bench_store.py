@@ -430,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             " load_checkpoint (ranged parallel download, sha256, torch.load, apply); fs.pipe/fs.cat = one object"
             " of the same bytes, already in memory. 8 MiB range/cat = one ranged GET from the middle against"
             " fetching the whole object, about 8 MiB/size on a real store; all ranges in series/cat = that"
-            " times the number of ranges: what a load costs at least where the server answers one request"
+            " times the number of ranges: roughly what a load costs where the server answers one request"
             " at a time. moto copies the whole object for every range and tests/moto_serial.py serialises"
             " it (for atomic conditional PUTs), so there load/cat follows that column: it measures the"
             " emulator. Peak RSS growth: "
