@@ -376,13 +376,13 @@ class EvaluationWorker:
         ):
             raise ValueError(f"max_evaluations={max_evaluations!r}: give a positive integer or None")
         poll = self.poll_interval if poll_interval is None else _positive("poll_interval", poll_interval)
-        store = open_store(self.store_url, self.storage_options)
-        store.require_coordination("evaluation workers")
-        queue = EvaluationQueue(store, self.project)
         taken = finished = 0
         next_discovery = 0.0
-        _log.info("worker %s serving project %s in %s", self.name, self.project, store.url)
-        try:
+        try:  # Ctrl-C at any moment, even while the store's client library loads, is a clean stop
+            store = open_store(self.store_url, self.storage_options)
+            store.require_coordination("evaluation workers")
+            queue = EvaluationQueue(store, self.project)
+            _log.info("worker %s serving project %s in %s", self.name, self.project, store.url)
             while max_evaluations is None or taken < max_evaluations:
                 if time.monotonic() >= next_discovery:
                     next_discovery = time.monotonic() + self.discover_interval

@@ -129,6 +129,16 @@ def test_killed_restarted_and_stalled_workers_log_every_score_exactly_once(
                         break  # every score logged (a worker killed before logging is repaired by the next)
             time.sleep(0.05)
     finally:
+        # a worker restarted moments ago may still be importing: Ctrl-C there is Python's
+        # KeyboardInterrupt traceback, not the worker's clean stop, so let each one start serving
+        settle = time.monotonic() + 30
+        for i, proc in enumerate(workers):
+            while (
+                proc.poll() is None
+                and time.monotonic() < settle
+                and not any("serving project" in line for line in _lines(logs[i])[offsets[i] :])
+            ):
+                time.sleep(0.05)
         for proc in [*workers, stalled]:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGCONT)
