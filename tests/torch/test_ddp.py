@@ -84,8 +84,11 @@ class Job:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self._queue.put(line.rstrip("\n"))
+        try:
+            for line in self.proc.stdout:
+                self._queue.put(line.rstrip("\n"))
+        except ValueError:
+            pass  # the test closed the pipe at its end
         self._queue.put(None)
 
     @property

@@ -42,8 +42,11 @@ class Worker:
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.put(line.strip())
+        try:
+            for line in self.proc.stdout:
+                self.lines.put(line.strip())
+        except ValueError:
+            pass  # the test closed the pipe at its end
 
     def wait_for(self, prefix: str, timeout: float = 60.0, where: object = None) -> list[str]:
         """The next line starting with ``prefix`` (and satisfying ``where``), as words."""
