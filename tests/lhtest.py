@@ -40,6 +40,17 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def proc_io(pid: int, field: str) -> int:
+    """A counter of /proc/PID/task/*/io summed over the process's threads (``rchar``, ``wchar``...)."""
+    total = 0
+    for io in Path(f"/proc/{pid}/task").glob("*/io"):
+        try:
+            total += next(int(line.split()[1]) for line in io.read_text().splitlines() if line.startswith(f"{field}:"))
+        except (OSError, StopIteration):
+            pass
+    return total
+
+
 def spawn(code: str, *args: str, prefix: list[str] | None = None, **env: str) -> subprocess.Popen[str]:
     """Start ``python -c code args...`` with stdout piped, text mode."""
     return subprocess.Popen(

@@ -7,7 +7,7 @@ import signal
 import time
 
 import pytest
-from lhtest import CountingProxy, spawn
+from lhtest import CountingProxy, proc_io, spawn
 
 import launchhelm as lh
 
@@ -77,13 +77,7 @@ print("flushed", flush=True)
 
 def _written(pid: int) -> int:
     """Bytes the process has written to files so far (/proc/PID/task/*/io)."""
-    total = 0
-    for io in __import__("pathlib").Path(f"/proc/{pid}/task").glob("*/io"):
-        try:
-            total += next(int(line.split()[1]) for line in io.read_text().splitlines() if line.startswith("wchar:"))
-        except (OSError, StopIteration):
-            pass
-    return total
+    return proc_io(pid, "wchar")
 
 
 @pytest.mark.slow

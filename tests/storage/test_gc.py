@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from gcs_finalize_proxy import GcsFinalizeProxy
-from lhtest import BUCKET, make_store_url, spawn
+from lhtest import BUCKET, make_store_url, proc_io, spawn
 
 import launchhelm as lh
 from launchhelm import _gc
@@ -207,13 +207,7 @@ def _read_so_far(pid: int) -> int:
     as it uploads, a few parts ahead of what has been sent (sockets are not
     counted), so this tells how far the upload has gone on every backend.
     """
-    total = 0
-    for io in Path(f"/proc/{pid}/task").glob("*/io"):
-        try:
-            total += next(int(line.split()[1]) for line in io.read_text().splitlines() if line.startswith("rchar:"))
-        except (OSError, StopIteration):
-            pass
-    return total
+    return proc_io(pid, "rchar")
 
 
 @pytest.mark.slow
