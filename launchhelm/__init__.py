@@ -17,8 +17,6 @@ are imported only where first needed.
 """
 
 from launchhelm._api import Api, RunHandle
-from launchhelm._evaluation import EvaluationHandle, ProjectHandle
-from launchhelm._evaluation_worker import EvaluationContext, EvaluationWorker, evaluate
 from launchhelm._exceptions import (
     AlreadyExistsError,
     BucketNotFoundError,
@@ -26,7 +24,9 @@ from launchhelm._exceptions import (
     CoordinationUnsupportedError,
     EvaluationNotFoundError,
     EvaluationStateError,
+    InvalidArgumentError,
     InvalidMetricError,
+    InvalidTypeError,
     LaunchHelmError,
     ObjectNotFoundError,
     RunClosedError,
@@ -41,6 +41,8 @@ from launchhelm._exceptions import (
 from launchhelm._run import Run, init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
+from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle
+from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
 
 __all__ = [
     "AlreadyExistsError",
@@ -55,7 +57,9 @@ __all__ = [
     "EvaluationNotFoundError",
     "EvaluationStateError",
     "EvaluationWorker",
+    "InvalidArgumentError",
     "InvalidMetricError",
+    "InvalidTypeError",
     "LaunchHelmError",
     "ObjectNotFoundError",
     "ProjectHandle",

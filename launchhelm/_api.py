@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 
 from launchhelm._checkpoints import checkpoint_record
 from launchhelm._control import ACTIONS, check_tunable_changes, in_force
-from launchhelm._evaluation import EvaluationHandle, ProjectHandle, queue_for, queue_manual
 from launchhelm._events import (
     CONTROL_ACTION,
     CONTROL_TUNABLES,
@@ -21,10 +20,11 @@ from launchhelm._events import (
 )
 from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError
 from launchhelm._liveness import requester
-from launchhelm._metrics import abandoned_mask, decode_chunks, history_frame
 from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
 from launchhelm._types import Checkpoint, Evaluation, Rewind
+from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
+from launchhelm.metrics._points import abandoned_mask, decode_chunks, history_frame
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:

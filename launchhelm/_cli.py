@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from launchhelm._api import Api
-from launchhelm._evaluation_cli import add_commands as add_evaluation_commands
-from launchhelm._evaluation_cli import print_evaluations
 from launchhelm._exceptions import LaunchHelmError
 from launchhelm._gc import add_commands as add_gc_commands
+from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
+from launchhelm.evaluation._cli import print_evaluations
 
 __all__ = ["main"]
 

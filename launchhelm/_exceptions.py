@@ -18,7 +18,9 @@ inherits the built-in exception a caller would naturally catch, so
     ├── RunClosedError (RuntimeError)
     ├── RunInUseError (RuntimeError)
     ├── RunFinishedError (RuntimeError)
-    ├── InvalidMetricError (ValueError)
+    ├── InvalidArgumentError (ValueError)
+    │   └── InvalidMetricError
+    ├── InvalidTypeError (TypeError)
     └── CheckpointError (RuntimeError)
 
 Each carries the context needed to act on it (``url``, ``run_id``, ``step``)
@@ -34,7 +36,9 @@ __all__ = [
     "CoordinationUnsupportedError",
     "EvaluationNotFoundError",
     "EvaluationStateError",
+    "InvalidArgumentError",
     "InvalidMetricError",
+    "InvalidTypeError",
     "LaunchHelmError",
     "ObjectNotFoundError",
     "RunClosedError",
@@ -169,8 +173,22 @@ class RunStopped(SystemExit):
         return self.message
 
 
-class InvalidMetricError(LaunchHelmError, ValueError):
-    """A metric key or step is malformed (values of the wrong type raise TypeError)."""
+class InvalidArgumentError(LaunchHelmError, ValueError):
+    """An argument has a value LaunchHelm cannot use (a malformed name, an unknown option, NaN...).
+
+    ``except ValueError`` keeps catching it.
+    """
+
+
+class InvalidTypeError(LaunchHelmError, TypeError):
+    """An argument is of the wrong type (a string where a number goes, a model where an optimizer goes...).
+
+    ``except TypeError`` keeps catching it.
+    """
+
+
+class InvalidMetricError(InvalidArgumentError):
+    """A metric key or step is malformed (values of the wrong type raise :class:`InvalidTypeError`)."""
 
 
 class CheckpointError(LaunchHelmError, RuntimeError):

@@ -136,7 +136,7 @@ def _run_ids(store: Store, project: str | None) -> list[str]:
 
 def _active_evaluations(store: Store, project: str, run_id: str) -> set[str]:
     """Checkpoints of ``run_id`` with a queued or running evaluation."""
-    from launchhelm._evaluation import queue_for
+    from launchhelm.evaluation._queue import queue_for
 
     records = queue_for(store, project).evaluations(run_id)
     return {r.checkpoint for r in records if r.state in ("queued", "running")}

@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm._control import check_plain, in_force
-from launchhelm._evaluation import on_checkpoint_published
 from launchhelm._events import (
     CHECKPOINT,
     CONTROL_ACTION,
@@ -50,7 +49,6 @@ from launchhelm._exceptions import (
     RunStopped,
 )
 from launchhelm._liveness import process_identity
-from launchhelm._metrics import Row, chunk_key, coerce_value, encode_chunk, validate_key
 from launchhelm._runinfo import furthest_step, read_run_record
 from launchhelm._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -61,6 +59,8 @@ from launchhelm._sessions import (
     liveness,
 )
 from launchhelm._types import Rewind
+from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
 from launchhelm.storage import Store, open_store
 
 __all__ = ["Run", "init"]

@@ -7,8 +7,8 @@ from typing import Any
 
 from launchhelm._events import RunState, run_prefix, validate_run_id
 from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
-from launchhelm._metrics import parse_chunk_name
 from launchhelm._sessions import liveness
+from launchhelm.metrics._points import parse_chunk_name
 from launchhelm.storage import Store
 
 __all__ = ["furthest_step", "metric_chunk_keys", "read_run_record"]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import launchhelm as lh
-from launchhelm._metrics import decode_chunks, encode_chunk, history_frame
+from launchhelm.metrics._points import decode_chunks, encode_chunk, history_frame
 
 
 def test_logged_points_come_back_as_a_wide_frame(store_url: str) -> None:

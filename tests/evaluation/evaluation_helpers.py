@@ -49,8 +49,8 @@ def results_by_evaluation(store: str, project: str) -> dict[str, list[dict[str, 
 def raw_points(store: str, run_id: str) -> list[dict[str, Any]]:
     """Every stored metric point of the run, duplicates included (what history() folds)."""
     from launchhelm._events import EventLog, fold
-    from launchhelm._metrics import decode_chunks
     from launchhelm._runinfo import metric_chunk_keys
+    from launchhelm.metrics._points import decode_chunks
 
     st = open_store(store)
     state = fold(EventLog(st, run_id).read())

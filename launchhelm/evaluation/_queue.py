@@ -657,7 +657,7 @@ class EvaluationQueue:
         its own, so whoever writes it (the publishing worker, or a later one
         repairing a crash in between) writes the same points, once.
         """
-        from launchhelm._metrics import encode_chunk
+        from launchhelm.metrics._points import encode_chunk
 
         scores = {f"{SCORE_PREFIX}{k}": float(v) for k, v in dict(result.get("scores") or {}).items()}
         step = int(result["step"])

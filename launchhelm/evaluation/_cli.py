@@ -18,8 +18,8 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._evaluation import worker_policy
-from launchhelm._evaluation_worker import EvaluationWorker
+from launchhelm.evaluation._queue import worker_policy
+from launchhelm.evaluation._worker import EvaluationWorker
 
 if TYPE_CHECKING:
     from launchhelm._api import RunHandle

@@ -1,7 +1,7 @@
 """Evaluation workers: ``@launchhelm.evaluate`` and ``EvaluationContext``.
 
 A worker takes the project's queued evaluations one at a time (the queue,
-leases and results are described in ``launchhelm._evaluation``)::
+leases and results are described in ``launchhelm.evaluation._queue``)::
 
     @launchhelm.evaluate(project="quickstart")
     def score(ctx: launchhelm.EvaluationContext) -> dict[str, float]:
@@ -38,7 +38,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._evaluation import (
+from launchhelm._events import RunState, validate_project
+from launchhelm._exceptions import CheckpointError
+from launchhelm.evaluation._queue import (
     DEFAULT_LEASE_SECONDS,
     DONE,
     FAILED,
@@ -47,9 +49,7 @@ from launchhelm._evaluation import (
     EvaluationQueue,
     _Listed,
 )
-from launchhelm._events import RunState, validate_project
-from launchhelm._exceptions import CheckpointError
-from launchhelm._metrics import coerce_value, validate_key
+from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
