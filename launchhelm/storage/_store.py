@@ -23,7 +23,7 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +66,12 @@ _CONDITIONAL_PROTOCOLS = {
 DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds to wait for an answer once a request is sent.
 DEFAULT_READ_TIMEOUT = 60.0
+#: Requests a batched read keeps in flight on an object store. S3 serves
+#: thousands of GETs per second per prefix; 64 keeps a 20 ms round trip
+#: from dominating a 1,000-object read (16 batches, about 0.3 s).
+DEFAULT_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)
+#: Local reads are page-cache copies: a few threads are all they can use.
+_LOCAL_READ_THREADS = 8
 
 _STAGING = ".staging"
 _BLOCK = 8 * 2**20
@@ -184,6 +190,8 @@ class Store:
     protocol: str
     atomic_create: bool = True
     progress: bool | None = None
+    #: Requests :meth:`read_many` keeps in flight (``LAUNCHHELM_READ_CONCURRENCY``).
+    read_concurrency: int = DEFAULT_READ_CONCURRENCY
 
     # -- public surface -------------------------------------------------
     def create(self, key: str, data: bytes) -> None:
@@ -214,6 +222,37 @@ class Store:
             Nothing is stored at ``key``.
         """
         return self._read(_check_key(key))
+
+    def read_many(self, keys: Iterable[str], *, max_concurrency: int | None = None) -> dict[str, bytes | None]:
+        """Read many objects at once, with up to ``max_concurrency`` requests in flight.
+
+        Object stores send the requests concurrently on their file system's
+        event loop (one ``GET`` per key, no listing); local folders and
+        ``memory://`` read in a small thread pool. This is how every read a
+        person waits for stays a bounded number of round trips.
+
+        Returns
+        -------
+        dict
+            ``{key: bytes}``, with ``None`` for a key where nothing is stored,
+            in the order the keys were given (duplicates read once).
+
+        Raises
+        ------
+        StorageError
+            Any other failure, mapped exactly as :meth:`read` maps it (after
+            the same retries of transient answers).
+
+        Examples
+        --------
+        >>> store.read_many(["runs/a/run.json", "runs/b/run.json"])  # doctest: +SKIP
+        {'runs/a/run.json': b'{...}', 'runs/b/run.json': None}
+        """
+        wanted = list(dict.fromkeys(_check_key(k) for k in keys))
+        if not wanted:
+            return {}
+        limit = max(1, int(max_concurrency or self.read_concurrency))
+        return self._read_many(wanted, limit)
 
     def exists(self, key: str) -> bool:
         """Whether an object is stored at ``key``."""
@@ -346,6 +385,21 @@ class Store:
 
     def _read(self, key: str) -> bytes:
         raise NotImplementedError
+
+    def _read_many(self, keys: builtins.list[str], limit: int) -> dict[str, bytes | None]:
+        """A thread pool over :meth:`read`: what local folders and ``memory://`` need."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        def one(key: str) -> bytes | None:
+            try:
+                return self._read(key)
+            except ObjectNotFoundError:
+                return None
+
+        if len(keys) == 1:
+            return {keys[0]: one(keys[0])}
+        with ThreadPoolExecutor(max_workers=min(limit, len(keys), _LOCAL_READ_THREADS)) as pool:
+            return dict(zip(keys, pool.map(one, keys), strict=True))
 
     def _exists(self, key: str) -> bool:
         raise NotImplementedError
@@ -572,6 +626,10 @@ class ObjectStore(Store):
         self.atomic_create = protocol in _CONDITIONAL_PROTOCOLS
         self._kind = kind_of(protocol)
         self._bucket_checked = False
+        # s3fs sends a HEAD before every GET to decide on a concurrent ranged
+        # read unless max_concurrency is 1: small objects need one GET, and
+        # large ones come back through _download's own ranged reads
+        self._cat_options: dict[str, Any] = {"max_concurrency": 1} if self._kind == "s3" else {}
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -692,10 +750,56 @@ class ObjectStore(Store):
 
     def _read(self, key: str) -> bytes:
         try:
-            return bytes(self._retrying(lambda: self.fs.cat_file(self._path(key)), key, "reading"))
+            return bytes(self._retrying(lambda: self.fs.cat_file(self._path(key), **self._cat_options), key, "reading"))
         except ObjectNotFoundError:
             self._check_bucket()
             raise
+
+    def _read_many(self, keys: builtins.list[str], limit: int) -> dict[str, bytes | None]:
+        if not getattr(self.fs, "async_impl", False) or len(keys) == 1:
+            return super()._read_many(keys, limit)
+        import asyncio
+
+        from fsspec.asyn import sync
+
+        fs = self.fs
+
+        async def gather() -> builtins.list[Any]:
+            gate = asyncio.Semaphore(limit)
+
+            async def one(path: str) -> Any:
+                async with gate:
+                    try:
+                        return await fs._cat_file(path, **self._cat_options)
+                    except Exception as exc:  # sorted out below, per key
+                        return exc
+
+            return await asyncio.gather(*(one(self._path(k)) for k in keys))
+
+        try:
+            answers = sync(fs.loop, gather)
+        except Exception as exc:  # the loop itself failed: one clear error
+            raise self._error(classify(exc), None, "reading") from exc
+        out: dict[str, bytes | None] = {}
+        missing = False
+        for key, answer in zip(keys, answers, strict=True):
+            if not isinstance(answer, BaseException):
+                out[key] = bytes(answer)
+                continue
+            problem = classify(answer)
+            if problem.kind == MISSING:
+                out[key] = None
+                missing = True
+            elif problem.kind == TRANSIENT:
+                try:  # the one-at-a-time path retries with backoff
+                    out[key] = self._read(key)
+                except ObjectNotFoundError:
+                    out[key] = None
+            else:
+                raise self._error(problem, key, "reading") from answer
+        if missing:
+            self._check_bucket()  # a missing bucket is that, not missing objects
+        return out
 
     def _exists(self, key: str) -> bool:
         found = bool(self._retrying(lambda: self.fs.isfile(self._path(key)), key, "reading"))
