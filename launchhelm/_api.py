@@ -20,15 +20,18 @@ from launchhelm._events import (
 )
 from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError
 from launchhelm._liveness import requester
-from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
+from launchhelm._runinfo import furthest_step, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
-from launchhelm.metrics._points import abandoned_mask, decode_chunks, history_frame
+from launchhelm.metrics._points import abandoned_mask, history_frame
+from launchhelm.metrics._read import PointReader
+from launchhelm.metrics._segments import concat as concat_points
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
     import pandas as pd
+    import pyarrow as pa
 
 __all__ = ["Api", "RunHandle"]
 
@@ -44,7 +47,8 @@ class RunHandle:
         self._store = store
         self._record = read_run_record(store, run_id)
         self._events = EventLog(store, run_id)
-        self._chunk_cache: dict[str, bytes] = {}
+        self._points = PointReader(store, run_id)
+        self._points_table: pa.Table | None = None
 
     # identity (immutable)
     @property
@@ -375,15 +379,25 @@ class RunHandle:
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
         state = self._state()
-        blobs = []
-        for key, _, _ in metric_chunk_keys(self._store, self.id, state):
-            blob = self._chunk_cache.get(key)
-            if blob is None:
-                blob = self._chunk_cache[key] = self._store.read(key)  # chunks are immutable
-            blobs.append(blob)
-        frame = history_frame(decode_chunks(blobs), keys=keys, duplicates=duplicates)
+        frame = history_frame(self._read_points(), keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         return frame
+
+    def _read_points(self) -> pa.Table:
+        """Every point, once: a whole read the first time, then only what arrived since.
+
+        Segments and chunks are immutable, so a handle kept in a notebook
+        pays one listing plus the new chunks per call, whatever the run's
+        length (``docs/storage.md``).
+        """
+        if self._points_table is not None:
+            new = self._points.poll()
+            if new is not None:
+                if new.num_rows:
+                    self._points_table = concat_points([self._points_table, new])
+                return self._points_table
+        self._points_table = self._points.read()
+        return self._points_table
 
 
 class Api:

@@ -1,4 +1,4 @@
-"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``gc``."""
+"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``compact``, ``gc``."""
 
 from __future__ import annotations
 
@@ -147,6 +147,28 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(store=args.store, steps=args.steps)
 
 
+def _cmd_compact(args: argparse.Namespace) -> int:
+    from launchhelm.metrics._compact import compact_run
+    from launchhelm.metrics._layout import list_metrics, read_manifest
+
+    api = Api(args.store)
+    api.store.require_coordination("compacting a run's metrics")
+    for run_id in args.run:
+        api.run(run_id)  # RunNotFoundError before any write
+        result = compact_run(api.store, run_id, by="launchhelm compact")
+        listing = list_metrics(api.store, run_id)
+        manifest = read_manifest(api.store, run_id, listing.newest_manifest)
+        where = f"{len(manifest.segments)} segments (manifest {manifest.seq})"
+        if result is None or not result.chunks:
+            print(f"run {run_id}: nothing to compact; its points are in {where}")
+            continue
+        print(
+            f"run {run_id}: compacted {result.chunks} chunks; its points are in {where}"
+            + (f"; deleted {result.deleted} objects past the grace period" if result.deleted else "")
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launchhelm", description="Experiment tracking that survives crashes.")
     parser.add_argument(
@@ -171,6 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     control.add_argument("run")
     control.add_argument("action", choices=["pause", "resume", "stop", "checkpoint"])
     control.set_defaults(func=_cmd_control)
+    compact = sub.add_parser(
+        "compact", help="merge a run's metric chunks into Parquet segments now (finishes what a dead session left)"
+    )
+    compact.add_argument("run", nargs="+")
+    compact.set_defaults(func=_cmd_compact)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
     return parser

@@ -60,6 +60,7 @@ from launchhelm._sessions import (
 )
 from launchhelm._types import Rewind
 from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
 from launchhelm.storage import Store, open_store
 
@@ -223,6 +224,8 @@ class Run:
         self._io_lock = threading.Lock()
         self._known_keys: set[str] = set()
         self._chunk_number = 0
+        self._unsealed: dict[str, bytes] = {}  # our chunks not yet in a segment
+        self._compactor: Compactor | None = None
         self._finished = False
         self._flush_interval = flush_interval
         self._heartbeat_interval = heartbeat_interval
@@ -374,6 +377,7 @@ class Run:
                     self._chunk_number += 1
                     try:
                         self._store.create(key, data)
+                        self._unsealed[key] = data  # the compactor needs no GET for our own chunks
                         break
                     except AlreadyExistsError:
                         continue  # a chunk number taken by an earlier, ambiguous write
@@ -381,6 +385,28 @@ class Run:
                 with self._lock:
                     self._rows[:0] = rows  # keep them for the next try
                 raise
+
+    def _compact(self, *, only_if_due: bool) -> None:
+        """Fold sealed chunks into segments (background thread, and once at the end of the session).
+
+        Never fatal: the chunks stay readable as they are, and the next
+        session or ``launchhelm compact`` finishes the work.
+        """
+        with self._io_lock:  # a consistent view of what _flush has written
+            known = self._unsealed
+            if only_if_due and len(known) < CHUNKS_PER_SEGMENT and sum(map(len, known.values())) < BYTES_PER_SEGMENT:
+                return
+            self._unsealed = {}
+        if self._compactor is None:
+            self._compactor = Compactor(self._store, self.id, by=self.session_id)
+        compactor = self._compactor
+        compactor.known.update(known)
+        try:
+            compactor.compact(only_if_due=False)
+        except Exception as exc:
+            _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
+        if sum(map(len, compactor.known.values())) > 4 * BYTES_PER_SEGMENT:
+            compactor.known.clear()  # bounded: a later compaction GETs them instead
 
     def _beat(self) -> None:
         self._store.put(
@@ -675,6 +701,7 @@ class Run:
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
                     self._flush()
+                    self._compact(only_if_due=True)
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
                     self._beat()
@@ -705,6 +732,7 @@ class Run:
         if self._worker.is_alive() and threading.current_thread() is not self._worker:
             self._worker.join()
         self._flush()
+        self._compact(only_if_due=False)
         self._events.append(
             SESSION_ENDED,
             {

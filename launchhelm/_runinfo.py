@@ -8,10 +8,10 @@ from typing import Any
 from launchhelm._events import RunState, run_prefix, validate_run_id
 from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
 from launchhelm._sessions import liveness
-from launchhelm.metrics._points import parse_chunk_name
+from launchhelm.metrics._read import furthest_logged_step
 from launchhelm.storage import Store
 
-__all__ = ["furthest_step", "metric_chunk_keys", "read_run_record"]
+__all__ = ["furthest_step", "read_run_record"]
 
 
 def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
@@ -28,26 +28,9 @@ def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
         ) from None
 
 
-def metric_chunk_keys(store: Store, run_id: str, state: RunState) -> list[tuple[str, int, int]]:
-    """``(key, first_step, last_step)`` of every chunk, in the order points arrived."""
-    order = {s.id: i for i, s in enumerate(state.sessions)}
-    prefix = f"{run_prefix(run_id)}/metrics"
-    found = []
-    for name in store.list(prefix):
-        parsed = parse_chunk_name(name)
-        if parsed is None:
-            continue
-        session, number, first, last = parsed
-        found.append((order.get(session, len(order)), session, number, f"{prefix}/{name}", first, last))
-    found.sort()
-    return [(key, first, last) for _, _, _, key, first, last in found]
-
-
 def furthest_step(store: Store, run_id: str, state: RunState) -> int:
     """The furthest step the run has reached, in any session or attempt."""
     best = 0
     for session in state.sessions:
         best = max(best, session.start_step, session.end_step or 0, liveness(store, run_id, session).step)
-    for _, _, last in metric_chunk_keys(store, run_id, state):
-        best = max(best, last)
-    return best
+    return max(best, furthest_logged_step(store, run_id))

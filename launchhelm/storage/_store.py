@@ -274,6 +274,15 @@ class Store:
         """Delete the object at ``key`` (garbage collection only); absent is fine."""
         self._delete(_check_key(key))
 
+    def delete_many(self, keys: Iterable[str]) -> None:
+        """Delete many objects (garbage collection and compaction only); absent ones are fine.
+
+        Object stores batch them (S3: one request per 1,000 keys).
+        """
+        wanted = list(dict.fromkeys(_check_key(k) for k in keys))
+        if wanted:
+            self._delete_many(wanted)
+
     def upload(self, key: str, local_path: str | os.PathLike[str], *, progress: bool | None = None) -> None:
         """Stream a local file to ``key``, put-if-absent, never partly visible.
 
@@ -385,6 +394,10 @@ class Store:
 
     def _read(self, key: str) -> bytes:
         raise NotImplementedError
+
+    def _delete_many(self, keys: builtins.list[str]) -> None:
+        for key in keys:
+            self._delete(key)
 
     def _read_many(self, keys: builtins.list[str], limit: int) -> dict[str, bytes | None]:
         """A thread pool over :meth:`read`: what local folders and ``memory://`` need."""
@@ -836,6 +849,16 @@ class ObjectStore(Store):
             self._retrying(lambda: self.fs.rm_file(self._path(key)), key, "deleting")
         except ObjectNotFoundError:
             pass
+
+    def _delete_many(self, keys: builtins.list[str]) -> None:
+        if self._kind != "s3" or len(keys) == 1:
+            # gcsfs and adlfs raise on a missing key inside a batch: one at a time keeps "absent is fine"
+            super()._delete_many(keys)
+            return
+        paths = [self._path(k) for k in keys]
+        for start in range(0, len(paths), 1000):  # DeleteObjects takes 1,000 keys
+            batch = paths[start : start + 1000]
+            self._retrying(lambda batch=batch: self.fs.rm(batch), None, "deleting")  # type: ignore[misc]
 
     # -- large objects -----------------------------------------------------------
     def _part_upload(self, key: str) -> Any:

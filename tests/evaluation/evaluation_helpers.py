@@ -48,14 +48,9 @@ def results_by_evaluation(store: str, project: str) -> dict[str, list[dict[str, 
 
 def raw_points(store: str, run_id: str) -> list[dict[str, Any]]:
     """Every stored metric point of the run, duplicates included (what history() folds)."""
-    from launchhelm._events import EventLog, fold
-    from launchhelm._runinfo import metric_chunk_keys
-    from launchhelm.metrics._points import decode_chunks
+    from launchhelm.metrics._read import read_points
 
-    st = open_store(store)
-    state = fold(EventLog(st, run_id).read())
-    blobs = [st.read(key) for key, _, _ in metric_chunk_keys(st, run_id, state)]
-    table = decode_chunks(blobs)
+    table = read_points(open_store(store), run_id)
     return [dict(row) for row in table.to_pylist()]
 
 

@@ -1,0 +1,257 @@
+"""Compaction: a run's sealed chunks merged into Parquet segments, published by a manifest.
+
+Every step writes a new object with ``create``, so a compactor killed at any
+moment leaves either nothing visible (segments no manifest names, collected
+later as garbage) or a whole new manifest. Two compactors racing both try to
+create manifest ``N+1``: one wins, the other deletes its own unnamed segments
+and starts again from the winner's. Readers read the newest manifest, its
+segments and the chunks it does not cover, so every point is read exactly
+once at every instant. See ``docs/storage.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launchhelm._exceptions import AlreadyExistsError, StorageError
+from launchhelm.metrics._layout import (
+    EMPTY,
+    ChunkRef,
+    Listing,
+    Manifest,
+    SegmentRef,
+    list_metrics,
+    manifest_name,
+    metrics_prefix,
+    new_segment_name,
+    read_manifest,
+)
+from launchhelm.metrics._segments import concat, decode_chunk, decode_segment, encode_segment
+from launchhelm.storage import Store
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["CompactionResult", "Compactor", "compaction_grace"]
+
+_log = logging.getLogger("launchhelm")
+
+#: Uncovered chunks that make the live session compact (about a minute of flushes).
+CHUNKS_PER_SEGMENT = 32
+#: ... or this many bytes of them, whichever comes first.
+BYTES_PER_SEGMENT = 8 * 2**20
+#: Segments of one level merged into one of the next: at most FANOUT - 1 per level remain.
+FANOUT = 8
+#: Segments are not merged past this size (a merge holds its inputs in memory).
+MAX_SEGMENT_BYTES = 256 * 2**20
+#: Seconds a covered chunk or dropped segment stays readable (``LAUNCHHELM_COMPACTION_GRACE``).
+DEFAULT_GRACE = 600.0
+
+
+def compaction_grace() -> float:
+    raw = os.environ.get("LAUNCHHELM_COMPACTION_GRACE")
+    try:
+        return max(0.0, float(raw)) if raw else DEFAULT_GRACE
+    except ValueError:
+        return DEFAULT_GRACE
+
+
+@dataclass(frozen=True)
+class CompactionResult:
+    """What one :meth:`Compactor.compact` did."""
+
+    manifest: Manifest
+    chunks: int  # chunks newly covered
+    merged: int  # merges into a higher level
+    deleted: int  # garbage objects deleted
+
+
+class Compactor:
+    """Compacts one run; keeps the newest manifest and recent segments in memory between calls.
+
+    Parameters
+    ----------
+    store, run_id:
+        The run.
+    by:
+        Who compacts (a session id, ``"compact"``, ``"gc"``), recorded in the manifest.
+    """
+
+    def __init__(self, store: Store, run_id: str, by: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.by = by
+        self.prefix = metrics_prefix(run_id)
+        self._manifest: Manifest = EMPTY
+        self._tables: dict[str, pa.Table] = {}  # segments this process wrote or read, by relative key
+        #: chunk bytes the caller already has (the live session's own chunks): no GET needed
+        self.known: dict[str, bytes] = {}
+
+    # -- deciding --------------------------------------------------------------------
+    def due(self, listing: Listing | None = None) -> bool:
+        """Whether enough uncovered chunks wait (against the manifest last seen)."""
+        listing = listing or list_metrics(self.store, self.run_id)
+        tail = listing.uncovered(self._current(listing))
+        return len(tail) >= CHUNKS_PER_SEGMENT or sum(c.size for c in tail) >= BYTES_PER_SEGMENT
+
+    def _current(self, listing: Listing) -> Manifest:
+        newest = listing.newest_manifest
+        if newest != self._manifest.seq:
+            self._manifest = read_manifest(self.store, self.run_id, newest)
+            self._tables = {k: t for k, t in self._tables.items() if k in {s.key for s in self._manifest.segments}}
+        return self._manifest
+
+    # -- compacting -----------------------------------------------------------------
+    def compact(self, *, only_if_due: bool = False, collect: bool = True, attempts: int = 5) -> CompactionResult | None:
+        """Cover every chunk listed now with segments and publish a manifest; then collect garbage.
+
+        Returns None when there was nothing to do (or, with ``only_if_due``,
+        not enough). A lost race is retried from the winner's manifest up to
+        ``attempts`` times.
+        """
+        for _ in range(attempts):
+            listing = list_metrics(self.store, self.run_id)
+            manifest = self._current(listing)
+            tail = listing.uncovered(manifest)
+            due = len(tail) >= CHUNKS_PER_SEGMENT or sum(c.size for c in tail) >= BYTES_PER_SEGMENT
+            if not tail or (only_if_due and not due):
+                deleted = self.collect(listing) if collect else 0
+                return None if not deleted else CompactionResult(manifest, 0, 0, deleted)
+            try:
+                published, merged = self._publish(manifest, tail)
+            except AlreadyExistsError:
+                continue  # another compactor published N+1: start from its manifest
+            self._manifest = published
+            for chunk in tail:
+                self.known.pop(chunk.key, None)
+            deleted = self.collect(list_metrics(self.store, self.run_id)) if collect else 0
+            return CompactionResult(published, len(tail), merged, deleted)
+        return None
+
+    def _chunk_tables(self, tail: list[ChunkRef]) -> list[pa.Table]:
+        need = [c.key for c in tail if c.key not in self.known]
+        fetched = self.store.read_many(need) if need else {}
+        tables = []
+        for chunk in tail:
+            blob = self.known.get(chunk.key) or fetched.get(chunk.key)
+            if blob is None:
+                # listed a moment ago, gone now: another compactor covered and collected it
+                raise AlreadyExistsError(f"{chunk.key} was compacted by another process", url=chunk.key)
+            tables.append(decode_chunk(blob))
+        return tables
+
+    def _segment_tables(self, segments: list[SegmentRef]) -> list[pa.Table]:
+        need = [s.key for s in segments if s.key not in self._tables]
+        fetched = self.store.read_many([f"{self.prefix}/{k}" for k in need]) if need else {}
+        for key in need:
+            blob = fetched.get(f"{self.prefix}/{key}")
+            if blob is None:
+                raise AlreadyExistsError(f"segment {key} is gone: another compactor moved on", url=key)
+            self._tables[key] = decode_segment(blob)
+        return [self._tables[s.key] for s in segments]
+
+    def _write_segment(self, table: pa.Table, level: int, written: list[str]) -> SegmentRef:
+        import pyarrow.compute as pc
+
+        data = encode_segment(table)
+        key = new_segment_name(level)
+        self.store.create(f"{self.prefix}/{key}", data)
+        written.append(key)
+        steps = table.column("step")
+        first = int(pc.min(steps).as_py() or 0) if table.num_rows else 0
+        last = int(pc.max(steps).as_py() or 0) if table.num_rows else 0
+        self._tables[key] = table
+        return SegmentRef(key, level, table.num_rows, len(data), first, last)
+
+    def _publish(self, manifest: Manifest, tail: list[ChunkRef]) -> tuple[Manifest, int]:
+        written: list[str] = []
+        try:
+            segments = list(manifest.segments)
+            segments.append(self._write_segment(concat(self._chunk_tables(tail)), 0, written))
+            merged = 0
+            while len(segments) >= FANOUT:
+                run = segments[-FANOUT:]
+                level = run[-1].level
+                if any(s.level != level for s in run) or sum(s.bytes for s in run) > MAX_SEGMENT_BYTES:
+                    break
+                table = concat(self._segment_tables(run))
+                segments[-FANOUT:] = [self._write_segment(table, level + 1, written)]
+                merged += 1
+            covered = dict(manifest.covered)
+            for chunk in tail:
+                covered[chunk.dir] = max(covered.get(chunk.dir, -1), chunk.number)
+            published = Manifest(
+                seq=manifest.seq + 1,
+                covered=covered,
+                segments=tuple(segments),
+                max_step=max([manifest.max_step, *(c.last_step for c in tail)]),
+                created=time.time(),
+                by=self.by,
+            )
+            self.store.create(f"{self.prefix}/{manifest_name(published.seq)}", published.encode())
+        except BaseException:
+            # nobody can know segments no manifest names: take ours back now
+            self._discard(written)
+            raise
+        return published, merged
+
+    def _discard(self, keys: list[str]) -> None:
+        for key in keys:
+            self._tables.pop(key, None)
+        try:
+            self.store.delete_many([f"{self.prefix}/{k}" for k in keys])
+        except StorageError as exc:  # left for garbage collection
+            _log.debug("could not delete unpublished segments of run %s: %s", self.run_id, exc)
+
+    # -- garbage ------------------------------------------------------------------------
+    def collect(self, listing: Listing, grace: float | None = None, now: float | None = None) -> int:
+        """Delete what no reader can need any more; return how many objects.
+
+        With ``G`` the newest manifest older than the grace period: manifests
+        before ``G``, chunks ``G`` covers, and segments older than the grace
+        period that neither ``G`` nor any newer manifest names.
+        """
+        grace = compaction_grace() if grace is None else grace
+        now = time.time() if now is None else now
+
+        def old(modified: float | None) -> bool:
+            return modified is not None and modified <= now - grace
+
+        aged = [seq for seq, modified in listing.manifests.items() if old(modified)]
+        if not aged:
+            return 0
+        g = max(aged)
+        recent = sorted(seq for seq in listing.manifests if seq >= g)
+        blobs = self.store.read_many([f"{self.prefix}/{manifest_name(seq)}" for seq in recent])
+        named: set[str] = set()
+        base: Manifest | None = None
+        for seq in recent:
+            blob = blobs.get(f"{self.prefix}/{manifest_name(seq)}")
+            if blob is None:
+                return 0  # another collector is at work: leave it to them
+            found = Manifest.decode(blob, seq)
+            named.update(s.key for s in found.segments)
+            if seq == g:
+                base = found
+        assert base is not None
+        doomed = [f"{self.prefix}/{manifest_name(seq)}" for seq in listing.manifests if seq < g]
+        doomed += [c.key for c in listing.chunks if base.covers(c)]
+        doomed += [f"{self.prefix}/{k}" for k, modified in listing.segments.items() if k not in named and old(modified)]
+        if doomed:
+            self.store.delete_many(doomed)
+        return len(doomed)
+
+
+def compact_run(
+    store: Store, run_id: str, by: str = "compact", known: Mapping[str, bytes] | None = None
+) -> CompactionResult | None:
+    """Compact every chunk of a run now (``launchhelm compact RUN``) and collect its garbage."""
+    compactor = Compactor(store, run_id, by)
+    if known:
+        compactor.known.update(known)
+    return compactor.compact()

@@ -1,0 +1,182 @@
+"""Where a run's metrics live, and the manifest that says which chunks segments replace.
+
+One listing of ``runs/<id>/metrics/`` finds everything: chunks
+(``<dir>/<n:08d>-<first>-<last>.arrow``), segments
+(``segments/L<level>-<token>.parquet``) and manifests
+(``manifest-<seq:020d>.json``). See ``docs/storage.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from launchhelm.storage import Store
+
+__all__ = ["ChunkRef", "Listing", "Manifest", "list_metrics", "metrics_prefix"]
+
+MANIFEST_FORMAT = "launchhelm.manifest/1"
+SEGMENT_DIR = "segments"
+_MANIFEST_PREFIX = "manifest-"
+
+
+def metrics_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/metrics"
+
+
+def manifest_name(seq: int) -> str:
+    return f"{_MANIFEST_PREFIX}{seq:020d}.json"
+
+
+def new_segment_name(level: int) -> str:
+    return f"{SEGMENT_DIR}/L{level}-{os.urandom(8).hex()}.parquet"
+
+
+@dataclass(frozen=True, order=True)
+class ChunkRef:
+    """One chunk, ordered as points arrived: sessions by start (their ids begin with it), then evaluations."""
+
+    rank: int  # 0: a session's chunks, 1: an evaluation's scores (written later, at checkpoints' steps)
+    dir: str
+    number: int
+    first_step: int = field(compare=False)
+    last_step: int = field(compare=False)
+    key: str = field(compare=False)  # full store key
+    size: int = field(default=0, compare=False)
+
+
+@dataclass(frozen=True)
+class SegmentRef:
+    key: str  # relative to the metrics prefix, "segments/L0-....parquet"
+    level: int
+    rows: int
+    bytes: int
+    first_step: int
+    last_step: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "level": self.level,
+            "rows": self.rows,
+            "bytes": self.bytes,
+            "first_step": self.first_step,
+            "last_step": self.last_step,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> SegmentRef:
+        return cls(
+            str(raw["key"]),
+            int(raw["level"]),
+            int(raw["rows"]),
+            int(raw["bytes"]),
+            int(raw["first_step"]),
+            int(raw["last_step"]),
+        )
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Manifest ``seq``: the segments, oldest points first, and the chunks they cover."""
+
+    seq: int
+    covered: dict[str, int]
+    segments: tuple[SegmentRef, ...]
+    max_step: int = 0
+    created: float = 0.0
+    by: str = ""
+
+    def covers(self, chunk: ChunkRef) -> bool:
+        return chunk.number <= self.covered.get(chunk.dir, -1)
+
+    def encode(self) -> bytes:
+        body = {
+            "format": MANIFEST_FORMAT,
+            "seq": self.seq,
+            "covered": dict(sorted(self.covered.items())),
+            "segments": [s.to_json() for s in self.segments],
+            "max_step": self.max_step,
+            "created": self.created,
+            "by": self.by,
+        }
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes, seq: int) -> Manifest:
+        raw = json.loads(data)
+        if raw.get("format") != MANIFEST_FORMAT or int(raw.get("seq", -1)) != seq:
+            raise ValueError(f"not a {MANIFEST_FORMAT} manifest with seq {seq}")
+        return cls(
+            seq=seq,
+            covered={str(k): int(v) for k, v in dict(raw["covered"]).items()},
+            segments=tuple(SegmentRef.from_json(s) for s in raw["segments"]),
+            max_step=int(raw.get("max_step", 0)),
+            created=float(raw.get("created", 0.0)),
+            by=str(raw.get("by", "")),
+        )
+
+
+EMPTY = Manifest(seq=0, covered={}, segments=())
+
+
+@dataclass
+class Listing:
+    """What one listing of a run's metrics found."""
+
+    prefix: str
+    chunks: list[ChunkRef]  # in arrival order
+    manifests: dict[int, float | None]  # seq -> modification time
+    segments: dict[str, float | None]  # relative key -> modification time
+
+    @property
+    def newest_manifest(self) -> int:
+        return max(self.manifests, default=0)
+
+    def uncovered(self, manifest: Manifest) -> list[ChunkRef]:
+        return [c for c in self.chunks if not manifest.covers(c)]
+
+
+def parse_chunk(prefix: str, name: str, size: int = 0) -> ChunkRef | None:
+    """A chunk from its name under ``metrics/`` (``<dir>/<n>-<first>-<last>.arrow``), else None."""
+    parts = name.split("/")
+    if len(parts) != 2 or not parts[1].endswith(".arrow") or parts[0] == SEGMENT_DIR:
+        return None
+    try:
+        number, first, last = (int(x) for x in parts[1][: -len(".arrow")].split("-"))
+    except ValueError:
+        return None
+    rank = 1 if parts[0].startswith("eval-") else 0
+    return ChunkRef(rank, parts[0], number, first, last, f"{prefix}/{name}", size)
+
+
+def list_metrics(store: Store, run_id: str) -> Listing:
+    """One listing of ``runs/<id>/metrics/``: chunks, segments and manifests."""
+    prefix = metrics_prefix(run_id)
+    chunks: list[ChunkRef] = []
+    manifests: dict[int, float | None] = {}
+    segments: dict[str, float | None] = {}
+    for info in store.list_info(prefix):
+        name = info.key
+        if name.startswith(_MANIFEST_PREFIX) and name.endswith(".json") and "/" not in name:
+            try:
+                manifests[int(name[len(_MANIFEST_PREFIX) : -len(".json")])] = info.modified
+            except ValueError:
+                pass
+        elif name.startswith(f"{SEGMENT_DIR}/") and name.endswith(".parquet"):
+            segments[name] = info.modified
+        else:
+            chunk = parse_chunk(prefix, name, info.size)
+            if chunk is not None:
+                chunks.append(chunk)
+    chunks.sort()
+    return Listing(prefix, chunks, manifests, segments)
+
+
+def read_manifest(store: Store, run_id: str, seq: int) -> Manifest:
+    """Manifest ``seq`` (0: the empty one, before any compaction)."""
+    if seq == 0:
+        return EMPTY
+    return Manifest.decode(store.read(f"{metrics_prefix(run_id)}/{manifest_name(seq)}"), seq)

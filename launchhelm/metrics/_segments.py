@@ -1,0 +1,82 @@
+"""Segments: many chunks' points as one immutable Parquet file (zstd).
+
+The columns are exactly the chunks' (``step``, ``attempt``, ``time``,
+``key``, ``value``), one row per point in arrival order, so DuckDB, Polars or
+pyarrow read a run's compacted metrics straight from the store.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["decode_chunk", "decode_segment", "empty_points", "encode_segment"]
+
+SEGMENT_FORMAT = b"launchhelm.segment/1"
+
+
+def empty_points() -> pa.Table:
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "step": pa.array([], pa.int64()),
+            "attempt": pa.array([], pa.int32()),
+            "time": pa.array([], pa.float64()),
+            "key": pa.array([], pa.string()),
+            "value": pa.array([], pa.float64()),
+        }
+    )
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """The five columns with string keys, whatever the encoding they came in."""
+    import pyarrow as pa
+
+    return pa.table(
+        {
+            "step": table.column("step").cast(pa.int64()),
+            "attempt": table.column("attempt").cast(pa.int32()),
+            "time": table.column("time").cast(pa.float64()),
+            "key": table.column("key").cast(pa.string()),
+            "value": table.column("value").cast(pa.float64()),
+        }
+    )
+
+
+def decode_chunk(blob: bytes) -> pa.Table:
+    """One Arrow IPC chunk as a table with string keys."""
+    import pyarrow as pa
+
+    return _plain(pa.ipc.open_file(pa.py_buffer(blob)).read_all())
+
+
+def decode_segment(blob: bytes) -> pa.Table:
+    """One Parquet segment as a table with string keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    return _plain(pq.read_table(pa.BufferReader(blob)))
+
+
+def concat(tables: Sequence[pa.Table]) -> pa.Table:
+    import pyarrow as pa
+
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return empty_points()
+    return pa.concat_tables(tables)
+
+
+def encode_segment(table: pa.Table) -> bytes:
+    """Points (in arrival order) as Parquet bytes: zstd, keys dictionary-encoded."""
+    import pyarrow.parquet as pq
+
+    table = _plain(table).replace_schema_metadata({b"format": SEGMENT_FORMAT})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", use_dictionary=["key"], row_group_size=1 << 20)
+    return sink.getvalue()
