@@ -18,7 +18,7 @@ from launchhelm._events import (
     fold,
     validate_project,
 )
-from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError
+from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError, RunNotFoundError
 from launchhelm._liveness import requester
 from launchhelm._runinfo import furthest_step, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
@@ -400,6 +400,16 @@ class RunHandle:
         return self._points_table
 
 
+def _in_parallel(calls: Sequence[Any]) -> list[Any]:
+    """Run independent reads concurrently (each already batches its own requests); results in order."""
+    if len(calls) <= 1:
+        return [call() for call in calls]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(16, len(calls))) as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
 class Api:
     """Read and steer runs in a store.
 
@@ -456,6 +466,76 @@ class Api:
             frame = frame.sort_values("created", ascending=False, ignore_index=True)
         result: pd.DataFrame = frame
         return result
+
+    def history(
+        self,
+        project: str,
+        keys: Sequence[str] | str | None = None,
+        runs: Sequence[str] | None = None,
+        duplicates: str = "all",
+    ) -> pd.DataFrame:
+        """Many runs' metrics in one DataFrame, read concurrently: the base for comparing runs.
+
+        Parameters
+        ----------
+        project:
+            The project whose runs to read.
+        keys:
+            Metric names (default: every metric of every run).
+        runs:
+            Run ids (default: every run of the project).
+        duplicates:
+            As in :meth:`RunHandle.history`: ``"all"`` or ``"last"``.
+
+        Returns
+        -------
+        pandas.DataFrame
+            A ``run`` column (the run id), then :meth:`RunHandle.history`'s
+            columns (``step``, ``attempt``, ``time``, ``abandoned``, one per
+            metric); runs in the order given (default: newest first), each
+            sorted by step then attempt. A metric a run never logged is NaN
+            in its rows.
+
+        Examples
+        --------
+        >>> frame = lh.Api().history("quickstart", keys=["loss"])   # doctest: +SKIP
+        >>> frame.pivot_table(index="step", columns="run", values="loss")   # doctest: +SKIP
+        """
+        import pandas as pd
+
+        validate_project(project)
+        if duplicates not in ("all", "last"):
+            raise ValueError(
+                f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
+            )
+        if runs is None:
+            handles = self._handles(self.run_ids(project))
+            handles.sort(key=lambda h: h.created, reverse=True)
+        else:
+            if isinstance(runs, str):
+                runs = [runs]
+            handles = self._handles(list(runs))
+            for handle in handles:
+                if handle.project != project:
+                    raise RunNotFoundError(
+                        f"run {handle.id} belongs to project {handle.project!r}, not {project!r}; "
+                        f"list {project!r}'s runs with Api().runs({project!r})",
+                        run_id=handle.id,
+                    )
+        frames = _in_parallel([lambda h=h: h.history(keys=keys, duplicates=duplicates) for h in handles])
+        parts = []
+        for handle, frame in zip(handles, frames, strict=True):
+            frame.insert(0, "run", handle.id)
+            parts.append(frame)
+        if not parts:
+            empty: pd.DataFrame = pd.DataFrame({"run": pd.Series([], dtype=object)})
+            return empty
+        result: pd.DataFrame = pd.concat(parts, ignore_index=True, sort=False)
+        return result
+
+    def _handles(self, run_ids: list[str]) -> list[RunHandle]:
+        """Handles on many runs, their records read concurrently."""
+        return _in_parallel([lambda r=r: RunHandle(self.store, r) for r in run_ids])
 
     def run(self, run_id: str) -> RunHandle:
         """A handle on the run ``run_id``; :class:`RunNotFoundError` if unknown."""
