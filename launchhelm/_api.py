@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._checkpoints import checkpoint_record
@@ -33,7 +34,16 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["Api", "RunHandle"]
+__all__ = ["Api", "RunHandle", "RunView"]
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What :meth:`RunHandle.poll` read: a run's summary, rewinds and history at one moment."""
+
+    summary: dict[str, Any]
+    rewinds: list[Rewind]
+    history: pd.DataFrame
 
 
 class RunHandle:
@@ -49,6 +59,7 @@ class RunHandle:
         self._events = EventLog(store, run_id)
         self._points = PointReader(store, run_id)
         self._points_table: pa.Table | None = None
+        self._older_steps: dict[str, int] = {}
 
     # identity (immutable)
     @property
@@ -136,6 +147,10 @@ class RunHandle:
 
     def rewinds(self) -> list[Rewind]:
         """Every time history went back, oldest first."""
+        return self._rewinds_of(self._state())
+
+    @staticmethod
+    def _rewinds_of(state: RunState) -> list[Rewind]:
         return [
             Rewind(
                 to_step=int(e["to_step"]),
@@ -144,7 +159,7 @@ class RunHandle:
                 checkpoint=e.get("checkpoint"),
                 attempt=int(e.get("attempt", i + 1)),
             )
-            for i, e in enumerate(self._state().rewinds)
+            for i, e in enumerate(state.rewinds)
         ]
 
     def checkpoints(self) -> list[Checkpoint]:
@@ -382,6 +397,56 @@ class RunHandle:
         frame = history_frame(self._read_points(), keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         return frame
+
+    def poll(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> RunView:
+        """Everything a live view of the run shows, read in one go: state, rewinds and history.
+
+        What a chart or a notebook loop calls every few seconds. After the
+        first call it costs a handful of requests whatever the run's length:
+        one listing of the event log (plus events not seen yet), the last
+        session's heartbeat, one listing of the metrics and the chunks not
+        read yet (``docs/storage.md``).
+
+        Returns
+        -------
+        RunView
+            ``summary`` (as :meth:`summary`), ``rewinds`` (as :meth:`rewinds`)
+            and ``history`` (as :meth:`history`).
+        """
+        import pandas as pd
+
+        if duplicates not in ("all", "last"):
+            raise ValueError(
+                f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
+            )
+        state = self._state()
+        live = self._last_liveness(state)
+        table = self._read_points()
+        frame = history_frame(table, keys=keys, duplicates=duplicates)
+        frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
+        step = max([self._points.max_step, live.step if live else 0, *self._older_session_steps(state)])
+        summary = {
+            "id": self.id,
+            "name": self.name,
+            "status": run_status(state, live),
+            "step": step,
+            "created": pd.Timestamp(self.created, unit="s", tz="UTC"),
+            "last_heartbeat": pd.Timestamp(live.last_heartbeat, unit="s", tz="UTC") if live else pd.NaT,
+            "sessions": len(state.sessions),
+            "rewinds": len(state.rewinds),
+        }
+        return RunView(summary=summary, rewinds=self._rewinds_of(state), history=frame)
+
+    def _older_session_steps(self, state: RunState) -> list[int]:
+        """The furthest step of each session before the last: they are over, so read once."""
+        steps = []
+        for session in state.sessions[:-1]:
+            if session.id not in self._older_steps:
+                self._older_steps[session.id] = max(
+                    session.start_step, session.end_step or 0, liveness(self._store, self.id, session).step
+                )
+            steps.append(self._older_steps[session.id])
+        return steps
 
     def _read_points(self) -> pa.Table:
         """Every point, once: a whole read the first time, then only what arrived since.

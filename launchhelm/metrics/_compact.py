@@ -107,17 +107,28 @@ class Compactor:
         return self._manifest
 
     # -- compacting -----------------------------------------------------------------
-    def compact(self, *, only_if_due: bool = False, collect: bool = True, attempts: int = 5) -> CompactionResult | None:
+    def compact(
+        self,
+        *,
+        only_if_due: bool = False,
+        collect: bool = True,
+        attempts: int = 5,
+        max_chunks: int | None = None,
+    ) -> CompactionResult | None:
         """Cover every chunk listed now with segments and publish a manifest; then collect garbage.
 
         Returns None when there was nothing to do (or, with ``only_if_due``,
         not enough). A lost race is retried from the winner's manifest up to
-        ``attempts`` times.
+        ``attempts`` times. ``max_chunks`` covers only the oldest chunks (a
+        prefix in arrival order, so the watermarks stay exact), bounding the
+        memory one compaction of a huge old run takes.
         """
         for _ in range(attempts):
             listing = list_metrics(self.store, self.run_id)
             manifest = self._current(listing)
             tail = listing.uncovered(manifest)
+            if max_chunks is not None:
+                tail = tail[:max_chunks]
             due = len(tail) >= CHUNKS_PER_SEGMENT or sum(c.size for c in tail) >= BYTES_PER_SEGMENT
             if not tail or (only_if_due and not due):
                 deleted = self.collect(listing) if collect else 0

@@ -74,6 +74,8 @@ DEFAULT_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 
 _LOCAL_READ_THREADS = 8
 
 _STAGING = ".staging"
+#: What each fsspec backend's listing calls an object's version (S3, Azure: ETag; GCS: generation).
+_VERSION_FIELDS = ("ETag", "etag", "generation", "md5Hash", "created")
 _BLOCK = 8 * 2**20
 
 #: What to check, per protocol, when the endpoint does not answer / access is denied.
@@ -104,11 +106,16 @@ class ObjectInfo:
         Bytes.
     modified:
         When it was written (seconds since the epoch), if the backend says.
+    version:
+        Changes whenever the object is rewritten (ETag, generation, or the
+        local file's inode, mtime and size): a reader that remembers it knows
+        without a GET whether a ``put`` object changed.
     """
 
     key: str
     size: int
     modified: float | None
+    version: str | None = None
 
 
 def _copy(src: BinaryIO, dst: Any, block: int = _BLOCK, progress: Progress | None = None) -> None:
@@ -549,7 +556,7 @@ class LocalStore(Store):
                 st = path.stat()
             except FileNotFoundError:
                 continue  # deleted while listing
-            out.append(ObjectInfo(key, st.st_size, st.st_mtime))
+            out.append(ObjectInfo(key, st.st_size, st.st_mtime, f"{st.st_ino}-{st.st_mtime_ns}-{st.st_size}"))
         return out
 
     def _delete(self, key: str) -> None:
@@ -839,7 +846,9 @@ class ObjectStore(Store):
                 modified = to_epoch(info.get(field))
                 if modified is not None:
                     break
-            out.append(ObjectInfo(p[len(strip) + 1 :], int(info.get("size") or 0), modified))
+            size = int(info.get("size") or 0)
+            version = next((str(info[f]) for f in _VERSION_FIELDS if info.get(f)), f"{modified}-{size}")
+            out.append(ObjectInfo(p[len(strip) + 1 :], size, modified, version))
         if not out:
             self._check_bucket()
         return out
@@ -1037,6 +1046,8 @@ def _with_defaults(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("connect_timeout", connect)
         config.setdefault("read_timeout", read)
         config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+        # botocore keeps 10 connections by default: read_many's concurrency needs as many
+        config.setdefault("max_pool_connections", DEFAULT_READ_CONCURRENCY)
         options["config_kwargs"] = config
     elif kind == "gcs":
         if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
