@@ -8,7 +8,10 @@ What a store accumulates that nothing reads:
 - **incomplete uploads**: S3 multipart uploads and Azure uncommitted blobs a
   killed writer left open (billed, never visible), local staging files;
 - **leftovers**: payload files of checkpoints gc already deleted (a gc that
-  was itself interrupted).
+  was itself interrupted);
+- **compacted metrics**: metric chunks and segments that a newer manifest
+  replaced, once past the compaction grace period. gc also compacts what a
+  dead session left uncovered (``docs/storage.md``).
 
 Both kinds of upload are only removed once older than a safety window
 (``older_than``, 24 hours by default): a younger one may be a save still in
@@ -91,6 +94,8 @@ class GcReport:
     kept: list[tuple[str, str, str]] = field(default_factory=list)
     #: orphans and uploads spared because they are younger than the window
     too_young: list[str] = field(default_factory=list)
+    #: (run id, metric chunks compacted, objects compaction left that were deleted) per run
+    compacted: list[tuple[str, int, int]] = field(default_factory=list)
     runs: int = 0
 
     @property
@@ -108,6 +113,12 @@ class GcReport:
             out.append(f"kept checkpoint {checkpoint} of run {run_id}: {why}")
         for item in self.too_young:
             out.append(f"kept {item}: younger than the safety window (--older-than)")
+        for run_id, chunks, deleted in self.compacted:
+            compact = "would compact" if self.dry_run else "compacted"
+            out.append(
+                f"{compact} {chunks} metric chunk(s) of run {run_id} into segments"
+                + (f"; deleted {deleted} object(s) compaction replaced" if deleted else "")
+            )
         out.append(
             f"{verb} {len(self.actions)} item(s), {_size(self.freed)} in {self.runs} run(s)"
             + (" (dry run: nothing was changed)" if self.dry_run else "")
@@ -220,6 +231,22 @@ class _Collector:
             self._delete(keys)
         if keep_last is not None:
             self.retain(run_id, log, keep_last, groups)
+        self.metrics(run_id)
+
+    def metrics(self, run_id: str) -> None:
+        """Compact the chunks a run's sessions left uncovered and delete what compaction made garbage."""
+        from launchhelm.metrics._compact import compact_run
+        from launchhelm.metrics._layout import list_metrics, read_manifest
+
+        if self.dry_run:
+            listing = list_metrics(self.store, run_id)
+            waiting = len(listing.uncovered(read_manifest(self.store, run_id, listing.newest_manifest)))
+            if waiting:
+                self.report.compacted.append((run_id, waiting, 0))
+            return
+        result = compact_run(self.store, run_id, by="launchhelm gc")
+        if result is not None and (result.chunks or result.deleted):
+            self.report.compacted.append((run_id, result.chunks, result.deleted))
 
     def retain(self, run_id: str, log: EventLog, keep_last: int, groups: dict[str, list[ObjectInfo]]) -> None:
         project = _project_of(self.store, run_id)

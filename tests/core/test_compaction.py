@@ -19,7 +19,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lhtest import child_env
+from http_proxy import RequestCounter
+from lhtest import BUCKET, child_env
 
 import launchhelm as lh
 from launchhelm.metrics._compact import FANOUT, Compactor, compact_run
@@ -276,3 +277,68 @@ def test_sigkill_at_random_moments_of_compaction_loses_nothing(shared_store_url:
     assert listing.uncovered(read_manifest(store, run_id, listing.newest_manifest)) == []
     assert _values(store, run_id) == [float(s) for s in range(total * 3)]
     assert np.all(np.diff(_values(store, run_id)) == 1)
+
+
+def _counted(moto_endpoint: str, prefix: str) -> tuple[RequestCounter, lh.storage.Store]:
+    proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
+    store = open_store(f"s3://{BUCKET}/{prefix}", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
+    return proxy, store
+
+
+def test_a_long_runs_history_and_live_poll_cost_a_few_requests_on_s3(moto_endpoint: str) -> None:
+    prefix = f"reqs-{os.urandom(3).hex()}"
+    direct = open_store(f"s3://{BUCKET}/{prefix}")
+    run = lh.init("compaction", store=direct, flush_interval=3600)
+    run.log({"x": -1.0})
+    run.flush()
+    run._compact = lambda **_: None  # type: ignore[method-assign]
+    run.finish(close_run=False)
+    session = run.session_id
+    compactor = Compactor(direct, run.id, by="test")
+    for batch in range(20):
+        _write_chunks(direct, run.id, session, 3 + batch * 30, 10)
+        compactor.compact()  # 20 compactions: merged into levels, 2 + 4 segments left
+    _write_chunks(direct, run.id, session, 603, 7)  # an uncovered tail of 7 chunks
+    proxy, store = _counted(moto_endpoint, prefix)
+    try:
+        handle = lh.Api(store).run(run.id)
+        proxy.reset()
+        frame = handle.history()
+        assert frame["x"].tolist() == [-1.0, *(float(s) for s in range(3, 624))]
+        segments = len(read_manifest(direct, run.id, list_metrics(direct, run.id).newest_manifest).segments)
+        counts = proxy.snapshot()
+        gets = sum(n for what, n in counts.items() if what.startswith("GET /"))
+        # events: 1 listing + 3 events; metrics: 1 listing + the manifest + its segments + 7 chunks
+        assert proxy.total <= 1 + 3 + 1 + 1 + segments + 7, counts
+        assert gets >= 1 + segments + 7
+        # a live poll: one more flush costs the listings and that chunk, nothing else
+        _write_chunks(direct, run.id, session, 624, 1)
+        proxy.reset()
+        view = handle.poll()
+        assert view.history["x"].iloc[-1] == 626.0
+        assert view.summary["step"] == 626
+        assert proxy.total <= 5, proxy.snapshot()
+    finally:
+        proxy.close()
+
+
+def test_gc_compacts_what_a_dead_session_left_and_says_so(tmp_path: Path) -> None:
+    from launchhelm._gc import collect_garbage
+
+    store = open_store(tmp_path / "store")
+    run = lh.init("compaction", store=store, flush_interval=3600)
+    for step in range(1, 13):
+        run.global_step = step
+        run.log({"x": float(step)})
+        run.flush()
+    run._compact = lambda **_: None  # type: ignore[method-assign]  # killed before it could compact
+    run.finish(close_run=False)
+    dry = collect_garbage(store, dry_run=True)
+    assert dry.compacted == [(run.id, 12, 0)]
+    assert any("would compact 12 metric chunk(s)" in line for line in dry.lines())
+    assert list_metrics(store, run.id).newest_manifest == 0
+    done = collect_garbage(store)
+    assert done.compacted == [(run.id, 12, 0)]
+    assert list_metrics(store, run.id).newest_manifest == 1
+    assert lh.Api(store).run(run.id).history()["x"].tolist() == [float(s) for s in range(1, 13)]
+    assert collect_garbage(store).compacted == []  # nothing left to do
