@@ -28,6 +28,7 @@ from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
+from launchhelm.metrics._spool import recover_run
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -56,6 +57,7 @@ class RunHandle:
     def __init__(self, store: Store, run_id: str) -> None:
         self._store = store
         self._record = read_run_record(store, run_id)
+        recover_run(store, run_id)  # a killed session's spooled points on this host, before anything is read
         self._events = EventLog(store, run_id)
         self._points = PointReader(store, run_id)
         self._points_table: pa.Table | None = None

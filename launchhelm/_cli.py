@@ -169,6 +169,22 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_recover(args: argparse.Namespace) -> int:
+    from launchhelm.metrics._spool import recover_run, spool_root
+
+    api = Api(args.store)
+    root = spool_root()
+    run_ids = args.run or sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else args.run
+    if not run_ids:
+        print(f"nothing to recover: no spooled metrics in {root}")
+        return 0
+    for run_id in run_ids:
+        points = recover_run(api.store, run_id)
+        where = "" if points else " (none spooled by a dead session for this store)"
+        print(f"run {run_id}: recovered {points} spooled point(s){where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launchhelm", description="Experiment tracking that survives crashes.")
     parser.add_argument(
@@ -198,6 +214,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compact.add_argument("run", nargs="+")
     compact.set_defaults(func=_cmd_compact)
+    recover = sub.add_parser(
+        "recover", help="upload metrics a killed process on this host spooled but never flushed (all runs, or RUN)"
+    )
+    recover.add_argument("run", nargs="*")
+    recover.set_defaults(func=_cmd_recover)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
     return parser

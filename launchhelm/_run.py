@@ -62,6 +62,7 @@ from launchhelm._types import Rewind
 from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
+from launchhelm.metrics._spool import Spool, recover_run
 from launchhelm.storage import Store, open_store
 
 __all__ = ["Run", "init"]
@@ -225,6 +226,7 @@ class Run:
         self._known_keys: set[str] = set()
         self._chunk_number = 0
         self._unsealed: dict[str, bytes] = {}  # our chunks not yet in a segment
+        self._spool: Spool | None = None  # points on local disk until the store has them
         self._compactor: Compactor | None = None
         self._finished = False
         self._flush_interval = flush_interval
@@ -357,6 +359,8 @@ class Run:
         now = time.time()
         with self._lock:
             self._rows.append((step, self._attempt, now, row))
+            if self._spool is not None:
+                self._spool.append(step, self._attempt, now, row)
 
     def flush(self) -> None:
         """Write every buffered point to the store now (blocking)."""
@@ -364,8 +368,10 @@ class Run:
 
     def _flush(self) -> None:
         with self._io_lock:
+            spool = self._spool
             with self._lock:
                 rows, self._rows = self._rows, []
+                end = spool.position() if spool is not None else None
             if not rows:
                 return
             try:
@@ -375,12 +381,16 @@ class Run:
                 while True:
                     key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
                     self._chunk_number += 1
+                    if spool is not None and end is not None:
+                        spool.pending(self._chunk_number - 1, end, self._chunk_number)
                     try:
                         self._store.create(key, data)
                         self._unsealed[key] = data  # the compactor needs no GET for our own chunks
                         break
                     except AlreadyExistsError:
                         continue  # a chunk number taken by an earlier, ambiguous write
+                if spool is not None and end is not None:
+                    spool.flushed(end, self._chunk_number)
             except BaseException:
                 with self._lock:
                     self._rows[:0] = rows  # keep them for the next try
@@ -683,6 +693,7 @@ class Run:
 
     # -- background work ------------------------------------------------
     def _start(self) -> None:
+        self._spool = _open_spool(self)
         self._beat()
         if self.resumed:
             self._poll_controls()  # tunables changed while no session was live apply at the first step
@@ -731,7 +742,16 @@ class Run:
         self._stop.set()
         if self._worker.is_alive() and threading.current_thread() is not self._worker:
             self._worker.join()
-        self._flush()
+        try:
+            self._flush()
+        except BaseException:
+            if self._spool is not None:
+                self._spool.close(remove=False)  # what the store lacks stays on disk, recovered later
+                self._spool = None
+            raise
+        if self._spool is not None:
+            self._spool.close(remove=True)
+            self._spool = None
         self._compact(only_if_due=False)
         self._events.append(
             SESSION_ENDED,
@@ -745,6 +765,30 @@ class Run:
         self._finished = True
         with _live_lock:
             _live_runs.discard(self)
+
+
+def _open_spool(run: Run) -> Spool | None:
+    """The session's spool, unless the store dies with the process anyway or ``LAUNCHHELM_SPOOL=off``."""
+    if run.store.protocol == "memory" or os.environ.get("LAUNCHHELM_SPOOL", "").lower() in ("0", "off", "false"):
+        return None
+    meta = {
+        "run": run.id,
+        "session": run.session_id,
+        "project": run.project,
+        "store": run.store.url,
+        "process": process_identity(),
+        "created": time.time(),
+    }
+    try:
+        return Spool(run.id, run.session_id, meta)
+    except OSError as exc:  # a read-only home: run on, with the flush interval as the only loss bound
+        _log.warning(
+            "launchhelm: no metrics spool for run %s (%s): a hard crash loses up to %.0fs of points",
+            run.id,
+            exc,
+            run._flush_interval,
+        )
+        return None
 
 
 def _at_exit() -> None:
@@ -985,6 +1029,9 @@ def _reopen_run(
     if not isinstance(run_id, str):
         raise TypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
     record = read_run_record(store, run_id)
+    # points a killed session on this host logged but never flushed go in first: they count toward
+    # the furthest step reached, and so toward the rewind this session may record
+    recover_run(store, run_id)
     if record["project"] != project:
         raise ValueError(
             f"run {run_id} belongs to project {record['project']!r}, not {project!r}; "

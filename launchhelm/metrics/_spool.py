@@ -1,0 +1,314 @@
+"""The spool: every logged point written to a memory-mapped file on local disk as it is logged.
+
+A store on a shared mapping survives the process's death (SIGKILL, the OOM
+killer): the page is the kernel's, and the kernel writes it back. So points
+logged in the seconds before a crash are not lost with the in-memory buffer:
+when the run is next opened on this host (the resuming session, a reader,
+``launchhelm recover``), the spool of a dead session is uploaded as the chunks
+its flushes would have written. Only the kernel or the machine going down
+loses the spool, and with it at most the flush interval (2 s) of points.
+
+Layout (``$LAUNCHHELM_SPOOL``, default ``~/.cache/launchhelm/spool``)::
+
+    <run>/<session>.json          who wrote it: run, session, store URL, process
+    <run>/<session>.state         64 bytes, mmap'd: what the store already has
+    <run>/<session>-<k:06d>.log   records, mmap'd, 8 MiB each; deleted once flushed
+
+A record is its body then, written last, its length: a record cut short by
+the kill has no length yet and ends the spool. Bodies: a key definition
+(``K``, id, name) or a point row (``P``, step, attempt, time, then id/value
+pairs). Each file starts by defining every key known, so a file stands alone.
+
+The state file holds the next chunk number and a pending flush (chunk
+number, where in the spool it ends) written before the chunk's ``create``,
+and the flushed position written after it. Recovery looks up a pending chunk
+in the store, so a kill between ``create`` and the state update neither
+loses nor repeats a point; recovered chunks get the numbers the session would
+have used, so two recoveries racing ``create`` the same keys.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import struct
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["Spool", "recover_run", "spool_root"]
+
+_log = logging.getLogger("launchhelm")
+
+FILE_BYTES = 8 * 2**20
+_HEADER = b"LHSPOOL1"
+_LEN = struct.Struct("<I")
+_ROW_HEAD = struct.Struct("<BqidH")  # type P, step, attempt, time, pairs
+_PAIR = struct.Struct("<Id")
+_KEY_HEAD = struct.Struct("<BI")  # type K, id
+# state: next chunk number, pending chunk number (-1: none), pending end (file, offset), flushed (file, offset)
+_STATE = struct.Struct("<qqqqqq")
+_ROW, _KEY = 2, 1
+
+
+def spool_root() -> Path:
+    return Path(os.environ.get("LAUNCHHELM_SPOOL") or Path.home() / ".cache" / "launchhelm" / "spool")
+
+
+def _structs(pairs: int) -> struct.Struct:
+    return struct.Struct("<BqidH" + "Id" * pairs)
+
+
+class Spool:
+    """One session's spool (the writing side). ``append`` runs on ``log()``'s hot path."""
+
+    def __init__(self, run_id: str, session_id: str, meta: dict[str, Any], directory: Path | None = None) -> None:
+        self.dir = (directory or spool_root()) / run_id
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.session_id = session_id
+        (self.dir / f"{session_id}.json").write_text(json.dumps(meta))
+        self._state_fd = os.open(self.dir / f"{session_id}.state", os.O_RDWR | os.O_CREAT, 0o600)
+        os.ftruncate(self._state_fd, _STATE.size)
+        self._state = mmap.mmap(self._state_fd, _STATE.size)
+        _STATE.pack_into(self._state, 0, 0, -1, 0, 0, 0, 0)
+        self._ids: dict[str, int] = {}
+        self._structs: dict[int, struct.Struct] = {}
+        self._file = -1
+        self._mm: mmap.mmap | None = None
+        self._fd = -1
+        self._pos = 0
+        self._lock = threading.Lock()  # rotation and closing against the flush thread
+        self._open_next()
+
+    # -- files ----------------------------------------------------------------------
+    def _path(self, k: int) -> Path:
+        return self.dir / f"{self.session_id}-{k:06d}.log"
+
+    def _open_next(self) -> None:
+        self._file += 1
+        fd = os.open(self._path(self._file), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.ftruncate(fd, FILE_BYTES)
+        mm = mmap.mmap(fd, FILE_BYTES)
+        mm[: len(_HEADER)] = _HEADER
+        old_mm, old_fd = self._mm, self._fd
+        self._mm, self._fd, self._pos = mm, fd, len(_HEADER)
+        if old_mm is not None:
+            old_mm.close()
+            os.close(old_fd)
+        for key, kid in self._ids.items():  # each file defines every key it may use
+            self._write_key(key, kid)
+
+    def _write_key(self, key: str, kid: int) -> None:
+        raw = key.encode()
+        body = _KEY_HEAD.pack(_KEY, kid) + raw
+        self._commit(body)
+
+    def _commit(self, body: bytes) -> None:
+        mm, pos = self._mm, self._pos
+        assert mm is not None
+        end = pos + 4 + len(body)
+        if end + 4 > FILE_BYTES:
+            self._open_next()
+            mm, pos = self._mm, self._pos
+            assert mm is not None
+            end = pos + 4 + len(body)
+        mm[pos + 4 : end] = body
+        _LEN.pack_into(mm, pos, len(body))  # last: the record counts from now on
+        self._pos = end
+
+    # -- the hot path ------------------------------------------------------------------
+    def append(self, step: int, attempt: int, now: float, row: dict[str, float]) -> None:
+        """Record one ``log()`` call (the caller holds its buffer lock)."""
+        ids = self._ids
+        values: list[Any] = [_ROW, step, attempt, now, len(row)]
+        for key, value in row.items():
+            kid = ids.get(key)
+            if kid is None:
+                kid = ids[key] = len(ids)
+                self._write_key(key, kid)
+            values.append(kid)
+            values.append(value)
+        packer = self._structs.get(len(row))
+        if packer is None:
+            packer = self._structs[len(row)] = _structs(len(row))
+        size = packer.size
+        mm, pos = self._mm, self._pos
+        if mm is None:
+            return  # closed: the session ended
+        if pos + 8 + size > FILE_BYTES:
+            self._open_next()
+            mm, pos = self._mm, self._pos
+            assert mm is not None
+        packer.pack_into(mm, pos + 4, *values)
+        _LEN.pack_into(mm, pos, size)
+        self._pos = pos + 4 + size
+
+    def position(self) -> tuple[int, int]:
+        """Where the next record goes: (file, offset). Call under the same lock as ``append``."""
+        return self._file, self._pos
+
+    # -- flushing -------------------------------------------------------------------------
+    def pending(self, number: int, end: tuple[int, int], next_number: int) -> None:
+        """Before a chunk's ``create``: it is number ``number`` and holds the spool up to ``end``."""
+        flushed = _STATE.unpack_from(self._state, 0)[4:6]
+        _STATE.pack_into(self._state, 0, next_number, number, end[0], end[1], *flushed)
+
+    def flushed(self, end: tuple[int, int], next_number: int) -> None:
+        """After the chunk landed: the store has every point up to ``end``; drop files wholly before it."""
+        _STATE.pack_into(self._state, 0, next_number, -1, 0, 0, end[0], end[1])
+        for k in range(end[0]):
+            try:
+                self._path(k).unlink()
+            except FileNotFoundError:
+                pass
+
+    def close(self, *, remove: bool) -> None:
+        """End of the session: with ``remove`` (every point is in the store), delete the spool."""
+        with self._lock:
+            if self._mm is not None:
+                self._mm.close()
+                os.close(self._fd)
+                self._mm = None
+            self._state.close()
+            os.close(self._state_fd)
+        if remove:
+            for path in self.dir.glob(f"{self.session_id}*"):
+                path.unlink(missing_ok=True)
+            try:
+                self.dir.rmdir()
+            except OSError:
+                pass  # other sessions' spools are there
+
+
+# -- recovery ----------------------------------------------------------------------------
+def _records(path: Path, start: int) -> tuple[list[tuple[int, int, float, dict[int, float]]], dict[int, str]]:
+    rows: list[tuple[int, int, float, dict[int, float]]] = []
+    keys: dict[int, str] = {}
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return rows, keys
+    if not data.startswith(_HEADER):
+        return rows, keys
+    pos = len(_HEADER)
+    while pos + 4 <= len(data):
+        (length,) = _LEN.unpack_from(data, pos)
+        if length == 0 or pos + 4 + length > len(data):
+            break  # the end, or a record the kill cut short
+        body = data[pos + 4 : pos + 4 + length]
+        kind = body[0]
+        if kind == _KEY:
+            _, kid = _KEY_HEAD.unpack_from(body, 0)
+            keys[kid] = body[_KEY_HEAD.size :].decode()
+        elif kind == _ROW and pos >= start:
+            _, step, attempt, when, pairs = _ROW_HEAD.unpack_from(body, 0)
+            values = {}
+            for i in range(pairs):
+                kid, value = _PAIR.unpack_from(body, _ROW_HEAD.size + i * _PAIR.size)
+                values[kid] = value
+            rows.append((step, attempt, when, values))
+        pos += 4 + length
+    return rows, keys
+
+
+def _read_state(path: Path) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    if len(raw) < _STATE.size:
+        return None
+    next_number, pending, pf, po, ff, fo = _STATE.unpack_from(raw, 0)
+    return next_number, pending, (pf, po), (ff, fo)
+
+
+def recover_session(
+    store: Any, run_id: str, session_id: str, directory: Path, chunk_exists: Callable[[int], bool]
+) -> int:
+    """Upload what a dead session spooled but never flushed; return the points recovered."""
+    from launchhelm._exceptions import AlreadyExistsError
+    from launchhelm.metrics._points import chunk_key, encode_chunk
+
+    state = _read_state(directory / f"{session_id}.state")
+    if state is None:
+        return 0
+    next_number, pending, pending_end, flushed = state
+    if pending >= 0 and chunk_exists(pending):
+        flushed, next_number = pending_end, max(next_number, pending + 1)
+    elif pending >= 0:
+        next_number = pending  # the flush never landed: its chunk is ours to write
+    files = sorted(directory.glob(f"{session_id}-*.log"))
+    rows_out = []
+    for path in files:
+        k = int(path.stem.rsplit("-", 1)[1])
+        if k < flushed[0]:
+            continue
+        rows, keys = _records(path, flushed[1] if k == flushed[0] else 0)
+        rows_out += [(s, a, t, {keys[kid]: v for kid, v in vals.items() if kid in keys}) for s, a, t, vals in rows]
+    rows_out = [r for r in rows_out if r[3]]
+    recovered = 0
+    # as the flushes would have: a chunk per 10,000 rows at most
+    for start in range(0, len(rows_out), 10_000):
+        batch = rows_out[start : start + 10_000]
+        first, last = min(r[0] for r in batch), max(r[0] for r in batch)
+        try:
+            store.create(chunk_key(run_id, session_id, next_number, first, last), encode_chunk(batch))
+        except AlreadyExistsError:
+            pass  # another recovery of this spool got there first
+        next_number += 1
+        recovered += sum(len(r[3]) for r in batch)
+    return recovered
+
+
+def _chunk_lookup(store: Any, run_id: str, session_id: str) -> Callable[[int], bool]:
+    """Whether the session's chunk ``n`` landed: listed, or covered by the newest manifest (compacted, collected)."""
+    from launchhelm.metrics._layout import list_metrics, read_manifest
+
+    found: dict[str, Any] = {}
+
+    def exists(number: int) -> bool:
+        if not found:
+            listing = list_metrics(store, run_id)
+            found["numbers"] = {c.number for c in listing.chunks if c.dir == session_id}
+            found["covered"] = read_manifest(store, run_id, listing.newest_manifest).covered.get(session_id, -1)
+        return number in found["numbers"] or number <= int(found["covered"])
+
+    return exists
+
+
+def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
+    """Recover every dead session's spool of ``run_id`` on this host into ``store``; return points recovered.
+
+    A spool whose session's process still runs is left alone, and so is one
+    written for another store.
+    """
+    from launchhelm._liveness import process_state
+
+    base = (directory or spool_root()) / run_id
+    if not base.is_dir():
+        return 0
+    total = 0
+    for meta_path in sorted(base.glob("*.json")):
+        try:
+            meta = json.loads(meta_path.read_text())
+        except (OSError, ValueError):
+            continue
+        session_id = str(meta.get("session", meta_path.stem))
+        if meta.get("store") != store.url or process_state(dict(meta.get("process") or {})) != "dead":
+            continue
+        exists = _chunk_lookup(store, run_id, session_id)
+        try:
+            total += recover_session(store, run_id, session_id, base, exists)
+        except Exception as exc:  # keep the spool for the next try
+            _log.warning("could not recover the spooled metrics of run %s session %s: %s", run_id, session_id, exc)
+            continue
+        for path in base.glob(f"{session_id}*"):
+            path.unlink(missing_ok=True)
+    try:
+        base.rmdir()
+    except OSError:
+        pass
+    return total

@@ -1,0 +1,168 @@
+"""Points logged just before a hard crash survive it: the memory-mapped spool.
+
+If these fail, a SIGKILL or an OOM kill loses the last seconds of a run's
+points, and the rewind after it says the run reached less far than it did.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from lhtest import child_env
+
+import launchhelm as lh
+from launchhelm.metrics._spool import spool_root
+
+_TIGHT_LOOP = textwrap.dedent(
+    """
+    import sys
+    import launchhelm as lh
+    run = lh.init("spool", store=sys.argv[1], flush_interval=float(sys.argv[2]))
+    print(run.id, flush=True)
+    step = 0
+    while True:
+        step += 1
+        run.global_step = step
+        run.log({"x": float(step), "y": -float(step)})
+        if step % 500 == 0:
+            print(step, flush=True)
+    """
+)
+
+
+def _kill_mid_loop(store: str, flush_interval: float, rng: random.Random, env: dict[str, str]) -> tuple[str, int]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TIGHT_LOOP, store, str(flush_interval)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    run_id = proc.stdout.readline().strip()
+    last = int(proc.stdout.readline())  # it is logging
+    time.sleep(rng.uniform(0.0, 1.5))
+    proc.send_signal(signal.SIGKILL)
+    for line in proc.stdout:
+        last = max(last, int(line))
+    proc.wait()
+    return run_id, last
+
+
+def _check_exactly_once(store: str, run_id: str, at_least: int) -> int:
+    frame = lh.Api(store).run(run_id).history()
+    steps = frame["step"].tolist()
+    assert steps == list(range(1, len(steps) + 1)), "a point lost or read twice"
+    assert frame["x"].tolist() == [float(s) for s in steps]
+    assert frame["y"].tolist() == [-float(s) for s in steps]
+    assert len(steps) >= at_least, (len(steps), at_least)
+    return len(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_sigkill_in_a_tight_log_loop_loses_no_point(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from lhtest import make_store_url
+
+    store = make_store_url(backend, tmp_path, request)
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(spool))
+    env = child_env(LAUNCHHELM_SPOOL=str(spool))
+    rng = random.Random(5)
+    for trial in range(6 if backend == "local" else 3):
+        # the flush interval is long, so every point logged since the last flush exists only in the spool
+        run_id, printed = _kill_mid_loop(store, 3600.0 if trial % 2 else 0.2, rng, env)
+        assert (spool / run_id).is_dir()  # spooled, not uploaded
+        logged = _check_exactly_once(store, run_id, printed)  # opening the run recovers the spool
+        assert not (spool / run_id).exists()
+        assert lh.Api(store).run(run_id).step == logged  # the furthest step reached counts them
+        assert _check_exactly_once(store, run_id, logged) == logged  # recovered once, not again
+
+
+def test_a_clean_finish_leaves_no_spool_and_the_cli_recovers_a_killed_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = str(tmp_path / "store")
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(spool))
+    assert spool_root() == spool
+    run = lh.init("spool", store=store)
+    run.log({"x": 1.0})
+    assert (spool / run.id).is_dir()
+    run.finish()
+    assert not (spool / run.id).exists()
+    env = child_env(LAUNCHHELM_SPOOL=str(spool))
+    run_id, printed = _kill_mid_loop(store, 3600.0, random.Random(1), env)
+    exe = Path(sys.executable).with_name("launchhelm")
+    out = subprocess.run([str(exe), "--store", store, "recover"], capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert f"run {run_id}: recovered" in out.stdout
+    recovered = int(out.stdout.split(f"run {run_id}: recovered ", 1)[1].split()[0])
+    assert recovered >= 2 * printed - 2 * 500  # both keys of every step since the last print at least
+    assert not (spool / run_id).exists()
+    _check_exactly_once(store, run_id, printed)
+
+
+def test_a_resumed_torch_run_rewinds_from_the_last_step_logged_before_the_kill(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pytest.importorskip("torch")
+    store = str(tmp_path / "store")
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(spool))
+    script = textwrap.dedent(
+        """
+        import sys, torch
+        import launchhelm.torch as lht
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        tr = lht.init("spool", store=sys.argv[1], flush_interval=3600)
+        tr.watch(model, opt)
+        print(tr.id, flush=True)
+        while True:
+            opt.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            loss.backward()
+            opt.step()
+            tr.log({"loss": loss.item()})
+            if tr.global_step == 50:
+                tr.save_checkpoint()
+                print("saved", flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, store],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(LAUNCHHELM_SPOOL=str(spool)),
+    )
+    assert proc.stdout is not None
+    run_id = proc.stdout.readline().strip()
+    assert proc.stdout.readline().strip() == "saved"
+    time.sleep(0.5)  # a few hundred steps after the checkpoint, none of them flushed
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    import torch
+
+    import launchhelm.torch as lht
+
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    tr = lht.init("spool", store=store, resume=run_id)
+    tr.watch(model, opt)
+    tr.load_checkpoint("latest")
+    tr.finish()
+    handle = lh.Api(store).run(run_id)
+    history = handle.history()
+    last_logged = int(history["step"].max())
+    assert last_logged > 60
+    (rewind,) = handle.rewinds()
+    assert rewind.to_step == 50
+    assert rewind.reached == last_logged
