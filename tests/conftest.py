@@ -27,6 +27,17 @@ BACKENDS = ["local", "memory", "s3", "gcs", "azure"]
 SHARED_BACKENDS = ["local", "s3", "gcs", "azure"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _spool_in_a_temporary_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Every session's metrics spool (and its children's) under the test run's own folder, not ~/.cache."""
+    saved = os.environ.get("LAUNCHHELM_SPOOL")
+    if saved is None:
+        os.environ["LAUNCHHELM_SPOOL"] = str(tmp_path_factory.mktemp("spool"))
+    yield
+    if saved is None:
+        os.environ.pop("LAUNCHHELM_SPOOL", None)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -61,6 +61,20 @@ def _decode(chunk: ChunkRef, blob: bytes | None, run_id: str) -> pa.Table:
         return empty_points()
 
 
+def _decode_segment(key: str, blob: bytes, run_id: str) -> pa.Table:
+    try:
+        return decode_segment(blob)
+    except Exception as exc:  # a damaged segment must not make the whole run unreadable
+        import warnings
+
+        warnings.warn(
+            f"run {run_id}: skipped metric segment {key}, which is damaged ({type(exc).__name__}: {exc}); "
+            "its points are missing from this read",
+            stacklevel=4,
+        )
+        return empty_points()
+
+
 class PointReader:
     """Reads one run's points, whole or incrementally (``read`` then ``poll``)."""
 
@@ -93,7 +107,7 @@ class PointReader:
                 blob = blobs.get(f"{self.prefix}/{seg.key}")
                 if blob is None:
                     raise StaleRead(seg.key)
-                self._segments[seg.key] = decode_segment(blob)
+                self._segments[seg.key] = _decode_segment(f"{self.prefix}/{seg.key}", blob, self.run_id)
             tables.append(self._segments[seg.key])
         tables += [_decode(c, blobs.get(c.key), self.run_id) for c in tail]
         self._segments = {s.key: self._segments[s.key] for s in manifest.segments}
