@@ -30,7 +30,8 @@ while True:
 @pytest.mark.slow
 @pytest.mark.parametrize("delay", [0.05, 0.17, 0.31])
 def test_sigkill_mid_flush_keeps_every_flushed_point_readable(shared_store_url: str, delay: float) -> None:
-    proc = spawn(FLUSHER, shared_store_url)
+    # the store's own atomicity, without the spool (which would bring back the unflushed rest: test_spool.py)
+    proc = spawn(FLUSHER, shared_store_url, LAUNCHHELM_SPOOL="off")
     assert proc.stdout is not None
     run_id = proc.stdout.readline().strip()
     flushed = 0
@@ -102,7 +103,7 @@ def test_sigkill_while_a_big_chunk_is_being_written_leaves_no_partial_chunk(shar
 
 def _kill_mid_write(shared_store_url: str, local: bool, proxy: CountingProxy | None, env: dict[str, str]) -> bool:
     for _ in range(5):
-        proc = spawn(BIG_FLUSH, shared_store_url, **env)
+        proc = spawn(BIG_FLUSH, shared_store_url, LAUNCHHELM_SPOOL="off", **env)  # the store's atomicity alone
         assert proc.stdout is not None
         run_id = proc.stdout.readline().strip()
         assert proc.stdout.readline().strip() == "flushing"
