@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._checkpoints import checkpoint_record
@@ -18,7 +18,13 @@ from launchhelm._events import (
     fold,
     validate_project,
 )
-from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError
+from launchhelm._exceptions import (
+    CheckpointError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LaunchHelmError,
+    RunClosedError,
+)
 from launchhelm._liveness import requester
 from launchhelm._runinfo import furthest_step, metric_chunk_keys, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
@@ -31,6 +37,20 @@ if TYPE_CHECKING:
     import pandas as pd
 
 __all__ = ["Api", "RunHandle"]
+
+
+def check_history_keys(keys: object) -> None:
+    """Refuse a ``keys=`` argument that is not None, a string or strings (before any read)."""
+    if keys is None or isinstance(keys, str):
+        return
+    if (
+        not isinstance(keys, Collection)
+        or isinstance(keys, (bytes, Mapping))
+        or not all(isinstance(k, str) for k in keys)
+    ):
+        raise InvalidTypeError(
+            f"keys={keys!r}: give a metric name, a list of metric names such as ['loss', 'lr'], or None for all"
+        )
 
 
 class RunHandle:
@@ -291,14 +311,16 @@ class RunHandle:
 
         Raises
         ------
-        KeyError
-            A name the run was not started with (``lh.init(tunables=...)``).
-        TypeError
+        TunableNotFoundError
+            A name the run was not started with (``lh.init(tunables=...)``);
+            also a ``KeyError``.
+        InvalidTypeError
             A value of another kind than the tunable's (a string for a
             number...), or one a ``weights_only`` checkpoint could not hold
-            (numpy scalars, paths, objects: give plain values).
-        ValueError
-            No changes, or NaN / infinity.
+            (numpy scalars, paths, objects: give plain values); also a
+            ``TypeError``.
+        InvalidArgumentError
+            No changes, or NaN / infinity; also a ``ValueError``.
         RunClosedError
             The run is closed.
 
@@ -326,8 +348,8 @@ class RunHandle:
 
         Raises
         ------
-        ValueError
-            An unknown action.
+        InvalidArgumentError
+            An unknown action (also a ``ValueError``).
         RunClosedError
             The run is closed.
         LaunchHelmError
@@ -335,7 +357,7 @@ class RunHandle:
             resume the run first.
         """
         if action not in ACTIONS:
-            raise ValueError(f"control({action!r}): use one of {', '.join(repr(a) for a in ACTIONS)}")
+            raise InvalidArgumentError(f"control({action!r}): use one of {', '.join(repr(a) for a in ACTIONS)}")
         state = self._state()
         self._require_open(f"sent {action!r}", state)
         status = run_status(state, self._last_liveness(state))
@@ -369,9 +391,17 @@ class RunHandle:
             went back before: the dimmed line of a chart. However often a run
             was rewound, each row's ``attempt`` and ``abandoned`` say which
             line it belongs to (:meth:`rewinds` has each rewind's attempt).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``keys`` is not a string or a sequence of strings.
+        InvalidArgumentError
+            ``duplicates`` is neither ``"all"`` nor ``"last"``.
         """
+        check_history_keys(keys)
         if duplicates not in ("all", "last"):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
         state = self._state()
@@ -444,7 +474,15 @@ class Api:
         return result
 
     def run(self, run_id: str) -> RunHandle:
-        """A handle on the run ``run_id``; :class:`RunNotFoundError` if unknown."""
+        """A handle on the run ``run_id``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``run_id`` is not a run id at all (ids are lowercase letters and digits).
+        RunNotFoundError
+            No run with that id is in the store.
+        """
         return RunHandle(self.store, run_id)
 
     def project(self, name: str) -> ProjectHandle:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launchhelm._events import CHECKPOINT, CHECKPOINT_DELETED, EventLog, RunState, SequenceTaken, fold, run_prefix
+from launchhelm._exceptions import InvalidArgumentError
 from launchhelm.storage import ObjectInfo, Store, open_store
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
@@ -55,7 +56,7 @@ def parse_duration(text: str) -> float:
     """``"24h"`` -> 86400.0; also ``s``, ``m``, ``d``, ``w``; a bare number is seconds."""
     match = _DURATION_RE.match(str(text))
     if not match:
-        raise ValueError(f"invalid duration {text!r}: write e.g. 30m, 24h, 7d or a number of seconds")
+        raise InvalidArgumentError(f"invalid duration {text!r}: write e.g. 30m, 24h, 7d or a number of seconds")
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -315,9 +316,9 @@ def collect_garbage(
     []
     """
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
-        raise ValueError(f"keep_last={keep_last!r}: give a number of checkpoints >= 0")
+        raise InvalidArgumentError(f"keep_last={keep_last!r}: give a number of checkpoints >= 0")
     if not older_than >= 0:
-        raise ValueError(f"older_than={older_than!r}: give a number of seconds >= 0")
+        raise InvalidArgumentError(f"older_than={older_than!r}: give a number of seconds >= 0")
     st = open_store(store, storage_options)
     collector = _Collector(st, float(older_than), dry_run, time.time() if now is None else now, log or (lambda _: None))
     run_ids = _run_ids(st, project)

@@ -73,6 +73,8 @@ from launchhelm._exceptions import (
     CheckpointError,
     EvaluationNotFoundError,
     EvaluationStateError,
+    InvalidArgumentError,
+    InvalidTypeError,
     ObjectNotFoundError,
 )
 from launchhelm._liveness import process_identity, process_state, requester
@@ -152,7 +154,7 @@ def parse_evaluation_id(value: object) -> tuple[str, str]:
         else:
             if _CHECKPOINT_ID_RE.match(checkpoint):
                 return run_id, checkpoint
-    raise ValueError(
+    raise InvalidArgumentError(
         f"invalid evaluation id {value!r}: evaluation ids look like '<run id>-<checkpoint id>', "
         "as listed by RunHandle.evaluations()"
     )
@@ -793,7 +795,7 @@ class ProjectHandle:
         if enabled is None:
             return self._queue.rule_enabled()
         if not isinstance(enabled, bool):
-            raise TypeError(f"evaluate_every_checkpoint({enabled!r}): pass True, False, or nothing to read it")
+            raise InvalidTypeError(f"evaluate_every_checkpoint({enabled!r}): pass True, False, or nothing to read it")
         return self._queue.set_rule(enabled)
 
     def evaluations(self, state: str | None = None) -> list[Evaluation]:
@@ -806,7 +808,7 @@ class ProjectHandle:
             or ``"failed"``.
         """
         if state is not None and state not in (QUEUED, RUNNING, DONE, FAILED):
-            raise ValueError(f"state={state!r}: use 'queued', 'running', 'done', 'failed' or None")
+            raise InvalidArgumentError(f"state={state!r}: use 'queued', 'running', 'done', 'failed' or None")
         return self._queue.evaluations(state=state)
 
 
@@ -882,7 +884,7 @@ def worker_policy(store_url: str, project: str | None = None, principal: str | N
     """
     scheme, sep, rest = store_url.partition("://")
     if not sep or scheme not in ("s3", "s3a") or not rest.strip("/"):
-        raise ValueError(
+        raise InvalidArgumentError(
             f"store {store_url!r}: the worker policy is an AWS S3 bucket policy; give --store s3://bucket/prefix"
         )
     bucket, _, root = rest.strip("/").partition("/")

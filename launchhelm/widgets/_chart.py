@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import traitlets
 
 from launchhelm._api import Api, RunHandle
+from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm._types import Rewind
 from launchhelm.widgets._base import LiveWidget, resolve_run, run_key, static_file
@@ -330,7 +331,7 @@ class RunChart(LiveWidget):
         if self._reused():
             return
         if max_points < 8:
-            raise ValueError(f"max_points={max_points}: give at least 8")
+            raise InvalidArgumentError(f"max_points={max_points}: give at least 8")
         self._esm = static_file("chart.js").read_text(encoding="utf-8")
         self._css = static_file("widgets.css").read_text(encoding="utf-8")
         super().__init__(interval=interval)
