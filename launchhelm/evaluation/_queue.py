@@ -152,7 +152,7 @@ def parse_evaluation_id(value: object) -> tuple[str, str]:
         except ValueError:
             pass
         else:
-            if _CHECKPOINT_ID_RE.match(checkpoint):
+            if _CHECKPOINT_ID_RE.fullmatch(checkpoint):
                 return run_id, checkpoint
     raise InvalidArgumentError(
         f"invalid evaluation id {value!r}: evaluation ids look like '<run id>-<checkpoint id>', "
@@ -476,7 +476,7 @@ class EvaluationQueue:
     def queue(self, run_id: str, event: Mapping[str, Any], reason: str) -> bool:
         """Queue the evaluation of a published checkpoint; False if it already was."""
         checkpoint = str(event["checkpoint"])
-        if not _CHECKPOINT_ID_RE.match(checkpoint):
+        if not _CHECKPOINT_ID_RE.fullmatch(checkpoint):
             raise CheckpointError(f"checkpoint id {checkpoint!r} cannot name an evaluation", run_id=run_id)
         body = {
             "format": REQUEST_FORMAT,

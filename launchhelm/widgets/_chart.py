@@ -313,8 +313,12 @@ class RunChart(LiveWidget):
         run_or_id: Run | RunHandle | str,
         keys: Sequence[str] | str | None = None,
         store: Any = None,
+        max_points: int = DEFAULT_MAX_POINTS,
         **_: Any,
     ) -> tuple[tuple[Any, ...], Any]:
+        # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
+        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
+            raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")
         api, handle = resolve_run(run_or_id, store)
         chosen = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
         return run_key(cls, api, handle, chosen), (api, handle)
