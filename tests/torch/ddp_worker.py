@@ -10,9 +10,9 @@ Modes:
   roundtrip   save with a per-rank ``extra``, draw, train a step, load "latest", draw again
   worldsize   resume a run and try to load its latest checkpoint; then start a new run,
               train a step, save, and end the session keeping the run resumable
-  errors      save, wait for the test to damage the file (``DIR/go``), try to load; then
-              save (rank 1 with a bad extra, then a good one), rank 1 watches a model of
-              another shape, load, step, save
+  errors      save, wait for the test to damage the file (``DIR/go``), try to load, step,
+              clear the error, step; then save (rank 1 with a bad extra, then a good one),
+              rank 1 watches a model of another shape, load, step, save
   steer       train until stopped from outside (test_steering.py), recording each step's lr
   train       DDP training with dropout, a shuffling DistributedSampler and periodic
               checkpoints; ``--hang-at`` stops after a step (to be SIGKILLed),
@@ -174,11 +174,19 @@ def errors(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any])
         say(f"corrupt: rank {rank} caught {type(exc).__name__}: {exc}")
     corrupt["params_untouched"] = same(before, snapshot(model))
     corrupt["step_untouched"] = tr.global_step == step_before
-    try:  # a load refused before anything was applied leaves training usable
+    # the error was caught, yet the next step must raise it: the model is not the checkpoint's
+    before, step_before = snapshot(model), tr.global_step
+    try:
         sgd_step(model, optimizer)
-        corrupt["step_after_refused_load"] = tr.global_step
+        corrupt["trained_on"] = True
     except CheckpointError as exc:
         corrupt["step_error"] = caught(exc)
+    corrupt["params_untouched_by_step"] = same(before, snapshot(model))
+    corrupt["step_untouched_by_step"] = tr.global_step == step_before
+    # the user decides to go on from the weights they have
+    corrupt["cleared"] = caught(tr.clear_checkpoint_error())  # type: ignore[arg-type]
+    sgd_step(model, optimizer)
+    corrupt["step_after_clear"] = tr.global_step
 
     # 2. failures on rank 1 only
     one: dict[str, Any] = {}

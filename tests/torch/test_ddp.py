@@ -365,7 +365,9 @@ def failures(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[s
 
 
 @pytest.mark.slow
-def test_a_corrupted_checkpoint_is_refused_on_every_rank(failures: tuple[str, list[dict[str, Any]], str]) -> None:
+def test_a_corrupted_checkpoint_is_refused_on_every_rank_and_blocks_the_next_step(
+    failures: tuple[str, list[dict[str, Any]], str],
+) -> None:
     _, ranks, output = failures
     for r, rec in enumerate(ranks):
         assert f"corrupt: rank {r} caught CheckpointError" in output
@@ -375,8 +377,13 @@ def test_a_corrupted_checkpoint_is_refused_on_every_rank(failures: tuple[str, li
         assert "nothing was applied" in error["message"] and "sha256" in error["message"]
         assert "rank 0:" in error["message"] and "rank 1:" in error["message"]  # each rank checked it
         assert rec["corrupt"]["params_untouched"] and rec["corrupt"]["step_untouched"]
-        # nothing was applied, so training may go on
-        assert rec["corrupt"].get("step_after_refused_load") == 3, rec["corrupt"]
+        # caught, and still the next optimizer step raises the stored error, on both ranks
+        assert "trained_on" not in rec["corrupt"], f"rank {r} trained on after a refused load"
+        assert rec["corrupt"]["step_error"] == error
+        assert rec["corrupt"]["params_untouched_by_step"] and rec["corrupt"]["step_untouched_by_step"]
+        # until the user clears it deliberately
+        assert rec["corrupt"]["cleared"] == error
+        assert rec["corrupt"]["step_after_clear"] == 3, rec["corrupt"]
     assert ranks[0]["corrupt"]["load_error"] == ranks[1]["corrupt"]["load_error"]
 
 
