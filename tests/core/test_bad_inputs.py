@@ -497,3 +497,35 @@ def test_generated_takeover_values_other_than_a_bool_are_refused(world: World, f
         None,
     )
     assert _named(error, flag)
+
+
+# -- reserved metric names -----------------------------------------------------------
+def test_reserved_metric_names_are_refused_and_the_run_stays_readable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a metric named like a history column used to break history() and `launchhelm show` for good
+    store = str(tmp_path / "store")
+    run = lh.init("reserved", store=store)
+    run.global_step = 1
+    run.log({"loss": 0.5})
+    for name in RESERVED:
+        with pytest.raises(lh.InvalidMetricError, match=f"'{name}' is reserved") as info:
+            run.log({"loss": 9.0, name: 1.0})  # the whole call is refused, loss too
+        assert isinstance(info.value, ValueError)
+        assert f"train/{name}" in str(info.value)  # what to log instead
+    run.log({"train/step": 1.0, "data/time": 2.0, "abandoned/count": 3.0})  # namespaced: fine
+    run.finish()
+    frame = lh.Api(store).run(run.id).history()
+    assert list(frame.columns) == [
+        "step",
+        "attempt",
+        "time",
+        "abandoned",
+        "loss",
+        "train/step",
+        "data/time",
+        "abandoned/count",
+    ]
+    assert frame["loss"].tolist() == [0.5]
+    assert cli_main(["--store", store, "show", run.id]) == 0
+    assert "loss" in capsys.readouterr().out
