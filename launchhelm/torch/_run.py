@@ -317,7 +317,13 @@ class TorchRun(Run):
         except CheckpointError as exc:
             problem = str(exc)
         _dist.barrier(self._world)
-        mine = {"rank": self._rank, "problem": problem, "rng": capture_rng(), "extra": extra}
+        mine = {
+            "rank": self._rank,
+            "problem": problem,
+            "rng": capture_rng(),
+            "extra": extra,
+            "placement": _dist.placement(self._rank),
+        }
         records = _dist.all_gather(mine, self._world) if self._world > 1 else [mine]
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
@@ -360,6 +366,7 @@ class TorchRun(Run):
         else:
             bundle["rng_by_rank"] = [{"rank": r["rank"], **r["rng"]} for r in records]
             bundle["extra_by_rank"] = [r["extra"] for r in records]
+            bundle["placement_by_rank"] = [r["placement"] for r in records]
         return bundle
 
     def _write_bundle(
@@ -667,11 +674,26 @@ class TorchRun(Run):
                     run_id=self.id,
                 )
             validate_rng(by_rank[self._rank], f"checkpoint {where} rng_by_rank[{self._rank}]")
+            self._check_placement(bundle.get("placement_by_rank"), where)
         for name, obj in (("scheduler", self._scheduler), ("scaler", self._scaler)):
             if obj is not None and bundle.get(name) is None:
                 raise CheckpointError(
                     f"checkpoint {where} holds no {name} state, but a {name} is watched", run_id=self.id
                 )
+
+    def _check_placement(self, saved: Any, where: str) -> None:
+        """Refuse a restore where this global rank sits at another local rank than at the save."""
+        if not isinstance(saved, list) or len(saved) != self._world or not isinstance(saved[self._rank], dict):
+            return  # saved before placements were recorded: nothing to compare
+        then, now = saved[self._rank], _dist.placement(self._rank)
+        if then.get("local_rank") != now["local_rank"]:
+            raise CheckpointError(
+                f"checkpoint {where}: rank {self._rank} was local rank {then.get('local_rank')} on "
+                f"{then.get('host')} when it was saved and is local rank {now['local_rank']} on {now['host']} now "
+                "(a swapped rank mapping: each rank would restore another device's RNG streams); restore with "
+                "the same rank mapping as the save",
+                run_id=self.id,
+            )
 
     def _apply(self, bundle: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
         model.load_state_dict(bundle["model"])
