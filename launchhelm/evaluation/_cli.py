@@ -1,7 +1,8 @@
 """The command line's evaluation commands.
 
 ``launchhelm evaluate evaluate_checkpoints:score [--stop-when-idle] [--max-evaluations N]``
-runs a worker; ``launchhelm policy evaluation --store s3://bucket/prefix`` prints its S3 policy.
+runs a worker; ``launchhelm policy evaluation --store s3://bucket/prefix`` (or ``gs://``,
+``az://``) prints its least-privilege policy.
 """
 
 from __future__ import annotations
@@ -91,7 +92,8 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     store = args.command_store or args.store
     if store is None:
         raise InvalidArgumentError(
-            "give the store the workers use: launchhelm policy evaluation --store s3://bucket/prefix"
+            "give the store the workers use: launchhelm policy evaluation --store s3://bucket/prefix "
+            "(or gs://bucket/prefix, az://container/prefix)"
         )
     policy: dict[str, Any] = worker_policy(store, project=args.project, principal=args.principal)
     print(json.dumps(policy, indent=2))
@@ -111,11 +113,20 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--poll-interval", type=float, default=None, help="seconds between looks at an empty queue")
     evaluate.add_argument("--lease-seconds", type=float, default=None, help="lease length (default 120)")
     evaluate.set_defaults(func=_cmd_evaluate)
-    policy = sub.add_parser("policy", help="print a least-privilege S3 bucket policy: policy evaluation --store s3://…")
+    policy = sub.add_parser(
+        "policy",
+        help="print a least-privilege S3 bucket policy, GCS IAM policy or Azure role assignments for "
+        "evaluation workers: policy evaluation --store s3://… | gs://… | az://…",
+    )
     policy.add_argument("kind", choices=["evaluation"], help="whose policy: evaluation workers")
-    policy.add_argument("--store", dest="command_store", help="the workers' store, s3://bucket/prefix")
+    policy.add_argument(
+        "--store", dest="command_store", help="the workers' store: s3://bucket/prefix, gs://… or az://container/…"
+    )
     policy.add_argument("--project", help="only this project's queue (default: every project)")
-    policy.add_argument("--principal", help="the workers' IAM role or user ARN")
+    policy.add_argument(
+        "--principal",
+        help="the workers' identity: an IAM role ARN (S3), serviceAccount:… (GCS) or an object id (Azure)",
+    )
     policy.set_defaults(func=_cmd_policy)
 
 

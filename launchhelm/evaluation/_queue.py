@@ -876,6 +876,9 @@ class EvaluationHandle:
 def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
     """A least-privilege S3 bucket policy for evaluation workers of ``store_url``.
 
+    For ``gs://`` and ``az://`` stores: the GCS IAM policy or Azure role
+    assignments of :mod:`launchhelm.evaluation._policies`, which cover the same keys.
+
     Workers may list and read runs and the project's keys, create only
     queue, lease and result objects under ``projects/<p>/evaluations/`` and
     their score chunks under ``runs/*/metrics/eval-*``, and delete only
@@ -883,9 +886,15 @@ def worker_policy(store_url: str, project: str | None = None, principal: str | N
     metrics, nor the project's rule.
     """
     scheme, sep, rest = store_url.partition("://")
+    if scheme in ("gs", "gcs", "az", "abfs", "abfss") and sep:
+        from launchhelm.evaluation._policies import azure_worker_policy, gcs_worker_policy
+
+        other = gcs_worker_policy if scheme in ("gs", "gcs") else azure_worker_policy
+        return other(store_url, project=project, principal=principal)
     if not sep or scheme not in ("s3", "s3a") or not rest.strip("/"):
         raise InvalidArgumentError(
-            f"store {store_url!r}: the worker policy is an AWS S3 bucket policy; give --store s3://bucket/prefix"
+            f"store {store_url!r}: the worker policy is for S3, GCS or Azure; give --store s3://bucket/prefix, "
+            "gs://bucket/prefix or az://container/prefix"
         )
     bucket, _, root = rest.strip("/").partition("/")
     root = root.strip("/")
