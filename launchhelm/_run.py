@@ -162,6 +162,12 @@ def _warm_up_encoder() -> None:
         _warmed_up = True
 
 
+def _check_flag(name: str, value: object) -> None:
+    # flags that destroy or take over something must be real bools: "no" is truthy
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"{name}={value!r}: pass True or False")
+
+
 def _check_step(step: object) -> int:
     if isinstance(step, bool) or not hasattr(step, "__index__"):
         raise InvalidTypeError(f"step {step!r} is a {type(step).__name__}; steps are non-negative integers")
@@ -719,7 +725,14 @@ class Run:
             True (default) closes the run for good: it can no longer be
             resumed. False ends only the session and keeps the run
             resumable (``launchhelm.init(project, resume=run.id)``).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``close_run`` is not a bool: a truthy ``"no"`` would close the
+            run for good. The session goes on.
         """
+        _check_flag("close_run", close_run)
         self._end_session(close_run=close_run, reason="finish")
 
     def _end_session(self, *, close_run: bool, reason: str) -> None:
@@ -890,9 +903,7 @@ def start_run(
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
-    # a truthy string such as "no" must not take over a live session
-    if not isinstance(takeover, bool):
-        raise InvalidTypeError(f"takeover={takeover!r}: pass True or False")
+    _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     if resume is not None and not isinstance(resume, str):
         raise InvalidTypeError(f"resume={resume!r}: pass the run id string printed by init() (run.id)")
     flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)

@@ -864,7 +864,16 @@ class EvaluationHandle:
         return self.record()
 
     def wait(self, timeout: float = 60.0, poll_interval: float = 0.5) -> Evaluation:
-        """Block until it is done or failed (or ``timeout`` seconds pass) and return its record."""
+        """Block until it is done or failed (or ``timeout`` seconds pass) and return its record.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``timeout`` or ``poll_interval`` is not a positive number.
+        """
+        for name, value in (("timeout", timeout), ("poll_interval", poll_interval)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(f"{name}={value!r}: give a positive number of seconds")
         deadline = time.monotonic() + timeout
         while True:
             record = self.record()

@@ -122,6 +122,8 @@ class TorchRun(Run):
         Waits for a non-blocking save in progress first; if that failed, the
         session still ends and the save's :class:`CheckpointError` is raised.
         """
+        if not isinstance(close_run, bool):  # before anything ends: a truthy "no" would close the run
+            raise InvalidTypeError(f"close_run={close_run!r}: pass True or False")
         failed: CheckpointError | None = None
         try:
             self.wait_for_checkpoint()
