@@ -211,9 +211,12 @@ def check_history(frame: Any, rows: list[dict[str, float]]) -> str:
     import numpy as np
 
     problems = []
-    expected_cols = ["step", "attempt", "time", *METRIC_KEYS]
+    # history() has an ``abandoned`` column (no rewind here: all False) since the rewind marks
+    expected_cols = ["step", "attempt", "time", "abandoned", *METRIC_KEYS]
     if list(frame.columns) != expected_cols:
         problems.append(f"columns {list(frame.columns)} != {expected_cols}")
+    if "abandoned" in frame.columns and frame["abandoned"].any():
+        problems.append("points marked abandoned in a run that was never rewound")
     if len(frame) != len(rows):
         problems.append(f"{len(frame)} rows, expected {len(rows)}")
     else:

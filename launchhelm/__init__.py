@@ -29,6 +29,7 @@ from launchhelm._exceptions import (
     InvalidTypeError,
     LaunchHelmError,
     ObjectNotFoundError,
+    PathNotFoundError,
     RunClosedError,
     RunFinishedError,
     RunInUseError,
@@ -37,6 +38,7 @@ from launchhelm._exceptions import (
     StorageError,
     StoreAccessDeniedError,
     StoreUnreachableError,
+    TunableNotFoundError,
 )
 from launchhelm._run import Run, init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
@@ -62,6 +64,7 @@ __all__ = [
     "InvalidTypeError",
     "LaunchHelmError",
     "ObjectNotFoundError",
+    "PathNotFoundError",
     "ProjectHandle",
     "Rewind",
     "Run",
@@ -74,6 +77,7 @@ __all__ = [
     "StorageError",
     "StoreAccessDeniedError",
     "StoreUnreachableError",
+    "TunableNotFoundError",
     "__version__",
     "evaluate",
     "init",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +19,14 @@ from launchhelm._events import (
     fold,
     validate_project,
 )
-from launchhelm._exceptions import CheckpointError, LaunchHelmError, RunClosedError, RunNotFoundError
+from launchhelm._exceptions import (
+    CheckpointError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    LaunchHelmError,
+    RunClosedError,
+    RunNotFoundError,
+)
 from launchhelm._liveness import requester
 from launchhelm._runinfo import furthest_step, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
@@ -45,6 +52,20 @@ class RunView:
     summary: dict[str, Any]
     rewinds: list[Rewind]
     history: pd.DataFrame
+
+
+def check_history_keys(keys: object) -> None:
+    """Refuse a ``keys=`` argument that is not None, a string or strings (before any read)."""
+    if keys is None or isinstance(keys, str):
+        return
+    if (
+        not isinstance(keys, Collection)
+        or isinstance(keys, (bytes, Mapping))
+        or not all(isinstance(k, str) for k in keys)
+    ):
+        raise InvalidTypeError(
+            f"keys={keys!r}: give a metric name, a list of metric names such as ['loss', 'lr'], or None for all"
+        )
 
 
 class RunHandle:
@@ -312,14 +333,16 @@ class RunHandle:
 
         Raises
         ------
-        KeyError
-            A name the run was not started with (``lh.init(tunables=...)``).
-        TypeError
+        TunableNotFoundError
+            A name the run was not started with (``lh.init(tunables=...)``);
+            also a ``KeyError``.
+        InvalidTypeError
             A value of another kind than the tunable's (a string for a
             number...), or one a ``weights_only`` checkpoint could not hold
-            (numpy scalars, paths, objects: give plain values).
-        ValueError
-            No changes, or NaN / infinity.
+            (numpy scalars, paths, objects: give plain values); also a
+            ``TypeError``.
+        InvalidArgumentError
+            No changes, or NaN / infinity; also a ``ValueError``.
         RunClosedError
             The run is closed.
 
@@ -347,8 +370,8 @@ class RunHandle:
 
         Raises
         ------
-        ValueError
-            An unknown action.
+        InvalidArgumentError
+            An unknown action (also a ``ValueError``).
         RunClosedError
             The run is closed.
         LaunchHelmError
@@ -356,7 +379,7 @@ class RunHandle:
             resume the run first.
         """
         if action not in ACTIONS:
-            raise ValueError(f"control({action!r}): use one of {', '.join(repr(a) for a in ACTIONS)}")
+            raise InvalidArgumentError(f"control({action!r}): use one of {', '.join(repr(a) for a in ACTIONS)}")
         state = self._state()
         self._require_open(f"sent {action!r}", state)
         status = run_status(state, self._last_liveness(state))
@@ -390,9 +413,17 @@ class RunHandle:
             went back before: the dimmed line of a chart. However often a run
             was rewound, each row's ``attempt`` and ``abandoned`` say which
             line it belongs to (:meth:`rewinds` has each rewind's attempt).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``keys`` is not a string or a sequence of strings.
+        InvalidArgumentError
+            ``duplicates`` is neither ``"all"`` nor ``"last"``.
         """
+        check_history_keys(keys)
         if duplicates not in ("all", "last"):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
         state = self._state()
@@ -417,8 +448,9 @@ class RunHandle:
         """
         import pandas as pd
 
+        check_history_keys(keys)
         if duplicates not in ("all", "last"):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
         state = self._state()
@@ -571,8 +603,9 @@ class Api:
         import pandas as pd
 
         validate_project(project)
+        check_history_keys(keys)
         if duplicates not in ("all", "last"):
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
         if runs is None:
@@ -581,6 +614,8 @@ class Api:
         else:
             if isinstance(runs, str):
                 runs = [runs]
+            if not isinstance(runs, Collection) or not all(isinstance(r, str) for r in runs):
+                raise InvalidTypeError(f"runs={runs!r}: give a list of run ids (strings), or None for every run")
             handles = self._handles(list(runs))
             for handle in handles:
                 if handle.project != project:
@@ -605,7 +640,15 @@ class Api:
         return _in_parallel([lambda r=r: RunHandle(self.store, r) for r in run_ids])
 
     def run(self, run_id: str) -> RunHandle:
-        """A handle on the run ``run_id``; :class:`RunNotFoundError` if unknown."""
+        """A handle on the run ``run_id``.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``run_id`` is not a run id at all (ids are lowercase letters and digits).
+        RunNotFoundError
+            No run with that id is in the store.
+        """
         return RunHandle(self.store, run_id)
 
     def project(self, name: str) -> ProjectHandle:

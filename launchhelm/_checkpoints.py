@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from launchhelm._events import RunState, run_prefix
+from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
 
 __all__ = ["HashingWriter", "artifact_prefix", "checkpoint_record", "new_artifact_id", "upload_path"]
@@ -117,7 +118,7 @@ def upload_path(store: Any, prefix: str, path: Path) -> tuple[str, list[dict[str
         size = path.stat().st_size
         return FILE_FORMAT, [{"name": path.name, "size": size, "sha256": digest}], digest, size
     if not path.is_dir():
-        raise FileNotFoundError(f"cannot checkpoint {str(path)!r}: no such file or folder")
+        raise PathNotFoundError(f"cannot checkpoint {str(path)!r}: no such file or folder", path=str(path))
     files: list[dict[str, Any]] = []
     for item in sorted(p for p in path.rglob("*") if p.is_file()):
         rel = item.relative_to(path).as_posix()
@@ -125,7 +126,7 @@ def upload_path(store: Any, prefix: str, path: Path) -> tuple[str, list[dict[str
         store.upload(f"{prefix}/{rel}", item)
         files.append({"name": rel, "size": item.stat().st_size, "sha256": digest})
     if not files:
-        raise ValueError(f"cannot checkpoint {str(path)!r}: the folder is empty")
+        raise InvalidArgumentError(f"cannot checkpoint {str(path)!r}: the folder is empty")
     manifest = "\n".join(f"{f['name']}\t{f['size']}\t{f['sha256']}" for f in files)
     return DIRECTORY_FORMAT, files, hashlib.sha256(manifest.encode()).hexdigest(), sum(f["size"] for f in files)
 

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from launchhelm._api import Api
-from launchhelm._exceptions import LaunchHelmError
+from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
 from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
 from launchhelm.evaluation._cli import print_evaluations
@@ -125,7 +125,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     for item in args.changes:
         name, sep, value = item.partition("=")
         if not sep or not name:
-            raise ValueError(f"{item!r}: write NAME=VALUE, e.g. lr=1e-4")
+            raise InvalidArgumentError(f"{item!r}: write NAME=VALUE, e.g. lr=1e-4")
         changes[name] = _parse_value(value)
     run = Api(args.store).run(args.run)
     seq = run.set_tunables(**changes)

@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from launchhelm._events import RunState
+from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, TunableNotFoundError
 
 __all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 
@@ -58,12 +59,12 @@ def check_plain(value: Any, where: str) -> None:
         return
     if type(value) in (int, float):
         if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{where} is {value}; use a finite number or a string")
+            raise InvalidArgumentError(f"{where} is {value}; use a finite number or a string")
         return
     if isinstance(value, Mapping):
         for k, v in value.items():
             if not isinstance(k, str):
-                raise TypeError(f"{where} has a key {k!r} of type {type(k).__name__}; keys must be strings")
+                raise InvalidTypeError(f"{where} has a key {k!r} of type {type(k).__name__}; keys must be strings")
             check_plain(v, f"{where}[{k!r}]")
         return
     if isinstance(value, (list, tuple)):
@@ -71,7 +72,7 @@ def check_plain(value: Any, where: str) -> None:
             check_plain(v, f"{where}[{i}]")
         return
     kind = type(value)
-    raise TypeError(
+    raise InvalidTypeError(
         f"{where} is a {kind.__name__} ({kind.__module__}.{kind.__qualname__}); config and tunables hold "
         "plain values (str, int, float, bool, None, lists and dicts of them), which every checkpoint restores "
         "with torch.load(weights_only=True): convert it first, e.g. float(x) or str(path)"
@@ -87,16 +88,16 @@ def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]
     and hold only plain values.
     """
     if not changes:
-        raise ValueError("set_tunables() needs at least one change, e.g. set_tunables(lr=1e-4)")
+        raise InvalidArgumentError("set_tunables() needs at least one change, e.g. set_tunables(lr=1e-4)")
     out: dict[str, Any] = {}
     for name, value in changes.items():
         if name not in current:
             known = ", ".join(sorted(current)) or "none: start the run with lh.init(..., tunables={...})"
-            raise KeyError(f"the run has no tunable {name!r} (its tunables: {known})")
+            raise TunableNotFoundError(f"the run has no tunable {name!r} (its tunables: {known})", name=name)
         check_plain(value, f"tunable {name!r}")
         old = current[name]
         if old is not None and _kind(old) != _kind(value):
-            raise TypeError(
+            raise InvalidTypeError(
                 f"tunable {name!r} is a {_kind(old)} ({old!r}); {value!r} is a {_kind(value)}: give a {_kind(old)}"
             )
         if isinstance(value, tuple):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 
 import launchhelm as lh
+from launchhelm._exceptions import InvalidArgumentError
 
 __all__ = ["run_demo"]
 
@@ -36,7 +37,7 @@ def _child(store: str, steps: int, *args: str) -> subprocess.Popen[str]:
 def run_demo(store: str | os.PathLike[str] | None = None, steps: int = 150) -> int:
     """Train, SIGKILL, resume, finish; print the run. Returns an exit code."""
     if steps < 60:
-        raise ValueError(f"steps={steps}: the demo needs at least 60 steps to crash and resume")
+        raise InvalidArgumentError(f"steps={steps}: the demo needs at least 60 steps to crash and resume")
     try:
         import torch  # noqa: F401
     except ImportError:

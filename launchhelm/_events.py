@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._exceptions import AlreadyExistsError, LaunchHelmError
+from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, LaunchHelmError
 from launchhelm.storage import Store
 
 __all__ = [
@@ -58,13 +58,14 @@ CONTROL_APPLIED = "control_applied"
 STATE_ACTIONS = ("pause", "resume")
 
 RUN_FORMAT = "launchhelm.run/1"
+# matched with fullmatch: "$" alone would let a trailing newline through into store keys
 _PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RUN_ID_RE = re.compile(r"^[a-z0-9]{4,64}$")
 
 
 def validate_project(project: object) -> str:
-    if not isinstance(project, str) or not _PROJECT_RE.match(project):
-        raise ValueError(
+    if not isinstance(project, str) or not _PROJECT_RE.fullmatch(project):
+        raise InvalidArgumentError(
             f"invalid project name {project!r}: use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (e.g. 'quickstart')"
         )
@@ -72,8 +73,8 @@ def validate_project(project: object) -> str:
 
 
 def validate_run_id(run_id: object) -> str:
-    if not isinstance(run_id, str) or not _RUN_ID_RE.match(run_id):
-        raise ValueError(
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
+        raise InvalidArgumentError(
             f"invalid run id {run_id!r}: run ids are lowercase letters and digits, "
             "as printed by init() or listed by Api().runs(project)"
         )

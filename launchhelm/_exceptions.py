@@ -21,6 +21,8 @@ inherits the built-in exception a caller would naturally catch, so
     ├── InvalidArgumentError (ValueError)
     │   └── InvalidMetricError
     ├── InvalidTypeError (TypeError)
+    ├── TunableNotFoundError (KeyError)
+    ├── PathNotFoundError (FileNotFoundError)
     └── CheckpointError (RuntimeError)
 
 Each carries the context needed to act on it (``url``, ``run_id``, ``step``)
@@ -41,6 +43,7 @@ __all__ = [
     "InvalidTypeError",
     "LaunchHelmError",
     "ObjectNotFoundError",
+    "PathNotFoundError",
     "RunClosedError",
     "RunFinishedError",
     "RunInUseError",
@@ -49,6 +52,7 @@ __all__ = [
     "StorageError",
     "StoreAccessDeniedError",
     "StoreUnreachableError",
+    "TunableNotFoundError",
 ]
 
 
@@ -189,6 +193,35 @@ class InvalidTypeError(LaunchHelmError, TypeError):
 
 class InvalidMetricError(InvalidArgumentError):
     """A metric key or step is malformed (values of the wrong type raise :class:`InvalidTypeError`)."""
+
+
+class TunableNotFoundError(LaunchHelmError, KeyError):
+    """``set_tunables()`` named a tunable the run was not started with.
+
+    ``except KeyError`` keeps catching it.
+    """
+
+    def __init__(self, message: str, *, name: str | None = None) -> None:
+        super().__init__(message)
+        self.name = name
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0]) if self.args else ""
+
+
+class PathNotFoundError(LaunchHelmError, FileNotFoundError):
+    """A local file or folder LaunchHelm was given (or needs) does not exist.
+
+    Objects missing from the store raise :class:`ObjectNotFoundError`
+    instead. ``except FileNotFoundError`` catches both.
+    """
+
+    def __init__(self, message: str, *, path: str | None = None) -> None:
+        super().__init__(message)
+        self.path = path
+
+    def __str__(self) -> str:  # OSError would format (errno, strerror)
+        return str(self.args[0]) if self.args else ""
 
 
 class CheckpointError(LaunchHelmError, RuntimeError):

@@ -19,7 +19,10 @@ progress, about to be published.
 
 Retention (``keep_last=N``) deletes published checkpoints beyond the newest N
 of each run, but never the latest one, the one a resume choice points to,
-or one with a queued or running evaluation. A deletion is first recorded as a
+or one with a queued or running evaluation; nor, unless
+``include_evaluated=True`` (``--include-evaluated``), one with any evaluation
+in the table (done or failed): its scores are charted beside it, and "Try
+again" needs the file. A deletion is first recorded as a
 ``checkpoint_deleted`` event, appended only if the run's log has not moved
 since gc read it (so a resume choice made meanwhile is seen, and the
 decision is taken again); only then is the payload deleted. Readers fold the
@@ -38,6 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from launchhelm._events import CHECKPOINT, CHECKPOINT_DELETED, EventLog, RunState, SequenceTaken, fold, run_prefix
+from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm.storage import ObjectInfo, Store, open_store
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
@@ -58,7 +62,7 @@ def parse_duration(text: str) -> float:
     """``"24h"`` -> 86400.0; also ``s``, ``m``, ``d``, ``w``; a bare number is seconds."""
     match = _DURATION_RE.match(str(text))
     if not match:
-        raise ValueError(f"invalid duration {text!r}: write e.g. 30m, 24h, 7d or a number of seconds")
+        raise InvalidArgumentError(f"invalid duration {text!r}: write e.g. 30m, 24h, 7d or a number of seconds")
     return float(match.group(1)) * _UNITS[match.group(2)]
 
 
@@ -145,12 +149,12 @@ def _run_ids(store: Store, project: str | None) -> list[str]:
     return sorted(found)
 
 
-def _active_evaluations(store: Store, project: str, run_id: str) -> set[str]:
-    """Checkpoints of ``run_id`` with a queued or running evaluation."""
+def _evaluations_of(store: Store, project: str, run_id: str) -> dict[str, str]:
+    """``{checkpoint id: evaluation state}`` of every evaluation of ``run_id`` in the table."""
     from launchhelm.evaluation._queue import queue_for
 
     records = queue_for(store, project).evaluations(run_id)
-    return {r.checkpoint for r in records if r.state in ("queued", "running")}
+    return {r.checkpoint: r.state for r in records}
 
 
 def _project_of(store: Store, run_id: str) -> str | None:
@@ -162,7 +166,9 @@ def _project_of(store: Store, run_id: str) -> str | None:
         return None
 
 
-def _protections(state: RunState, keep_last: int, evaluating: set[str]) -> tuple[list[dict[str, Any]], dict[str, str]]:
+def _protections(
+    state: RunState, keep_last: int, evaluations: dict[str, str], include_evaluated: bool = False
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """(checkpoints to delete, {kept id: why}) under ``keep_last``."""
     live = state.checkpoints
     why: dict[str, str] = {}
@@ -172,15 +178,27 @@ def _protections(state: RunState, keep_last: int, evaluating: set[str]) -> tuple
         why.setdefault(live[-1]["checkpoint"], "the latest")
     if state.resume_choice is not None:
         why[state.resume_choice] = "chosen for resume"
-    for checkpoint in evaluating:
-        why.setdefault(checkpoint, "its evaluation is queued or running")
+    for checkpoint, evaluation in evaluations.items():
+        if evaluation in ("queued", "running"):  # a worker is about to read it, or reading it now
+            why.setdefault(checkpoint, "its evaluation is queued or running")
+        elif not include_evaluated:
+            why.setdefault(checkpoint, f"it has a {evaluation} evaluation (--include-evaluated deletes it)")
     doomed = [e for e in live if e["checkpoint"] not in why]
     return doomed, why
 
 
 class _Collector:
-    def __init__(self, store: Store, older_than: float, dry_run: bool, now: float, log: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        store: Store,
+        older_than: float,
+        dry_run: bool,
+        now: float,
+        log: Callable[[str], None],
+        include_evaluated: bool = False,
+    ) -> None:
         self.store = store
+        self.include_evaluated = include_evaluated
         self.older_than = older_than
         self.dry_run = dry_run
         self.now = now
@@ -255,11 +273,11 @@ class _Collector:
         while True:
             state = fold(log.read())
             try:
-                evaluating = _active_evaluations(self.store, project, run_id) if project else set()
+                evaluations = _evaluations_of(self.store, project, run_id) if project else {}
             except Exception as exc:
                 self.log(f"run {run_id}: retention skipped, its evaluations could not be read: {exc}")
                 return
-            doomed, why = _protections(state, keep_last, evaluating)
+            doomed, why = _protections(state, keep_last, evaluations, self.include_evaluated)
             if self.dry_run or not doomed:
                 for event in doomed:  # a dry run records nothing: list them all at once
                     self._record_retention(run_id, event, groups, base, keep_last)
@@ -315,6 +333,7 @@ def collect_garbage(
     storage_options: dict[str, Any] | None = None,
     now: float | None = None,
     log: Callable[[str], None] | None = None,
+    include_evaluated: bool = False,
 ) -> GcReport:
     """Delete orphaned and incomplete uploads, and apply an optional retention policy.
 
@@ -327,12 +346,23 @@ def collect_garbage(
         removed (default 24 h): younger ones may be saves still in progress.
     keep_last:
         Keep only the newest N published checkpoints of each run (plus the
-        latest, a resume choice's, and any with a queued or running
-        evaluation); None (default) deletes no published checkpoint.
+        latest, a resume choice's, and any with an evaluation in the table);
+        None (default) deletes no published checkpoint.
     dry_run:
         Report what would be deleted; change nothing.
     project:
         Only this project's runs (incomplete uploads are store-wide either way).
+    include_evaluated:
+        With ``keep_last``: also delete old checkpoints whose evaluation is
+        done or failed (their scores stay logged; "Try again" then has no
+        file). One with a queued or running evaluation is always kept.
+
+    Raises
+    ------
+    InvalidArgumentError
+        ``keep_last`` or ``older_than`` is negative or not a number.
+    InvalidTypeError
+        ``include_evaluated`` is not a bool.
 
     Examples
     --------
@@ -342,11 +372,15 @@ def collect_garbage(
     []
     """
     if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int) or keep_last < 0):
-        raise ValueError(f"keep_last={keep_last!r}: give a number of checkpoints >= 0")
-    if not older_than >= 0:
-        raise ValueError(f"older_than={older_than!r}: give a number of seconds >= 0")
+        raise InvalidArgumentError(f"keep_last={keep_last!r}: give a number of checkpoints >= 0")
+    if isinstance(older_than, bool) or not isinstance(older_than, (int, float)) or not older_than >= 0:
+        raise InvalidArgumentError(f"older_than={older_than!r}: give a number of seconds >= 0")
+    if not isinstance(include_evaluated, bool):
+        raise InvalidTypeError(f"include_evaluated={include_evaluated!r}: pass True or False")
     st = open_store(store, storage_options)
-    collector = _Collector(st, float(older_than), dry_run, time.time() if now is None else now, log or (lambda _: None))
+    collector = _Collector(
+        st, float(older_than), dry_run, time.time() if now is None else now, log or (lambda _: None), include_evaluated
+    )
     run_ids = _run_ids(st, project)
     collector.report.runs = len(run_ids)
     for run_id in run_ids:
@@ -365,6 +399,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
         keep_last=args.keep_last,
         dry_run=args.dry_run,
         project=args.project,
+        include_evaluated=args.include_evaluated,
         log=lambda line: print(f"launchhelm gc: {line}", file=sys.stderr),
     )
     for line in report.lines():
@@ -380,11 +415,17 @@ def add_commands(sub: Any) -> None:
         description=(
             "Delete checkpoint uploads no event publishes and multipart uploads left open (both only once older "
             "than --older-than), and with --keep-last N the published checkpoints of each run beyond its newest N "
-            "(never the latest, one chosen for resume, or one with a queued or running evaluation)."
+            "(never the latest, one chosen for resume, or one with an evaluation in the table, unless "
+            "--include-evaluated: then only a queued or running evaluation keeps one)."
         ),
     )
     gc.add_argument("--older-than", default="24h", help="safety window for unpublished uploads (default 24h)")
     gc.add_argument("--keep-last", type=int, default=None, metavar="N", help="keep the newest N checkpoints per run")
     gc.add_argument("--dry-run", action="store_true", help="list what would be deleted; change nothing")
     gc.add_argument("--project", default=None, help="only this project's runs")
+    gc.add_argument(
+        "--include-evaluated",
+        action="store_true",
+        help="with --keep-last: also delete old checkpoints whose evaluation is done or failed",
+    )
     gc.set_defaults(func=_cmd_gc)

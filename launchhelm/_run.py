@@ -42,7 +42,10 @@ from launchhelm._events import (
 )
 from launchhelm._exceptions import (
     AlreadyExistsError,
+    InvalidArgumentError,
     InvalidMetricError,
+    InvalidTypeError,
+    PathNotFoundError,
     RunClosedError,
     RunFinishedError,
     RunInUseError,
@@ -141,7 +144,7 @@ def _seconds(name: str, given: float | None, env: str, default: float) -> float:
     if given is None:
         return env_seconds(env, default)
     if isinstance(given, bool) or not isinstance(given, (int, float)) or not given > 0:
-        raise ValueError(f"{name}={given!r}: give a positive number of seconds")
+        raise InvalidArgumentError(f"{name}={given!r}: give a positive number of seconds")
     return float(given)
 
 
@@ -161,9 +164,15 @@ def _warm_up_encoder() -> None:
         _warmed_up = True
 
 
+def _check_flag(name: str, value: object) -> None:
+    # flags that destroy or take over something must be real bools: "no" is truthy
+    if not isinstance(value, bool):
+        raise InvalidTypeError(f"{name}={value!r}: pass True or False")
+
+
 def _check_step(step: object) -> int:
     if isinstance(step, bool) or not hasattr(step, "__index__"):
-        raise TypeError(f"step {step!r} is a {type(step).__name__}; steps are non-negative integers")
+        raise InvalidTypeError(f"step {step!r} is a {type(step).__name__}; steps are non-negative integers")
     value = int(step.__index__())
     if value < 0:
         raise InvalidMetricError(f"step {value} is negative; steps are non-negative integers")
@@ -317,12 +326,16 @@ class Run:
 
         Raises
         ------
-        TypeError
-            A value is not a real number (the message names the key), or a
-            key is not a string.
+        InvalidTypeError
+            A value is not a real number (the message names the key), a key
+            is not a string, or ``step`` is not an integer (also a
+            ``TypeError``).
         InvalidMetricError
             A key is empty, has an empty, ``.`` or ``..`` segment, or control
-            characters; or ``step`` is negative.
+            characters, or is one of the names history frames use for their
+            own columns (``step``, ``time``, ``attempt``, ``abandoned``,
+            ``run``); or ``step`` is negative (also a ``ValueError``). Nothing
+            of the call is recorded.
         RunFinishedError
             ``finish()`` was already called in this process.
 
@@ -338,7 +351,7 @@ class Run:
         elif type(step) is not int or step < 0:
             step = _check_step(step)
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
-            raise TypeError(f"log() takes a mapping of metric names to numbers, not {type(metrics).__name__}")
+            raise InvalidTypeError(f"log() takes a mapping of metric names to numbers, not {type(metrics).__name__}")
         row: dict[str, float] = {}
         known = self._known_keys
         for key, value in metrics.items():
@@ -440,8 +453,25 @@ class Run:
             A file, or a folder (uploaded whole).
         step:
             The step it restores; default :attr:`global_step`.
+
+        Raises
+        ------
+        PathNotFoundError
+            ``path`` does not exist (also a ``FileNotFoundError``).
+        InvalidArgumentError
+            ``path`` is an empty folder.
+        InvalidTypeError
+            ``path`` is not a path, or ``step`` is not an integer.
         """
         self._check_live()
+        # checked before anything is uploaded, so a bad path leaves no orphan payload behind
+        if not isinstance(path, (str, os.PathLike)):
+            raise InvalidTypeError(f"checkpoint() takes a file or folder path, not {type(path).__name__} {path!r}")
+        local = Path(path)
+        if not local.exists():
+            raise PathNotFoundError(f"cannot checkpoint {str(path)!r}: no such file or folder", path=str(path))
+        if local.is_dir() and not any(p.is_file() for p in local.rglob("*")):
+            raise InvalidArgumentError(f"cannot checkpoint {str(path)!r}: the folder is empty")
         step = self._step if step is None else _check_step(step)
         artifact = new_artifact_id(step)
         prefix = artifact_prefix(self.id, artifact)
@@ -488,7 +518,7 @@ class Run:
         ``extra``, a cache of the last N steps). Usable as a decorator.
         """
         if not callable(callback):
-            raise TypeError(f"on_rewind() takes a callable, not {type(callback).__name__}")
+            raise InvalidTypeError(f"on_rewind() takes a callable, not {type(callback).__name__}")
         self._rewind_callbacks.append(callback)
         return callback
 
@@ -529,7 +559,7 @@ class Run:
         hyperparameters, ``lr`` first, into the watched optimizer.)
         """
         if not callable(callback):
-            raise TypeError(f"on_tunables_change() takes a callable, not {type(callback).__name__}")
+            raise InvalidTypeError(f"on_tunables_change() takes a callable, not {type(callback).__name__}")
         self._tunables_callbacks.append(callback)
         return callback
 
@@ -541,7 +571,7 @@ class Run:
         value, if a string, is recorded as the checkpoint saved.
         """
         if not callable(callback):
-            raise TypeError(f"on_checkpoint_request() takes a callable, not {type(callback).__name__}")
+            raise InvalidTypeError(f"on_checkpoint_request() takes a callable, not {type(callback).__name__}")
         self._checkpoint_callbacks.append(callback)
         return callback
 
@@ -733,7 +763,14 @@ class Run:
             True (default) closes the run for good: it can no longer be
             resumed. False ends only the session and keeps the run
             resumable (``launchhelm.init(project, resume=run.id)``).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``close_run`` is not a bool: a truthy ``"no"`` would close the
+            run for good. The session goes on.
         """
+        _check_flag("close_run", close_run)
         self._end_session(close_run=close_run, reason="finish")
 
     def _end_session(self, *, close_run: bool, reason: str) -> None:
@@ -878,6 +915,20 @@ def init(
         ``LAUNCHHELM_CONTROL_INTERVAL`` (how often the run looks for
         tunable changes and pause/resume/stop/checkpoint requests).
 
+    Raises
+    ------
+    InvalidArgumentError
+        A malformed project name or run id, a blank ``name``, a run of
+        another project, non-finite numbers in ``config`` or ``tunables``, or
+        intervals that are not positive (also a ``ValueError``). Nothing is
+        stored.
+    InvalidTypeError
+        ``config`` or ``tunables`` not a dict (or holding values that are not
+        plain), ``resume`` not a string, ``takeover`` not a bool (also a
+        ``TypeError``). Nothing is stored.
+    RunNotFoundError, RunClosedError, RunInUseError
+        See ``resume``.
+
     Examples
     --------
     >>> import launchhelm as lh
@@ -924,6 +975,9 @@ def start_run(
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
+    _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
+    if resume is not None and not isinstance(resume, str):
+        raise InvalidTypeError(f"resume={resume!r}: pass the run id string printed by init() (run.id)")
     flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
     beat_s = _seconds(
         "heartbeat_interval", heartbeat_interval, "LAUNCHHELM_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL
@@ -933,19 +987,19 @@ def start_run(
     )
     control_s = _seconds("control_interval", control_interval, "LAUNCHHELM_CONTROL_INTERVAL", DEFAULT_CONTROL_INTERVAL)
     if timeout_s <= beat_s:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"heartbeat_timeout ({timeout_s}s) must exceed heartbeat_interval ({beat_s}s), "
             "or live sessions would look dead"
         )
     if name is not None and (not isinstance(name, str) or not name.strip()):
-        raise ValueError(f"name={name!r}: give a non-empty string or None for a generated one")
+        raise InvalidArgumentError(f"name={name!r}: give a non-empty string or None for a generated one")
     if config is not None:
         if not isinstance(config, Mapping):
-            raise TypeError(f"config is a {type(config).__name__}; pass a dict")
+            raise InvalidTypeError(f"config is a {type(config).__name__}; pass a dict")
         check_plain(config, "config")
     if tunables is not None:
         if not isinstance(tunables, Mapping):
-            raise TypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
+            raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         check_plain(tunables, "tunables")
     _warm_up_encoder()
     _install_exit_hook()
@@ -1027,13 +1081,13 @@ def _reopen_run(
     store: Store, project: str, run_id: str, session_payload: dict[str, Any], takeover: bool
 ) -> tuple[dict[str, Any], EventLog, int, RunState, dict[str, Any]]:
     if not isinstance(run_id, str):
-        raise TypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
+        raise InvalidTypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
     record = read_run_record(store, run_id)
     # points a killed session on this host logged but never flushed go in first: they count toward
     # the furthest step reached, and so toward the rewind this session may record
     recover_run(store, run_id)
     if record["project"] != project:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"run {run_id} belongs to project {record['project']!r}, not {project!r}; "
             f"call init({record['project']!r}, resume={run_id!r})"
         )

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchhelm._events import RunState, SessionRecord, run_prefix
-from launchhelm._exceptions import ObjectNotFoundError
+from launchhelm._exceptions import InvalidArgumentError, ObjectNotFoundError
 from launchhelm._liveness import process_state
 from launchhelm.storage import Store
 
@@ -44,9 +44,9 @@ def env_seconds(name: str, default: float) -> float:
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number of seconds") from None
+        raise InvalidArgumentError(f"{name}={raw!r} is not a number of seconds") from None
     if not value > 0:
-        raise ValueError(f"{name}={raw!r} must be a positive number of seconds")
+        raise InvalidArgumentError(f"{name}={raw!r} must be a positive number of seconds")
     return value
 
 

@@ -1,7 +1,8 @@
 """The command line's evaluation commands.
 
 ``launchhelm evaluate evaluate_checkpoints:score [--stop-when-idle] [--max-evaluations N]``
-runs a worker; ``launchhelm policy evaluation --store s3://bucket/prefix`` prints its S3 policy.
+runs a worker; ``launchhelm policy evaluation --store s3://bucket/prefix`` (or ``gs://``,
+``az://``) prints its least-privilege policy.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
+from launchhelm._exceptions import InvalidArgumentError
 from launchhelm.evaluation._queue import worker_policy
 from launchhelm.evaluation._worker import EvaluationWorker
 
@@ -31,10 +33,10 @@ def _load_module(name: str) -> ModuleType:
     if name.endswith(".py") or os.sep in name or "/" in name:
         path = Path(name).absolute()
         if not path.is_file():
-            raise ValueError(f"no such file {str(path)!r}")
+            raise InvalidArgumentError(f"no such file {str(path)!r}")
         spec = importlib.util.spec_from_file_location(path.stem, path)
         if spec is None or spec.loader is None:
-            raise ValueError(f"cannot import {str(path)!r}")
+            raise InvalidArgumentError(f"cannot import {str(path)!r}")
         module = importlib.util.module_from_spec(spec)
         sys.modules[path.stem] = module
         sys.path.insert(0, str(path.parent))
@@ -48,18 +50,18 @@ def load_worker(target: str, project: str | None) -> EvaluationWorker:
     """The worker that ``MODULE:FUNCTION`` names (a decorated or a plain score function)."""
     module_name, sep, attr = target.rpartition(":")
     if not sep or not module_name or not attr:
-        raise ValueError(f"{target!r}: write MODULE:FUNCTION, e.g. evaluate_checkpoints:score")
+        raise InvalidArgumentError(f"{target!r}: write MODULE:FUNCTION, e.g. evaluate_checkpoints:score")
     module = _load_module(module_name)
     found = getattr(module, attr, None)
     if isinstance(found, EvaluationWorker):
         return found
     if callable(found):
         if project is None:
-            raise ValueError(
+            raise InvalidArgumentError(
                 f"{target} is a plain function: pass --project, or decorate it with @launchhelm.evaluate(project=...)"
             )
         return EvaluationWorker(found, project=project)
-    raise ValueError(f"{module_name} has no score function {attr!r}")
+    raise InvalidArgumentError(f"{module_name} has no score function {attr!r}")
 
 
 def _interrupt(signum: int, frame: FrameType | None) -> None:
@@ -89,7 +91,10 @@ def _cmd_evaluate(args: argparse.Namespace) -> int:
 def _cmd_policy(args: argparse.Namespace) -> int:
     store = args.command_store or args.store
     if store is None:
-        raise ValueError("give the store the workers use: launchhelm policy evaluation --store s3://bucket/prefix")
+        raise InvalidArgumentError(
+            "give the store the workers use: launchhelm policy evaluation --store s3://bucket/prefix "
+            "(or gs://bucket/prefix, az://container/prefix)"
+        )
     policy: dict[str, Any] = worker_policy(store, project=args.project, principal=args.principal)
     print(json.dumps(policy, indent=2))
     return 0
@@ -108,11 +113,20 @@ def add_commands(sub: Any) -> None:
     evaluate.add_argument("--poll-interval", type=float, default=None, help="seconds between looks at an empty queue")
     evaluate.add_argument("--lease-seconds", type=float, default=None, help="lease length (default 120)")
     evaluate.set_defaults(func=_cmd_evaluate)
-    policy = sub.add_parser("policy", help="print a least-privilege S3 bucket policy: policy evaluation --store s3://…")
+    policy = sub.add_parser(
+        "policy",
+        help="print a least-privilege S3 bucket policy, GCS IAM policy or Azure role assignments for "
+        "evaluation workers: policy evaluation --store s3://… | gs://… | az://…",
+    )
     policy.add_argument("kind", choices=["evaluation"], help="whose policy: evaluation workers")
-    policy.add_argument("--store", dest="command_store", help="the workers' store, s3://bucket/prefix")
+    policy.add_argument(
+        "--store", dest="command_store", help="the workers' store: s3://bucket/prefix, gs://… or az://container/…"
+    )
     policy.add_argument("--project", help="only this project's queue (default: every project)")
-    policy.add_argument("--principal", help="the workers' IAM role or user ARN")
+    policy.add_argument(
+        "--principal",
+        help="the workers' identity: an IAM role ARN (S3), serviceAccount:… (GCS) or an object id (Azure)",
+    )
     policy.set_defaults(func=_cmd_policy)
 
 

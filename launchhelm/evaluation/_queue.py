@@ -73,6 +73,8 @@ from launchhelm._exceptions import (
     CheckpointError,
     EvaluationNotFoundError,
     EvaluationStateError,
+    InvalidArgumentError,
+    InvalidTypeError,
     ObjectNotFoundError,
 )
 from launchhelm._liveness import process_identity, process_state, requester
@@ -150,9 +152,9 @@ def parse_evaluation_id(value: object) -> tuple[str, str]:
         except ValueError:
             pass
         else:
-            if _CHECKPOINT_ID_RE.match(checkpoint):
+            if _CHECKPOINT_ID_RE.fullmatch(checkpoint):
                 return run_id, checkpoint
-    raise ValueError(
+    raise InvalidArgumentError(
         f"invalid evaluation id {value!r}: evaluation ids look like '<run id>-<checkpoint id>', "
         "as listed by RunHandle.evaluations()"
     )
@@ -474,7 +476,7 @@ class EvaluationQueue:
     def queue(self, run_id: str, event: Mapping[str, Any], reason: str) -> bool:
         """Queue the evaluation of a published checkpoint; False if it already was."""
         checkpoint = str(event["checkpoint"])
-        if not _CHECKPOINT_ID_RE.match(checkpoint):
+        if not _CHECKPOINT_ID_RE.fullmatch(checkpoint):
             raise CheckpointError(f"checkpoint id {checkpoint!r} cannot name an evaluation", run_id=run_id)
         body = {
             "format": REQUEST_FORMAT,
@@ -793,7 +795,7 @@ class ProjectHandle:
         if enabled is None:
             return self._queue.rule_enabled()
         if not isinstance(enabled, bool):
-            raise TypeError(f"evaluate_every_checkpoint({enabled!r}): pass True, False, or nothing to read it")
+            raise InvalidTypeError(f"evaluate_every_checkpoint({enabled!r}): pass True, False, or nothing to read it")
         return self._queue.set_rule(enabled)
 
     def evaluations(self, state: str | None = None) -> list[Evaluation]:
@@ -806,7 +808,7 @@ class ProjectHandle:
             or ``"failed"``.
         """
         if state is not None and state not in (QUEUED, RUNNING, DONE, FAILED):
-            raise ValueError(f"state={state!r}: use 'queued', 'running', 'done', 'failed' or None")
+            raise InvalidArgumentError(f"state={state!r}: use 'queued', 'running', 'done', 'failed' or None")
         return self._queue.evaluations(state=state)
 
 
@@ -862,7 +864,16 @@ class EvaluationHandle:
         return self.record()
 
     def wait(self, timeout: float = 60.0, poll_interval: float = 0.5) -> Evaluation:
-        """Block until it is done or failed (or ``timeout`` seconds pass) and return its record."""
+        """Block until it is done or failed (or ``timeout`` seconds pass) and return its record.
+
+        Raises
+        ------
+        InvalidArgumentError
+            ``timeout`` or ``poll_interval`` is not a positive number.
+        """
+        for name, value in (("timeout", timeout), ("poll_interval", poll_interval)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(f"{name}={value!r}: give a positive number of seconds")
         deadline = time.monotonic() + timeout
         while True:
             record = self.record()
@@ -874,6 +885,9 @@ class EvaluationHandle:
 def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
     """A least-privilege S3 bucket policy for evaluation workers of ``store_url``.
 
+    For ``gs://`` and ``az://`` stores: the GCS IAM policy or Azure role
+    assignments of :mod:`launchhelm.evaluation._policies`, which cover the same keys.
+
     Workers may list and read runs and the project's keys, create only
     queue, lease and result objects under ``projects/<p>/evaluations/`` and
     their score chunks under ``runs/*/metrics/eval-*``, and delete only
@@ -881,9 +895,15 @@ def worker_policy(store_url: str, project: str | None = None, principal: str | N
     metrics, nor the project's rule.
     """
     scheme, sep, rest = store_url.partition("://")
+    if scheme in ("gs", "gcs", "az", "abfs", "abfss") and sep:
+        from launchhelm.evaluation._policies import azure_worker_policy, gcs_worker_policy
+
+        other = gcs_worker_policy if scheme in ("gs", "gcs") else azure_worker_policy
+        return other(store_url, project=project, principal=principal)
     if not sep or scheme not in ("s3", "s3a") or not rest.strip("/"):
-        raise ValueError(
-            f"store {store_url!r}: the worker policy is an AWS S3 bucket policy; give --store s3://bucket/prefix"
+        raise InvalidArgumentError(
+            f"store {store_url!r}: the worker policy is for S3, GCS or Azure; give --store s3://bucket/prefix, "
+            "gs://bucket/prefix or az://container/prefix"
         )
     bucket, _, root = rest.strip("/").partition("/")
     root = root.strip("/")

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._events import RunState, validate_project
-from launchhelm._exceptions import CheckpointError
+from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm.evaluation._queue import (
     DEFAULT_LEASE_SECONDS,
     DONE,
@@ -70,26 +70,26 @@ ScoreFunction = Callable[["EvaluationContext"], Mapping[str, Any]]
 
 def _positive(name: str, value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or not math.isfinite(value):
-        raise ValueError(f"{name}={value!r}: give a positive number of seconds")
+        raise InvalidArgumentError(f"{name}={value!r}: give a positive number of seconds")
     return float(value)
 
 
 def _check_scores(returned: object) -> dict[str, float]:
     if not isinstance(returned, Mapping):
-        raise TypeError(
+        raise InvalidTypeError(
             f"the score function returned a {type(returned).__name__}; return a dict of score names to "
             'numbers, e.g. {"accuracy": 0.91}'
         )
     scores: dict[str, float] = {}
     for name, value in returned.items():
         if not isinstance(name, str):
-            raise TypeError(f"score name {name!r} is a {type(name).__name__}; names must be strings")
+            raise InvalidTypeError(f"score name {name!r} is a {type(name).__name__}; names must be strings")
         key = f"{SCORE_PREFIX}{name}"
         try:
             validate_key(key)
             scores[name] = coerce_value(key, value)
         except (TypeError, ValueError) as exc:
-            raise TypeError(f"score {name!r} is not a number that can be logged: {exc}") from None
+            raise InvalidTypeError(f"score {name!r} is not a number that can be logged: {exc}") from None
     return scores
 
 
@@ -305,7 +305,7 @@ class EvaluationWorker:
         name: str | None = None,
     ) -> None:
         if not callable(function):
-            raise TypeError(f"evaluate() decorates a score function, not a {type(function).__name__}")
+            raise InvalidTypeError(f"evaluate() decorates a score function, not a {type(function).__name__}")
         self.function = function
         self.project = validate_project(project)
         self.store_url = store
@@ -314,7 +314,7 @@ class EvaluationWorker:
         self.poll_interval = _positive("poll_interval", poll_interval)
         self.discover_interval = _positive("discover_interval", discover_interval)
         if name is not None and (not isinstance(name, str) or not name.strip()):
-            raise ValueError(f"name={name!r}: give a non-empty string or None")
+            raise InvalidArgumentError(f"name={name!r}: give a non-empty string or None")
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         functools.update_wrapper(self, function)
 
@@ -374,7 +374,7 @@ class EvaluationWorker:
         if max_evaluations is not None and (
             isinstance(max_evaluations, bool) or not isinstance(max_evaluations, int) or max_evaluations < 1
         ):
-            raise ValueError(f"max_evaluations={max_evaluations!r}: give a positive integer or None")
+            raise InvalidArgumentError(f"max_evaluations={max_evaluations!r}: give a positive integer or None")
         poll = self.poll_interval if poll_interval is None else _positive("poll_interval", poll_interval)
         taken = finished = 0
         next_discovery = 0.0
@@ -541,7 +541,7 @@ def evaluate(
     >>> score.serve()   # doctest: +SKIP
     """
     if callable(project):
-        raise TypeError('use @launchhelm.evaluate(project="name"): the project to serve is required')
+        raise InvalidTypeError('use @launchhelm.evaluate(project="name"): the project to serve is required')
     validate_project(project)
     settings = {
         "lease_seconds": _positive("lease_seconds", lease_seconds),

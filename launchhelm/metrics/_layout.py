@@ -13,11 +13,18 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from launchhelm._exceptions import LaunchHelmError
 from launchhelm.storage import Store
 
 __all__ = ["ChunkRef", "Listing", "Manifest", "list_metrics", "metrics_prefix"]
 
 MANIFEST_FORMAT = "launchhelm.manifest/1"
+
+
+class DamagedManifestError(LaunchHelmError, ValueError):
+    """A manifest object that does not parse (written by something else, or damaged)."""
+
+
 SEGMENT_DIR = "segments"
 _MANIFEST_PREFIX = "manifest-"
 
@@ -106,9 +113,12 @@ class Manifest:
 
     @classmethod
     def decode(cls, data: bytes, seq: int) -> Manifest:
-        raw = json.loads(data)
-        if raw.get("format") != MANIFEST_FORMAT or int(raw.get("seq", -1)) != seq:
-            raise ValueError(f"not a {MANIFEST_FORMAT} manifest with seq {seq}")
+        try:
+            raw = json.loads(data)
+        except ValueError as exc:
+            raise DamagedManifestError(f"manifest {seq} is not JSON ({exc})") from None
+        if not isinstance(raw, dict) or raw.get("format") != MANIFEST_FORMAT or int(raw.get("seq", -1)) != seq:
+            raise DamagedManifestError(f"not a {MANIFEST_FORMAT} manifest with seq {seq}")
         return cls(
             seq=seq,
             covered={str(k): int(v) for k, v in dict(raw["covered"]).items()},

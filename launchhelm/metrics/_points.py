@@ -18,7 +18,7 @@ import numbers
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._exceptions import InvalidMetricError
+from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -28,6 +28,9 @@ __all__ = ["abandoned_mask", "coerce_value", "decode_chunks", "encode_chunk", "h
 
 CHUNK_FORMAT = b"launchhelm.metrics/1"
 MAX_KEY_LENGTH = 256
+#: Column names ``history()`` frames already hold (``run`` in a multi-run
+#: history); a metric of that name would clash with them, so ``log()`` refuses it.
+RESERVED_KEYS = frozenset({"step", "time", "attempt", "abandoned", "run"})
 
 # a row as buffered by Run.log(): (step, attempt, wall time, {key: float})
 Row = tuple[int, int, float, dict[str, float]]
@@ -38,10 +41,12 @@ def validate_key(key: object) -> str:
 
     Keys are non-empty strings of at most 256 characters; ``/`` separates
     namespaces (``eval/accuracy``) but segments may not be empty, ``.`` or
-    ``..``, and control characters are refused.
+    ``..``, and control characters are refused, and so are the names of
+    the history frame's own columns (:data:`RESERVED_KEYS`: ``step``,
+    ``time``, ``attempt``, ``abandoned``, ``run``); ``train/step`` is fine.
     """
     if not isinstance(key, str):
-        raise TypeError(
+        raise InvalidTypeError(
             f"metric key {key!r} is a {type(key).__name__}; keys must be strings such as 'loss' or 'eval/accuracy'"
         )
     if not key:
@@ -50,6 +55,11 @@ def validate_key(key: object) -> str:
         raise InvalidMetricError(f"metric key {key[:40]!r}... is {len(key)} characters; the limit is {MAX_KEY_LENGTH}")
     if any(ord(c) < 32 or ord(c) == 127 for c in key):
         raise InvalidMetricError(f"metric key {key!r} contains a control character; use printable characters")
+    if key in RESERVED_KEYS:
+        raise InvalidMetricError(
+            f"metric key {key!r} is reserved: history() already has a {key!r} column; "
+            f"log it under another name, e.g. 'train/{key}'"
+        )
     if any(part in ("", ".", "..") for part in key.split("/")):
         raise InvalidMetricError(
             f"metric key {key!r} has an empty, '.' or '..' segment; use '/' only between names, as in 'eval/accuracy'"
@@ -72,11 +82,11 @@ def coerce_value(key: str, value: object) -> float:
         tensor: Any = value
         count = tensor.numel()
         if count != 1:
-            raise TypeError(
+            raise InvalidTypeError(
                 f"metric {key!r} is a torch tensor with {count} elements; log a scalar, e.g. loss.item() or x.mean()"
             )
         if tensor.is_complex():
-            raise TypeError(f"metric {key!r} is a complex tensor; log a real number")
+            raise InvalidTypeError(f"metric {key!r} is a complex tensor; log a real number")
         return float(tensor.detach().cpu().item())
     if module.startswith("numpy") and hasattr(value, "ndim") and hasattr(value, "item"):
         array: Any = value
@@ -84,11 +94,11 @@ def coerce_value(key: str, value: object) -> float:
             item = array.item()
             if isinstance(item, numbers.Real):
                 return float(item)
-        raise TypeError(
+        raise InvalidTypeError(
             f"metric {key!r} is a numpy {kind.__name__} of shape {getattr(value, 'shape', '?')}; "
             "log a real scalar, e.g. float(x.mean())"
         )
-    raise TypeError(
+    raise InvalidTypeError(
         f"metric {key!r} has a value of type {kind.__name__}; "
         "values must be real numbers (int, float, bool, numpy or torch scalars)"
     )
@@ -159,7 +169,9 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
     import pyarrow.compute as pc
 
     if duplicates not in ("all", "last"):
-        raise ValueError(f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)")
+        raise InvalidArgumentError(
+            f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
+        )
     if keys is not None:
         if isinstance(keys, str):
             keys = [keys]

@@ -14,7 +14,16 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from launchhelm.metrics._layout import EMPTY, ChunkRef, Listing, Manifest, list_metrics, metrics_prefix, read_manifest
+from launchhelm.metrics._layout import (
+    EMPTY,
+    ChunkRef,
+    DamagedManifestError,
+    Listing,
+    Manifest,
+    list_metrics,
+    metrics_prefix,
+    read_manifest,
+)
 from launchhelm.metrics._segments import concat, decode_chunk, decode_segment, empty_points
 from launchhelm.storage import Store
 
@@ -127,6 +136,15 @@ class PointReader:
             return read_manifest(self.store, self.run_id, newest)
         except FileNotFoundError as exc:
             raise StaleRead(f"manifest {newest}") from exc
+        except DamagedManifestError as exc:
+            import warnings
+
+            warnings.warn(
+                f"run {self.run_id}: ignored its damaged metrics manifest {newest} ({exc}); reading its chunks "
+                "instead (points in segments only that manifest named are missing; `launchhelm compact` rewrites it)",
+                stacklevel=3,
+            )
+            return EMPTY
 
     @staticmethod
     def _saw(cursor: Cursor, chunk: ChunkRef) -> None:

@@ -33,7 +33,10 @@ from launchhelm._exceptions import (
     AlreadyExistsError,
     BucketNotFoundError,
     CoordinationUnsupportedError,
+    InvalidArgumentError,
+    InvalidTypeError,
     ObjectNotFoundError,
+    PathNotFoundError,
     StorageError,
     StoreAccessDeniedError,
     StoreUnreachableError,
@@ -135,10 +138,10 @@ def _writing(data: bytes) -> Callable[[BinaryIO], None]:
 
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key or key.startswith("/") or key.endswith("/"):
-        raise ValueError(f"invalid store key {key!r}: use a relative path like 'runs/abc/run.json'")
+        raise InvalidArgumentError(f"invalid store key {key!r}: use a relative path like 'runs/abc/run.json'")
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"invalid store key {key!r}: empty, '.' or '..' segments are not allowed")
+        raise InvalidArgumentError(f"invalid store key {key!r}: empty, '.' or '..' segments are not allowed")
     return key
 
 
@@ -305,7 +308,7 @@ class Store:
         """
         path = Path(local_path)
         if not path.is_file():
-            raise FileNotFoundError(f"cannot upload {str(path)!r}: no such file")
+            raise PathNotFoundError(f"cannot upload {str(path)!r}: no such file", path=str(path))
         bar = Progress(self._progress(progress), f"upload {path.name}", path.stat().st_size)
         try:
             self._upload(_check_key(key), path, bar)
@@ -1130,6 +1133,8 @@ def open_store(
     ------
     StoreUnreachableError
         The endpoint takes no connection (checked once, in milliseconds).
+    InvalidTypeError, InvalidArgumentError
+        ``url`` is not a path or URL, or is empty.
 
     Examples
     --------
@@ -1140,9 +1145,13 @@ def open_store(
     """
     if isinstance(url, Store):
         return url
+    if url is not None and not isinstance(url, (str, os.PathLike)):
+        raise InvalidTypeError(
+            f"store={url!r} is a {type(url).__name__}: give a path or URL such as ~/.launchhelm or s3://bucket/prefix"
+        )
     text = os.fspath(url) if url is not None else default_store_url()
     if not text:
-        raise ValueError("empty store URL: pass a path or URL such as ~/.launchhelm or s3://bucket/prefix")
+        raise InvalidArgumentError("empty store URL: pass a path or URL such as ~/.launchhelm or s3://bucket/prefix")
     if "://" not in text or text.startswith("file://") or text.startswith("local://"):
         local = text.split("://", 1)[1] if "://" in text else text
         return LocalStore(local, url=text, progress=progress)

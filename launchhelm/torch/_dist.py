@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from launchhelm._exceptions import LaunchHelmError
 
-__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "rank_and_world"]
+__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "placement", "rank_and_world"]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -24,6 +24,21 @@ def rank_and_world() -> tuple[int, int]:
             "can open the run and the other ranks join it"
         )
     return 0, 1
+
+
+def placement(rank: int) -> dict[str, Any]:
+    """Where this rank runs: its host and its local rank there (``LOCAL_RANK``, set by torchrun).
+
+    Saved per rank with a distributed checkpoint. The local rank picks the
+    device, and each process's CUDA RNG states belong to its devices, so a
+    restore where global ranks sit at other local ranks (a swapped mapping)
+    would hand each rank another's streams: it is refused. The host is kept
+    for the message only (a job restarted on other nodes is fine).
+    """
+    import socket
+
+    local = os.environ.get("LOCAL_RANK")
+    return {"host": socket.gethostname(), "local_rank": int(local) if local and local.isdigit() else rank}
 
 
 def barrier(world: int) -> None:

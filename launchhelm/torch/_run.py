@@ -29,7 +29,7 @@ import torch
 from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id, sha256_file
 from launchhelm._control import in_force
 from launchhelm._events import fold
-from launchhelm._exceptions import CheckpointError, LaunchHelmError
+from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm._runinfo import read_run_record
 from launchhelm.storage import LocalStore, Store, open_store
@@ -122,6 +122,8 @@ class TorchRun(Run):
         Waits for a non-blocking save in progress first; if that failed, the
         session still ends and the save's :class:`CheckpointError` is raised.
         """
+        if not isinstance(close_run, bool):  # before anything ends: a truthy "no" would close the run
+            raise InvalidTypeError(f"close_run={close_run!r}: pass True or False")
         failed: CheckpointError | None = None
         try:
             self.wait_for_checkpoint()
@@ -171,12 +173,12 @@ class TorchRun(Run):
             A ``torch.amp.GradScaler``.
         """
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"watch() takes a torch.nn.Module first, not {type(model).__name__}")
+            raise InvalidTypeError(f"watch() takes a torch.nn.Module first, not {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(f"watch() takes a torch.optim.Optimizer second, not {type(optimizer).__name__}")
+            raise InvalidTypeError(f"watch() takes a torch.optim.Optimizer second, not {type(optimizer).__name__}")
         for name, obj in (("scheduler", scheduler), ("scaler", scaler)):
             if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
-                raise TypeError(f"{name} {type(obj).__name__} has no state_dict()/load_state_dict()")
+                raise InvalidTypeError(f"{name} {type(obj).__name__} has no state_dict()/load_state_dict()")
         for handle in self._hooks:
             handle.remove()
         self._model, self._optimizer, self._scheduler, self._scaler = _unwrap(model), optimizer, scheduler, scaler
@@ -244,6 +246,35 @@ class TorchRun(Run):
             )
         return self._model, self._optimizer
 
+    def clear_checkpoint_error(self) -> CheckpointError | None:
+        """Forget a failed ``load_checkpoint``, so training may go on; return the error forgotten.
+
+        After any failed :meth:`load_checkpoint`, every watched optimizer step
+        and :meth:`save_checkpoint` raise the stored :class:`CheckpointError`,
+        so a caught error cannot silently leave training on the wrong state.
+        Call this when you have decided the state the model is in is the one
+        you want: for instance you caught the error for a missing or damaged
+        checkpoint and chose to start from fresh weights, or you re-initialised
+        the model and optimizer yourself. Under DDP call it on every rank (each
+        keeps its own copy of the error). A later successful
+        ``load_checkpoint`` clears it too.
+
+        Returns
+        -------
+        CheckpointError or None
+            The error that was stored, or None if there was none.
+
+        Examples
+        --------
+        >>> try:                                           # doctest: +SKIP
+        ...     tr.load_checkpoint("latest")
+        ... except lht.CheckpointError as exc:
+        ...     print("starting from scratch:", exc)
+        ...     tr.clear_checkpoint_error()
+        """
+        error, self._pending_error = self._pending_error, None
+        return error
+
     # -- saving ---------------------------------------------------------------
     def save_checkpoint(self, extra: Any = None, *, blocking: bool = True) -> str | None:
         """Save model, optimizer, scheduler, scaler, step, RNG, tunables, control state and ``extra``.
@@ -288,7 +319,13 @@ class TorchRun(Run):
         except CheckpointError as exc:
             problem = str(exc)
         _dist.barrier(self._world)
-        mine = {"rank": self._rank, "problem": problem, "rng": capture_rng(), "extra": extra}
+        mine = {
+            "rank": self._rank,
+            "problem": problem,
+            "rng": capture_rng(),
+            "extra": extra,
+            "placement": _dist.placement(self._rank),
+        }
         records = _dist.all_gather(mine, self._world) if self._world > 1 else [mine]
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
@@ -331,6 +368,7 @@ class TorchRun(Run):
         else:
             bundle["rng_by_rank"] = [{"rank": r["rank"], **r["rng"]} for r in records]
             bundle["extra_by_rank"] = [r["extra"] for r in records]
+            bundle["placement_by_rank"] = [r["placement"] for r in records]
         return bundle
 
     def _write_bundle(
@@ -424,13 +462,24 @@ class TorchRun(Run):
         Raises
         ------
         CheckpointError
-            On every rank together, if any rank could not fetch, verify or
-            apply it (missing, truncated, corrupted, wrong format or world
+            On every rank together, if any rank could not find, fetch, verify
+            or apply it (missing, truncated, corrupted, wrong format or world
             size, pickled code). Nothing is applied unless every rank
-            verified; if applying failed part-way, the next optimizer step
-            raises the same error.
+            verified. Whatever the failure, each rank keeps the error and
+            every later watched optimizer step (and ``save_checkpoint``)
+            raises it, so training never goes on from state that may be mixed
+            or not the one asked for, until a later ``load_checkpoint``
+            succeeds or :meth:`clear_checkpoint_error` is called.
+        InvalidTypeError
+            ``checkpoint`` is not a string or path; raised before anything is
+            read, and nothing is kept for later steps.
         """
         self._check_live()
+        if not isinstance(checkpoint, (str, os.PathLike)):
+            raise InvalidTypeError(
+                f"load_checkpoint({checkpoint!r}): pass 'latest', 'resume', a checkpoint id or a path, "
+                f"not a {type(checkpoint).__name__}"
+            )
         model, optimizer = self._require_watch("load_checkpoint()")
         self.wait_for_checkpoint()  # "latest" includes a save still being written
         target = None
@@ -438,18 +487,19 @@ class TorchRun(Run):
         if self._rank == 0:
             try:
                 target = self._resolve(checkpoint)
-            except CheckpointError as exc:
-                error = str(exc)
+            except Exception as exc:  # any failure here must reach every rank, or the others hang
+                error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
         target, error = _dist.broadcast((target, error), self._world)
         if error is not None:
-            raise CheckpointError(error, run_id=self.id)
+            self._pending_error = CheckpointError(error, run_id=self.id)
+            raise self._pending_error
         assert target is not None
         with tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
             bundle, problem = None, None
             try:
                 bundle = self._fetch_and_verify(target, Path(tmp), map_location)
-            except CheckpointError as exc:
-                problem = str(exc)
+            except Exception as exc:  # a store error on one rank too: every rank must hear of it
+                problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
             self._agree(problem, "was not restored (nothing was applied)")
             assert bundle is not None
             problem = None
@@ -482,8 +532,14 @@ class TorchRun(Run):
             self._run_rewind_callbacks(rewind)
         return extra
 
-    def _agree(self, problem: str | None, outcome: str, pending: bool = False) -> None:
-        """Raise on every rank if any rank had a problem."""
+    def _agree(self, problem: str | None, outcome: str, pending: bool = True) -> None:
+        """Raise on every rank if any rank had a problem, and keep the error for the next steps.
+
+        The product page's rule: after a failed load, the next step raises
+        the stored error instead of training on, even when the caller catches
+        the first raise (nothing applied is as wrong as half applied: the
+        model is not in the state that was asked for).
+        """
         problems = _dist.all_gather(problem, self._world)
         failed = [(r, p) for r, p in enumerate(problems) if p]
         if not failed:
@@ -620,11 +676,26 @@ class TorchRun(Run):
                     run_id=self.id,
                 )
             validate_rng(by_rank[self._rank], f"checkpoint {where} rng_by_rank[{self._rank}]")
+            self._check_placement(bundle.get("placement_by_rank"), where)
         for name, obj in (("scheduler", self._scheduler), ("scaler", self._scaler)):
             if obj is not None and bundle.get(name) is None:
                 raise CheckpointError(
                     f"checkpoint {where} holds no {name} state, but a {name} is watched", run_id=self.id
                 )
+
+    def _check_placement(self, saved: Any, where: str) -> None:
+        """Refuse a restore where this global rank sits at another local rank than at the save."""
+        if not isinstance(saved, list) or len(saved) != self._world or not isinstance(saved[self._rank], dict):
+            return  # saved before placements were recorded: nothing to compare
+        then, now = saved[self._rank], _dist.placement(self._rank)
+        if then.get("local_rank") != now["local_rank"]:
+            raise CheckpointError(
+                f"checkpoint {where}: rank {self._rank} was local rank {then.get('local_rank')} on "
+                f"{then.get('host')} when it was saved and is local rank {now['local_rank']} on {now['host']} now "
+                "(a swapped rank mapping: each rank would restore another device's RNG streams); restore with "
+                "the same rank mapping as the save",
+                run_id=self.id,
+            )
 
     def _apply(self, bundle: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
         model.load_state_dict(bundle["model"])

@@ -27,6 +27,7 @@ import anywidget
 import traitlets
 
 from launchhelm._api import Api, RunHandle
+from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._run import Run
 
 __all__ = ["STATIC", "LiveWidget", "Reusable", "format_time", "resolve_run", "static_file"]
@@ -46,9 +47,10 @@ def static_file(name: str) -> Path:
     """Path of a built front-end file; a clear error if the bundle was never built."""
     path = STATIC / name
     if not path.is_file():
-        raise FileNotFoundError(
+        raise PathNotFoundError(
             f"the LaunchHelm widget front end is not built ({path} is missing): run `bash scripts/setup.sh`, "
-            "or `npm ci && npm run build` in js/ (needs Node.js and npm)"
+            "or `npm ci && npm run build` in js/ (needs Node.js and npm)",
+            path=str(path),
         )
     return path
 
@@ -74,8 +76,9 @@ def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Ap
     if isinstance(run_or_id, str):
         api = Api(store)
         return api, api.run(run_or_id)
-    raise TypeError(
-        f"expected a launchhelm.Run, a launchhelm.RunHandle or a run id string, not {type(run_or_id).__name__}"
+    raise InvalidTypeError(
+        f"expected a launchhelm.Run, a launchhelm.RunHandle or a run id string, not {type(run_or_id).__name__} "
+        f"{run_or_id!r}"
     )
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import traitlets
 
 from launchhelm._api import Api, RunHandle
+from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm._types import Rewind
 from launchhelm.widgets._base import LiveWidget, resolve_run, run_key, static_file
@@ -312,8 +313,12 @@ class RunChart(LiveWidget):
         run_or_id: Run | RunHandle | str,
         keys: Sequence[str] | str | None = None,
         store: Any = None,
+        max_points: int = DEFAULT_MAX_POINTS,
         **_: Any,
     ) -> tuple[tuple[Any, ...], Any]:
+        # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
+        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
+            raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")
         api, handle = resolve_run(run_or_id, store)
         chosen = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
         return run_key(cls, api, handle, chosen), (api, handle)
@@ -330,7 +335,7 @@ class RunChart(LiveWidget):
         if self._reused():
             return
         if max_points < 8:
-            raise ValueError(f"max_points={max_points}: give at least 8")
+            raise InvalidArgumentError(f"max_points={max_points}: give at least 8")
         self._esm = static_file("chart.js").read_text(encoding="utf-8")
         self._css = static_file("widgets.css").read_text(encoding="utf-8")
         super().__init__(interval=interval)

@@ -15,6 +15,7 @@ from typing import Any
 import traitlets
 
 from launchhelm._api import RunHandle
+from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm.widgets._base import RunWidget, format_time
 from launchhelm.widgets._picker import status_sentence
@@ -107,7 +108,7 @@ class RunDetails(RunWidget):
     def set_tunables(self, values: dict[str, Any]) -> None:
         """Change tunables (applied by the training process at its next step boundary)."""
         if not values:
-            raise ValueError("no tunable changed")
+            raise InvalidArgumentError("set_tunables() got no tunable to change: pass {name: value}")
         seq = self._handle.set_tunables(**values)
         changes = ", ".join(f"{k}={v!r}" for k, v in values.items())
         self._say(f"Asked for {changes} (request {seq}); the training process applies it at its next step.")

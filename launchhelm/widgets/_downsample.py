@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from launchhelm._exceptions import InvalidArgumentError
+
 if TYPE_CHECKING:
     import numpy as np
     import numpy.typing as npt
@@ -49,7 +51,7 @@ def minmax_indices(values: npt.ArrayLike, budget: int) -> np.ndarray:
     import numpy as np
 
     if budget < MIN_BUDGET:
-        raise ValueError(f"budget={budget}: keep at least {MIN_BUDGET} points (first, last, a min and a max)")
+        raise InvalidArgumentError(f"budget={budget}: keep at least {MIN_BUDGET} points (first, last, a min and a max)")
     y = np.asarray(values, dtype=float)
     n = len(y)
     if n <= budget:

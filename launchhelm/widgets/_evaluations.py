@@ -18,7 +18,7 @@ from typing import Any
 import traitlets
 
 from launchhelm._api import Api, RunHandle
-from launchhelm._exceptions import RunNotFoundError
+from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
 from launchhelm._run import Run
 from launchhelm._types import Evaluation
 from launchhelm.widgets._base import LiveWidget, format_time, resolve_run, run_key, static_file
@@ -183,7 +183,7 @@ class EvaluationTable(LiveWidget):
         """The "Evaluate this checkpoint" button: queue an evaluation of ``checkpoint_id``."""
         handle = self._run(run_id) if run_id else self._handle
         if handle is None:
-            raise ValueError("evaluate() on a project's table needs run_id=")
+            raise InvalidArgumentError("evaluate() on a project's table needs run_id=")
         handle.evaluate(checkpoint_id)
         self._say(f"Evaluation of checkpoint {checkpoint_id} queued.")
 

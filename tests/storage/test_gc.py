@@ -114,16 +114,16 @@ def test_a_resume_choice_made_while_gc_decides_is_respected(
     run = lh.init("gc", store=gc_store_url)
     ids = [run.checkpoint(_file(tmp_path, f"c{step}.bin"), step=step) for step in range(1, 4)]
     run.finish(close_run=False)
-    real = _gc._active_evaluations
+    real = _gc._evaluations_of
     calls = []
 
-    def meanwhile(store: Store, project: str, run_id: str) -> set[str]:
+    def meanwhile(store: Store, project: str, run_id: str) -> dict[str, str]:
         if not calls:  # gc has read the log and is about to append its deletion
             lh.Api(gc_store_url).run(run_id).choose_for_resume(ids[0])
         calls.append(run_id)
         return real(store, project, run_id)
 
-    monkeypatch.setattr(_gc, "_active_evaluations", meanwhile)
+    monkeypatch.setattr(_gc, "_evaluations_of", meanwhile)
     report = collect_garbage(gc_store_url, keep_last=1)
     assert [a.checkpoint for a in report.actions] == [ids[1]]  # step 1 was chosen meanwhile: spared
     assert [c.id for c in lh.Api(gc_store_url).run(run.id).checkpoints()] == [ids[0], ids[2]]
@@ -272,3 +272,43 @@ def _kill_mid_upload(
             assert _multipart_uploads(store) == []
         return
     pytest.fail("never managed to kill the uploader mid-upload in 5 tries")
+
+
+def test_keep_last_keeps_evaluated_checkpoints_unless_include_evaluated(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # a done evaluation's scores chart beside its checkpoint, a failed one may be tried again:
+    # retention keeps both unless told otherwise; a queued one is kept whatever it is told
+    store_url = str(tmp_path / "store")
+    run = lh.init("gc", store=store_url)
+    ids = [run.checkpoint(_file(tmp_path, f"c{step}.bin"), step=step) for step in range(1, 6)]
+    run.finish(close_run=False)
+    handle = lh.Api(store_url).run(run.id)
+    handle.evaluate(ids[0])
+    handle.evaluate(ids[1])
+
+    def score(ctx: lh.EvaluationContext) -> dict[str, float]:
+        if ctx.step == 2:
+            raise RuntimeError("no GPU")
+        return {"accuracy": 0.9}
+
+    assert lh.evaluate(project="gc", store=store_url, poll_interval=0.05)(score).serve(stop_when_idle=True) == 2
+    handle.evaluate(ids[2])  # queued, no worker
+    assert {e.checkpoint: e.state for e in handle.evaluations()} == {ids[0]: "done", ids[1]: "failed", ids[2]: "queued"}
+
+    report = collect_garbage(store_url, keep_last=1)
+    assert [a.checkpoint for a in report.actions] == [ids[3]]  # step 4: never evaluated
+    assert {(c, why) for _, c, why in report.kept} >= {
+        (ids[0], "it has a done evaluation (--include-evaluated deletes it)"),
+        (ids[1], "it has a failed evaluation (--include-evaluated deletes it)"),
+        (ids[2], "its evaluation is queued or running"),
+    }
+    assert [c.id for c in handle.checkpoints()] == [*ids[:3], ids[4]]
+
+    assert cli(["--store", store_url, "gc", "--keep-last", "1", "--include-evaluated"]) == 0
+    assert ids[0] in capsys.readouterr().out
+    assert [c.id for c in handle.checkpoints()] == [ids[2], ids[4]]
+    assert _artifacts(run.store, run.id) == {ids[2], ids[4]}
+    assert handle.history(keys="eval/accuracy")["eval/accuracy"].tolist() == [0.9]  # the scores stay
+    with pytest.raises(lh.InvalidTypeError, match="include_evaluated='yes'"):
+        collect_garbage(store_url, keep_last=1, include_evaluated="yes")  # type: ignore[arg-type]

@@ -10,12 +10,14 @@ Modes:
   roundtrip   save with a per-rank ``extra``, draw, train a step, load "latest", draw again
   worldsize   resume a run and try to load its latest checkpoint; then start a new run,
               train a step, save, and end the session keeping the run resumable
-  errors      save, wait for the test to damage the file (``DIR/go``), try to load; then
-              save (rank 1 with a bad extra, then a good one), rank 1 watches a model of
-              another shape, load, step, save
+  errors      save, wait for the test to damage the file (``DIR/go``), try to load, step,
+              clear the error, step; then save (rank 1 with a bad extra, then a good one),
+              rank 1 watches a model of another shape, load, step, save
   steer       train until stopped from outside (test_steering.py), recording each step's lr
-  train       DDP training with dropout, a shuffling DistributedSampler and periodic
-              checkpoints; ``--hang-at`` stops after a step (to be SIGKILLed),
+  mapping     save a checkpoint, or (``--resume``) try to load it and step: the test launches
+              the ranks itself, to swap which local rank each global rank gets
+  train       DDP training with dropout, a shuffling DistributedSampler, a StepLR scheduler
+              and periodic checkpoints; ``--hang-at`` stops after a step (to be SIGKILLed),
               ``--resume`` restores a checkpoint and continues from its data position
 """
 
@@ -174,11 +176,19 @@ def errors(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any])
         say(f"corrupt: rank {rank} caught {type(exc).__name__}: {exc}")
     corrupt["params_untouched"] = same(before, snapshot(model))
     corrupt["step_untouched"] = tr.global_step == step_before
-    try:  # a load refused before anything was applied leaves training usable
+    # the error was caught, yet the next step must raise it: the model is not the checkpoint's
+    before, step_before = snapshot(model), tr.global_step
+    try:
         sgd_step(model, optimizer)
-        corrupt["step_after_refused_load"] = tr.global_step
+        corrupt["trained_on"] = True
     except CheckpointError as exc:
         corrupt["step_error"] = caught(exc)
+    corrupt["params_untouched_by_step"] = same(before, snapshot(model))
+    corrupt["step_untouched_by_step"] = tr.global_step == step_before
+    # the user decides to go on from the weights they have
+    corrupt["cleared"] = caught(tr.clear_checkpoint_error())  # type: ignore[arg-type]
+    sgd_step(model, optimizer)
+    corrupt["step_after_clear"] = tr.global_step
 
     # 2. failures on rank 1 only
     one: dict[str, Any] = {}
@@ -214,6 +224,33 @@ def errors(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any])
     tr.finish(close_run=False)
 
 
+def mapping(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) -> None:
+    """Save a checkpoint (no ``--resume``), or resume ``--resume`` and try to load its latest."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tr = lht.init(args.project, resume=args.resume, store=args.store)
+    out.update(run_id=tr.id, local_rank=os.environ.get("LOCAL_RANK"))
+    tr.watch(model, optimizer)
+    if args.resume is None:
+        seed_everything(100 + rank)
+        sgd_step(model, optimizer)
+        out["artifact"] = tr.save_checkpoint(extra={"rank": rank})
+    else:
+        before = snapshot(model)
+        try:
+            out["extra_back"] = plain(tr.load_checkpoint("latest"))
+        except CheckpointError as exc:
+            out["load_error"] = caught(exc)
+            try:
+                sgd_step(model, optimizer)
+                out["trained_on"] = True
+            except CheckpointError as again:
+                out["step_error"] = caught(again)
+        out["params_untouched"] = same(before, snapshot(model))
+    tr.finish(close_run=False)
+
+
 class Net(torch.nn.Module):
     def __init__(self) -> None:
         super().__init__()
@@ -236,12 +273,14 @@ def train(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) 
     net = Net()
     model = DistributedDataParallel(net)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    # the lr changes every other step, so a resume that missed the scheduler's state would show
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.7)
     tr = lht.init(args.project, config={"epochs": args.epochs}, resume=args.resume, store=args.store)
     out.update(run_id=tr.id, resumed=tr.resumed)
     if rank == 0:
         say(f"run {tr.id}")
     say(f"pid {rank} {os.getpid()}")
-    tr.watch(model, optimizer)
+    tr.watch(model, optimizer, scheduler)
     rewinds: list[dict[str, Any]] = []
     tr.on_rewind(lambda r: rewinds.append({"to_step": r.to_step, "reached": r.reached, "attempt": r.attempt}))
     seed_everything(1000 + rank)  # dropout masks differ per rank
@@ -263,7 +302,8 @@ def train(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) 
             loss = F.mse_loss(model(x), y)
             loss.backward()
             optimizer.step()  # watched: advances tr.global_step
-            tr.log({"loss": loss.item()})
+            scheduler.step()
+            tr.log({"loss": loss.item(), "lr": scheduler.get_last_lr()[0]})
             step = tr.global_step
             if step % args.every == 0:
                 nxt = (epoch, batch + 1) if batch + 1 < len(loader) else (epoch + 1, 0)
@@ -277,7 +317,8 @@ def train(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) 
     out["final_step"] = tr.global_step
     out["attempt"] = tr.attempt
     if rank == 0 and args.final:
-        torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict()}, args.final)
+        final = {"model": net.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
+        torch.save(final, args.final)
     tr.finish(close_run=False)
 
 
@@ -313,7 +354,14 @@ def steer(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) 
     out["tunables"] = dict(tr.tunables)
 
 
-MODES = {"roundtrip": roundtrip, "worldsize": worldsize, "errors": errors, "train": train, "steer": steer}
+MODES = {
+    "roundtrip": roundtrip,
+    "worldsize": worldsize,
+    "errors": errors,
+    "train": train,
+    "steer": steer,
+    "mapping": mapping,
+}
 
 
 def main() -> None:

@@ -185,11 +185,64 @@ def test_a_damaged_checkpoint_file_gives_checkpoint_error_and_changes_nothing(
     tr, artifact, model, optimizer = _saved_run(store_url)
     _corrupt(_payload_path(store_url, tr, artifact), how)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    with pytest.raises(lh.CheckpointError, match=needle):
+    with pytest.raises(lh.CheckpointError, match=needle) as info:
         tr.load_checkpoint("latest")
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert tr.global_step == 3
-    optimizer.step()  # nothing was applied, so training may go on
+    # caught or not, the next step raises the stored error: the model is not in the state asked for
+    with pytest.raises(lh.CheckpointError) as again:
+        optimizer.step()
+    assert again.value is info.value
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert tr.global_step == 3
+    tr.finish()
+
+
+def test_a_caught_checkpoint_error_blocks_training_until_a_load_succeeds_or_it_is_cleared(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    tr, good, model, optimizer = _saved_run(store_url)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=3)
+    _train(tr, model, optimizer, scheduler, 2)
+    bad = tr.save_checkpoint()
+    assert bad is not None
+    _corrupt(_payload_path(store_url, tr, bad), "bitflip")
+    try:
+        tr.load_checkpoint("latest")  # refused at verification: nothing applied
+    except lh.CheckpointError as exc:
+        refused = exc
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    for attempt in (optimizer.step, tr.save_checkpoint, optimizer.step):
+        with pytest.raises(lh.CheckpointError) as info:
+            attempt()
+        assert info.value is refused, "the stored error is raised again"
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert tr.global_step == 5
+    # a later load that succeeds lifts it
+    assert tr.load_checkpoint(good) == {"ok": True}
+    assert tr.global_step == 3
+    optimizer.step()
+    assert tr.global_step == 4
+    # a checkpoint that cannot even be found counts as a failed load too
+    with pytest.raises(lh.CheckpointError, match=r"no checkpoint 'nope\.pt'") as info:
+        tr.load_checkpoint("nope.pt")
+    with pytest.raises(lh.CheckpointError, match=r"no checkpoint 'nope\.pt'"):
+        optimizer.step()
+    # the user decides the state is fine after all: clear it, and train on
+    assert tr.clear_checkpoint_error() is info.value
+    assert tr.clear_checkpoint_error() is None
+    optimizer.step()
+    assert tr.global_step == 5
+    assert tr.save_checkpoint() is not None
+    tr.finish()
+
+
+def test_a_load_checkpoint_argument_of_the_wrong_type_is_refused_before_anything(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    tr, _, _, optimizer = _saved_run(store_url)
+    with pytest.raises(lh.InvalidTypeError, match="load_checkpoint\\(123\\)"):
+        tr.load_checkpoint(123)  # type: ignore[arg-type]
+    optimizer.step()  # nothing was attempted: no stored error
+    assert tr.global_step == 4
     tr.finish()
 
 

@@ -347,6 +347,62 @@ def test_a_checkpoint_is_refused_by_another_world_size(tmp_path: Path) -> None:
     tr.finish(close_run=False)
 
 
+def _launch_by_hand(mode: str, store: str, out: Path, local_ranks: list[int], *args: str) -> list[dict[str, Any]]:
+    """Start ``len(local_ranks)`` ranks ourselves (env:// rendezvous, as torchrun would), global
+    rank r getting ``LOCAL_RANK=local_ranks[r]``, and return every rank's record."""
+    out.mkdir(parents=True, exist_ok=True)
+    port = str(_free_port())
+    procs = []
+    for rank, local in enumerate(local_ranks):
+        env = child_env(
+            OMP_NUM_THREADS="1",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            WORLD_SIZE=str(len(local_ranks)),
+            RANK=str(rank),
+            LOCAL_RANK=str(local),
+            LOCAL_WORLD_SIZE=str(len(local_ranks)),
+        )
+        cmd = [sys.executable, str(WORKER), mode, "--store", store, "--out", str(out), *args]
+        procs.append(subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT))
+    outputs = []
+    for proc in procs:
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            for p in procs:
+                p.kill()
+            raise
+        outputs.append(output.decode(errors="replace"))
+    for rank, proc in enumerate(procs):
+        assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{outputs[rank][-4000:]}"
+    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(len(local_ranks))]
+
+
+@pytest.mark.slow
+def test_a_checkpoint_is_refused_when_the_rank_mapping_is_swapped(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    saved = _launch_by_hand("mapping", url, tmp_path / "save", [0, 1])
+    run_id = saved[0]["run_id"]
+    assert saved[0]["artifact"] and saved[1]["artifact"] is None  # rank 0 uploads
+    # global rank 0 now on local rank 1 and rank 1 on local rank 0: same world size, other mapping
+    swapped = _launch_by_hand("mapping", url, tmp_path / "swapped", [1, 0], "--resume", run_id)
+    for r, rec in enumerate(swapped):
+        error = rec.get("load_error")
+        assert error is not None, f"rank {r} restored a checkpoint saved under another rank mapping"
+        assert error["type"] == "CheckpointError" and "same rank mapping" in error["message"]
+        assert "rank 0: " in error["message"] and "rank 1: " in error["message"]  # each rank saw it
+        assert f"rank {r} was local rank {r}" in error["message"]
+        assert rec["params_untouched"] and "trained_on" not in rec
+        assert rec["step_error"] == error  # the fail-together rule
+    assert swapped[0]["load_error"] == swapped[1]["load_error"]
+    assert lh.Api(url).run(run_id).rewinds() == []
+    # the control: the same mapping as the save restores it
+    same = _launch_by_hand("mapping", url, tmp_path / "same", [0, 1], "--resume", run_id)
+    assert [rec.get("extra_back") for rec in same] == [{"rank": 0}, {"rank": 1}]
+    assert all("load_error" not in rec for rec in same)
+
+
 @pytest.fixture(scope="module")
 def failures(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[str, Any]], str]:
     """One 2-rank job (local store) that meets both failures: (store, rank records, output)."""
@@ -365,7 +421,9 @@ def failures(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, list[dict[s
 
 
 @pytest.mark.slow
-def test_a_corrupted_checkpoint_is_refused_on_every_rank(failures: tuple[str, list[dict[str, Any]], str]) -> None:
+def test_a_corrupted_checkpoint_is_refused_on_every_rank_and_blocks_the_next_step(
+    failures: tuple[str, list[dict[str, Any]], str],
+) -> None:
     _, ranks, output = failures
     for r, rec in enumerate(ranks):
         assert f"corrupt: rank {r} caught CheckpointError" in output
@@ -375,8 +433,13 @@ def test_a_corrupted_checkpoint_is_refused_on_every_rank(failures: tuple[str, li
         assert "nothing was applied" in error["message"] and "sha256" in error["message"]
         assert "rank 0:" in error["message"] and "rank 1:" in error["message"]  # each rank checked it
         assert rec["corrupt"]["params_untouched"] and rec["corrupt"]["step_untouched"]
-        # nothing was applied, so training may go on
-        assert rec["corrupt"].get("step_after_refused_load") == 3, rec["corrupt"]
+        # caught, and still the next optimizer step raises the stored error, on both ranks
+        assert "trained_on" not in rec["corrupt"], f"rank {r} trained on after a refused load"
+        assert rec["corrupt"]["step_error"] == error
+        assert rec["corrupt"]["params_untouched_by_step"] and rec["corrupt"]["step_untouched_by_step"]
+        # until the user clears it deliberately
+        assert rec["corrupt"]["cleared"] == error
+        assert rec["corrupt"]["step_after_clear"] == 3, rec["corrupt"]
     assert ranks[0]["corrupt"]["load_error"] == ranks[1]["corrupt"]["load_error"]
 
 
@@ -411,27 +474,42 @@ def test_a_failure_on_one_rank_fails_every_rank_and_blocks_training(
 
 
 # -- crash and resume under DDP ----------------------------------------------------------
+#: 3 epochs x 4 batches per rank = 12 steps, a checkpoint every 3 steps.
+STEPS, EVERY, BATCHES = 12, 3, 4
+
+
+def _extra_at(step: int) -> dict[str, int]:
+    """The data position the worker saves with the checkpoint at ``step``: the next batch."""
+    epoch, batch = divmod(step - 1, BATCHES)
+    nxt = (epoch, batch + 1) if batch + 1 < BATCHES else (epoch + 1, 0)
+    return {"epoch": nxt[0], "batch": nxt[1], "step": step}
+
+
 @pytest.fixture(scope="module")
 def crash(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """A 2-rank training job SIGKILLed after step 8 (checkpoints at 3 and 6), resumed to step 12;
-    an uninterrupted job with the same seeds; and the resume again with the RNG re-seeded after load.
+    """A 2-rank training job (StepLR scheduler) SIGKILLed after a random step between checkpoints,
+    resumed to step 12; an uninterrupted job with the same seeds; and the resume again with the
+    RNG re-seeded after load.
 
-    3 epochs x 4 batches per rank = 12 steps, a checkpoint every 3 steps.
+    The kill step is drawn from 4..11 (not a checkpoint step, so there is always a step to
+    redo); ``LAUNCHHELM_TEST_KILL_STEP`` pins it to reproduce a failure, which names it.
     """
+    kill_at = int(os.environ.get("LAUNCHHELM_TEST_KILL_STEP") or random.choice([4, 5, 7, 8, 10, 11]))
+    ckpt = kill_at // EVERY * EVERY
     root = tmp_path_factory.mktemp("crash")
     url = str(root / "store")
-    seen: dict[str, Any] = {"url": url}
-    with Job(2, "train", url, root / "killed", "--hang-at", "8") as job:
+    seen: dict[str, Any] = {"url": url, "kill_at": kill_at, "ckpt_step": ckpt}
+    with Job(2, "train", url, root / "killed", "--hang-at", str(kill_at)) as job:
         run_id = job.expect("run ").split()[1]
-        job.expect("ready 8")
+        job.expect(f"ready {kill_at}")
         seen["printed_pids"] = sorted(int(line.split()[2]) for line in job.lines if line.startswith("pid "))
         seen["killed_pids"] = sorted(job.kill())
     _wait_dead(seen["killed_pids"])
     handle = lh.Api(url).run(run_id)
     seen.update(run_id=run_id, status_after_kill=handle.status)
     seen["steps_after_kill"] = [c.step for c in handle.checkpoints()]
-    assert seen["steps_after_kill"][-1:] == [6], seen
-    ckpt6 = seen["ckpt6"] = handle.checkpoints()[-1].id
+    assert seen["steps_after_kill"][-1:] == [ckpt], seen
+    restored = seen["restored"] = handle.checkpoints()[-1].id
 
     seen["resumed"] = torchrun(2, "train", url, root / "resumed", "--resume", run_id, "--final", str(root / "r.pt"))
     seen["reference"] = torchrun(2, "train", url, root / "ref", "--project", "ref", "--final", str(root / "u.pt"))
@@ -444,7 +522,7 @@ def crash(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     seen["history_ref"] = lh.Api(url).run(ref_id).history()
 
     # negative control: the same restore, but the RNG is re-seeded right after it
-    args = ["--resume", run_id, "--ckpt", ckpt6, "--reseed-after-load", "--final", str(root / "x.pt")]
+    args = ["--resume", run_id, "--ckpt", restored, "--reseed-after-load", "--final", str(root / "x.pt")]
     seen["reseeded"] = torchrun(2, "train", url, root / "reseeded", *args)
     for name in ("r", "u", "x"):
         seen[f"{name}.pt"] = torch.load(root / f"{name}.pt", weights_only=True)
@@ -453,44 +531,54 @@ def crash(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.slow
 def test_ddp_resume_after_sigkill_is_bitwise_identical_to_an_uninterrupted_run(crash: dict[str, Any]) -> None:
+    kill_at, ckpt = crash["kill_at"], crash["ckpt_step"]
+    why = f"killed after step {kill_at} (LAUNCHHELM_TEST_KILL_STEP={kill_at} reproduces it)"
     assert len(crash["killed_pids"]) == 2 and crash["killed_pids"] == crash["printed_pids"]
     assert crash["status_after_kill"] == "stopped"
-    assert crash["steps_after_kill"] == [3, 6]
+    assert crash["steps_after_kill"] == list(range(EVERY, ckpt + 1, EVERY)), why
     for rec in crash["resumed"]:
         assert rec["run_id"] == crash["run_id"]
-        assert rec["extra_back"] == {"epoch": 1, "batch": 2, "step": 6}
-        assert rec["step_after_load"] == 6 and rec["final_step"] == 12
-    assert [rec["final_step"] for rec in crash["reference"]] == [12, 12]
+        assert rec["extra_back"] == _extra_at(ckpt), why
+        assert rec["step_after_load"] == ckpt and rec["final_step"] == STEPS, why
+    assert [rec["final_step"] for rec in crash["reference"]] == [STEPS, STEPS]
     full, after_crash = crash["u.pt"], crash["r.pt"]
     assert full["optimizer"]["state"], "AdamW kept no state: nothing to compare"
-    assert _differences(full, after_crash) == []
-    # the run's visible line is the uninterrupted run's line, value for value
-    assert crash["history_last"]["step"].tolist() == list(range(1, 13))
-    assert crash["history_last"]["loss"].tolist() == crash["history_ref"]["loss"].tolist()
+    # the scheduler really moved the lr, and the resumed one is where the uninterrupted one is
+    assert full["scheduler"]["last_epoch"] == STEPS and full["scheduler"]["_last_lr"][0] < 1e-2
+    assert _differences(full, after_crash) == [], why
+    # the run's visible line is the uninterrupted run's line, value for value, lr included
+    assert crash["history_last"]["step"].tolist() == list(range(1, STEPS + 1))
+    for key in ("loss", "lr"):
+        assert crash["history_last"][key].tolist() == crash["history_ref"][key].tolist(), (key, why)
 
 
 @pytest.mark.slow
 def test_ddp_resume_records_the_rewind_and_keeps_both_attempts(crash: dict[str, Any]) -> None:
+    kill_at, ckpt = crash["kill_at"], crash["ckpt_step"]
+    why = f"killed after step {kill_at} (LAUNCHHELM_TEST_KILL_STEP={kill_at} reproduces it)"
     [rewind] = crash["rewinds"]
-    assert rewind.to_step == 6 and rewind.reached >= 8
-    assert rewind.checkpoint == crash["ckpt6"] and rewind.cause == "load_checkpoint"
+    assert rewind.to_step == ckpt and rewind.reached >= kill_at, why
+    assert rewind.checkpoint == crash["restored"] and rewind.cause == "load_checkpoint"
     for rec in crash["resumed"]:  # on_rewind ran on every rank, with the same rewind
-        assert rec["rewinds"] == [{"to_step": 6, "reached": rewind.reached, "attempt": rewind.attempt}]
-    assert crash["steps_after_resume"] == [3, 6, 9, 12]
+        assert rec["rewinds"] == [{"to_step": ckpt, "reached": rewind.reached, "attempt": rewind.attempt}]
+    assert crash["steps_after_resume"] == list(range(EVERY, STEPS + 1, EVERY)), why
     history = crash["history_all"]
     pairs = sorted(zip(history["step"].tolist(), history["attempt"].tolist(), strict=True))
-    assert pairs == sorted([(s, 0) for s in range(1, 9)] + [(s, 1) for s in range(7, 13)])
-    for step in (7, 8):  # the redone steps replayed the abandoned attempt exactly
-        losses = history.loc[history["step"] == step, "loss"].tolist()
-        assert len(losses) == 2 and losses[0] == losses[1], (step, losses)
+    expected = [(s, 0) for s in range(1, kill_at + 1)] + [(s, 1) for s in range(ckpt + 1, STEPS + 1)]
+    assert pairs == sorted(expected), why
+    for step in range(ckpt + 1, kill_at + 1):  # the redone steps replayed the abandoned attempt exactly
+        for key in ("loss", "lr"):
+            values = history.loc[history["step"] == step, key].tolist()
+            assert len(values) == 2 and values[0] == values[1], (step, key, values, why)
 
 
 @pytest.mark.slow
 def test_reseeding_the_rng_after_load_breaks_the_bitwise_resume(crash: dict[str, Any]) -> None:
     for rec in crash["reseeded"]:
-        assert rec["extra_back"] == {"epoch": 1, "batch": 2, "step": 6} and rec["final_step"] == 12
+        assert rec["extra_back"] == _extra_at(crash["ckpt_step"]) and rec["final_step"] == STEPS
     changed = _differences(crash["u.pt"], crash["x.pt"])
     assert any(path.startswith(".model.") for path in changed), changed  # dropout drew other masks
+    assert not any(path.startswith(".scheduler") for path in changed), changed  # the schedule is not RNG
 
 
 @pytest.mark.slow
