@@ -95,12 +95,12 @@ class RunHandle:
         """``"running"``, ``"stopped"`` (its last session neither ended nor
         heartbeats any more: crashed or killed), ``"resumable"`` (ended with
         ``finish(close_run=False)`` or at interpreter exit) or ``"closed"``."""
-        return str(run_rows(self._store, [self.id])[0]["status"])
+        return str(run_rows(self._store, [self.id], exact_step=False)[0]["status"])
 
     @property
     def step(self) -> int:
         """The furthest step reached, across sessions and attempts."""
-        return int(run_rows(self._store, [self.id], exact_step=True)[0]["step"])
+        return int(run_rows(self._store, [self.id])[0]["step"])
 
     @property
     def last_heartbeat(self) -> float | None:
@@ -118,7 +118,7 @@ class RunHandle:
         Read from the run's summary object when it is current, else from its
         event log (see :meth:`Api.runs`).
         """
-        return _timestamps(run_rows(self._store, [self.id], exact_step=True)[0])
+        return _timestamps(run_rows(self._store, [self.id])[0])
 
     def rewinds(self) -> list[Rewind]:
         """Every time history went back, oldest first."""

@@ -162,21 +162,23 @@ def _flatten(prefix: str, values: Mapping[str, Any], out: dict[str, Any]) -> Non
             out[f"{prefix}{key}"] = value
 
 
-def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = False) -> list[dict[str, Any]]:
+def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> list[dict[str, Any]]:
     """One row per run (in ``run_ids``' order), in a bounded number of rounds of concurrent requests.
 
     1. every summary, in one ``read_many``;
     2. for each, whether event ``seq + 1`` exists, in a second one;
     3. runs whose summary is missing or behind: folded from snapshot and log, concurrently;
-    4. the heartbeats of last sessions that did not end, in one ``read_many``.
+    4. the heartbeats of last sessions that did not end, in one ``read_many``,
+       and (``exact_step``) their metrics' highest step, concurrently.
 
     Rows: ``id``, ``name``, ``status``, ``step``, ``created`` and
     ``last_heartbeat`` (epoch seconds, None: never), ``sessions``,
     ``rewinds``, then ``config.<key>`` (nested dicts flattened with ``.``)
     and ``metric.<key>`` (the latest value of each metric, as of the last
-    summary). ``exact_step``: for a session that did not end, also take the
-    highest step of the stored metric points (one more listing per run),
-    as :attr:`RunHandle.step` always did.
+    summary). ``exact_step``: for a last session that did not end (running,
+    or killed), also take the highest step of the stored metric points (a
+    listing per such run): a session killed after a flush and before its
+    next heartbeat stored points further than any heartbeat says.
     """
     if not run_ids:
         return []
@@ -209,8 +211,16 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = False) -> l
             v.beat = fresher_beat(_parse(beats.get(heartbeat_key(v.id, v.last.id))), v.summary, v.last.id)
             v.beat_read = True
     if exact_step and unended:
-        for v in unended:
-            v.step = max(v.step, metrics_last_step(store, v.id, RunState(sessions=[v.last] if v.last else [])))
+
+        def last_step(v: _View) -> int:
+            return metrics_last_step(store, v.id, RunState(sessions=[v.last] if v.last else []))
+
+        if len(unended) == 1:
+            unended[0].step = max(unended[0].step, last_step(unended[0]))
+        else:
+            with ThreadPoolExecutor(max_workers=min(_FOLD_THREADS, len(unended))) as pool:
+                for v, step in zip(unended, pool.map(last_step, unended), strict=True):
+                    v.step = max(v.step, step)
     return [_row(store, views[run_id]) for run_id in run_ids]
 
 
