@@ -212,11 +212,12 @@ class EventLog:
         The first call reads the newest snapshot and the events after it in
         one ``read_many`` (after one listing); later calls fold only new
         events. ``refresh=False`` skips the listing and folds what this log
-        knows (what it appended or fetched): the live session's summary.
+        knows (what it appended or fetched), with no request unless another
+        writer's events came in between: the live session's summary.
         Callers must not modify the state returned.
         """
         with self._lock:
-            if refresh or self._state is None:
+            if refresh or self._top == 0:
                 self._list()
             state = self._state
             if state is None:
