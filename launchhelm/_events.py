@@ -264,7 +264,12 @@ class EventLog:
             return
         self._trusted = seq  # one try per fold position, whatever happens
         try:
-            self.store.create(snapshot_key(self.run_id, seq), encode_state(state, self.run_id, last))
+            body = encode_state(state, self.run_id, last)
+        except (TypeError, ValueError) as exc:  # an event JSON cannot hold canonically (NaN written by hand)
+            _log.debug("run %s: no snapshot at %d: %s", self.run_id, seq, exc)
+            return
+        try:
+            self.store.create(snapshot_key(self.run_id, seq), body)
         except AlreadyExistsError:
             pass  # someone folded the same events: the same bytes
         except StorageError as exc:  # a read-only credential, or the store is away: only a cache
