@@ -166,7 +166,7 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
     """One row per run (in ``run_ids``' order), in a bounded number of rounds of concurrent requests.
 
     1. every summary, in one ``read_many``;
-    2. for each, whether event ``seq + 1`` exists, in a second one;
+    2. for each not closed, whether event ``seq + 1`` exists, in a second one;
     3. runs whose summary is missing or behind: folded from snapshot and log, concurrently;
     4. the heartbeats of last sessions that did not end, in one ``read_many``,
        and (``exact_step``) their metrics' highest step, concurrently.
@@ -185,13 +185,19 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
     keys = {run_id: summary_key(run_id) for run_id in run_ids}
     got = store.read_many(list(keys.values()))
     summaries = {run_id: parse_summary(got.get(key), run_id) for run_id, key in keys.items()}
-    probes = {run_id: event_key(run_id, int(s["seq"]) + 1) for run_id, s in summaries.items() if s is not None}
+    # A closed run's summary is final for its row: after the closing event the log takes no session,
+    # rewind or control change (only gc's deletions and resume choices, which no column shows).
+    probes = {
+        run_id: event_key(run_id, int(s["seq"]) + 1)
+        for run_id, s in summaries.items()
+        if s is not None and not s.get("closed")
+    }
     ahead = store.read_many(list(probes.values())) if probes else {}
     views: dict[str, _View] = {}
     stale = []
     for run_id in run_ids:
         summary = summaries[run_id]
-        if summary is not None and ahead.get(probes[run_id]) is None:
+        if summary is not None and (run_id not in probes or ahead.get(probes[run_id]) is None):
             views[run_id] = _from_summary(run_id, summary)
         else:
             stale.append(run_id)
