@@ -1014,6 +1014,8 @@ def _with_defaults(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
         config.setdefault("connect_timeout", connect)
         config.setdefault("read_timeout", read)
         config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+        # botocore keeps 10 connections by default: read_many's requests in flight would queue behind them
+        config.setdefault("max_pool_connections", DEFAULT_READ_CONCURRENCY)
         options["config_kwargs"] = config
     elif kind == "gcs":
         if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
