@@ -33,7 +33,7 @@ from launchhelm.storage import Store, StoreAccessDeniedError, open_store
 from launchhelm.storage._store import LocalStore
 
 
-def _long_log(store: Store, events: int) -> tuple[str, list[dict[str, Any]]]:
+def _long_log(store: Store, events: int, close: bool = True) -> tuple[str, list[dict[str, Any]]]:
     """A closed run with a log of ``events`` events: its session, tunable changes, a rewind, its end."""
     run = lh.init(
         "state", config={"lr": 0.1}, tunables={"lr": 0.1}, store=store, heartbeat_interval=60, heartbeat_timeout=120
@@ -44,7 +44,7 @@ def _long_log(store: Store, events: int) -> tuple[str, list[dict[str, Any]]]:
     log.append(
         REWIND, {"session": run.session_id, "to_step": 1, "reached": 5, "checkpoint": None, "cause": "t", "attempt": 1}
     )
-    run.finish()
+    run.finish(close_run=close)
     return run.id, EventLog(store, run.id).read()
 
 
@@ -102,6 +102,23 @@ def test_a_long_log_gets_a_snapshot_and_opens_from_it(store_url: str) -> None:
     handle = lh.Api(store).run(run_id)
     assert handle.status == "closed" and len(handle.rewinds()) == 1 and len(handle.control_changes()) == 197
     assert len(handle.events()) == 200  # every event is still there for whoever asks
+
+
+def test_a_run_resumed_from_a_long_log_applies_the_changes_made_while_it_was_away(store_url: str) -> None:
+    store = open_store(store_url)
+    run_id, _ = _long_log(store, 100, close=False)  # 97 tunable changes nobody applied; a snapshot at 100
+    handle = lh.Api(store).run(run_id)
+    handle.set_tunables(lr=0.5)
+    run = lh.init("state", resume=run_id, store=store)
+    try:
+        run.global_step = 1  # the first step boundary applies what the resumed session's first poll found
+        assert run.tunables["lr"] == 0.5 and run.attempt == 1
+        assert handle.pending_controls() == [] and handle.tunables == {"lr": 0.5}
+        assert [e["seq"] for e in handle.events()] == list(range(1, len(handle.events()) + 1))
+    finally:
+        run.finish()
+    row = lh.Api(store).runs("state").iloc[0]
+    assert (row["status"], row["sessions"], row["rewinds"]) == ("closed", 2, 1)
 
 
 def test_a_corrupt_or_foreign_snapshot_is_ignored(store_url: str) -> None:
