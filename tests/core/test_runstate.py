@@ -23,12 +23,14 @@ from launchhelm._events import (
     SESSION_ENDED,
     SNAPSHOT_EVERY,
     EventLog,
+    SessionRecord,
     decode_state,
     encode_state,
     fold,
     read_state,
     snapshot_key,
 )
+from launchhelm._sessions import heartbeat_key, liveness, summary_key
 from launchhelm.storage import Store, StoreAccessDeniedError, open_store
 from launchhelm.storage._store import LocalStore
 
@@ -248,6 +250,8 @@ def test_a_sigkilled_sessions_summary_says_running_and_the_row_says_stopped(tmp_
     row = lh.Api(url).runs("killed").iloc[0]
     assert row["status"] == "stopped"  # the process is gone: liveness decides, as before summaries
     assert (row["step"], row["metric.loss"], row["metric.acc"], row["config.depth"]) == (40, 0.25, 0.5, 3)
+    handle = lh.Api(url).run(run_id)
+    assert (handle.status, handle.step, handle.summary()["metric.loss"]) == ("stopped", 40, 0.25)
     # the next session carries the run's latest values on, and its end makes the summary current
     resumed = lh.init("killed", resume=run_id, store=url)
     resumed.log({"loss": 0.125})
@@ -345,3 +349,22 @@ def test_a_live_session_sends_no_more_requests_per_second_than_before(moto_endpo
         assert summary["closed"] is True and summary["session"] == run.session_id
     finally:
         proxy.close()
+
+
+def test_a_session_on_another_host_lives_while_its_heartbeat_or_its_summary_is_fresh() -> None:
+    store = open_store(f"memory://beat-{os.urandom(3).hex()}")
+    session = SessionRecord(
+        id="s1",
+        started_at=time.time() - 1000,
+        process={"host_id": "elsewhere"},
+        heartbeat_interval=5,
+        heartbeat_timeout=30,
+    )
+    old, fresh = time.time() - 100, time.time()
+    store.put(heartbeat_key("r1", "s1"), json.dumps({"time": old, "step": 5, "interval": 5}).encode())
+    assert liveness(store, "r1", session).reason == "heartbeat stale"
+    store.put(summary_key("r1"), json.dumps({"session": "s1", "time": fresh, "step": 7}).encode())
+    live = liveness(store, "r1", session)
+    assert (live.alive, live.reason, live.last_heartbeat, live.step) == (True, "heartbeat fresh", fresh, 7)
+    store.put(summary_key("r1"), json.dumps({"session": "s0", "time": fresh, "step": 7}).encode())
+    assert liveness(store, "r1", session).reason == "heartbeat stale"  # a summary of another session says nothing
