@@ -16,7 +16,6 @@ from launchhelm._events import (
     EventLog,
     RunState,
     SequenceTaken,
-    fold,
     validate_project,
 )
 from launchhelm._exceptions import (
@@ -30,6 +29,7 @@ from launchhelm._exceptions import (
 from launchhelm._liveness import requester
 from launchhelm._runinfo import furthest_step, read_run_record
 from launchhelm._sessions import Liveness, liveness, run_status
+from launchhelm._summary import run_rows
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
@@ -122,7 +122,7 @@ class RunHandle:
 
     # state
     def _state(self) -> RunState:
-        return fold(self._events.read())
+        return self._events.state()
 
     def _last_liveness(self, state: RunState) -> Liveness | None:
         last = state.last_session
@@ -133,13 +133,12 @@ class RunHandle:
         """``"running"``, ``"stopped"`` (its last session neither ended nor
         heartbeats any more: crashed or killed), ``"resumable"`` (ended with
         ``finish(close_run=False)`` or at interpreter exit) or ``"closed"``."""
-        state = self._state()
-        return run_status(state, self._last_liveness(state))
+        return str(run_rows(self._store, [self.id], exact_step=False)[0]["status"])
 
     @property
     def step(self) -> int:
         """The furthest step reached, across sessions and attempts."""
-        return furthest_step(self._store, self.id, self._state())
+        return int(run_rows(self._store, [self.id])[0]["step"])
 
     @property
     def last_heartbeat(self) -> float | None:
@@ -152,21 +151,12 @@ class RunHandle:
         return self._events.read()
 
     def summary(self) -> dict[str, Any]:
-        """One row of :meth:`Api.runs`: id, name, status, step, created, ..."""
-        import pandas as pd
+        """One row of :meth:`Api.runs`: id, name, status, step, created, ..., ``config.<k>``, ``metric.<k>``.
 
-        state = self._state()
-        live = self._last_liveness(state)
-        return {
-            "id": self.id,
-            "name": self.name,
-            "status": run_status(state, live),
-            "step": furthest_step(self._store, self.id, state),
-            "created": pd.Timestamp(self.created, unit="s", tz="UTC"),
-            "last_heartbeat": pd.Timestamp(live.last_heartbeat, unit="s", tz="UTC") if live else pd.NaT,
-            "sessions": len(state.sessions),
-            "rewinds": len(state.rewinds),
-        }
+        Read from the run's summary object when it is current, else from its
+        event log (see :meth:`Api.runs`).
+        """
+        return _timestamps(run_rows(self._store, [self.id])[0])
 
     def rewinds(self) -> list[Rewind]:
         """Every time history went back, oldest first."""
@@ -509,6 +499,21 @@ def _in_parallel(calls: Sequence[Any]) -> list[Any]:
         return list(pool.map(lambda call: call(), calls))
 
 
+_RUN_COLUMNS = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds"]
+
+
+def _timestamps(row: dict[str, Any]) -> dict[str, Any]:
+    """A raw row with its times as UTC pandas timestamps, as the runs table shows them."""
+    import pandas as pd
+
+    beat = row["last_heartbeat"]
+    return {
+        **row,
+        "created": pd.Timestamp(row["created"], unit="s", tz="UTC"),
+        "last_heartbeat": pd.Timestamp(beat, unit="s", tz="UTC") if beat is not None else pd.NaT,
+    }
+
+
 class Api:
     """Read and steer runs in a store.
 
@@ -551,16 +556,27 @@ class Api:
         """One row per run of ``project``, newest first.
 
         Columns: id, name, status, step (furthest reached), created,
-        last_heartbeat, sessions, rewinds.
+        last_heartbeat, sessions, rewinds; then one ``config.<key>`` column
+        per config value (nested dicts flattened: ``config.optim.lr``) and
+        one ``metric.<key>`` column per metric with its latest value, each
+        sorted by name (missing: NaN / None).
+
+        Reads each run's summary (kept current by its live session), all
+        at once; a run whose summary is missing or behind its event log is
+        folded from its log instead, so the answer is the log's.
+
+        Examples
+        --------
+        >>> table = lh.Api().runs("quickstart")                      # doctest: +SKIP
+        >>> table[table["config.lr"] < 1e-3].sort_values("metric.loss")  # doctest: +SKIP
         """
         import pandas as pd
 
         validate_project(project)
-        rows = []
-        for run_id in self.run_ids(project):
-            rows.append(RunHandle(self.store, run_id).summary())
-        columns = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds"]
-        frame = pd.DataFrame(rows, columns=columns)
+        rows = [_timestamps(row) for row in run_rows(self.store, self.run_ids(project))]
+        extra = sorted({k for row in rows for k in row if k.startswith("config.")})
+        extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
+        frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])
         if len(frame):
             frame = frame.sort_values("created", ascending=False, ignore_index=True)
         result: pd.DataFrame = frame

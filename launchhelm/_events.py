@@ -6,18 +6,37 @@ writer that loses a sequence number re-reads the log and takes the next one,
 so every backend gives one total order of events. Conditional appends
 (``expect_seq``) turn the log into a compare-and-swap: resume checks the
 run's state at sequence N and only succeeds if its event lands at N + 1.
+
+Snapshots (``events/snapshot-<seq:020d>.json``) cache the state folded from
+events ``1..seq`` so that opening a run reads one snapshot and the events
+after it, whatever the log's length. They are deterministic (the same events
+give the same bytes), created with ``create`` by whoever folds
+:data:`SNAPSHOT_EVERY` events past the newest one, and verified by every
+reader: one that does not check out is ignored and the log folded from the
+start. The log stays the truth. See docs/storage.md.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import hashlib
 import json
+import logging
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, LaunchHelmError
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    LaunchHelmError,
+    ObjectNotFoundError,
+    StorageError,
+)
 from launchhelm.storage import Store
 
 __all__ = [
@@ -31,12 +50,19 @@ __all__ = [
     "REWIND",
     "SESSION_ENDED",
     "SESSION_STARTED",
+    "SNAPSHOT_EVERY",
     "EventLog",
     "RunState",
     "SessionRecord",
+    "decode_state",
+    "encode_state",
+    "event_key",
     "fold",
+    "read_state",
     "run_prefix",
 ]
+
+_log = logging.getLogger("launchhelm")
 
 # record types, defined once
 SESSION_STARTED = "session_started"
@@ -58,6 +84,10 @@ CONTROL_APPLIED = "control_applied"
 STATE_ACTIONS = ("pause", "resume")
 
 RUN_FORMAT = "launchhelm.run/1"
+SNAPSHOT_FORMAT = "launchhelm.snapshot/1"
+#: Whoever folds this many events past the newest snapshot creates a new one.
+SNAPSHOT_EVERY = 64
+_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.json$")
 # matched with fullmatch: "$" alone would let a trailing newline through into store keys
 _PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RUN_ID_RE = re.compile(r"^[a-z0-9]{4,64}$")
@@ -85,6 +115,16 @@ def run_prefix(run_id: str) -> str:
     return f"runs/{run_id}"
 
 
+def event_key(run_id: str, seq: int) -> str:
+    """The key of event ``seq`` of ``run_id``."""
+    return f"{run_prefix(run_id)}/events/{seq:020d}.json"
+
+
+def snapshot_key(run_id: str, seq: int) -> str:
+    """The key of the snapshot of ``run_id``'s state after event ``seq``."""
+    return f"{run_prefix(run_id)}/events/snapshot-{seq:020d}.json"
+
+
 def project_run_marker(project: str, run_id: str) -> str:
     return f"projects/{project}/runs/{run_id}"
 
@@ -96,14 +136,24 @@ class SequenceTaken(LaunchHelmError):
 class EventLog:
     """Append-only, totally ordered event log of one run.
 
-    Reads are incremental: events are immutable, so each is fetched once.
+    Reads are incremental: events are immutable, so each is fetched once,
+    and every fetch of several events is one :meth:`Store.read_many`.
+    :meth:`state` folds the log starting from its newest snapshot;
+    :meth:`read` returns every event (for ``RunHandle.events()`` and
+    garbage collection).
     """
 
     def __init__(self, store: Store, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
         self.prefix = f"{run_prefix(run_id)}/events"
-        self._events: list[dict[str, Any]] = []
+        self._events: dict[int, dict[str, Any]] = {}  # fetched (or appended) events by seq
+        self._top = 0  # events 1.._top are all known to exist
+        self._snapshots: list[int] = []  # snapshot seqs in the last listing, oldest first
+        self._state: RunState | None = None  # folded through its own last_seq
+        self._trusted = 0  # seq of the newest snapshot verified (or written) here
+        #: called with each event this log appended (the live session keeps its summary current)
+        self.on_append: Callable[[dict[str, Any]], None] | None = None
         # the training process appends from its main thread and polls for
         # control requests from its background thread
         self._lock = threading.RLock()
@@ -118,27 +168,119 @@ class EventLog:
         except ValueError:
             return None
 
+    def _key(self, seq: int) -> str:
+        return f"{self.prefix}/{seq:020d}.json"
+
+    def _list(self) -> None:
+        """One listing: events and snapshots together."""
+        seqs: set[int] = set()
+        snapshots = []
+        for name in self.store.list(self.prefix):
+            seq = self._key_seq(name)
+            if seq is not None:
+                seqs.add(seq)
+            elif (m := _SNAPSHOT_RE.match(name)) is not None:
+                snapshots.append(int(m.group(1)))
+        top = self._top
+        while top + 1 in seqs:
+            top += 1  # a gap is a writer mid-create: stop at the last contiguous one
+        self._top = top
+        self._snapshots = sorted(snapshots)
+
+    def _fetch(self, seqs: Iterable[int], extra: Iterable[str] = ()) -> dict[str, bytes | None]:
+        """Fetch the events not seen yet (and ``extra`` keys) in one ``read_many``."""
+        missing = [seq for seq in seqs if seq not in self._events]
+        keys = [self._key(seq) for seq in missing]
+        got = self.store.read_many([*keys, *extra]) if keys or extra else {}
+        for seq, key in zip(missing, keys, strict=True):
+            data = got.get(key)
+            if data is None:  # listed, then gone: events are never deleted while the run exists
+                raise ObjectNotFoundError(f"event {seq} of run {self.run_id} vanished from {key}", url=key)
+            self._events[seq] = json.loads(data)
+        return got
+
     def read(self) -> list[dict[str, Any]]:
         """All events, oldest first (fetching only those not yet seen)."""
         with self._lock:
-            return self._read()
+            self._list()
+            self._fetch(range(1, self._top + 1))
+            return [self._events[seq] for seq in range(1, self._top + 1)]
 
-    def _read(self) -> list[dict[str, Any]]:
-        seen = len(self._events)
-        names = sorted(
-            (seq, name)
-            for name in self.store.list(self.prefix)
-            if (seq := self._key_seq(name)) is not None and seq > seen
-        )
-        for seq, name in names:
-            if seq != len(self._events) + 1:
-                break  # a gap: a writer is mid-create; stop at the last contiguous one
-            self._events.append(json.loads(self.store.read(f"{self.prefix}/{name}")))
-        return list(self._events)
+    def since(self, seq: int) -> list[dict[str, Any]]:
+        """The events after ``seq``, oldest first (one listing, then one ``read_many``)."""
+        with self._lock:
+            self._list()
+            self._fetch(range(seq + 1, self._top + 1))
+            return [self._events[s] for s in range(seq + 1, self._top + 1)]
+
+    def state(self, *, refresh: bool = True) -> RunState:
+        """The run's state folded through the newest event.
+
+        The first call reads the newest snapshot and the events after it in
+        one ``read_many`` (after one listing); later calls fold only new
+        events. ``refresh=False`` skips the listing and folds what this log
+        knows (what it appended or fetched), with no request unless another
+        writer's events came in between: the live session's summary.
+        Callers must not modify the state returned.
+        """
+        with self._lock:
+            if refresh or self._top == 0:
+                self._list()
+            state = self._state
+            if state is None:
+                state = self._load()
+            elif state.last_seq < self._top:
+                self._fetch(range(state.last_seq + 1, self._top + 1))
+                state = fold([self._events[s] for s in range(state.last_seq + 1, self._top + 1)], state)
+            self._state = state
+            self._maybe_snapshot(state)
+            return state
 
     @property
     def last_seq(self) -> int:
-        return len(self._events)
+        return self._top
+
+    def _load(self) -> RunState:
+        """The first fold: from the newest snapshot that checks out, else from the start."""
+        top = self._top
+        if all(seq in self._events for seq in range(1, top + 1)):
+            return fold([self._events[seq] for seq in range(1, top + 1)])
+        snap = max((seq for seq in self._snapshots if seq <= top), default=0)
+        if snap == 0:
+            self._fetch(range(1, top + 1))
+            return fold([self._events[seq] for seq in range(1, top + 1)])
+        key = snapshot_key(self.run_id, snap)
+        # the snapshot, its own last event (to check it against) and the events after it: one round trip
+        got = self._fetch(range(snap, top + 1), extra=[key])
+        base = decode_state(got.get(key) or b"", self.run_id, snap, self._events[snap])
+        if base is None:
+            _log.debug("run %s: snapshot %d does not match the log; folding from the start", self.run_id, snap)
+            self._fetch(range(1, snap))
+            return fold([self._events[seq] for seq in range(1, top + 1)])
+        self._trusted = snap
+        return fold([self._events[seq] for seq in range(snap + 1, top + 1)], base)
+
+    def _maybe_snapshot(self, state: RunState) -> None:
+        """Create a snapshot once SNAPSHOT_EVERY events are past the newest trusted one; never raises."""
+        seq = state.last_seq
+        newest = max(self._trusted, self._snapshots[-1] if self._snapshots else 0)
+        if seq - newest < SNAPSHOT_EVERY or not self.store.atomic_create:
+            return
+        last = self._events.get(seq)
+        if last is None:
+            return
+        self._trusted = seq  # one try per fold position, whatever happens
+        try:
+            body = encode_state(state, self.run_id, last)
+        except (TypeError, ValueError) as exc:  # an event JSON cannot hold canonically (NaN written by hand)
+            _log.debug("run %s: no snapshot at %d: %s", self.run_id, seq, exc)
+            return
+        try:
+            self.store.create(snapshot_key(self.run_id, seq), body)
+        except AlreadyExistsError:
+            pass  # someone folded the same events: the same bytes
+        except StorageError as exc:  # a read-only credential, or the store is away: only a cache
+            _log.debug("run %s: could not write snapshot %d: %s", self.run_id, seq, exc)
 
     def append(self, type_: str, payload: dict[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
         """Append one event and return it (with its ``seq``).
@@ -148,25 +290,41 @@ class EventLog:
         the state it based its decision on.
         """
         with self._lock:
-            return self._append(type_, payload, expect_seq)
+            event = self._append(type_, payload, expect_seq)
+        if self.on_append is not None:
+            self.on_append(event)
+        return event
 
     def _append(self, type_: str, payload: dict[str, Any], expect_seq: int | None) -> dict[str, Any]:
         while True:
-            seq = expect_seq if expect_seq is not None else self.last_seq + 1
+            seq = expect_seq if expect_seq is not None else self._top + 1
             event = {"seq": seq, "type": type_, "time": time.time(), **payload}
             body = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
             try:
-                self.store.create(f"{self.prefix}/{seq:020d}.json", body)
+                self.store.create(self._key(seq), body)
             except AlreadyExistsError:
-                self._read()
+                self._list()
                 if expect_seq is not None:
                     raise SequenceTaken(f"event {seq} of run {self.run_id} was taken by another writer") from None
-                if self.last_seq < seq:  # taken but not yet readable: wait for it
+                if self._top < seq:  # taken but not yet listed: wait for it
                     time.sleep(0.01)
                 continue
-            if seq == self.last_seq + 1:
-                self._events.append(event)
-            return event
+            stored: dict[str, Any] = json.loads(body)  # exactly what readers will see (lists, not tuples)
+            self._events[seq] = stored
+            if seq == self._top + 1:
+                self._top = seq
+            return stored
+
+
+def read_state(store: Store, run_id: str) -> tuple[RunState, int]:
+    """The state of ``run_id`` and the last event folded: one listing and one ``read_many``.
+
+    Reads the newest snapshot and the events after it (verifying the
+    snapshot; one that does not check out is ignored and the whole log
+    folded), and creates a snapshot if the log has run far past the newest.
+    """
+    state = EventLog(store, run_id).state()
+    return state, state.last_seq
 
 
 @dataclass
@@ -261,10 +419,13 @@ class RunState:
         return len(self.rewinds)
 
 
-def fold(events: list[dict[str, Any]]) -> RunState:
-    """Fold the log into the run's state."""
-    state = RunState()
-    by_id: dict[str, SessionRecord] = {}
+def fold(events: Iterable[dict[str, Any]], state: RunState | None = None) -> RunState:
+    """Fold the log into the run's state, continuing from ``state`` (not modified) if given.
+
+    ``fold(events[k:], fold(events[:k]))`` equals ``fold(events)``.
+    """
+    state = RunState() if state is None else copy.deepcopy(state)
+    by_id: dict[str, SessionRecord] = {s.id: s for s in state.sessions}
     for event in events:
         kind = event.get("type")
         state.last_seq = int(event["seq"])
@@ -314,3 +475,52 @@ def fold(events: list[dict[str, Any]]) -> RunState:
         elif kind == CONTROL_APPLIED:
             state.applied.append(dict(event))
     return state
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _event_digest(event: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(event)).hexdigest()
+
+
+def encode_state(state: RunState, run_id: str, last_event: dict[str, Any]) -> bytes:
+    """The snapshot of ``state`` (folded through ``last_event``): deterministic JSON.
+
+    The same events give the same bytes, so racing writers ``create`` the
+    same object. It names its run and carries a digest of its last event, so
+    a reader can tell a snapshot of another log (or a damaged one) apart.
+    """
+    if int(last_event["seq"]) != state.last_seq:
+        raise InvalidArgumentError(f"snapshot of state at {state.last_seq} with event {last_event['seq']} as its last")
+    return _canonical(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "run": run_id,
+            "seq": state.last_seq,
+            "last_event": _event_digest(last_event),
+            "state": dataclasses.asdict(state),
+        }
+    )
+
+
+def decode_state(data: bytes, run_id: str, seq: int, last_event: dict[str, Any]) -> RunState | None:
+    """The state in a snapshot, or None if it is not a trustworthy snapshot of this log at ``seq``.
+
+    Checks the format, the run, the sequence number, the digest of event
+    ``seq`` and that the bytes are exactly what :func:`encode_state` writes.
+    """
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format") != SNAPSHOT_FORMAT:
+            return None
+        if body.get("run") != run_id or body.get("seq") != seq or body.get("last_event") != _event_digest(last_event):
+            return None
+        raw = dict(body["state"])
+        state = RunState(**{**raw, "sessions": [SessionRecord(**s) for s in raw["sessions"]]})
+        if state.last_seq != seq or encode_state(state, run_id, last_event) != data:
+            return None
+        return state
+    except Exception:  # anything malformed: not a snapshot to trust
+        return None

@@ -60,7 +60,9 @@ from launchhelm._sessions import (
     env_seconds,
     heartbeat_key,
     liveness,
+    summary_key,
 )
+from launchhelm._summary import encode_summary, parse_summary
 from launchhelm._types import Rewind
 from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
@@ -74,6 +76,8 @@ __all__ = ["Run", "init"]
 DEFAULT_FLUSH_INTERVAL = 2.0
 #: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``).
 DEFAULT_CONTROL_INTERVAL = 3.0
+#: Every this many heartbeats, the session puts its run's summary instead (it carries the heartbeat).
+SUMMARY_EVERY = 3
 
 _log = logging.getLogger("launchhelm")
 
@@ -226,6 +230,13 @@ class Run:
         self.session_id = session_id
         self.resumed = resumed
         self._events = events
+        self._created = float(record.get("created") or 0.0)
+        # the run's summary: latest value of each metric flushed (kept by the flush, never by log())
+        self._latest: dict[str, float] = {}
+        self._latest_lock = threading.Lock()
+        self._summary_lock = threading.Lock()  # puts in order: a newer summary is never overwritten by an older
+        self._beats = 0
+        events.on_append = self._after_event
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
@@ -246,7 +257,8 @@ class Run:
         self._control_interval = control_interval
         self._control_cursor = control_cursor  # newest request seen by the poller
         self._session_seq = session_seq  # our session_started event: older actions are dropped
-        self._polled = 0  # events of the log the poller has looked at
+        # events of the log the poller has looked at: none after the last request applied
+        self._polled = control_cursor
         self._requests: list[dict[str, Any]] = []  # delivered by the poller, applied at a step boundary
         self._control_flag = False  # cheap check on the hot path: requests are waiting
         self._control_wake = threading.Event()
@@ -404,6 +416,7 @@ class Run:
                         continue  # a chunk number taken by an earlier, ambiguous write
                 if spool is not None and end is not None:
                     spool.flushed(end, self._chunk_number)
+                self._note_latest(rows)
             except BaseException:
                 with self._lock:
                     self._rows[:0] = rows  # keep them for the next try
@@ -436,6 +449,52 @@ class Run:
             heartbeat_key(self.id, self.session_id),
             encode_heartbeat(max(self._step, self._reached), self._heartbeat_interval),
         )
+
+    def _heartbeat(self) -> None:
+        """The background beat: every SUMMARY_EVERY-th one is the summary (no more requests than before)."""
+        self._beats += 1
+        if self._beats % SUMMARY_EVERY == 0:
+            self._put_summary()
+        else:
+            self._beat()
+
+    def _note_latest(self, rows: list[Row]) -> None:
+        """After a flush: the latest value of each metric stored, for the summary."""
+        with self._latest_lock:
+            latest = self._latest
+            for row in rows:
+                latest.update(row[3])
+
+    def _put_summary(self) -> None:
+        """Put the run's summary: the heartbeat plus its runs-table row (single writer: this session)."""
+        if not self._records_events:
+            return  # a DDP follower: rank 0's session writes it
+        with self._summary_lock:
+            state = self._events.state(refresh=False)  # what this session appended and saw
+            with self._latest_lock:
+                metrics = dict(self._latest)
+            body = encode_summary(
+                run_id=self.id,
+                name=self.name,
+                project=self.project,
+                created=self._created,
+                config=self.config,
+                tunables=self._tunables,
+                state=state,
+                session_id=self.session_id,
+                step=max(self._step, self._reached),
+                interval=self._heartbeat_interval,
+                metrics=metrics,
+            )
+            self._store.put(summary_key(self.id), body)
+
+    def _after_event(self, event: dict[str, Any]) -> None:
+        """Each event this session appends is followed by a summary that reflects it."""
+        try:
+            self._put_summary()
+        except Exception as exc:  # the event is in: a summary behind the log is only slower to read
+            self._last_error = exc
+            _log.debug("run %s: could not put its summary after event %s: %s", self.id, event.get("seq"), exc)
 
     # -- checkpoints and rewinds ----------------------------------------
     def checkpoint(self, path: str | os.PathLike[str], step: int | None = None) -> str:
@@ -577,8 +636,9 @@ class Run:
 
     def _poll_controls(self) -> None:
         """Background thread: deliver new control requests to the training thread."""
-        events = self._events.read()
-        fresh, self._polled = events[self._polled :], len(events)
+        fresh = self._events.since(self._polled)
+        if fresh:
+            self._polled = int(fresh[-1]["seq"])
         found = []
         for event in fresh:
             kind, seq = event.get("type"), int(event["seq"])
@@ -725,6 +785,7 @@ class Run:
     def _start(self) -> None:
         self._spool = _open_spool(self)
         self._beat()
+        self._after_event({"seq": self._session_seq})  # the summary of our session_started event
         if self.resumed:
             self._poll_controls()  # tunables changed while no session was live apply at the first step
         with _live_lock:
@@ -745,7 +806,7 @@ class Run:
                     self._compact(only_if_due=True)
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
-                    self._beat()
+                    self._heartbeat()
                 if now >= next_poll:
                     next_poll = now + self._control_interval
                     self._poll_controls()
@@ -1039,8 +1100,16 @@ def start_run(
         control_cursor=state.last_applied_request if state is not None else 0,
         session_seq=int(started["seq"]),
     )
+    if state is not None:
+        # a resumed session carries on the latest metric values the run's summary had
+        previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
+        run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
     run._start()
     return run
+
+
+def _read_or_none(store: Store, key: str) -> bytes | None:
+    return store.read_many([key])[key]
 
 
 def _create_run(
@@ -1096,7 +1165,7 @@ def _reopen_run(
     store.require_coordination("resuming a run")
     events = EventLog(store, run_id)
     while True:
-        state = fold(events.read())
+        state = events.state()
         if state.closed:
             closed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.closed_at or 0))
             raise RunClosedError(

@@ -7,11 +7,11 @@ from typing import Any
 
 from launchhelm._events import RunState, run_prefix, validate_run_id
 from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
-from launchhelm._sessions import liveness
+from launchhelm._sessions import liveness, read_beats
 from launchhelm.metrics._read import furthest_logged_step
 from launchhelm.storage import Store
 
-__all__ = ["furthest_step", "read_run_record"]
+__all__ = ["furthest_step", "metrics_last_step", "read_run_record"]
 
 
 def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
@@ -28,9 +28,23 @@ def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
         ) from None
 
 
-def furthest_step(store: Store, run_id: str, state: RunState) -> int:
-    """The furthest step the run has reached, in any session or attempt."""
+def metrics_last_step(store: Store, run_id: str, state: RunState) -> int:
+    """The highest step any stored metric point has (0: none): the newest manifest and the chunk names."""
+    return furthest_logged_step(store, run_id)
+
+
+def furthest_step(
+    store: Store, run_id: str, state: RunState, beats: dict[str, dict[str, Any] | None] | None = None
+) -> int:
+    """The furthest step the run has reached, in any session or attempt.
+
+    Every session's heartbeat in one ``read_many`` (or ``beats``, if read
+    already), then the metrics' highest step.
+    """
+    if beats is None:
+        beats = read_beats(store, run_id, [s.id for s in state.sessions])
     best = 0
     for session in state.sessions:
-        best = max(best, session.start_step, session.end_step or 0, liveness(store, run_id, session).step)
-    return max(best, furthest_logged_step(store, run_id))
+        step = liveness(store, run_id, session, beat=beats.get(session.id)).step
+        best = max(best, session.start_step, session.end_step or 0, step)
+    return max(best, metrics_last_step(store, run_id, state))

@@ -4,6 +4,11 @@ Heartbeats are per-session objects (``runs/<id>/sessions/<session>.json``),
 rewritten by their own session only, never events in the shared log: they
 would flood it. A session is live while its process exists (same host) or
 while its heartbeat is younger than its timeout (another host).
+
+The live session also ``put``s the run's summary (``runs/<id>/summary.json``)
+in place of every third heartbeat; the summary carries the heartbeat, so a
+session's last heartbeat is the fresher of its heartbeat object and a summary
+naming it.
 """
 
 from __future__ import annotations
@@ -25,7 +30,9 @@ __all__ = [
     "Liveness",
     "heartbeat_key",
     "liveness",
+    "read_beats",
     "run_status",
+    "summary_key",
 ]
 
 #: Seconds between heartbeats (``LAUNCHHELM_HEARTBEAT_INTERVAL``).
@@ -54,6 +61,50 @@ def heartbeat_key(run_id: str, session_id: str) -> str:
     return f"{run_prefix(run_id)}/sessions/{session_id}.json"
 
 
+def summary_key(run_id: str) -> str:
+    """The run's summary: its row of the runs table, kept current by the live session."""
+    return f"{run_prefix(run_id)}/summary.json"
+
+
+def _parse(data: bytes | None) -> dict[str, Any] | None:
+    if data is None:
+        return None
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def fresher_beat(beat: dict[str, Any] | None, summary: dict[str, Any] | None, session_id: str) -> dict[str, Any] | None:
+    """The newer of a session's heartbeat object and a summary naming that session."""
+    if summary is None or summary.get("session") != session_id:
+        return beat
+    try:
+        from_summary = {"time": float(summary["time"]), "step": int(summary["step"])}
+    except (KeyError, TypeError, ValueError):
+        return beat
+    if beat is None or float(beat.get("time", 0.0)) < from_summary["time"]:
+        return from_summary
+    return beat
+
+
+def read_beats(
+    store: Store, run_id: str, session_ids: list[str], summary: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any] | None]:
+    """Each session's latest heartbeat (None: none yet), in one ``read_many``.
+
+    Reads the run's summary too unless given, since it carries the live
+    session's heartbeat every third time.
+    """
+    keys = [heartbeat_key(run_id, s) for s in session_ids]
+    wanted = keys if summary is not None else [*keys, summary_key(run_id)]
+    got = store.read_many(wanted) if wanted else {}
+    if summary is None:
+        summary = _parse(got.get(summary_key(run_id)))
+    return {s: fresher_beat(_parse(got.get(k)), summary, s) for s, k in zip(session_ids, keys, strict=True)}
+
+
 def encode_heartbeat(step: int, interval: float) -> bytes:
     return json.dumps({"time": time.time(), "step": step, "interval": interval}).encode()
 
@@ -75,9 +126,18 @@ class Liveness:
     step: int
 
 
-def liveness(store: Store, run_id: str, session: SessionRecord, now: float | None = None) -> Liveness:
-    """Decide whether ``session`` is alive, as resume and status need it."""
-    beat = read_heartbeat(store, run_id, session.id)
+_UNREAD: Any = object()
+
+
+def liveness(
+    store: Store, run_id: str, session: SessionRecord, now: float | None = None, beat: Any = _UNREAD
+) -> Liveness:
+    """Decide whether ``session`` is alive, as resume and status need it.
+
+    ``beat``: its latest heartbeat if already read (:func:`read_beats`), None if it has none.
+    """
+    if beat is _UNREAD:
+        beat = read_beats(store, run_id, [session.id])[session.id]
     last = float(beat["time"]) if beat else session.started_at
     step = int(beat["step"]) if beat else session.start_step
     if session.ended_at is not None:

@@ -67,7 +67,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._events import REWIND, EventLog, RunState, fold, validate_project, validate_run_id
+from launchhelm._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm._exceptions import (
     AlreadyExistsError,
     CheckpointError,
@@ -514,7 +514,7 @@ class EvaluationQueue:
             log = self._logs.get(run_id)
             if log is None:
                 log = self._logs[run_id] = EventLog(self.store, run_id)
-            state = fold(log.read())
+            state = log.state()
             for event in state.checkpoints:
                 if evaluation_id(run_id, event["checkpoint"]) in known:
                     continue
@@ -691,12 +691,11 @@ class EvaluationQueue:
         log = self._logs.get(run_id)
         if log is None:
             log = self._logs[run_id] = EventLog(self.store, run_id)
-        events = log.read()
-        state = fold(events)
+        state = log.state()
         event = state.checkpoint(checkpoint)
         if event is None:
             raise CheckpointError(f"run {run_id} has no published checkpoint {checkpoint!r}", run_id=run_id)
-        return event, _count_rewinds_before(events, int(event["seq"])), state
+        return event, _count_rewinds_before(state.rewinds, int(event["seq"])), state
 
 
 _queues: weakref.WeakKeyDictionary[Store, dict[str, EvaluationQueue]] = weakref.WeakKeyDictionary()

@@ -28,7 +28,6 @@ import torch
 
 from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id, sha256_file
 from launchhelm._control import in_force
-from launchhelm._events import fold
 from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm._runinfo import read_run_record
@@ -552,7 +551,7 @@ class TorchRun(Run):
 
     def _resolve(self, checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
         """What to load: a published checkpoint's record, or a local path."""
-        state = fold(self._events.read())
+        state = self._events.state()
         if isinstance(checkpoint, str) and checkpoint in ("latest", "resume"):
             event = state.latest_checkpoint if checkpoint == "latest" else state.resume_checkpoint
             if event is None:
@@ -825,7 +824,7 @@ def init(
     # every rank starts from the run's furthest step (rank 0 computed it at resume)
     run._step = run._reached = int(_dist.broadcast(run._step, world))
     if rank != 0:
-        state = fold(run._events.read())
+        state = run._events.state()
         run._attempt = state.attempt
         tunables, run._control_seq, _ = in_force(dict(run._tunables), state)
         run._tunables = types.MappingProxyType(tunables)
