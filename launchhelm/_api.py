@@ -28,6 +28,7 @@ from launchhelm._exceptions import (
 )
 from launchhelm._liveness import requester
 from launchhelm._runinfo import furthest_step, read_run_record
+from launchhelm._runs_table import project_rows
 from launchhelm._sessions import Liveness, liveness, run_status
 from launchhelm._summary import run_rows
 from launchhelm._types import Checkpoint, Evaluation, Rewind
@@ -573,7 +574,7 @@ class Api:
         import pandas as pd
 
         validate_project(project)
-        rows = [_timestamps(row) for row in run_rows(self.store, self.run_ids(project))]
+        rows = [_timestamps(row) for row in project_rows(self.store, project, self.run_ids(project))]
         extra = sorted({k for row in rows for k in row if k.startswith("config.")})
         extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
         frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])

@@ -53,6 +53,7 @@ from launchhelm._exceptions import (
 )
 from launchhelm._liveness import process_identity
 from launchhelm._runinfo import furthest_step, read_run_record
+from launchhelm._runs_table import mark_row
 from launchhelm._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -860,6 +861,8 @@ class Run:
                 "step": max(self._step, self._reached),
             },
         )
+        if self._records_events:
+            mark_row(self._store, self.project, self.id, self.session_id, "ended")  # after the final summary
         self._finished = True
         with _live_lock:
             _live_runs.discard(self)
@@ -1075,6 +1078,7 @@ def start_run(
     }
     if resume is None:
         record, events = _create_run(st, project, name, config, tunables)
+        mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
         started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
         step, attempt, state = 0, 0, None
     else:
@@ -1190,6 +1194,7 @@ def _reopen_run(
                 )
             replaces = {"session": previous.id, "reason": "takeover" if live.alive else live.reason}
         step = furthest_step(store, run_id, state)
+        mark_row(store, project, run_id, str(session_payload["session"]), "started")  # before the event
         try:
             started = events.append(
                 SESSION_STARTED,
