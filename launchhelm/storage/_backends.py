@@ -79,29 +79,76 @@ def to_epoch(value: object) -> float | None:
 
 # -- S3 ------------------------------------------------------------------------
 class S3PartUpload:
-    """S3 multipart upload committed with ``If-None-Match: *``."""
+    """S3 multipart upload committed with ``If-None-Match: *``, every request checksummed.
+
+    Each part goes with its CRC64NVME (``x-amz-checksum-crc64nvme``) and the
+    commit with the whole object's, combined from the parts' CRCs
+    (``ChecksumType=FULL_OBJECT``): S3 refuses a part whose bytes do not
+    match, and a commit whose parts do not add up to the whole, so a
+    corrupted upload never becomes an object. The stored object then carries
+    the same full-object CRC64NVME the checkpoint records.
+    """
 
     concurrency = 4
     part_bytes = PART_SIZE
+    #: Sent with every upload request; S3's own default, and its only full-object family besides CRC32(C).
+    checksum_algorithm = "CRC64NVME"
 
     def __init__(self, fs: Any, path: str) -> None:
         self.fs = fs
         self.path = path
         self.bucket, self.key, _ = fs.split_path(path)
         self.upload_id: str | None = None
+        self._crcs: dict[int, tuple[int, int]] = {}  # part number -> (CRC64NVME, length)
 
     def create_small(self, data: bytes) -> None:
-        self.fs.pipe_file(self.path, data, mode="create")
+        from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+
+        self.fs.pipe_file(
+            self.path,
+            data,
+            mode="create",
+            ChecksumAlgorithm=self.checksum_algorithm,
+            ChecksumCRC64NVME=header_value(CRC64NVME, crc64nvme(data)),
+        )
 
     def begin(self) -> None:
-        out = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key)
+        out = self.fs.call_s3(
+            "create_multipart_upload",
+            Bucket=self.bucket,
+            Key=self.key,
+            ChecksumAlgorithm=self.checksum_algorithm,
+            ChecksumType="FULL_OBJECT",
+        )
         self.upload_id = str(out["UploadId"])
 
     def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+
+        crc = crc64nvme(data)
+        self._crcs[number] = (crc, len(data))
+        value = header_value(CRC64NVME, crc)
         out = self.fs.call_s3(
-            "upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=data
+            "upload_part",
+            Bucket=self.bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            PartNumber=number,
+            Body=data,
+            ChecksumAlgorithm=self.checksum_algorithm,
+            ChecksumCRC64NVME=value,
         )
-        return {"PartNumber": number, "ETag": out["ETag"]}
+        return {"PartNumber": number, "ETag": out["ETag"], "ChecksumCRC64NVME": value}
+
+    def whole_crc64nvme(self) -> int:
+        """The object's CRC64NVME, combined from its parts' CRCs in order."""
+        from launchhelm._checksum import combine_crc64nvme
+
+        total = 0
+        for number in sorted(self._crcs):
+            crc, length = self._crcs[number]
+            total = combine_crc64nvme(total, crc, length) if number > 1 else crc
+        return total
 
     def _expected_etag(self, tokens: list[Any]) -> str:
         import hashlib
@@ -110,9 +157,11 @@ class S3PartUpload:
         return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(tokens)}"
 
     def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        from launchhelm._checksum import CRC64NVME, header_value
         from launchhelm.storage._transfer import with_retries
 
         tokens = [*tokens, with_retries(lambda: self.put_part(number, offset, data))]
+        whole = header_value(CRC64NVME, self.whole_crc64nvme())
         attempts = [0]
 
         def complete() -> None:
@@ -125,6 +174,8 @@ class S3PartUpload:
                     UploadId=self.upload_id,
                     MultipartUpload={"Parts": tokens},
                     IfNoneMatch="*",
+                    ChecksumCRC64NVME=whole,
+                    ChecksumType="FULL_OBJECT",
                 )
             except Exception as exc:
                 if classify(exc).kind != EXISTS:

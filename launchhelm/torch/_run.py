@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id, sha256_file
+from launchhelm._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
+from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._control import in_force
 from launchhelm._events import fold
 from launchhelm._exceptions import CheckpointError, LaunchHelmError
@@ -386,21 +387,18 @@ class TorchRun(Run):
         from torch.utils.serialization import config as serialization_config
 
         with self._store.writer(key) as raw:
-            out = HashingWriter(raw)
-            try:
-                # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
-                # the sha256 recorded with the checkpoint is what loads verify
-                with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
-                    torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
-            finally:
-                out.close()
-        digest = out.sha256.hexdigest()
+            out = ChecksumWriter(raw, checksum_algorithms(self._store))
+            # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
+            # the CRC64NVME recorded with the checkpoint is what loads verify
+            with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
+                torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
+        checksums = out.checksum.hexdigests()
         self._publish_checkpoint(
             artifact,
             step=step,
             fmt=bundle["format"],
-            files=[{"name": name, "size": out.size, "sha256": digest}],
-            sha256=digest,
+            files=[{"name": name, "size": out.size, **checksums}],
+            checksums=checksums,
             size=out.size,
             world_size=self._world,
             control_seq=control_seq,
@@ -552,10 +550,12 @@ class TorchRun(Run):
                 "checkpoint); nothing was loaded",
                 run_id=self.id,
             )
-        digest: dict[str, str] = {}
+        expected = target.get("checksums") or {}
+        found: dict[str, str] = {}
         hasher = None
-        if target.get("sha256") is not None:
-            hasher = threading.Thread(target=lambda: digest.update(hex=sha256_file(local)), daemon=True)
+        if expected:
+            algorithms = verifying_algorithms(expected)
+            hasher = threading.Thread(target=lambda: found.update(file_checksums(local, algorithms)), daemon=True)
             hasher.start()
         try:
             bundle = torch.load(local, map_location=map_location, weights_only=True)
@@ -575,17 +575,22 @@ class TorchRun(Run):
             error = None
         if hasher is not None:
             hasher.join()
-            if digest.get("hex") != target["sha256"]:
-                # a corrupted file is reported as such, whatever torch.load made of it
-                raise CheckpointError(
-                    f"checkpoint {where} does not match its sha256 ({target['sha256'][:12]}…): the file is "
-                    "corrupted (torch.load would not notice: it ignores the zip CRC)",
-                    run_id=self.id,
-                )
+            # a corrupted file is reported as such, whatever torch.load made of it
+            self._check_checksums(where, expected, found)
         if error is not None:
             raise error
         self._validate(bundle, where)
         return dict(bundle)
+
+    def _check_checksums(self, where: str, expected: Mapping[str, str], found: Mapping[str, str]) -> None:
+        wrong = mismatches(expected, found)
+        if wrong or not found:
+            algorithm = wrong[0] if wrong else next(iter(expected))
+            raise CheckpointError(
+                f"checkpoint {where} does not match its {algorithm} ({expected[algorithm][:12]}…): the file is "
+                "corrupted (torch.load would not notice: it ignores the zip CRC)",
+                run_id=self.id,
+            )
 
     def _validate(self, bundle: Any, where: str) -> None:
         if not isinstance(bundle, dict) or bundle.get("format") not in _FORMATS:
@@ -696,7 +701,7 @@ def _target(event: dict[str, Any]) -> dict[str, Any]:
         "checkpoint": event["checkpoint"],
         "key": f"{event['prefix']}/{file['name']}",
         "size": int(file["size"]),
-        "sha256": str(file["sha256"]),
+        "checksums": recorded(file),
         "step": int(event["step"]),
         "format": event["format"],
     }

@@ -311,3 +311,62 @@ def test_streaming_a_large_object_keeps_memory_flat(moto_endpoint: str) -> None:
     # parts in flight (4) + the one filling, 8 MiB each: far below the 256 MiB written
     assert growth < 80 * 2**20, f"peak RSS grew by {growth / 2**20:.0f} MiB while streaming 256 MiB"
     assert len(open_store(url).read("big/model.pt")) == 256 * 2**20
+
+
+# -- checksums sent with the upload ---------------------------------------------------------
+def _crc64_b64(data: bytes) -> str:
+    from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+
+    return header_value(CRC64NVME, crc64nvme(data))
+
+
+def test_s3_uploads_carry_a_crc64nvme_that_matches_the_bytes_sent(moto_endpoint: str) -> None:
+    """Each part, the commit and a one-request object say their CRC64NVME, so S3 refuses a corrupted upload."""
+    import boto3
+
+    proxy, store = _through_proxy(
+        moto_endpoint, f"crc-{os.urandom(3).hex()}", status=500, code="x", failures=0, match="-"
+    )
+    try:
+        data = os.urandom(3 * PART_SIZE + 12345)
+        with store.writer("big.pt") as f:
+            for start in range(0, len(data), 3 * 2**20):
+                f.write(data[start : start + 3 * 2**20])
+        with store.writer("small.pt") as f:
+            f.write(b"x" * 1000)
+        parts = [(p, sums, crc) for m, p, sums, crc in proxy.forwarded if m == "PUT" and "partNumber=" in p]
+        assert len(parts) == 4
+        for _, sums, body_crc in parts:
+            assert sums["x-amz-checksum-crc64nvme"] == body_crc  # what went out is what was checksummed
+        (complete,) = [sums for m, p, sums, _ in proxy.forwarded if m == "POST" and "uploadId=" in p]
+        assert complete["x-amz-checksum-crc64nvme"] == _crc64_b64(data)  # the whole object's, from the parts'
+        assert complete.get("x-amz-checksum-type") == "FULL_OBJECT"
+        (single,) = [sums for m, p, sums, _ in proxy.forwarded if m == "PUT" and p.split("?")[0].endswith("small.pt")]
+        assert single["x-amz-checksum-crc64nvme"] == _crc64_b64(b"x" * 1000)
+        client = boto3.client("s3", endpoint_url=moto_endpoint)
+        assert isinstance(store, ObjectStore)
+        head = client.head_object(Bucket=BUCKET, Key=f"{store.root.split('/', 1)[1]}/big.pt", ChecksumMode="ENABLED")
+        assert head["ChecksumCRC64NVME"] == _crc64_b64(data) and head["ChecksumType"] == "FULL_OBJECT"
+    finally:
+        proxy.close()
+
+
+def test_moto_keeps_a_part_corrupted_in_transit_so_refusal_needs_a_real_bucket(moto_endpoint: str) -> None:
+    """What the emulator enforces: moto 5.2 stores a part whose bytes do not match its CRC64NVME header.
+
+    Real S3 answers such a part with 400 BadDigest (README: what needs a real
+    bucket). If this starts failing, moto enforces it: test the refusal here.
+    """
+    proxy, store = _through_proxy(
+        moto_endpoint, f"crc-bad-{os.urandom(3).hex()}", status=500, code="x", failures=0, match="partNumber=1"
+    )
+    proxy.corrupt_puts = 1
+    try:
+        data = os.urandom(2 * PART_SIZE + 1)
+        with store.writer("m.pt") as f:
+            f.write(data)
+        sent = [sums for m, p, sums, _ in proxy.forwarded if "partNumber=1" in p]
+        assert sent[0]["x-amz-checksum-crc64nvme"] == _crc64_b64(data[:PART_SIZE])  # the header was right
+        assert store.read("m.pt") != data  # and moto kept the flipped byte anyway
+    finally:
+        proxy.close()
