@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from launchhelm._exceptions import LaunchHelmError
 
-__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "rank_and_world"]
+__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "local_rank", "rank_and_world"]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -24,6 +24,12 @@ def rank_and_world() -> tuple[int, int]:
             "can open the run and the other ranks join it"
         )
     return 0, 1
+
+
+def local_rank() -> int | None:
+    """This process's rank on its node (torchrun's ``LOCAL_RANK``); None when not told."""
+    text = os.environ.get("LOCAL_RANK", "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def barrier(world: int) -> None:

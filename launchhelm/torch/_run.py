@@ -27,14 +27,15 @@ from typing import Any
 import torch
 
 from launchhelm._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
-from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
+from launchhelm._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._control import in_force
 from launchhelm._events import fold
 from launchhelm._exceptions import CheckpointError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm._runinfo import read_run_record
 from launchhelm.storage import LocalStore, Store, open_store
-from launchhelm.torch import _dist
+from launchhelm.torch import _dist, _inplace
+from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
 
@@ -76,6 +77,8 @@ class TorchRun(Run):
         self._pending_error: CheckpointError | None = None
         self._save_thread: threading.Thread | None = None
         self._save_error: CheckpointError | None = None
+        #: Bytes the last load_checkpoint read straight into live tensors (0: all through fresh memory).
+        self._loaded_in_place = 0
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -435,7 +438,8 @@ class TorchRun(Run):
         error = None
         if self._rank == 0:
             try:
-                target = self._resolve(checkpoint)
+                # the nonce names the node-local copy under DDP (see _download_once_per_node)
+                target = {**self._resolve(checkpoint), "nonce": os.urandom(4).hex()}
             except CheckpointError as exc:
                 error = str(exc)
         target, error = _dist.broadcast((target, error), self._world)
@@ -443,19 +447,26 @@ class TorchRun(Run):
             raise CheckpointError(error, run_id=self.id)
         assert target is not None
         with tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
-            bundle, problem = None, None
+            shared = self._download_once_per_node(target, Path(tmp))
             try:
-                bundle = self._fetch_and_verify(target, Path(tmp), map_location)
-            except CheckpointError as exc:
-                problem = str(exc)
-            self._agree(problem, "was not restored (nothing was applied)")
-            assert bundle is not None
-            problem = None
-            try:
-                extra = self._apply(bundle, model, optimizer)
-            except Exception as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+                bundle, plan, problem = None, None, None
+                try:
+                    bundle, plan = self._fetch_and_verify(target, Path(tmp), map_location, model, optimizer, shared)
+                except CheckpointError as exc:
+                    problem = str(exc)
+                self._agree(problem, "was not restored (nothing was applied)")
+                assert bundle is not None
+                problem = None
+                try:
+                    if plan is not None:  # tensor bytes straight into the model, checked as they land
+                        self._read_in_place(plan, target)
+                    extra = self._apply(bundle, model, optimizer)
+                except Exception as exc:
+                    problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
+                self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+            finally:
+                if shared is not None and _dist.local_rank() == 0:
+                    shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
         self._pending_error = None
         step = int(bundle["step"])
         rewind = None
@@ -521,9 +532,43 @@ class TorchRun(Run):
             target = {**_target(known), "path": str(path.absolute())}
         return target
 
-    def _fetch_and_verify(self, target: dict[str, Any], tmp: Path, map_location: Any) -> dict[str, Any]:
+    def _download_once_per_node(self, target: dict[str, Any], tmp: Path) -> Path | None:
+        """Under DDP on a remote store, local rank 0 of each node downloads into a node-local file.
+
+        Every rank reads that one copy: a node downloads a checkpoint once,
+        not once per GPU. Returns its path (None: each rank fetches its own,
+        as outside DDP, or reads the local store in place). Called on every
+        rank: it holds a barrier.
+        """
+        if self._world == 1 or target.get("path") or isinstance(self._store, LocalStore):
+            return None
+        local_rank = _dist.local_rank()
+        if local_rank is None:
+            return None  # no LOCAL_RANK (not torchrun): which ranks share a disk is unknown
+        name = f"launchhelm-{self.id}-{target['checkpoint']}-{target['nonce']}{PAYLOAD_SUFFIX}"
+        shared = Path(tempfile.gettempdir()) / name
+        if local_rank == 0:
+            try:
+                self._store.download(target["key"], shared)
+            except Exception as exc:  # every rank finds the file missing and says so together
+                _log.warning("checkpoint %s: download failed: %s", target["checkpoint"], exc)
+        _dist.barrier(self._world)
+        return shared
+
+    def _fetch_and_verify(
+        self,
+        target: dict[str, Any],
+        tmp: Path,
+        map_location: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shared: Path | None = None,
+    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
+        """The validated bundle, and the plan for its tensors still to be read in place (or None)."""
         if target.get("path"):
             local = Path(target["path"])
+        elif shared is not None:
+            local = shared
         elif isinstance(self._store, LocalStore):
             local = self._store.root / target["key"]  # read in place: no copy
         else:
@@ -540,10 +585,10 @@ class TorchRun(Run):
                 f"checkpoint {where} is {size} bytes but was saved as {target['size']}: truncated or replaced",
                 run_id=self.id,
             )
-        # Hash on a second thread while torch.load reads the same file: the page
-        # cache serves both, so verifying costs about one read, not two. The
-        # load fills fresh tensors; nothing reaches the model before the hash
-        # has been checked.
+        # A sha256-recorded checkpoint (or a file loaded by path with no
+        # record): hash on a second thread while torch.load reads the same
+        # file, so verifying costs about one read, not two. The load fills
+        # fresh tensors; nothing reaches the model before the hash is checked.
         if not zipfile.is_zipfile(local):
             raise CheckpointError(
                 f"checkpoint {where} is not a readable torch file (not a zip archive: truncated, or not a "
@@ -551,6 +596,8 @@ class TorchRun(Run):
                 run_id=self.id,
             )
         expected = target.get("checksums") or {}
+        if CRC64NVME in expected:
+            return self._plan_and_verify(local, where, expected, map_location, model, optimizer)
         found: dict[str, str] = {}
         hasher = None
         if expected:
@@ -580,7 +627,76 @@ class TorchRun(Run):
         if error is not None:
             raise error
         self._validate(bundle, where)
-        return dict(bundle)
+        return dict(bundle), None
+
+    def _plan_and_verify(
+        self,
+        local: Path,
+        where: str,
+        expected: Mapping[str, str],
+        map_location: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
+        """Plan with a meta load, read all but the in-place tensors, validate (see ``_inplace``)."""
+        try:
+            meta = torch.load(local, map_location="meta", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
+            raise CheckpointError(
+                f"checkpoint {where} was refused by torch.load(weights_only=True): it holds pickled code or "
+                f"objects a checkpoint may not contain; nothing in it was executed ({_unpickler_reason(exc)})",
+                run_id=self.id,
+            ) from None
+        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
+            raise CheckpointError(
+                f"checkpoint {where} is not a readable torch file (truncated or not a checkpoint): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
+                run_id=self.id,
+            ) from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+            self._validate(meta, where)  # the usual refusal for a file that is no bundle
+        # Small checkpoints are read whole and checked before anything is applied (a
+        # corrupted one then changes nothing); large ones go straight into the model.
+        in_place = local.stat().st_size >= _inplace.IN_PLACE_MIN_BYTES
+        plan = plan_in_place(local, meta, model, optimizer, match=in_place)
+        if plan is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
+            found = file_checksums(local, (CRC64NVME,))
+            self._check_checksums(where, expected, found)
+            bundle = torch.load(local, map_location=map_location, weights_only=True)
+            self._validate(bundle, where)
+            return dict(bundle), None
+        try:
+            bundle = plan.read_rest(map_location)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {where} could not be read: {exc}", run_id=self.id) from None
+        plan.where, plan.expected = where, dict(expected)
+        if plan.matched_bytes == 0:
+            self._read_in_place(plan, {})  # nothing goes in place: the whole CRC is known now
+            plan = None
+        self._validate(bundle, where)
+        return bundle, plan
+
+    def _read_in_place(self, plan: InPlaceLoad, target: Mapping[str, Any]) -> None:
+        self._loaded_in_place = plan.matched_bytes
+        try:
+            whole = plan.read_matched()
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {plan.where} could not be read: {exc}", run_id=self.id) from None
+        found = {CRC64NVME: f"{whole:016x}"}
+        if plan.matched_bytes == 0:
+            self._check_checksums(plan.where, plan.expected, found)
+            return
+        wrong = mismatches(plan.expected, found)
+        if wrong:
+            raise CheckpointError(
+                f"checkpoint {plan.where} does not match its crc64nvme ({plan.expected[CRC64NVME][:12]}…): the "
+                "file is corrupted, and its tensors were read straight into the model and optimizer, which now "
+                "hold damaged values; the next optimizer step raises this error: load another checkpoint (or "
+                "call clear_checkpoint_error() to train on deliberately)",
+                run_id=self.id,
+            )
 
     def _check_checksums(self, where: str, expected: Mapping[str, str], found: Mapping[str, str]) -> None:
         wrong = mismatches(expected, found)
