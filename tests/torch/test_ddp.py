@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lhtest import ROOT, child_env
+from lhtest import BUCKET, ROOT, FaultyS3Proxy, child_env
 
 import launchhelm as lh
 
@@ -245,6 +245,26 @@ def _linear_and_sgd() -> tuple[Any, Any]:
 
 
 # -- one run, one bundle, one RNG stream per rank ------------------------------------
+@pytest.mark.slow
+def test_on_a_remote_store_each_node_downloads_a_checkpoint_once(
+    moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ranks run on this node: local rank 0 downloads into a node-local file, rank 1 reads it."""
+    proxy = FaultyS3Proxy(int(moto_endpoint.rsplit(":", 1)[1]), status=500, code="x", failures=0, match="-")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")  # the ranks' S3 goes through it
+    try:
+        url = f"s3://{BUCKET}/node-{os.urandom(3).hex()}"
+        r0, r1 = torchrun(2, "roundtrip", url, tmp_path / "out")
+    finally:
+        proxy.close()
+    assert r0["params_restored"] and r1["params_restored"]
+    assert r0["extra_back"]["rank"] == 0 and r1["extra_back"]["rank"] == 1
+    payload_gets = [p for m, p, _, _ in proxy.forwarded if m == "GET" and p.split("?")[0].endswith(".pt")]
+    assert len(payload_gets) == 1, payload_gets  # one small object: one ranged GET, for both ranks
+    leftovers = list(Path(__import__("tempfile").gettempdir()).glob(f"launchhelm-{r0['run_id']}-*"))
+    assert leftovers == []  # the node-local copy is removed once every rank has read it
+
+
 @pytest.mark.slow
 def test_two_ranks_share_one_run_and_each_restores_its_own_rng(shared_store_url: str, tmp_path: Path) -> None:
     r0, r1 = torchrun(2, "roundtrip", shared_store_url, tmp_path / "out")
