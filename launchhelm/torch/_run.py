@@ -38,6 +38,7 @@ from launchhelm.torch import _dist, _inplace
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
+from launchhelm.torch._snapshot import SnapshotBuffers
 
 _log = logging.getLogger("launchhelm")
 
@@ -79,6 +80,7 @@ class TorchRun(Run):
         self._save_error: CheckpointError | None = None
         #: Bytes the last load_checkpoint read straight into live tensors (0: all through fresh memory).
         self._loaded_in_place = 0
+        self._snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -351,7 +353,7 @@ class TorchRun(Run):
     ) -> str:
         bundle = self._bundle(model, optimizer, records)
         check_payload(bundle, "checkpoint")
-        snapshot = _snapshot(bundle)  # the one in-memory copy training waits for
+        snapshot = self._snapshots.snapshot(bundle)  # the one in-memory copy training waits for
         artifact = new_artifact_id(self._step)
         step, control_seq = self._step, self._control_seq
 
@@ -788,20 +790,6 @@ def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, change
                     group[name] = float(value)
             elif isinstance(old, tuple) and isinstance(value, list) and len(value) == len(old):
                 group[name] = tuple(value)
-
-
-def _snapshot(value: Any) -> Any:
-    """A copy of ``value`` whose tensors are copied to CPU memory (containers rebuilt, leaves shared)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = {k: _snapshot(v) for k, v in value.items()}
-        return copied if type(value) is dict else type(value)(copied)
-    if isinstance(value, list):
-        return [_snapshot(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_snapshot(v) for v in value)
-    return value
 
 
 def _unpickler_reason(exc: BaseException) -> str:

@@ -494,3 +494,23 @@ def test_a_plain_artifact_records_crc64nvme_per_file(tmp_path: Path) -> None:
     (record,) = lh.Api(store_url).run(run.id).checkpoints()
     assert record.checksums == {"crc64nvme": f"{crc64nvme(b'weights' * 1000):016x}"}
     run.finish()
+
+
+def test_non_blocking_saves_copy_into_host_buffers_reused_from_save_to_save(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("nb", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    _train(tr, model, optimizer, scheduler, 2)
+    first = tr.save_checkpoint(blocking=False)
+    at_first = {k: v.clone() for k, v in model.state_dict().items()}
+    buffers = [b.data_ptr() for b in tr._snapshots._buffers]
+    _train(tr, model, optimizer, scheduler, 2)  # while the first is written: its copy is not touched
+    second = tr.save_checkpoint(blocking=False)  # waits for the first, then copies into the same buffers
+    at_second = {k: v.clone() for k, v in model.state_dict().items()}
+    assert [b.data_ptr() for b in tr._snapshots._buffers] == buffers and buffers
+    tr.wait_for_checkpoint()
+    for artifact, expected in ((first, at_first), (second, at_second)):
+        tr.load_checkpoint(artifact)
+        assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
+    tr.finish()
