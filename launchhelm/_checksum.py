@@ -36,6 +36,7 @@ __all__ = [
     "SHA256",
     "Checksum",
     "combine_crc64nvme",
+    "crc32c",
     "crc64nvme",
     "file_checksums",
     "header_value",
@@ -66,6 +67,11 @@ def _crt() -> Any:
 def crc64nvme(data: Any, previous: int = 0) -> int:
     """CRC64NVME of ``data`` (bytes, bytearray or any buffer), continuing from ``previous``."""
     return int(_crt().crc64nvme(data, previous))
+
+
+def crc32c(data: Any, previous: int = 0) -> int:
+    """CRC32C of ``data`` (what GCS stores for every object), continuing from ``previous``."""
+    return int(_crt().crc32c(data, previous))
 
 
 def combine_crc64nvme(first: int, second: int, second_length: int) -> int:

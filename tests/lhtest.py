@@ -150,6 +150,8 @@ class FaultyS3Proxy:
         #: Every forwarded request: (method, path, its x-amz-checksum-* and x-amz-sdk-checksum-* headers,
         #: base64 CRC64NVME of its body), so a test can check the checksums sent match the bytes sent.
         self.forwarded: list[tuple[str, str, dict[str, str], str]] = []
+        #: The first 1 KiB of each forwarded body (a multipart upload's JSON metadata part).
+        self.body_heads: list[bytes] = []
         #: Flip one byte in the body of the next this many forwarded PUTs whose path contains ``match``
         #: (after their headers were computed): a corruption in transit.
         self.corrupt_puts = 0
@@ -198,11 +200,12 @@ class FaultyS3Proxy:
         for line in lines[1:]:
             key, _, value = line.partition(b":")
             name = key.strip().lower().decode()
-            if name.startswith(("x-amz-checksum-", "x-amz-sdk-checksum-")):
+            if name.startswith(("x-amz-checksum-", "x-amz-sdk-checksum-", "x-goog-hash")):
                 sums[name] = value.strip().decode()
         body_crc = base64.b64encode(crc64nvme(body).to_bytes(8, "big")).decode()
         with self._lock:
             self.forwarded.append((method, path, sums, body_crc))
+            self.body_heads.append(body[:1024])
 
     def _serve(self, client: object) -> None:
         import socket

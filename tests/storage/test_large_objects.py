@@ -370,3 +370,60 @@ def test_moto_keeps_a_part_corrupted_in_transit_so_refusal_needs_a_real_bucket(m
         assert store.read("m.pt") != data  # and moto kept the flipped byte anyway
     finally:
         proxy.close()
+
+
+def test_gcs_uploads_carry_the_crc32c_of_their_bytes(gcs_endpoint: str) -> None:
+    """fake-gcs-server computes its own CRC32C and ignores the one sent (tested: a wrong one is
+    stored anyway), so the proxy checks what went out; real GCS refuses a mismatch (README)."""
+    import base64
+    import json
+
+    from launchhelm._checksum import CRC32C, crc32c, header_value
+
+    port = int(os.environ["STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])
+    proxy = FaultyS3Proxy(port, status=500, code="x", failures=0, match="-")
+    try:
+        store = open_store(
+            f"gs://{BUCKET}/crc-{os.urandom(3).hex()}", {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+        )
+        part = _part_bytes(store)
+        data = os.urandom(2 * part + 777)
+        with store.writer("big.pt") as f:
+            f.write(data)
+        with store.writer("small.pt") as f:
+            f.write(b"y" * 500)
+        hashes = [sums.get("x-goog-hash") for m, _, sums, _ in proxy.forwarded if m == "PUT"]
+        assert hashes[-1] == f"crc32c={header_value(CRC32C, crc32c(data))}"  # with the last chunk only
+        assert [h for h in hashes[:-1] if h] == []
+        (head,) = [
+            h
+            for (m, p, _, _), h in zip(proxy.forwarded, proxy.body_heads, strict=True)
+            if m == "POST" and "uploadType=multipart" in p
+        ]
+        metadata = json.loads(head.split(b"\n\n", 1)[1].split(b"\n--==0==", 1)[0])
+        assert metadata["crc32c"] == base64.b64encode(crc32c(b"y" * 500).to_bytes(4, "big")).decode()
+        assert store.read("big.pt") == data and store.read("small.pt") == b"y" * 500
+    finally:
+        proxy.close()
+
+
+def test_azure_refuses_a_block_damaged_in_transit(azurite_endpoint: str) -> None:
+    """Each block goes with its Content-MD5 (Azure's per-request check); Azurite enforces it."""
+    conn = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+    blob_endpoint = conn.split("BlobEndpoint=", 1)[1].split(";")[0]
+    port = int(blob_endpoint.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    proxy = FaultyS3Proxy(port, status=500, code="x", failures=0, match="comp=block")
+    proxy.corrupt_puts = 1
+    try:
+        proxied = conn.replace(f":{port}/", f":{proxy.port}/")
+        store = open_store(f"az://{BUCKET}/md5-{os.urandom(3).hex()}", {"connection_string": proxied})
+        with pytest.raises(StorageError, match=r"m\.pt"), store.writer("m.pt") as f:
+            f.write(os.urandom(2 * PART_SIZE + 1))
+        assert not store.exists("m.pt")
+        md5s = [p for m, p, _, _ in proxy.forwarded if m == "PUT" and "comp=block" in p]
+        assert md5s  # blocks were sent (and the damaged one refused)
+        with store.writer("ok.pt") as f:  # undamaged: the same path works
+            f.write(b"z" * 100)
+        assert store.read("ok.pt") == b"z" * 100
+    finally:
+        proxy.close()

@@ -166,3 +166,34 @@ def test_a_flipped_byte_in_the_pickle_is_caught_by_the_crc_and_changes_nothing(t
     assert _same(before, _state(model, optimizer))  # small file: verified before anything was applied
     optimizer.step()
     tr.finish()
+
+
+def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> None:
+    """S3 keeps the full-object CRC64NVME the record holds; GCS the CRC32C recorded beside it."""
+    from awscrt.checksums import crc32c, crc64nvme
+
+    from launchhelm._checksum import CRC32C, CRC64NVME, header_value
+    from launchhelm.storage import ObjectStore, open_store
+
+    model, optimizer = _build()
+    tr = lht.init("sums", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 1)
+    artifact = tr.save_checkpoint()
+    (record,) = lh.Api(store_url).run(tr.id).checkpoints()
+    store = open_store(store_url)
+    data = store.read(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt")
+    expected = {CRC64NVME: f"{crc64nvme(data):016x}"}
+    if store_url.startswith("gs://"):
+        expected[CRC32C] = f"{crc32c(data):08x}"
+    assert record.checksums == expected
+    if isinstance(store, ObjectStore) and store_url.startswith("s3://"):
+        import boto3
+
+        bucket, key = store._path(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt").split("/", 1)
+        head = boto3.client("s3").head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        assert head["ChecksumCRC64NVME"] == header_value(CRC64NVME, expected[CRC64NVME])
+    if isinstance(store, ObjectStore) and store_url.startswith("gs://"):
+        info = store.fs.info(store._path(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt"))
+        assert info["crc32c"] == header_value(CRC32C, expected[CRC32C])
+    tr.finish()
