@@ -197,3 +197,17 @@ def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> 
         info = store.fs.info(store._path(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt"))
         assert info["crc32c"] == header_value(CRC32C, expected[CRC32C])
     tr.finish()
+
+
+def test_the_gpu_self_check_skips_cleanly_without_cuda() -> None:
+    """benchmarks/gpu_checkpoint_check.py is for GPU machines; elsewhere it says so and succeeds."""
+    import subprocess
+    import sys
+
+    from lhtest import ROOT, child_env
+
+    script = ROOT / "benchmarks" / "gpu_checkpoint_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=child_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = "PASS" if torch.cuda.is_available() else "SKIP: no CUDA device"
+    assert expected in done.stdout
