@@ -12,21 +12,24 @@ Baselines (same tensors, same disk, same process)
       fsync.
     * ``torch.save({"model": ..., "optimizer": ...}, path)`` + fsync (state dicts taken inside the
       timed call, as LaunchHelm does).
-    * raw read: ``readinto`` a preallocated, pre-touched bytearray. "cold" means the file was
-      fsynced and dropped from the page cache with ``posix_fadvise(DONTNEED)`` first (the
-      hypervisor may still cache it: cold-ish); "warm" reads it again from the page cache.
+    * raw read: ``readinto`` a preallocated, pre-touched, page-aligned buffer (a bytearray's data
+      starts 16 bytes past a page boundary and reads into it run slower: shown as info). "cold"
+      means the file was fsynced and dropped from the page cache with ``posix_fadvise(DONTNEED)``
+      first (the hypervisor may still cache it: cold-ish); "warm" reads it again from the page cache.
     * ``torch.load(path, weights_only=True)``, cold and warm; and ``torch.load(mmap=True)`` +
-      ``load_state_dict`` warm, i.e. a load without LaunchHelm's sha256 verification.
+      ``load_state_dict`` warm, i.e. a load without any checksum.
+    * side by side: ``torch.distributed.checkpoint`` save / load (in place) of model and optimizer,
+      safetensors save / load of the weights alone.
 
 LaunchHelm (local store: a temporary directory on the same disk)
     * ``tr.save_checkpoint()``: the call is synchronous, so its wall time is what blocks the
       training loop. Peak RSS growth during the call (VmHWM reset through
       ``/proc/self/clear_refs``, else a 2 ms VmRSS sampler) is reported relative to the state
       size, to show that nothing buffers the whole bundle in memory.
-    * ``tr.load_checkpoint("latest")``, cold and warm (the whole call: resolve, verify the
-      sha256, ``torch.load(weights_only=True)``, apply). A load that leaves AdamW's state mapped
-      from the file (``mmap=True``) moves part of its cost into the next optimizer step, so the
-      first step after the load is timed too, against a steady step.
+    * ``tr.load_checkpoint("latest")``, cold and warm, into a model and optimizer that have state
+      of their own, as a resuming job's do (the whole call: resolve, plan, read the tensor bytes
+      straight into the live tensors with the CRC64NVME checked as they land, apply). The first
+      optimizer step after the load is timed too, against a steady step.
 
 With ``--s3``: a real ``moto_server`` on 127.0.0.1 (started and stopped by this script), and
     * ``fs.pipe`` / ``fs.cat`` of the LaunchHelm bundle's bytes with s3fs (baselines);
@@ -42,9 +45,12 @@ untimed warm-up round, then ``--repeat`` timed rounds (default 3), phases interl
 round; the median is reported (every round's time is printed too: expect noise on a VM). The
 restored state is compared with the saved one after the timed rounds.
 
-Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
-any miss or a restore mismatch): ``save_checkpoint()`` <= 1.10x raw write+fsync (s3: <= 1.10x
-``fs.pipe``), ``load_checkpoint()`` <= 1.2x raw read (s3: <= 1.2x ``fs.cat``).
+Targets (issue 14; PASS/MISS is informational, on medians; the exit status is 0 unless ``--check``
+is given, then 1 on any miss or a restore mismatch): ``save_checkpoint()`` <= 1.05x raw
+write+fsync (s3: <= 1.10x ``fs.pipe``), the non-blocking save blocks <= one in-memory copy,
+``load_checkpoint()`` <= 1.15x an aligned raw read, cold and warm (s3: <= 1.2x ``fs.cat``). The
+``best/best`` column divides the fastest rounds: on a shared machine other processes only ever
+add time, so it shows the code's own cost when the medians are noisy.
 
 Run it from the repository root::
 
@@ -176,6 +182,10 @@ class Phase:
     @property
     def median(self) -> float:
         return statistics.median(self.times) if self.times else math.nan
+
+    @property
+    def best(self) -> float:
+        return min(self.times) if self.times else math.nan
 
     @property
     def max_rss(self) -> float:
@@ -641,7 +651,7 @@ def fmt(value: float, digits: int = 2) -> str:
 
 def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | None]]) -> bool:
     """Print (phase, baseline phase, target ratio) rows; return True if every target was met."""
-    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "target", "result")
+    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "best/best", "target", "result")
     lines = []
     ok = True
     for name, base_name, target in rows:
@@ -649,21 +659,24 @@ def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | 
         seconds = phase.median
         rate = phase.nbytes / MB / seconds if phase.nbytes and seconds > 0 else math.nan
         if base_name is None:
-            lines.append((name, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "base"))
+            lines.append((name, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "-", "base"))
             continue
         base = record[base_name].median
         ratio = seconds / base if base > 0 else math.nan
+        # other processes only ever add time: the fastest rounds' ratio shows the code's own cost
+        best_base = record[base_name].best
+        best = f"{fmt(phase.best / best_base)}x" if best_base > 0 else "n/a"
         if target is None:
             result, target_text = "info", "-"
         else:
             passed = ratio <= target
             ok = ok and passed
             result, target_text = ("PASS" if passed else "MISS"), f"<= {target:.2f}x"
-        lines.append((name, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", target_text, result))
+        lines.append((name, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", best, target_text, result))
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
 
     def show(cells: Sequence[str]) -> None:
-        pairs = enumerate(zip(cells, widths, strict=True))
+        pairs = enumerate(zip(cells, widths, strict=True))  # phase and baseline names left-aligned
         print("  ".join(c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in pairs))
 
     show(header)
@@ -736,6 +749,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("torch.save(path)+fsync", "raw write+fsync", None),
         ("LH save_checkpoint (local)", "raw write+fsync", TARGET_SAVE),
         ("DCP save+fsync", "raw write+fsync", None),
+        ("safetensors save+fsync (weights)", None, None),
         ("in-memory copy of the state", None, None),
         ("copy into touched buffers", "in-memory copy of the state", None),
         ("LH save, non-blocking: blocks", "in-memory copy of the state", TARGET_ASYNC_BLOCK),
@@ -747,6 +761,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("torch.load, warm", "raw read, warm", None),
         ("torch.load(mmap)+apply, warm", "raw read, warm", None),
         ("DCP load (in place), warm", "raw read, warm", None),
+        ("safetensors load+apply (weights), warm", None, None),
         ("LH load_checkpoint, cold", "raw read, cold", TARGET_LOAD),
         ("LH load_checkpoint, warm", "raw read, warm", TARGET_LOAD),
         ("AdamW step, steady", None, None),
@@ -759,11 +774,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("s3fs cat", None, None),
             ("LH load_checkpoint (s3)", "s3fs cat", TARGET_LOAD_S3),
         ]
-    if "safetensors save+fsync (weights)" in record.phases:
-        rows += [
-            ("safetensors save+fsync (weights)", None, None),
-            ("safetensors load+apply (weights), warm", None, None),
-        ]
+
     all_ok = print_table(record, rows)
 
     print()

@@ -4,10 +4,13 @@ A bundle is one ``torch.save`` file holding model, optimizer, scheduler,
 scaler, step, RNG states, tunables, control state and ``extra``; it loads
 with ``torch.load(weights_only=True)``. Rank 0 streams it straight into the
 store (never a whole in-memory copy), then publishes it by an event with its
-size and sha256. Loads verify size, hash, format and world size on every
-rank, and apply nothing unless every rank validated; if applying fails on
-any rank, every rank raises :class:`CheckpointError` and the next watched
-optimizer step raises it again rather than train on mixed state.
+size and whole-file CRC64NVME (computed as the bytes are written). Loads
+read tensor bytes straight into the watched model and optimizer
+(``_inplace``), verify size, checksum, format and world size on every rank,
+and apply nothing unless every rank validated; if applying fails on any
+rank (a CRC mismatch found once bytes are in the model included), every rank
+raises :class:`CheckpointError` and the next watched optimizer step raises
+it again rather than train on mixed state.
 """
 
 from __future__ import annotations
@@ -267,10 +270,11 @@ class TorchRun(Run):
             generator state... Refused here, naming the key path, if it holds
             anything else.
         blocking:
-            False: copy the state once in memory (CPU) and return; a
-            background thread writes, hashes and publishes it while training
-            goes on. Training blocks only for that copy; it needs memory for
-            one more copy of the state. The next save, ``load_checkpoint``,
+            False: copy the state once into host buffers reused from save to
+            save (pinned memory for CUDA tensors) and return; a background
+            thread writes, checksums and publishes it while training goes on.
+            Training blocks only for that copy; it needs memory for one more
+            copy of the state. The next save, ``load_checkpoint``,
             ``finish`` and interpreter exit wait for it;
             :meth:`wait_for_checkpoint` does so explicitly and raises if it
             failed. A crash before it is published leaves no checkpoint
@@ -393,10 +397,13 @@ class TorchRun(Run):
 
         with self._store.writer(key) as raw:
             out = ChecksumWriter(raw, checksum_algorithms(self._store))
-            # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
-            # the CRC64NVME recorded with the checkpoint is what loads verify
-            with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
-                torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
+            try:
+                # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
+                # the CRC64NVME recorded with the checkpoint is what loads verify
+                with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
+                    torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
+            finally:
+                out.close()
         checksums = out.checksum.hexdigests()
         self._publish_checkpoint(
             artifact,
@@ -421,8 +428,21 @@ class TorchRun(Run):
             consumed), else the newest. A checkpoint id of this run, or a path
             to a bundle file.
         map_location:
-            Where tensors land; ``"cpu"`` by default so peers do not inherit
-            the saving rank's device.
+            Where tensors that are not loaded into a watched tensor land
+            (``extra``, tensors whose shape or dtype changed); ``"cpu"`` by
+            default so peers do not inherit the saving rank's device. Model
+            and optimizer tensors are read into the live ones, on their device.
+
+        Notes
+        -----
+        Tensor bytes go straight from the file into the model's and
+        optimizer's existing tensors, the CRC64NVME updated as they land. A
+        tensor loads the usual way (fresh memory, then ``load_state_dict``)
+        when its shape, dtype or layout differs from the live one, when
+        several saved tensors share its storage, or when the optimizer has no
+        state yet. Files under 64 MiB are verified whole before anything is
+        applied. Checkpoints recorded with sha256 (earlier versions) load
+        with ``torch.load`` and verify with sha256.
 
         Raises
         ------
@@ -430,7 +450,8 @@ class TorchRun(Run):
             On every rank together, if any rank could not fetch, verify or
             apply it (missing, truncated, corrupted, wrong format or world
             size, pickled code). Nothing is applied unless every rank
-            verified; if applying failed part-way, the next optimizer step
+            validated; if applying failed part-way, or the CRC64NVME did not
+            match once tensor bytes were in the model, the next optimizer step
             raises the same error.
         """
         self._check_live()
