@@ -592,8 +592,11 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
             tr.watch(model2, optimizer2)
             prime(model2, optimizer2, grads2)
             evicted = evict(lh_path) and evicted
-            record("LH load_checkpoint, cold", lambda: tr.load_checkpoint("latest"), bundle_bytes)
-            record("LH load_checkpoint, warm", lambda: tr.load_checkpoint("latest"), bundle_bytes)
+            # the blocking save's file, the one just evicted ("latest" is the non-blocking one, still
+            # cached: a "cold" load of it would be warm, and the evicted file, deleted next round,
+            # would free no pages for the next save)
+            record("LH load_checkpoint, cold", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
+            record("LH load_checkpoint, warm", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
             for p, g in zip(model2.parameters(), grads2, strict=True):
                 p.grad = g
             record("1st AdamW step after LH load", optimizer2.step)
