@@ -427,3 +427,25 @@ def test_azure_refuses_a_block_damaged_in_transit(azurite_endpoint: str) -> None
         assert store.read("ok.pt") == b"z" * 100
     finally:
         proxy.close()
+
+
+def test_fake_gcs_server_keeps_an_upload_whose_crc32c_does_not_match(gcs_endpoint: str, tmp_path: Path) -> None:
+    """What the emulator enforces: nothing; it computes its own CRC32C. Real GCS answers 400 (README).
+
+    If this starts failing, fake-gcs-server checks the CRC32C sent: test the refusal here.
+    """
+    from launchhelm._checksum import CRC32C, crc32c, header_value
+    from launchhelm.storage._backends import GCSPartUpload, gcs_create
+
+    store = open_store(f"gs://{BUCKET}/crc-bad-{os.urandom(3).hex()}")
+    assert isinstance(store, ObjectStore)
+    data = os.urandom(1000)
+    gcs_create(store.fs, store._path("small"), data, crc32c=header_value(CRC32C, crc32c(data) ^ 1))
+    assert store.read("small") == data  # accepted with a wrong CRC32C
+    upload = GCSPartUpload(store.fs, store._path("big"))
+    upload.begin()
+    chunk = os.urandom(upload.part_bytes)
+    upload.put_part(1, 0, chunk)
+    upload._crc32c ^= 1  # the last chunk then says a wrong whole-object CRC32C
+    upload.finish([], 2, len(chunk), b"tail", len(chunk) + 4)
+    assert store.read("big") == chunk + b"tail"
