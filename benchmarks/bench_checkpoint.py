@@ -12,21 +12,24 @@ Baselines (same tensors, same disk, same process)
       fsync.
     * ``torch.save({"model": ..., "optimizer": ...}, path)`` + fsync (state dicts taken inside the
       timed call, as LaunchHelm does).
-    * raw read: ``readinto`` a preallocated, pre-touched bytearray. "cold" means the file was
-      fsynced and dropped from the page cache with ``posix_fadvise(DONTNEED)`` first (the
-      hypervisor may still cache it: cold-ish); "warm" reads it again from the page cache.
+    * raw read: ``readinto`` a preallocated, pre-touched, page-aligned buffer (a bytearray's data
+      starts 16 bytes past a page boundary and reads into it run slower: shown as info). "cold"
+      means the file was fsynced and dropped from the page cache with ``posix_fadvise(DONTNEED)``
+      first (the hypervisor may still cache it: cold-ish); "warm" reads it again from the page cache.
     * ``torch.load(path, weights_only=True)``, cold and warm; and ``torch.load(mmap=True)`` +
-      ``load_state_dict`` warm, i.e. a load without LaunchHelm's sha256 verification.
+      ``load_state_dict`` warm, i.e. a load without any checksum.
+    * side by side: ``torch.distributed.checkpoint`` save / load (in place) of model and optimizer,
+      safetensors save / load of the weights alone.
 
 LaunchHelm (local store: a temporary directory on the same disk)
     * ``tr.save_checkpoint()``: the call is synchronous, so its wall time is what blocks the
       training loop. Peak RSS growth during the call (VmHWM reset through
       ``/proc/self/clear_refs``, else a 2 ms VmRSS sampler) is reported relative to the state
       size, to show that nothing buffers the whole bundle in memory.
-    * ``tr.load_checkpoint("latest")``, cold and warm (the whole call: resolve, verify the
-      sha256, ``torch.load(weights_only=True)``, apply). A load that leaves AdamW's state mapped
-      from the file (``mmap=True``) moves part of its cost into the next optimizer step, so the
-      first step after the load is timed too, against a steady step.
+    * ``tr.load_checkpoint("latest")``, cold and warm, into a model and optimizer that have state
+      of their own, as a resuming job's do (the whole call: resolve, plan, read the tensor bytes
+      straight into the live tensors with the CRC64NVME checked as they land, apply). The first
+      optimizer step after the load is timed too, against a steady step.
 
 With ``--s3``: a real ``moto_server`` on 127.0.0.1 (started and stopped by this script), and
     * ``fs.pipe`` / ``fs.cat`` of the LaunchHelm bundle's bytes with s3fs (baselines);
@@ -42,9 +45,12 @@ untimed warm-up round, then ``--repeat`` timed rounds (default 3), phases interl
 round; the median is reported (every round's time is printed too: expect noise on a VM). The
 restored state is compared with the saved one after the timed rounds.
 
-Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
-any miss or a restore mismatch): ``save_checkpoint()`` <= 1.10x raw write+fsync (s3: <= 1.10x
-``fs.pipe``), ``load_checkpoint()`` <= 1.2x raw read (s3: <= 1.2x ``fs.cat``).
+Targets (issue 14; PASS/MISS is informational, on medians; the exit status is 0 unless ``--check``
+is given, then 1 on any miss or a restore mismatch): ``save_checkpoint()`` <= 1.05x raw
+write+fsync (s3: <= 1.10x ``fs.pipe``), the non-blocking save blocks <= one in-memory copy,
+``load_checkpoint()`` <= 1.15x an aligned raw read, cold and warm (s3: <= 1.2x ``fs.cat``). The
+``best/best`` column divides the fastest rounds: on a shared machine other processes only ever
+add time, so it shows the code's own cost when the medians are noisy.
 
 Run it from the repository root::
 
@@ -82,10 +88,14 @@ if TYPE_CHECKING:
 
 MB = 10**6
 N_LAYERS = 4
-TARGET_SAVE = 1.10
-TARGET_LOAD = 1.20
-#: save_checkpoint(blocking=False) may block for about one in-memory copy of the state
-TARGET_ASYNC_BLOCK = 1.25
+#: issue 14: a blocking save within 5% of a raw write+fsync, a load within 15% of an aligned raw read
+TARGET_SAVE = 1.05
+TARGET_LOAD = 1.15
+#: on moto S3, against s3fs's fs.pipe / fs.cat of the same bytes
+TARGET_SAVE_S3 = 1.10
+TARGET_LOAD_S3 = 1.20
+#: save_checkpoint(blocking=False) blocks for no more than one in-memory copy of the state
+TARGET_ASYNC_BLOCK = 1.0
 PROJECT = "bench-checkpoint"
 BUCKET = "launchhelm-bench"
 
@@ -174,6 +184,10 @@ class Phase:
         return statistics.median(self.times) if self.times else math.nan
 
     @property
+    def best(self) -> float:
+        return min(self.times) if self.times else math.nan
+
+    @property
     def max_rss(self) -> float:
         return max(self.rss) if self.rss else math.nan
 
@@ -246,6 +260,20 @@ def pretouch(gib: float) -> float:
     return time.perf_counter() - t0
 
 
+def aligned_buffer(nbytes: int) -> memoryview:
+    """Resident, page-aligned memory (a torch allocation this large is its own mmap).
+
+    A ``bytearray``'s data starts 16 bytes past a page boundary and ``readinto`` it runs at about
+    half the speed here: the fair baseline for a read into tensors is an aligned buffer.
+    """
+    import torch
+
+    block = torch.empty(nbytes, dtype=torch.uint8)
+    block.fill_(1)
+    view: Any = block.numpy()
+    return memoryview(view)
+
+
 def touched_buffer(nbytes: int) -> bytearray:
     """A bytearray whose pages are already resident (``bytearray(n)`` alone maps zero pages lazily)."""
     import torch
@@ -309,7 +337,7 @@ def raw_write(views: Sequence[memoryview], path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def raw_read(path: Path, buf: bytearray) -> int:
+def raw_read(path: Path, buf: bytearray | memoryview) -> int:
     view = memoryview(buf)
     got = 0
     with open(path, "rb", buffering=0) as f:
@@ -325,6 +353,51 @@ def torch_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: P
     fsync_path(path)
 
 
+def copy_into(buffers: Sequence[torch.Tensor], tensors: Sequence[torch.Tensor]) -> None:
+    for buffer, t in zip(buffers, tensors, strict=True):
+        buffer.copy_(t)
+
+
+def prime(model: torch.nn.Module, optimizer: torch.optim.Optimizer, grads: Sequence[torch.Tensor]) -> None:
+    """Give the optimizer state of its own in fresh, touched memory (a training job resuming has it)."""
+    release(optimizer)
+    for p, g in zip(model.parameters(), grads, strict=True):
+        p.grad = g
+    optimizer.step()
+    for p in model.parameters():
+        p.grad = None
+
+
+def dcp_save(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    import torch.distributed.checkpoint as dcp
+
+    dcp.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, checkpoint_id=str(path))
+    for item in path.iterdir():
+        fsync_path(item)
+
+
+def dcp_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path) -> None:
+    """DCP loads in place into the given state dicts (the model's own tensors)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    dcp.load(state, checkpoint_id=str(path))
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def safetensors_save(model: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import save_file
+
+    save_file(model.state_dict(), str(path))
+    fsync_path(path)
+
+
+def safetensors_load(model: torch.nn.Module, path: Path) -> None:
+    from safetensors.torch import load_file
+
+    model.load_state_dict(load_file(str(path)))
+
+
 def torch_load_apply(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """What ``load_checkpoint`` does on a local store, minus resolving, sha256 and bookkeeping."""
     import torch
@@ -335,6 +408,12 @@ def torch_load_apply(path: Path, model: torch.nn.Module, optimizer: torch.optim.
 
 
 # -- moto -------------------------------------------------------------------
+def _has(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -414,7 +493,10 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
     out["n_tensors"] = len(tensors)
 
     out["pretouch_s"] = pretouch(args.pretouch_gib)
-    read_buf = touched_buffer(state_bytes + 64 * MB)  # room for the bundle's zip/pickle overhead
+    read_buf = aligned_buffer(state_bytes + 64 * MB)  # room for the bundle's zip/pickle overhead
+    unaligned_buf = touched_buffer(state_bytes + 64 * MB)
+    copy_buffers = [torch.empty_like(t).fill_(1) for t in tensors]  # pre-touched, reused each round
+    has_safetensors = _has("safetensors")
 
     base_dir = root / "baseline"
     store_dir = root / "store"
@@ -468,6 +550,7 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
 
             # non-blocking: training waits for one in-memory copy, the write goes on in the background
             record("in-memory copy of the state", lambda: [t.clone() for t in tensors], state_bytes)
+            record("copy into touched buffers", lambda: copy_into(copy_buffers, tensors), state_bytes)
             recycle(async_path)
             async_artifact = record("LH save, non-blocking: blocks", lambda: tr.save_checkpoint(blocking=False))
             record("LH save, non-blocking: then in background", tr.wait_for_checkpoint, state_bytes)
@@ -477,6 +560,7 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
             evicted = evict(raw_path) and evicted
             record("raw read, cold", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
             record("raw read, warm", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
+            record("raw read into bytearray, warm", lambda p=raw_path: raw_read(p, unaligned_buf), state_bytes)
             evicted = evict(torch_path) and evicted
             record("torch.load, cold", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
             record("torch.load, warm", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
@@ -487,13 +571,32 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
                 state_bytes,
             )
 
-            # loads: LaunchHelm, then the first optimizer step on the restored state
+            # other formats, side by side: DCP (state and optimizer), safetensors (weights only)
+            dcp_path = base_dir / f"dcp-{r}"
+            shutil.rmtree(base_dir / f"dcp-{r - 1}", ignore_errors=True)
+            record("DCP save+fsync", lambda p=dcp_path: dcp_save(model, optimizer, p), state_bytes)
+            prime(model2, optimizer2, grads2)
+            record("DCP load (in place), warm", lambda p=dcp_path: dcp_load(model2, optimizer2, p), state_bytes)
+            if has_safetensors:
+                st_path = base_dir / f"weights-{r}.safetensors"
+                (base_dir / f"weights-{r - 1}.safetensors").unlink(missing_ok=True)
+                record("safetensors save+fsync (weights)", lambda p=st_path: safetensors_save(model, p), weight_bytes)
+                record(
+                    "safetensors load+apply (weights), warm",
+                    lambda p=st_path: safetensors_load(model2, p),
+                    weight_bytes,
+                )
+
+            # loads: LaunchHelm into a model and optimizer that have state of their own (a resuming
+            # job), then the first optimizer step on the restored state
             tr.watch(model2, optimizer2)
-            release(optimizer2)
+            prime(model2, optimizer2, grads2)
             evicted = evict(lh_path) and evicted
-            record("LH load_checkpoint, cold", lambda: tr.load_checkpoint("latest"), bundle_bytes)
-            release(optimizer2)
-            record("LH load_checkpoint, warm", lambda: tr.load_checkpoint("latest"), bundle_bytes)
+            # the blocking save's file, the one just evicted ("latest" is the non-blocking one, still
+            # cached: a "cold" load of it would be warm, and the evicted file, deleted next round,
+            # would free no pages for the next save)
+            record("LH load_checkpoint, cold", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
+            record("LH load_checkpoint, warm", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
             for p, g in zip(model2.parameters(), grads2, strict=True):
                 p.grad = g
             record("1st AdamW step after LH load", optimizer2.step)
@@ -512,7 +615,7 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
                 tr_s3.watch(model, optimizer)
                 s3_artifact = record("LH save_checkpoint (s3)", tr_s3.save_checkpoint, bundle_bytes)
                 tr_s3.watch(model2, optimizer2)
-                release(optimizer2)
+                prime(model2, optimizer2, grads2)
                 record("LH load_checkpoint (s3)", lambda t=tr_s3: t.load_checkpoint("latest"), bundle_bytes)
                 for old in fs.find(f"{BUCKET}/store"):
                     if old.endswith(".pt") and s3_artifact not in old:
@@ -522,12 +625,14 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
         out["bundle_bytes"] = bundle_bytes
         out["evicted"] = evicted
 
-        # correctness, untimed: the restored state equals the saved one
-        release(optimizer2)
+        # correctness, untimed: the restored state equals the saved one (model2 is another seed)
+        prime(model2, optimizer2, grads2)
+        assert not same_state(model, optimizer, model2, optimizer2)
         tr.load_checkpoint("latest")
         out["restored_local"] = same_state(model, optimizer, model2, optimizer2)
+        out["loaded_in_place"] = tr._loaded_in_place
         if args.s3:
-            release(optimizer2)
+            prime(model2, optimizer2, grads2)
             s3["tr"].load_checkpoint("latest")
             out["restored_s3"] = same_state(model, optimizer, model2, optimizer2)
             out["s3_endpoint"] = s3["endpoint"]
@@ -549,7 +654,7 @@ def fmt(value: float, digits: int = 2) -> str:
 
 def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | None]]) -> bool:
     """Print (phase, baseline phase, target ratio) rows; return True if every target was met."""
-    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "target", "result")
+    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "best/best", "target", "result")
     lines = []
     ok = True
     for name, base_name, target in rows:
@@ -557,21 +662,24 @@ def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | 
         seconds = phase.median
         rate = phase.nbytes / MB / seconds if phase.nbytes and seconds > 0 else math.nan
         if base_name is None:
-            lines.append((name, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "base"))
+            lines.append((name, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "-", "base"))
             continue
         base = record[base_name].median
         ratio = seconds / base if base > 0 else math.nan
+        # other processes only ever add time: the fastest rounds' ratio shows the code's own cost
+        best_base = record[base_name].best
+        best = f"{fmt(phase.best / best_base)}x" if best_base > 0 else "n/a"
         if target is None:
             result, target_text = "info", "-"
         else:
             passed = ratio <= target
             ok = ok and passed
             result, target_text = ("PASS" if passed else "MISS"), f"<= {target:.2f}x"
-        lines.append((name, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", target_text, result))
+        lines.append((name, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", best, target_text, result))
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
 
     def show(cells: Sequence[str]) -> None:
-        pairs = enumerate(zip(cells, widths, strict=True))
+        pairs = enumerate(zip(cells, widths, strict=True))  # phase and baseline names left-aligned
         print("  ".join(c.ljust(w) if i in (0, 3) else c.rjust(w) for i, (c, w) in pairs))
 
     show(header)
@@ -643,14 +751,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         ("raw write+fsync", None, None),
         ("torch.save(path)+fsync", "raw write+fsync", None),
         ("LH save_checkpoint (local)", "raw write+fsync", TARGET_SAVE),
+        ("DCP save+fsync", "raw write+fsync", None),
+        ("safetensors save+fsync (weights)", None, None),
         ("in-memory copy of the state", None, None),
+        ("copy into touched buffers", "in-memory copy of the state", None),
         ("LH save, non-blocking: blocks", "in-memory copy of the state", TARGET_ASYNC_BLOCK),
         ("LH save, non-blocking: then in background", "raw write+fsync", None),
         ("raw read, cold", None, None),
         ("raw read, warm", None, None),
+        ("raw read into bytearray, warm", "raw read, warm", None),
         ("torch.load, cold", "raw read, cold", None),
         ("torch.load, warm", "raw read, warm", None),
         ("torch.load(mmap)+apply, warm", "raw read, warm", None),
+        ("DCP load (in place), warm", "raw read, warm", None),
+        ("safetensors load+apply (weights), warm", None, None),
         ("LH load_checkpoint, cold", "raw read, cold", TARGET_LOAD),
         ("LH load_checkpoint, warm", "raw read, warm", TARGET_LOAD),
         ("AdamW step, steady", None, None),
@@ -659,10 +773,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.s3:
         rows += [
             ("s3fs pipe", None, None),
-            ("LH save_checkpoint (s3)", "s3fs pipe", TARGET_SAVE),
+            ("LH save_checkpoint (s3)", "s3fs pipe", TARGET_SAVE_S3),
             ("s3fs cat", None, None),
-            ("LH load_checkpoint (s3)", "s3fs cat", TARGET_LOAD),
+            ("LH load_checkpoint (s3)", "s3fs cat", TARGET_LOAD_S3),
         ]
+
     all_ok = print_table(record, rows)
 
     print()
@@ -680,6 +795,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         phase = record[name]
         print(f"  {name}: peak RSS growth {fmt(phase.max_rss / MB, 1)} MB (file pages mapped by mmap count too)")
     print(f"  RSS peak method: {PeakRss.method()}")
+    print(
+        f"  the last local load read {out['loaded_in_place'] / MB:,.1f} MB of the {out['bundle_bytes'] / MB:,.1f} MB "
+        "bundle straight into the model's and optimizer's tensors (CRC64NVME checked as they landed)"
+    )
     print("Details:")
     for phase in record.phases.values():
         print(f"  {phase.name}: " + ", ".join(f"{t:.3f}" for t in phase.times) + " s")

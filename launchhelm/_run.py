@@ -502,7 +502,7 @@ class Run:
         """Upload a file or folder as a checkpoint of this run; return its artifact id.
 
         For code that saves its own checkpoints (any framework): the payload
-        is uploaded under a fresh key, verified by size and sha256, and
+        is uploaded under a fresh key, verified by size and CRC64NVME, and
         published by an event only once complete, so a crash mid-upload never
         leaves a visible half checkpoint. PyTorch users call
         ``launchhelm.torch``'s ``save_checkpoint()`` instead.
@@ -535,8 +535,8 @@ class Run:
         step = self._step if step is None else _check_step(step)
         artifact = new_artifact_id(step)
         prefix = artifact_prefix(self.id, artifact)
-        fmt, files, digest, size = upload_path(self._store, prefix, Path(path))
-        self._publish_checkpoint(artifact, step=step, fmt=fmt, files=files, sha256=digest, size=size)
+        fmt, files, checksums, size = upload_path(self._store, prefix, Path(path))
+        self._publish_checkpoint(artifact, step=step, fmt=fmt, files=files, checksums=checksums, size=size)
         return artifact
 
     def _publish_checkpoint(
@@ -546,7 +546,7 @@ class Run:
         step: int,
         fmt: str,
         files: list[dict[str, Any]],
-        sha256: str,
+        checksums: dict[str, str],
         size: int,
         world_size: int = 1,
         control_seq: int | None = None,
@@ -561,7 +561,7 @@ class Run:
                 "step": step,
                 "format": fmt,
                 "files": files,
-                "sha256": sha256,
+                "checksums": checksums,
                 "size": size,
                 "world_size": world_size,
                 "control_seq": self._control_seq if control_seq is None else control_seq,

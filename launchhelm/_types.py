@@ -57,7 +57,9 @@ class Checkpoint:
     size:
         Payload bytes (all files).
     sha256:
-        Hex digest of the payload (single file), or of the manifest of files.
+        Hex sha256 of the payload (single file) or of its manifest, for
+        checkpoints recorded that way by earlier versions; ``""`` for newer
+        ones, which record ``checksums`` instead.
     format:
         ``launchhelm.torch.checkpoint/1`` or ``/2``, or ``file`` / ``directory``
         for plain ``run.checkpoint(path)`` artifacts.
@@ -70,6 +72,9 @@ class Checkpoint:
         Someone chose it: the next ``load_checkpoint("resume")`` restores it.
     files:
         ``name -> size`` of the payload files.
+    checksums:
+        ``{"crc64nvme": hex}`` of the payload (single file) or of its
+        manifest, plus ``"crc32c"`` on GCS; ``{"sha256": hex}`` for older ones.
     """
 
     id: str
@@ -83,6 +88,7 @@ class Checkpoint:
     before_last_control_change: bool
     chosen_for_resume: bool
     files: dict[str, int]
+    checksums: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -147,6 +147,14 @@ class FaultyS3Proxy:
         self.remaining = failures
         self.injected = 0
         self.forwarded_puts = 0
+        #: Every forwarded request: (method, path, its x-amz-checksum-* and x-amz-sdk-checksum-* headers,
+        #: base64 CRC64NVME of its body), so a test can check the checksums sent match the bytes sent.
+        self.forwarded: list[tuple[str, str, dict[str, str], str]] = []
+        #: The first 1 KiB of each forwarded body (a multipart upload's JSON metadata part).
+        self.body_heads: list[bytes] = []
+        #: Flip one byte in the body of the next this many forwarded PUTs whose path contains ``match``
+        #: (after their headers were computed): a corruption in transit.
+        self.corrupt_puts = 0
         self._lock = threading.Lock()
         self._server = socket.socket()
         self._server.bind(("127.0.0.1", 0))
@@ -182,6 +190,22 @@ class FaultyS3Proxy:
             if key.strip().lower() == name:
                 return value.strip()
         return None
+
+    def _record(self, method: str, path: str, lines: list[bytes], body: bytes) -> None:
+        import base64
+
+        from awscrt.checksums import crc64nvme
+
+        sums = {}
+        for line in lines[1:]:
+            key, _, value = line.partition(b":")
+            name = key.strip().lower().decode()
+            if name.startswith(("x-amz-checksum-", "x-amz-sdk-checksum-", "x-goog-hash")):
+                sums[name] = value.strip().decode()
+        body_crc = base64.b64encode(crc64nvme(body).to_bytes(8, "big")).decode()
+        with self._lock:
+            self.forwarded.append((method, path, sums, body_crc))
+            self.body_heads.append(body[:1024])
 
     def _serve(self, client: object) -> None:
         import socket
@@ -220,6 +244,13 @@ class FaultyS3Proxy:
                 if not chunk:
                     return
                 body += chunk
+            self._record(method, path, lines, body)
+            if method == "PUT" and self.match in path and body:
+                with self._lock:
+                    flip = self.corrupt_puts > 0
+                    self.corrupt_puts -= int(flip)
+                if flip:
+                    body = body[:-1] + bytes([body[-1] ^ 0x01])
             kept = [ln for ln in lines if not ln.lower().startswith((b"connection:", b"expect:"))]
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             upstream.sendall(b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + body)

@@ -214,7 +214,8 @@ class EvaluationContext:
         """Download the checkpoint's file(s), verify them, and return the local path.
 
         Files land in ``<directory>/<checkpoint id>/``. Each file's size and
-        sha256 are checked against what was recorded when it was saved.
+        checksum (CRC64NVME; sha256 for checkpoints recorded that way earlier)
+        are checked against what was recorded when it was saved.
 
         Parameters
         ----------
@@ -237,7 +238,8 @@ class EvaluationContext:
         CheckpointError
             A file is missing from the store or differs from what was saved.
         """
-        from launchhelm._checkpoints import DIRECTORY_FORMAT, sha256_file
+        from launchhelm._checkpoints import DIRECTORY_FORMAT
+        from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 
         base = Path(tempfile.mkdtemp(prefix="launchhelm-eval-")) if directory is None else Path(directory)
         target = (base / self.checkpoint_id).absolute()
@@ -268,9 +270,11 @@ class EvaluationContext:
                     run_id=self.run_id,
                     step=self.step,
                 )
-            if entry.get("sha256") and sha256_file(local) != entry["sha256"]:
+            expected = recorded(entry)
+            wrong = mismatches(expected, file_checksums(local, verifying_algorithms(expected)))
+            if wrong:
                 raise CheckpointError(
-                    f"file {name!r} of checkpoint {self.checkpoint_id} does not match its sha256: "
+                    f"file {name!r} of checkpoint {self.checkpoint_id} does not match its {wrong[0]}: "
                     "the stored copy is damaged",
                     run_id=self.run_id,
                     step=self.step,

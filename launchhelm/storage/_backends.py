@@ -79,29 +79,76 @@ def to_epoch(value: object) -> float | None:
 
 # -- S3 ------------------------------------------------------------------------
 class S3PartUpload:
-    """S3 multipart upload committed with ``If-None-Match: *``."""
+    """S3 multipart upload committed with ``If-None-Match: *``, every request checksummed.
+
+    Each part goes with its CRC64NVME (``x-amz-checksum-crc64nvme``) and the
+    commit with the whole object's, combined from the parts' CRCs
+    (``ChecksumType=FULL_OBJECT``): S3 refuses a part whose bytes do not
+    match, and a commit whose parts do not add up to the whole, so a
+    corrupted upload never becomes an object. The stored object then carries
+    the same full-object CRC64NVME the checkpoint records.
+    """
 
     concurrency = 4
     part_bytes = PART_SIZE
+    #: Sent with every upload request; S3's own default, and its only full-object family besides CRC32(C).
+    checksum_algorithm = "CRC64NVME"
 
     def __init__(self, fs: Any, path: str) -> None:
         self.fs = fs
         self.path = path
         self.bucket, self.key, _ = fs.split_path(path)
         self.upload_id: str | None = None
+        self._crcs: dict[int, tuple[int, int]] = {}  # part number -> (CRC64NVME, length)
 
     def create_small(self, data: bytes) -> None:
-        self.fs.pipe_file(self.path, data, mode="create")
+        from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+
+        self.fs.pipe_file(
+            self.path,
+            data,
+            mode="create",
+            ChecksumAlgorithm=self.checksum_algorithm,
+            ChecksumCRC64NVME=header_value(CRC64NVME, crc64nvme(data)),
+        )
 
     def begin(self) -> None:
-        out = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket, Key=self.key)
+        out = self.fs.call_s3(
+            "create_multipart_upload",
+            Bucket=self.bucket,
+            Key=self.key,
+            ChecksumAlgorithm=self.checksum_algorithm,
+            ChecksumType="FULL_OBJECT",
+        )
         self.upload_id = str(out["UploadId"])
 
     def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+
+        crc = crc64nvme(data)
+        self._crcs[number] = (crc, len(data))
+        value = header_value(CRC64NVME, crc)
         out = self.fs.call_s3(
-            "upload_part", Bucket=self.bucket, Key=self.key, UploadId=self.upload_id, PartNumber=number, Body=data
+            "upload_part",
+            Bucket=self.bucket,
+            Key=self.key,
+            UploadId=self.upload_id,
+            PartNumber=number,
+            Body=data,
+            ChecksumAlgorithm=self.checksum_algorithm,
+            ChecksumCRC64NVME=value,
         )
-        return {"PartNumber": number, "ETag": out["ETag"]}
+        return {"PartNumber": number, "ETag": out["ETag"], "ChecksumCRC64NVME": value}
+
+    def whole_crc64nvme(self) -> int:
+        """The object's CRC64NVME, combined from its parts' CRCs in order."""
+        from launchhelm._checksum import combine_crc64nvme
+
+        total = 0
+        for number in sorted(self._crcs):
+            crc, length = self._crcs[number]
+            total = combine_crc64nvme(total, crc, length) if number > 1 else crc
+        return total
 
     def _expected_etag(self, tokens: list[Any]) -> str:
         import hashlib
@@ -110,9 +157,11 @@ class S3PartUpload:
         return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(tokens)}"
 
     def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        from launchhelm._checksum import CRC64NVME, header_value
         from launchhelm.storage._transfer import with_retries
 
         tokens = [*tokens, with_retries(lambda: self.put_part(number, offset, data))]
+        whole = header_value(CRC64NVME, self.whole_crc64nvme())
         attempts = [0]
 
         def complete() -> None:
@@ -125,6 +174,8 @@ class S3PartUpload:
                     UploadId=self.upload_id,
                     MultipartUpload={"Parts": tokens},
                     IfNoneMatch="*",
+                    ChecksumCRC64NVME=whole,
+                    ChecksumType="FULL_OBJECT",
                 )
             except Exception as exc:
                 if classify(exc).kind != EXISTS:
@@ -156,11 +207,14 @@ class S3PartUpload:
 
 # -- GCS -----------------------------------------------------------------------
 class GCSPartUpload:
-    """GCS resumable upload started with ``ifGenerationMatch=0``.
+    """GCS resumable upload started with ``ifGenerationMatch=0``, its CRC32C sent at the end.
 
     The object appears when the last chunk arrives, and GCS checks the
-    precondition then. Small objects go in one multipart upload request with
-    ``ifGenerationMatch=0`` (:meth:`create_small`).
+    precondition then, and the whole object's CRC32C sent with that chunk
+    (``X-Goog-Hash: crc32c=...``): a corrupted upload is refused rather than
+    stored. Small objects go in one multipart upload request with
+    ``ifGenerationMatch=0`` and their CRC32C in the object's metadata, which
+    GCS checks the same way (:meth:`create_small`).
     """
 
     concurrency = 1  # a resumable session takes its chunks in order
@@ -175,9 +229,20 @@ class GCSPartUpload:
         self.bucket, self.key, _ = fs.split_path(path)
         self.location: str | None = None
         self.exposed_generation: str | None = None
+        self._crc32c = 0  # of every byte sent so far: chunks go in order, one at a time
+        self._counted = 0  # bytes the CRC covers (a chunk sent again is not counted twice)
+
+    def _count(self, offset: int, data: bytes) -> None:
+        from launchhelm._checksum import crc32c
+
+        if offset + len(data) > self._counted:
+            self._crc32c = crc32c(memoryview(data)[self._counted - offset :], self._crc32c)
+            self._counted = offset + len(data)
 
     def create_small(self, data: bytes) -> None:
-        gcs_create(self.fs, self.path, data)
+        from launchhelm._checksum import CRC32C, crc32c, header_value
+
+        gcs_create(self.fs, self.path, data, crc32c=header_value(CRC32C, crc32c(data)))
 
     def begin(self) -> None:
         from gcsfs.core import initiate_upload
@@ -196,13 +261,15 @@ class GCSPartUpload:
             )
         )
 
-    def _put(self, offset: int, data: bytes, total: str) -> tuple[Any, bytes]:
+    def _put(self, offset: int, data: bytes, total: str, extra: dict[str, str] | None = None) -> tuple[Any, bytes]:
         end = offset + len(data) - 1
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {offset}-{end}/{total}"}
+        headers.update(extra or {})
         out: tuple[Any, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
         return out
 
     def put_part(self, number: int, offset: int, data: bytes) -> Any:
+        self._count(offset, data)
         headers, body = self._put(offset, data, "*")
         if body:
             # Real GCS answers 308 with no body until the last chunk. An
@@ -221,14 +288,20 @@ class GCSPartUpload:
         return None
 
     def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+        from launchhelm._checksum import CRC32C, header_value
         from launchhelm.storage._transfer import with_retries
 
+        self._count(offset, data)
+        # the whole object's CRC32C, checked by GCS when the upload completes
+        whole = {"X-Goog-Hash": f"crc32c={header_value(CRC32C, self._crc32c)}"}
         try:
             if data:
-                with_retries(lambda: self._put(offset, data, str(size)))
+                with_retries(lambda: self._put(offset, data, str(size), whole))
             else:
                 with_retries(
-                    lambda: self.fs.call("PUT", self.location, headers={"Content-Range": f"bytes */{size}"}, data=b"")
+                    lambda: self.fs.call(
+                        "PUT", self.location, headers={"Content-Range": f"bytes */{size}", **whole}, data=b""
+                    )
                 )
         except FileExistsError:
             raise
@@ -254,19 +327,45 @@ class GCSPartUpload:
             self.exposed_generation = None
 
 
-def gcs_create(fs: Any, path: str, data: bytes) -> None:
+def gcs_create(fs: Any, path: str, data: bytes, crc32c: str | None = None) -> None:
     """Put-if-absent on GCS: one multipart upload with ``ifGenerationMatch=0``, whatever the size.
 
     gcsfs would switch to a resumable upload above 50 MB; a single request
     keeps the precondition checked on every GCS implementation (the
-    fake-gcs-server emulator honours it on multipart uploads only).
+    fake-gcs-server emulator honours it on multipart uploads only). With
+    ``crc32c`` (base64), the object's metadata carries it and GCS refuses the
+    upload if the bytes it received do not match.
     """
-    fs.pipe_file(path, data, mode="create", chunksize=len(data) + 1)
+    if crc32c is None:
+        fs.pipe_file(path, data, mode="create", chunksize=len(data) + 1)
+        return
+    from urllib.parse import quote
+
+    bucket, key, _ = fs.split_path(path)
+    metadata = json.dumps({"name": key, "crc32c": crc32c})
+    head = f"--==0==\nContent-Type: application/json; charset=UTF-8\n\n{metadata}\n--==0==\n"
+    body = head.encode() + b"Content-Type: application/octet-stream\n\n" + data + b"\n--==0==--"
+    fs.call(
+        "POST",
+        f"{fs._location}/upload/storage/v1/b/{quote(bucket)}/o",
+        uploadType="multipart",
+        headers={"Content-Type": 'multipart/related; boundary="==0=="'},
+        data=body,
+        json_out=True,
+        ifGenerationMatch="0",
+    )
 
 
 # -- Azure ---------------------------------------------------------------------
 class AzurePartUpload:
-    """Azure block blob: blocks staged in parallel, committed with ``If-None-Match: *``."""
+    """Azure block blob: blocks staged in parallel, committed with ``If-None-Match: *``.
+
+    Azure keeps no full-object CRC for a block blob; what its API offers is a
+    checksum per request. Every block and every one-request blob goes with
+    its MD5 (``validate_content=True``: ``Content-MD5``), so Azure refuses one
+    whose bytes were damaged in transit; the checkpoint's own CRC64NVME
+    covers the whole object.
+    """
 
     concurrency = 4
     part_bytes = PART_SIZE
@@ -279,7 +378,7 @@ class AzurePartUpload:
         self.staged = False
 
     def create_small(self, data: bytes) -> None:
-        self.fs.pipe_file(self.path, data, mode="create")
+        self.fs.pipe_file(self.path, data, mode="create", validate_content=True)
 
     def begin(self) -> None:
         pass  # blocks need no session
@@ -294,7 +393,7 @@ class AzurePartUpload:
 
         async def stage() -> None:
             async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
-                await client.stage_block(block_id=block_id, data=data, length=len(data))
+                await client.stage_block(block_id=block_id, data=data, length=len(data), validate_content=True)
 
         _sync(self.fs, stage)
         self.staged = True

@@ -779,7 +779,8 @@ class ObjectStore(Store):
             raise
 
     def _read_many(self, keys: builtins.list[str], limit: int) -> dict[str, bytes | None]:
-        if not getattr(self.fs, "async_impl", False) or len(keys) == 1:
+        if self._kind is None or not getattr(self.fs, "async_impl", False) or len(keys) == 1:
+            # other file systems (and wrappers such as dir::) may not have the coroutines: a thread pool
             return super()._read_many(keys, limit)
         import asyncio
 

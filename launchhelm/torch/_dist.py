@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from launchhelm._exceptions import LaunchHelmError
 
-__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "placement", "rank_and_world"]
+__all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "local_rank", "placement", "rank_and_world"]
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -39,6 +39,12 @@ def placement(rank: int) -> dict[str, Any]:
 
     local = os.environ.get("LOCAL_RANK")
     return {"host": socket.gethostname(), "local_rank": int(local) if local and local.isdigit() else rank}
+
+
+def local_rank() -> int | None:
+    """This process's rank on its node (torchrun's ``LOCAL_RANK``); None when not told."""
+    text = os.environ.get("LOCAL_RANK", "").strip()
+    return int(text) if text.isdigit() else None
 
 
 def barrier(world: int) -> None:

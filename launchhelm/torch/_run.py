@@ -4,10 +4,13 @@ A bundle is one ``torch.save`` file holding model, optimizer, scheduler,
 scaler, step, RNG states, tunables, control state and ``extra``; it loads
 with ``torch.load(weights_only=True)``. Rank 0 streams it straight into the
 store (never a whole in-memory copy), then publishes it by an event with its
-size and sha256. Loads verify size, hash, format and world size on every
-rank, and apply nothing unless every rank validated; if applying fails on
-any rank, every rank raises :class:`CheckpointError` and the next watched
-optimizer step raises it again rather than train on mixed state.
+size and whole-file CRC64NVME (computed as the bytes are written). Loads
+read tensor bytes straight into the watched model and optimizer
+(``_inplace``), verify size, checksum, format and world size on every rank,
+and apply nothing unless every rank validated; if applying fails on any
+rank (a CRC mismatch found once bytes are in the model included), every rank
+raises :class:`CheckpointError` and the next watched optimizer step raises
+it again rather than train on mixed state.
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ from typing import Any
 
 import torch
 
-from launchhelm._checkpoints import HashingWriter, artifact_prefix, new_artifact_id, sha256_file
+from launchhelm._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
+from launchhelm._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._control import in_force
 from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm._runinfo import read_run_record
 from launchhelm.storage import LocalStore, Store, open_store
-from launchhelm.torch import _dist
+from launchhelm.torch import _dist, _inplace
+from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
+from launchhelm.torch._snapshot import SnapshotBuffers
 
 _log = logging.getLogger("launchhelm")
 
@@ -74,6 +80,9 @@ class TorchRun(Run):
         self._pending_error: CheckpointError | None = None
         self._save_thread: threading.Thread | None = None
         self._save_error: CheckpointError | None = None
+        #: Bytes the last load_checkpoint read straight into live tensors (0: all through fresh memory).
+        self._loaded_in_place = 0
+        self._snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -291,10 +300,11 @@ class TorchRun(Run):
             generator state... Refused here, naming the key path, if it holds
             anything else.
         blocking:
-            False: copy the state once in memory (CPU) and return; a
-            background thread writes, hashes and publishes it while training
-            goes on. Training blocks only for that copy; it needs memory for
-            one more copy of the state. The next save, ``load_checkpoint``,
+            False: copy the state once into host buffers reused from save to
+            save (pinned memory for CUDA tensors) and return; a background
+            thread writes, checksums and publishes it while training goes on.
+            Training blocks only for that copy; it needs memory for one more
+            copy of the state. The next save, ``load_checkpoint``,
             ``finish`` and interpreter exit wait for it;
             :meth:`wait_for_checkpoint` does so explicitly and raises if it
             failed. A crash before it is published leaves no checkpoint
@@ -384,7 +394,7 @@ class TorchRun(Run):
     ) -> str:
         bundle = self._bundle(model, optimizer, records)
         check_payload(bundle, "checkpoint")
-        snapshot = _snapshot(bundle)  # the one in-memory copy training waits for
+        snapshot = self._snapshots.snapshot(bundle)  # the one in-memory copy training waits for
         artifact = new_artifact_id(self._step)
         step, control_seq = self._step, self._control_seq
 
@@ -423,21 +433,21 @@ class TorchRun(Run):
         from torch.utils.serialization import config as serialization_config
 
         with self._store.writer(key) as raw:
-            out = HashingWriter(raw)
+            out = ChecksumWriter(raw, checksum_algorithms(self._store))
             try:
                 # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
-                # the sha256 recorded with the checkpoint is what loads verify
+                # the CRC64NVME recorded with the checkpoint is what loads verify
                 with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
                     torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
             finally:
                 out.close()
-        digest = out.sha256.hexdigest()
+        checksums = out.checksum.hexdigests()
         self._publish_checkpoint(
             artifact,
             step=step,
             fmt=bundle["format"],
-            files=[{"name": name, "size": out.size, "sha256": digest}],
-            sha256=digest,
+            files=[{"name": name, "size": out.size, **checksums}],
+            checksums=checksums,
             size=out.size,
             world_size=self._world,
             control_seq=control_seq,
@@ -455,8 +465,21 @@ class TorchRun(Run):
             consumed), else the newest. A checkpoint id of this run, or a path
             to a bundle file.
         map_location:
-            Where tensors land; ``"cpu"`` by default so peers do not inherit
-            the saving rank's device.
+            Where tensors that are not loaded into a watched tensor land
+            (``extra``, tensors whose shape or dtype changed); ``"cpu"`` by
+            default so peers do not inherit the saving rank's device. Model
+            and optimizer tensors are read into the live ones, on their device.
+
+        Notes
+        -----
+        Tensor bytes go straight from the file into the model's and
+        optimizer's existing tensors, the CRC64NVME updated as they land. A
+        tensor loads the usual way (fresh memory, then ``load_state_dict``)
+        when its shape, dtype or layout differs from the live one, when
+        several saved tensors share its storage, or when the optimizer has no
+        state yet. Files under 64 MiB are verified whole before anything is
+        applied. Checkpoints recorded with sha256 (earlier versions) load
+        with ``torch.load`` and verify with sha256.
 
         Raises
         ------
@@ -485,7 +508,8 @@ class TorchRun(Run):
         error = None
         if self._rank == 0:
             try:
-                target = self._resolve(checkpoint)
+                # the nonce names the node-local copy under DDP (see _download_once_per_node)
+                target = {**self._resolve(checkpoint), "nonce": os.urandom(4).hex()}
             except Exception as exc:  # any failure here must reach every rank, or the others hang
                 error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
         target, error = _dist.broadcast((target, error), self._world)
@@ -494,19 +518,26 @@ class TorchRun(Run):
             raise self._pending_error
         assert target is not None
         with tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
-            bundle, problem = None, None
+            shared = self._download_once_per_node(target, Path(tmp))
             try:
-                bundle = self._fetch_and_verify(target, Path(tmp), map_location)
-            except Exception as exc:  # a store error on one rank too: every rank must hear of it
-                problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-            self._agree(problem, "was not restored (nothing was applied)")
-            assert bundle is not None
-            problem = None
-            try:
-                extra = self._apply(bundle, model, optimizer)
-            except Exception as exc:
-                problem = f"{type(exc).__name__}: {exc}"
-            self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+                bundle, plan, problem = None, None, None
+                try:
+                    bundle, plan = self._fetch_and_verify(target, Path(tmp), map_location, model, optimizer, shared)
+                except Exception as exc:  # a store error on one rank too: every rank must hear of it
+                    problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+                self._agree(problem, "was not restored (nothing was applied)")
+                assert bundle is not None
+                problem = None
+                try:
+                    if plan is not None:  # tensor bytes straight into the model, checked as they land
+                        self._read_in_place(plan, target)
+                    extra = self._apply(bundle, model, optimizer)
+                except Exception as exc:
+                    problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
+                self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+            finally:
+                if shared is not None and _dist.local_rank() == 0:
+                    shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
         self._pending_error = None
         step = int(bundle["step"])
         rewind = None
@@ -578,9 +609,43 @@ class TorchRun(Run):
             target = {**_target(known), "path": str(path.absolute())}
         return target
 
-    def _fetch_and_verify(self, target: dict[str, Any], tmp: Path, map_location: Any) -> dict[str, Any]:
+    def _download_once_per_node(self, target: dict[str, Any], tmp: Path) -> Path | None:
+        """Under DDP on a remote store, local rank 0 of each node downloads into a node-local file.
+
+        Every rank reads that one copy: a node downloads a checkpoint once,
+        not once per GPU. Returns its path (None: each rank fetches its own,
+        as outside DDP, or reads the local store in place). Called on every
+        rank: it holds a barrier.
+        """
+        if self._world == 1 or target.get("path") or isinstance(self._store, LocalStore):
+            return None
+        local_rank = _dist.local_rank()
+        if local_rank is None:
+            return None  # no LOCAL_RANK (not torchrun): which ranks share a disk is unknown
+        name = f"launchhelm-{self.id}-{target['checkpoint']}-{target['nonce']}{PAYLOAD_SUFFIX}"
+        shared = Path(tempfile.gettempdir()) / name
+        if local_rank == 0:
+            try:
+                self._store.download(target["key"], shared)
+            except Exception as exc:  # every rank finds the file missing and says so together
+                _log.warning("checkpoint %s: download failed: %s", target["checkpoint"], exc)
+        _dist.barrier(self._world)
+        return shared
+
+    def _fetch_and_verify(
+        self,
+        target: dict[str, Any],
+        tmp: Path,
+        map_location: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        shared: Path | None = None,
+    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
+        """The validated bundle, and the plan for its tensors still to be read in place (or None)."""
         if target.get("path"):
             local = Path(target["path"])
+        elif shared is not None:
+            local = shared
         elif isinstance(self._store, LocalStore):
             local = self._store.root / target["key"]  # read in place: no copy
         else:
@@ -597,20 +662,24 @@ class TorchRun(Run):
                 f"checkpoint {where} is {size} bytes but was saved as {target['size']}: truncated or replaced",
                 run_id=self.id,
             )
-        # Hash on a second thread while torch.load reads the same file: the page
-        # cache serves both, so verifying costs about one read, not two. The
-        # load fills fresh tensors; nothing reaches the model before the hash
-        # has been checked.
+        # A sha256-recorded checkpoint (or a file loaded by path with no
+        # record): hash on a second thread while torch.load reads the same
+        # file, so verifying costs about one read, not two. The load fills
+        # fresh tensors; nothing reaches the model before the hash is checked.
         if not zipfile.is_zipfile(local):
             raise CheckpointError(
                 f"checkpoint {where} is not a readable torch file (not a zip archive: truncated, or not a "
                 "checkpoint); nothing was loaded",
                 run_id=self.id,
             )
-        digest: dict[str, str] = {}
+        expected = target.get("checksums") or {}
+        if CRC64NVME in expected:
+            return self._plan_and_verify(local, where, expected, map_location, model, optimizer)
+        found: dict[str, str] = {}
         hasher = None
-        if target.get("sha256") is not None:
-            hasher = threading.Thread(target=lambda: digest.update(hex=sha256_file(local)), daemon=True)
+        if expected:
+            algorithms = verifying_algorithms(expected)
+            hasher = threading.Thread(target=lambda: found.update(file_checksums(local, algorithms)), daemon=True)
             hasher.start()
         try:
             bundle = torch.load(local, map_location=map_location, weights_only=True)
@@ -630,17 +699,91 @@ class TorchRun(Run):
             error = None
         if hasher is not None:
             hasher.join()
-            if digest.get("hex") != target["sha256"]:
-                # a corrupted file is reported as such, whatever torch.load made of it
-                raise CheckpointError(
-                    f"checkpoint {where} does not match its sha256 ({target['sha256'][:12]}…): the file is "
-                    "corrupted (torch.load would not notice: it ignores the zip CRC)",
-                    run_id=self.id,
-                )
+            # a corrupted file is reported as such, whatever torch.load made of it
+            self._check_checksums(where, expected, found)
         if error is not None:
             raise error
         self._validate(bundle, where)
-        return dict(bundle)
+        return dict(bundle), None
+
+    def _plan_and_verify(
+        self,
+        local: Path,
+        where: str,
+        expected: Mapping[str, str],
+        map_location: Any,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
+        """Plan with a meta load, read all but the in-place tensors, validate (see ``_inplace``)."""
+        try:
+            meta = torch.load(local, map_location="meta", weights_only=True)
+        except pickle.UnpicklingError as exc:
+            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
+            raise CheckpointError(
+                f"checkpoint {where} was refused by torch.load(weights_only=True): it holds pickled code or "
+                f"objects a checkpoint may not contain; nothing in it was executed ({_unpickler_reason(exc)})",
+                run_id=self.id,
+            ) from None
+        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
+            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
+            raise CheckpointError(
+                f"checkpoint {where} is not a readable torch file (truncated or not a checkpoint): "
+                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
+                run_id=self.id,
+            ) from None
+        if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
+            self._validate(meta, where)  # the usual refusal for a file that is no bundle
+        # Small checkpoints are read whole and checked before anything is applied (a
+        # corrupted one then changes nothing); large ones go straight into the model.
+        in_place = local.stat().st_size >= _inplace.IN_PLACE_MIN_BYTES
+        plan = plan_in_place(local, meta, model, optimizer, match=in_place)
+        if plan is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
+            found = file_checksums(local, (CRC64NVME,))
+            self._check_checksums(where, expected, found)
+            bundle = torch.load(local, map_location=map_location, weights_only=True)
+            self._validate(bundle, where)
+            return dict(bundle), None
+        try:
+            bundle = plan.read_rest(map_location)
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {where} could not be read: {exc}", run_id=self.id) from None
+        plan.where, plan.expected = where, dict(expected)
+        if plan.matched_bytes == 0:
+            self._read_in_place(plan, {})  # nothing goes in place: the whole CRC is known now
+            plan = None
+        self._validate(bundle, where)
+        return bundle, plan
+
+    def _read_in_place(self, plan: InPlaceLoad, target: Mapping[str, Any]) -> None:
+        self._loaded_in_place = plan.matched_bytes
+        try:
+            whole = plan.read_matched()
+        except OSError as exc:
+            raise CheckpointError(f"checkpoint {plan.where} could not be read: {exc}", run_id=self.id) from None
+        found = {CRC64NVME: f"{whole:016x}"}
+        if plan.matched_bytes == 0:
+            self._check_checksums(plan.where, plan.expected, found)
+            return
+        wrong = mismatches(plan.expected, found)
+        if wrong:
+            raise CheckpointError(
+                f"checkpoint {plan.where} does not match its crc64nvme ({plan.expected[CRC64NVME][:12]}…): the "
+                "file is corrupted, and its tensors were read straight into the model and optimizer, which now "
+                "hold damaged values; the next optimizer step raises this error: load another checkpoint (or "
+                "call clear_checkpoint_error() to train on deliberately)",
+                run_id=self.id,
+            )
+
+    def _check_checksums(self, where: str, expected: Mapping[str, str], found: Mapping[str, str]) -> None:
+        wrong = mismatches(expected, found)
+        if wrong or not found:
+            algorithm = wrong[0] if wrong else next(iter(expected))
+            raise CheckpointError(
+                f"checkpoint {where} does not match its {algorithm} ({expected[algorithm][:12]}…): the file is "
+                "corrupted (torch.load would not notice: it ignores the zip CRC)",
+                run_id=self.id,
+            )
 
     def _validate(self, bundle: Any, where: str) -> None:
         if not isinstance(bundle, dict) or bundle.get("format") not in _FORMATS:
@@ -739,20 +882,6 @@ def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, change
                 group[name] = tuple(value)
 
 
-def _snapshot(value: Any) -> Any:
-    """A copy of ``value`` whose tensors are copied to CPU memory (containers rebuilt, leaves shared)."""
-    if isinstance(value, torch.Tensor):
-        return value.detach().to("cpu", copy=True)
-    if isinstance(value, dict):
-        copied = {k: _snapshot(v) for k, v in value.items()}
-        return copied if type(value) is dict else type(value)(copied)
-    if isinstance(value, list):
-        return [_snapshot(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_snapshot(v) for v in value)
-    return value
-
-
 def _unpickler_reason(exc: BaseException) -> str:
     for line in str(exc).splitlines():
         if "WeightsUnpickler error" in line:
@@ -766,7 +895,7 @@ def _target(event: dict[str, Any]) -> dict[str, Any]:
         "checkpoint": event["checkpoint"],
         "key": f"{event['prefix']}/{file['name']}",
         "size": int(file["size"]),
-        "sha256": str(file["sha256"]),
+        "checksums": recorded(file),
         "step": int(event["step"]),
         "format": event["format"],
     }

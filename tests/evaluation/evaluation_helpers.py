@@ -57,7 +57,7 @@ def raw_points(store: str, run_id: str) -> list[dict[str, Any]]:
 def publish_without_queueing(run: lh.Run, path: Path, step: int) -> str:
     """What a training process that died right after publishing leaves: the event, no evaluation."""
     artifact = new_artifact_id(step)
-    fmt, files, digest, size = upload_path(run.store, artifact_prefix(run.id, artifact), path)
+    fmt, files, checksums, size = upload_path(run.store, artifact_prefix(run.id, artifact), path)
     run._events.append(
         "checkpoint",
         {
@@ -67,7 +67,7 @@ def publish_without_queueing(run: lh.Run, path: Path, step: int) -> str:
             "step": step,
             "format": fmt,
             "files": files,
-            "sha256": digest,
+            "checksums": checksums,
             "size": size,
             "world_size": 1,
             "control_seq": 0,

@@ -102,7 +102,7 @@ def test_a_folder_checkpoint_downloads_as_a_folder_and_damage_fails_it(store_url
     by_id = {e.checkpoint: e for e in lh.Api(store_url).run(run.id).evaluations()}
     assert by_id[good].state == "done" and by_id[good].scores == {"chars": 9.0}
     assert by_id[damaged].state == "failed"
-    assert "CheckpointError: file 'sub/b.txt'" in str(by_id[damaged].error) and "sha256" in str(by_id[damaged].error)
+    assert "CheckpointError: file 'sub/b.txt'" in str(by_id[damaged].error) and "crc64nvme" in str(by_id[damaged].error)
     assert (tmp_path / "dl" / good / "sub" / "b.txt").read_text() == "beta"  # keep=True kept it
 
 

@@ -311,3 +311,141 @@ def test_streaming_a_large_object_keeps_memory_flat(moto_endpoint: str) -> None:
     # parts in flight (4) + the one filling, 8 MiB each: far below the 256 MiB written
     assert growth < 80 * 2**20, f"peak RSS grew by {growth / 2**20:.0f} MiB while streaming 256 MiB"
     assert len(open_store(url).read("big/model.pt")) == 256 * 2**20
+
+
+# -- checksums sent with the upload ---------------------------------------------------------
+def _crc64_b64(data: bytes) -> str:
+    from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+
+    return header_value(CRC64NVME, crc64nvme(data))
+
+
+def test_s3_uploads_carry_a_crc64nvme_that_matches_the_bytes_sent(moto_endpoint: str) -> None:
+    """Each part, the commit and a one-request object say their CRC64NVME, so S3 refuses a corrupted upload."""
+    import boto3
+
+    proxy, store = _through_proxy(
+        moto_endpoint, f"crc-{os.urandom(3).hex()}", status=500, code="x", failures=0, match="-"
+    )
+    try:
+        data = os.urandom(3 * PART_SIZE + 12345)
+        with store.writer("big.pt") as f:
+            for start in range(0, len(data), 3 * 2**20):
+                f.write(data[start : start + 3 * 2**20])
+        with store.writer("small.pt") as f:
+            f.write(b"x" * 1000)
+        parts = [(p, sums, crc) for m, p, sums, crc in proxy.forwarded if m == "PUT" and "partNumber=" in p]
+        assert len(parts) == 4
+        for _, sums, body_crc in parts:
+            assert sums["x-amz-checksum-crc64nvme"] == body_crc  # what went out is what was checksummed
+        (complete,) = [sums for m, p, sums, _ in proxy.forwarded if m == "POST" and "uploadId=" in p]
+        assert complete["x-amz-checksum-crc64nvme"] == _crc64_b64(data)  # the whole object's, from the parts'
+        assert complete.get("x-amz-checksum-type") == "FULL_OBJECT"
+        (single,) = [sums for m, p, sums, _ in proxy.forwarded if m == "PUT" and p.split("?")[0].endswith("small.pt")]
+        assert single["x-amz-checksum-crc64nvme"] == _crc64_b64(b"x" * 1000)
+        client = boto3.client("s3", endpoint_url=moto_endpoint)
+        assert isinstance(store, ObjectStore)
+        head = client.head_object(Bucket=BUCKET, Key=f"{store.root.split('/', 1)[1]}/big.pt", ChecksumMode="ENABLED")
+        assert head["ChecksumCRC64NVME"] == _crc64_b64(data) and head["ChecksumType"] == "FULL_OBJECT"
+    finally:
+        proxy.close()
+
+
+def test_moto_keeps_a_part_corrupted_in_transit_so_refusal_needs_a_real_bucket(moto_endpoint: str) -> None:
+    """What the emulator enforces: moto 5.2 stores a part whose bytes do not match its CRC64NVME header.
+
+    Real S3 answers such a part with 400 BadDigest (README: what needs a real
+    bucket). If this starts failing, moto enforces it: test the refusal here.
+    """
+    proxy, store = _through_proxy(
+        moto_endpoint, f"crc-bad-{os.urandom(3).hex()}", status=500, code="x", failures=0, match="partNumber=1"
+    )
+    proxy.corrupt_puts = 1
+    try:
+        data = os.urandom(2 * PART_SIZE + 1)
+        with store.writer("m.pt") as f:
+            f.write(data)
+        sent = [sums for m, p, sums, _ in proxy.forwarded if "partNumber=1" in p]
+        assert sent[0]["x-amz-checksum-crc64nvme"] == _crc64_b64(data[:PART_SIZE])  # the header was right
+        assert store.read("m.pt") != data  # and moto kept the flipped byte anyway
+    finally:
+        proxy.close()
+
+
+def test_gcs_uploads_carry_the_crc32c_of_their_bytes(gcs_endpoint: str) -> None:
+    """fake-gcs-server computes its own CRC32C and ignores the one sent (tested: a wrong one is
+    stored anyway), so the proxy checks what went out; real GCS refuses a mismatch (README)."""
+    import base64
+    import json
+
+    from launchhelm._checksum import CRC32C, crc32c, header_value
+
+    port = int(os.environ["STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])
+    proxy = FaultyS3Proxy(port, status=500, code="x", failures=0, match="-")
+    try:
+        store = open_store(
+            f"gs://{BUCKET}/crc-{os.urandom(3).hex()}", {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}
+        )
+        part = _part_bytes(store)
+        data = os.urandom(2 * part + 777)
+        with store.writer("big.pt") as f:
+            f.write(data)
+        with store.writer("small.pt") as f:
+            f.write(b"y" * 500)
+        hashes = [sums.get("x-goog-hash") for m, _, sums, _ in proxy.forwarded if m == "PUT"]
+        assert hashes[-1] == f"crc32c={header_value(CRC32C, crc32c(data))}"  # with the last chunk only
+        assert [h for h in hashes[:-1] if h] == []
+        (head,) = [
+            h
+            for (m, p, _, _), h in zip(proxy.forwarded, proxy.body_heads, strict=True)
+            if m == "POST" and "uploadType=multipart" in p
+        ]
+        metadata = json.loads(head.split(b"\n\n", 1)[1].split(b"\n--==0==", 1)[0])
+        assert metadata["crc32c"] == base64.b64encode(crc32c(b"y" * 500).to_bytes(4, "big")).decode()
+        assert store.read("big.pt") == data and store.read("small.pt") == b"y" * 500
+    finally:
+        proxy.close()
+
+
+def test_azure_refuses_a_block_damaged_in_transit(azurite_endpoint: str) -> None:
+    """Each block goes with its Content-MD5 (Azure's per-request check); Azurite enforces it."""
+    conn = os.environ["AZURE_STORAGE_CONNECTION_STRING"]
+    blob_endpoint = conn.split("BlobEndpoint=", 1)[1].split(";")[0]
+    port = int(blob_endpoint.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    proxy = FaultyS3Proxy(port, status=500, code="x", failures=0, match="comp=block")
+    proxy.corrupt_puts = 1
+    try:
+        proxied = conn.replace(f":{port}/", f":{proxy.port}/")
+        store = open_store(f"az://{BUCKET}/md5-{os.urandom(3).hex()}", {"connection_string": proxied})
+        with pytest.raises(StorageError, match=r"m\.pt"), store.writer("m.pt") as f:
+            f.write(os.urandom(2 * PART_SIZE + 1))
+        assert not store.exists("m.pt")
+        md5s = [p for m, p, _, _ in proxy.forwarded if m == "PUT" and "comp=block" in p]
+        assert md5s  # blocks were sent (and the damaged one refused)
+        with store.writer("ok.pt") as f:  # undamaged: the same path works
+            f.write(b"z" * 100)
+        assert store.read("ok.pt") == b"z" * 100
+    finally:
+        proxy.close()
+
+
+def test_fake_gcs_server_keeps_an_upload_whose_crc32c_does_not_match(gcs_endpoint: str, tmp_path: Path) -> None:
+    """What the emulator enforces: nothing; it computes its own CRC32C. Real GCS answers 400 (README).
+
+    If this starts failing, fake-gcs-server checks the CRC32C sent: test the refusal here.
+    """
+    from launchhelm._checksum import CRC32C, crc32c, header_value
+    from launchhelm.storage._backends import GCSPartUpload, gcs_create
+
+    store = open_store(f"gs://{BUCKET}/crc-bad-{os.urandom(3).hex()}")
+    assert isinstance(store, ObjectStore)
+    data = os.urandom(1000)
+    gcs_create(store.fs, store._path("small"), data, crc32c=header_value(CRC32C, crc32c(data) ^ 1))
+    assert store.read("small") == data  # accepted with a wrong CRC32C
+    upload = GCSPartUpload(store.fs, store._path("big"))
+    upload.begin()
+    chunk = os.urandom(upload.part_bytes)
+    upload.put_part(1, 0, chunk)
+    upload._crc32c ^= 1  # the last chunk then says a wrong whole-object CRC32C
+    upload.finish([], 2, len(chunk), b"tail", len(chunk) + 4)
+    assert store.read("big") == chunk + b"tail"

@@ -99,7 +99,10 @@ def test_the_bundle_is_weights_only_safe_and_its_record_verifies(tmp_path: Path)
     (record,) = lh.Api(store_url).run(tr.id).checkpoints()
     assert record.id == artifact and record.step == 2 and record.format == lht.FORMAT_SINGLE
     assert record.size == payload.stat().st_size
-    assert record.sha256 == __import__("hashlib").sha256(payload.read_bytes()).hexdigest()
+    # the record holds the whole file's CRC64NVME (what S3 verifies), not a sha256
+    from awscrt.checksums import crc64nvme
+
+    assert record.checksums == {"crc64nvme": f"{crc64nvme(payload.read_bytes()):016x}"} and record.sha256 == ""
     tr.finish()
 
 
@@ -175,7 +178,7 @@ def _corrupt(path: Path, how: str) -> None:
     [
         ("truncated", "truncated or replaced"),
         ("empty", "empty file"),
-        ("bitflip", "does not match its sha256"),
+        ("bitflip", "does not match its crc64nvme"),
     ],
 )
 def test_a_damaged_checkpoint_file_gives_checkpoint_error_and_changes_nothing(
@@ -253,7 +256,7 @@ def test_a_damaged_copy_loaded_by_path_is_checked_against_its_record(tmp_path: P
     copy.write_bytes(_payload_path(store_url, tr, artifact).read_bytes())
     assert tr.load_checkpoint(str(copy)) == {"ok": True}
     _corrupt(copy, "bitflip")
-    with pytest.raises(lh.CheckpointError, match="does not match its sha256"):
+    with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         tr.load_checkpoint(copy)
     tr.finish()
 
@@ -485,3 +488,82 @@ def test_interpreter_exit_publishes_a_non_blocking_save_in_progress(tmp_path: Pa
     run_id, artifact = result.stdout.split()
     handle = lh.Api(store).run(run_id)
     assert [c.id for c in handle.checkpoints()] == [artifact] and handle.status == "resumable"
+
+
+# -- checksums: CRC64NVME now, sha256 for checkpoints recorded before ---------------------------
+def _publish_as_sha256_recorded(tr: lht.TorchRun, store_url: str, artifact: str) -> str:
+    """Re-publish a payload with the record earlier versions wrote: the file's sha256, no CRC64NVME."""
+    import hashlib
+
+    from launchhelm._checkpoints import artifact_prefix, new_artifact_id
+    from launchhelm.storage import open_store
+
+    data = _payload_path(store_url, tr, artifact).read_bytes()
+    old = new_artifact_id(tr.global_step)
+    name = f"{old}.pt"
+    open_store(store_url).create(f"{artifact_prefix(tr.id, old)}/{name}", data)
+    digest = hashlib.sha256(data).hexdigest()
+    tr._events.append(
+        "checkpoint",
+        {
+            "session": tr.session_id,
+            "checkpoint": old,
+            "prefix": artifact_prefix(tr.id, old),
+            "step": tr.global_step,
+            "format": lht.FORMAT_SINGLE,
+            "files": [{"name": name, "size": len(data), "sha256": digest}],
+            "sha256": digest,
+            "size": len(data),
+            "world_size": 1,
+            "control_seq": 0,
+        },
+    )
+    return old
+
+
+def test_a_checkpoint_recorded_with_sha256_still_loads_and_verifies(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    tr, artifact, model, optimizer = _saved_run(store_url)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    old = _publish_as_sha256_recorded(tr, store_url, artifact)
+    (_, record) = lh.Api(store_url).run(tr.id).checkpoints()
+    assert record.id == old and set(record.checksums) == {"sha256"} and len(record.sha256) == 64
+    optimizer.step()
+    assert tr.load_checkpoint(old) == {"ok": True}
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    _corrupt(_payload_path(store_url, tr, old), "bitflip")
+    with pytest.raises(lh.CheckpointError, match="does not match its sha256"):
+        tr.load_checkpoint(old)
+    tr.finish()
+
+
+def test_a_plain_artifact_records_crc64nvme_per_file(tmp_path: Path) -> None:
+    from awscrt.checksums import crc64nvme
+
+    store_url = str(tmp_path / "store")
+    run = lh.init("plain", store=store_url)
+    (tmp_path / "w.bin").write_bytes(b"weights" * 1000)
+    run.checkpoint(tmp_path / "w.bin", step=1)
+    (record,) = lh.Api(store_url).run(run.id).checkpoints()
+    assert record.checksums == {"crc64nvme": f"{crc64nvme(b'weights' * 1000):016x}"}
+    run.finish()
+
+
+def test_non_blocking_saves_copy_into_host_buffers_reused_from_save_to_save(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    model, optimizer, scheduler, _ = _build()
+    tr = lht.init("nb", store=store_url)
+    tr.watch(model, optimizer, scheduler)
+    _train(tr, model, optimizer, scheduler, 2)
+    first = tr.save_checkpoint(blocking=False)
+    at_first = {k: v.clone() for k, v in model.state_dict().items()}
+    buffers = [b.data_ptr() for b in tr._snapshots._buffers]
+    _train(tr, model, optimizer, scheduler, 2)  # while the first is written: its copy is not touched
+    second = tr.save_checkpoint(blocking=False)  # waits for the first, then copies into the same buffers
+    at_second = {k: v.clone() for k, v in model.state_dict().items()}
+    assert [b.data_ptr() for b in tr._snapshots._buffers] == buffers and buffers
+    tr.wait_for_checkpoint()
+    for artifact, expected in ((first, at_first), (second, at_second)):
+        tr.load_checkpoint(artifact)
+        assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
+    tr.finish()

@@ -9,7 +9,6 @@ in a session of its own, so killing the launcher's group alone leaves them runni
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -27,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lhtest import ROOT, child_env
+from lhtest import BUCKET, ROOT, FaultyS3Proxy, child_env
 
 import launchhelm as lh
 
@@ -198,7 +197,9 @@ def _bundle(url: str, run_id: str, ckpt: lh.Checkpoint) -> dict[str, Any]:
 
     [name] = ckpt.files
     data = open_store(url).read(f"runs/{run_id}/artifacts/{ckpt.id}/{name}")
-    assert len(data) == ckpt.size and hashlib.sha256(data).hexdigest() == ckpt.sha256
+    from awscrt.checksums import crc64nvme
+
+    assert len(data) == ckpt.size and f"{crc64nvme(data):016x}" == ckpt.checksums["crc64nvme"]
     return dict(torch.load(io.BytesIO(data), weights_only=True))
 
 
@@ -244,6 +245,26 @@ def _linear_and_sgd() -> tuple[Any, Any]:
 
 
 # -- one run, one bundle, one RNG stream per rank ------------------------------------
+@pytest.mark.slow
+def test_on_a_remote_store_each_node_downloads_a_checkpoint_once(
+    moto_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both ranks run on this node: local rank 0 downloads into a node-local file, rank 1 reads it."""
+    proxy = FaultyS3Proxy(int(moto_endpoint.rsplit(":", 1)[1]), status=500, code="x", failures=0, match="-")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{proxy.port}")  # the ranks' S3 goes through it
+    try:
+        url = f"s3://{BUCKET}/node-{os.urandom(3).hex()}"
+        r0, r1 = torchrun(2, "roundtrip", url, tmp_path / "out")
+    finally:
+        proxy.close()
+    assert r0["params_restored"] and r1["params_restored"]
+    assert r0["extra_back"]["rank"] == 0 and r1["extra_back"]["rank"] == 1
+    payload_gets = [p for m, p, _, _ in proxy.forwarded if m == "GET" and p.split("?")[0].endswith(".pt")]
+    assert len(payload_gets) == 1, payload_gets  # one small object: one ranged GET, for both ranks
+    leftovers = list(Path(__import__("tempfile").gettempdir()).glob(f"launchhelm-{r0['run_id']}-*"))
+    assert leftovers == []  # the node-local copy is removed once every rank has read it
+
+
 @pytest.mark.slow
 def test_two_ranks_share_one_run_and_each_restores_its_own_rng(shared_store_url: str, tmp_path: Path) -> None:
     r0, r1 = torchrun(2, "roundtrip", shared_store_url, tmp_path / "out")
@@ -430,7 +451,7 @@ def test_a_corrupted_checkpoint_is_refused_on_every_rank_and_blocks_the_next_ste
         error = rec["corrupt"].get("load_error")
         assert error is not None, f"rank {r} loaded a corrupted checkpoint"
         assert error["type"] == "CheckpointError"
-        assert "nothing was applied" in error["message"] and "sha256" in error["message"]
+        assert "nothing was applied" in error["message"] and "crc64nvme" in error["message"]
         assert "rank 0:" in error["message"] and "rank 1:" in error["message"]  # each rank checked it
         assert rec["corrupt"]["params_untouched"] and rec["corrupt"]["step_untouched"]
         # caught, and still the next optimizer step raises the stored error, on both ranks

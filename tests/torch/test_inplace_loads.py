@@ -1,0 +1,216 @@
+"""Loads that write a checkpoint's tensor bytes straight into the watched model and optimizer.
+
+If these fail, a resume costs several times a read of the file (fresh memory,
+then a copy), a checkpoint whose tensors changed shape or dtype no longer
+loads, or a corrupted file trains on silently.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import launchhelm as lh
+import launchhelm.torch as lht
+from launchhelm.torch import _inplace
+
+
+def _build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model[2].to(torch.bfloat16)  # a bf16 layer: bytes are bytes
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(n):
+        optimizer.zero_grad()
+        x = model[0](torch.randn(8, 16)).relu()
+        model[2](x.to(torch.bfloat16)).float().pow(2).mean().backward()
+        optimizer.step()
+
+
+def _payload(store_url: str, tr: lh.Run, artifact: str) -> Path:
+    return Path(store_url) / "runs" / tr.id / "artifacts" / artifact / f"{artifact}.pt"
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    tensors = [t.detach().clone() for t in model.state_dict().values()]
+    for entries in optimizer.state_dict()["state"].values():
+        tensors += [t.clone() for t in entries.values() if isinstance(t, torch.Tensor)]
+    return tensors
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+@pytest.fixture
+def in_place_always(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Read even small test checkpoints in place (large ones always are)."""
+    monkeypatch.setattr(_inplace, "IN_PLACE_MIN_BYTES", 0)
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_load_reads_tensor_bytes_into_the_watched_tensors_themselves(store_url: str) -> None:
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 3)
+    artifact = tr.save_checkpoint(extra={"position": torch.arange(5)})
+    saved = _state(model, optimizer)
+    _train(model, optimizer, 2)
+    assert not _same(saved, _state(model, optimizer))
+    memory = [p.data_ptr() for p in model.parameters()]
+    memory += [t.data_ptr() for st in optimizer.state.values() for t in st.values()]
+
+    extra = tr.load_checkpoint(artifact)
+    assert _same(saved, _state(model, optimizer))  # bitwise, bf16 included
+    assert torch.equal(extra["position"], torch.arange(5))
+    # the same memory: the parameters and AdamW's moments were written, not replaced
+    assert memory == [p.data_ptr() for p in model.parameters()] + [
+        t.data_ptr() for st in optimizer.state.values() for t in st.values()
+    ]
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert tr._loaded_in_place >= 3 * params  # weights and both AdamW moments
+    _train(model, optimizer, 1)  # and training goes on from there
+    tr.finish()
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_tensors_that_changed_shape_dtype_or_have_no_state_yet_load_the_usual_way(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    artifact = tr.save_checkpoint()
+    saved_weights = [t.clone() for t in model.state_dict().values()]
+    saved = _state(model, optimizer)
+
+    # a fresh optimizer (no state yet) and a layer now in float64: those go through fresh memory
+    fresh, fresh_opt = _build(seed=1)
+    fresh[0].to(torch.float64)
+    tr.watch(fresh, fresh_opt)
+    tr.load_checkpoint(artifact)
+    got = list(fresh.state_dict().values())
+    assert got[0].dtype == torch.float64 and torch.equal(got[0], saved_weights[0].double())
+    assert all(torch.equal(a, b) for a, b in zip(got[2:], saved_weights[2:], strict=True))
+    # optimizer state as load_state_dict gives it: cast to its parameter's dtype (float64 for layer 0)
+    restored = _state(fresh, fresh_opt)[len(saved_weights) :]
+    assert all(torch.equal(a.to(b.dtype), b) for a, b in zip(saved[len(saved_weights) :], restored, strict=True))
+    assert 0 < tr._loaded_in_place < sum(t.numel() * t.element_size() for t in saved)
+
+    # another architecture: refused by load_state_dict as before, and the next step refuses to train
+    other = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
+    other_opt = torch.optim.AdamW(other.parameters())
+    tr.watch(other, other_opt)
+    with pytest.raises(lh.CheckpointError, match="size mismatch"):
+        tr.load_checkpoint(artifact)
+    with pytest.raises(lh.CheckpointError):
+        other_opt.step()
+    tr.finish()
+
+
+def _tensor_offset(path: Path, key: str) -> int:
+    meta = torch.load(path, map_location="meta", weights_only=True)
+    return int(meta["model"][key].untyped_storage()._checkpoint_offset)
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_flipped_byte_in_tensor_bytes_read_in_place_poisons_the_next_step(tmp_path: Path) -> None:
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    path = _payload(store_url, tr, artifact)
+    data = bytearray(path.read_bytes())
+    data[_tensor_offset(path, "0.weight") + 10] ^= 0x04
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    step = tr.global_step
+    with pytest.raises(lh.CheckpointError, match=r"does not match its crc64nvme.*next optimizer step"):
+        tr.load_checkpoint(artifact)
+    assert tr.global_step == step  # no step, RNG or tunables were restored from it
+    with pytest.raises(lh.CheckpointError, match="crc64nvme"):
+        optimizer.step()  # the bytes are in the model: training on them is refused
+    tr.finish()
+
+
+def test_a_flipped_byte_in_the_pickle_is_caught_by_the_crc_and_changes_nothing(tmp_path: Path) -> None:
+    """A flip that still unpickles (inside the run id string): only the CRC can tell."""
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    path = _payload(store_url, tr, artifact)
+    data = bytearray(path.read_bytes())
+    at = data.index(tr.id.encode())  # the first copy is in data.pkl, before every tensor
+    assert at < _tensor_offset(path, "0.weight")
+    data[at] = ord("z") if data[at] != ord("z") else ord("y")
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    assert torch.load(path, weights_only=True)["run_id"] != tr.id  # torch.load alone would take it
+    _train(model, optimizer, 1)
+    before = _state(model, optimizer)
+    with pytest.raises(lh.CheckpointError, match=r"nothing was applied.*does not match its crc64nvme"):
+        tr.load_checkpoint(artifact)
+    assert _same(before, _state(model, optimizer))  # small file: verified before anything was applied
+    with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
+        optimizer.step()  # the fail-together rule: no training on after a failed load...
+    tr.clear_checkpoint_error()
+    optimizer.step()  # ...until told to
+    tr.finish()
+
+
+def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> None:
+    """S3 keeps the full-object CRC64NVME the record holds; GCS the CRC32C recorded beside it."""
+    from awscrt.checksums import crc32c, crc64nvme
+
+    from launchhelm._checksum import CRC32C, CRC64NVME, header_value
+    from launchhelm.storage import ObjectStore, open_store
+
+    model, optimizer = _build()
+    tr = lht.init("sums", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 1)
+    artifact = tr.save_checkpoint()
+    (record,) = lh.Api(store_url).run(tr.id).checkpoints()
+    store = open_store(store_url)
+    data = store.read(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt")
+    expected = {CRC64NVME: f"{crc64nvme(data):016x}"}
+    if store_url.startswith("gs://"):
+        expected[CRC32C] = f"{crc32c(data):08x}"
+    assert record.checksums == expected
+    if isinstance(store, ObjectStore) and store_url.startswith("s3://"):
+        import boto3
+
+        bucket, key = store._path(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt").split("/", 1)
+        head = boto3.client("s3").head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+        assert head["ChecksumCRC64NVME"] == header_value(CRC64NVME, expected[CRC64NVME])
+    if isinstance(store, ObjectStore) and store_url.startswith("gs://"):
+        info = store.fs.info(store._path(f"runs/{tr.id}/artifacts/{artifact}/{artifact}.pt"))
+        assert info["crc32c"] == header_value(CRC32C, expected[CRC32C])
+    tr.finish()
+
+
+def test_the_gpu_self_check_skips_cleanly_without_cuda() -> None:
+    """benchmarks/gpu_checkpoint_check.py is for GPU machines; elsewhere it says so and succeeds."""
+    import subprocess
+    import sys
+
+    from lhtest import ROOT, child_env
+
+    script = ROOT / "benchmarks" / "gpu_checkpoint_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=child_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    expected = "PASS" if torch.cuda.is_available() else "SKIP: no CUDA device"
+    assert expected in done.stdout
