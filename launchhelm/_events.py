@@ -133,6 +133,25 @@ class SequenceTaken(LaunchHelmError):
     """A conditional append lost: the log moved past what the caller checked."""
 
 
+#: What a damaged event folds as: it keeps its place in the order, and changes nothing.
+DAMAGED = "damaged"
+
+
+def _parse_event(data: bytes, seq: int, where: str) -> dict[str, Any]:
+    """An event as stored, or (damaged: not JSON, not an object, another seq) a placeholder, with a warning."""
+    try:
+        event = json.loads(data)
+        if isinstance(event, dict) and int(event.get("seq", -1)) == seq and isinstance(event.get("type"), str):
+            return event
+        problem = "it is not an event of this sequence number"
+    except (ValueError, TypeError) as exc:
+        problem = f"it is not JSON ({exc})"
+    import warnings
+
+    warnings.warn(f"skipped the damaged event {where}: {problem}; the run is read without it", stacklevel=4)
+    return {"seq": seq, "type": DAMAGED, "time": 0.0}
+
+
 class EventLog:
     """Append-only, totally ordered event log of one run.
 
@@ -196,7 +215,7 @@ class EventLog:
             data = got.get(key)
             if data is None:  # listed, then gone: events are never deleted while the run exists
                 raise ObjectNotFoundError(f"event {seq} of run {self.run_id} vanished from {key}", url=key)
-            self._events[seq] = json.loads(data)
+            self._events[seq] = _parse_event(data, seq, self.store.url_for(key))
         return got
 
     def read(self) -> list[dict[str, Any]]:

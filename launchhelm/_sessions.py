@@ -129,6 +129,10 @@ class Liveness:
 _UNREAD: Any = object()
 
 
+#: Seconds a heartbeat may be ahead of this host's clock before it is not believed.
+_MAX_CLOCK_SKEW = 300.0
+
+
 def liveness(
     store: Store, run_id: str, session: SessionRecord, now: float | None = None, beat: Any = _UNREAD
 ) -> Liveness:
@@ -148,6 +152,16 @@ def liveness(
     if proc == "alive":
         return Liveness(True, "process alive", last, step)
     now = time.time() if now is None else now
+    if last > now + max(session.heartbeat_timeout, _MAX_CLOCK_SKEW):
+        # a damaged object or a clock far ahead: trusted, it would keep the run "running" for good
+        import warnings
+
+        warnings.warn(
+            f"session {session.id} of run {run_id} has a heartbeat {last - now:.0f}s in the future "
+            "(a damaged heartbeat, or its host's clock is wrong); it is not taken as a sign of life",
+            stacklevel=2,
+        )
+        return Liveness(False, "heartbeat from the future", last, step)
     if now - last > session.heartbeat_timeout:
         return Liveness(False, "heartbeat stale", last, step)
     return Liveness(True, "heartbeat fresh", last, step)
