@@ -30,6 +30,7 @@ __all__ = [
     "Liveness",
     "heartbeat_key",
     "liveness",
+    "parse_object",
     "read_beats",
     "run_status",
     "summary_key",
@@ -66,7 +67,8 @@ def summary_key(run_id: str) -> str:
     return f"{run_prefix(run_id)}/summary.json"
 
 
-def _parse(data: bytes | None) -> dict[str, Any] | None:
+def parse_object(data: bytes | None) -> dict[str, Any] | None:
+    """A JSON object as stored, or None (absent, damaged, not an object)."""
     if data is None:
         return None
     try:
@@ -101,8 +103,8 @@ def read_beats(
     wanted = keys if summary is not None else [*keys, summary_key(run_id)]
     got = store.read_many(wanted) if wanted else {}
     if summary is None:
-        summary = _parse(got.get(summary_key(run_id)))
-    return {s: fresher_beat(_parse(got.get(k)), summary, s) for s, k in zip(session_ids, keys, strict=True)}
+        summary = parse_object(got.get(summary_key(run_id)))
+    return {s: fresher_beat(parse_object(got.get(k)), summary, s) for s, k in zip(session_ids, keys, strict=True)}
 
 
 def encode_heartbeat(step: int, interval: float) -> bytes:

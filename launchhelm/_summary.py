@@ -21,7 +21,15 @@ from typing import Any
 
 from launchhelm._events import RunState, SessionRecord, event_key, read_state
 from launchhelm._runinfo import metrics_last_step, read_run_record
-from launchhelm._sessions import fresher_beat, heartbeat_key, liveness, read_beats, run_status, summary_key
+from launchhelm._sessions import (
+    fresher_beat,
+    heartbeat_key,
+    liveness,
+    parse_object,
+    read_beats,
+    run_status,
+    summary_key,
+)
 from launchhelm.storage import Store
 
 __all__ = ["SUMMARY_FORMAT", "encode_summary", "parse_summary", "run_rows"]
@@ -214,7 +222,7 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
         beats = store.read_many([heartbeat_key(v.id, v.last.id) for v in unread if v.last is not None])
         for v in unread:
             assert v.last is not None
-            v.beat = fresher_beat(_parse(beats.get(heartbeat_key(v.id, v.last.id))), v.summary, v.last.id)
+            v.beat = fresher_beat(parse_object(beats.get(heartbeat_key(v.id, v.last.id))), v.summary, v.last.id)
             v.beat_read = True
     if exact_step and unended:
 
@@ -228,16 +236,6 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
                 for v, step in zip(unended, pool.map(last_step, unended), strict=True):
                     v.step = max(v.step, step)
     return [_row(store, views[run_id]) for run_id in run_ids]
-
-
-def _parse(data: bytes | None) -> dict[str, Any] | None:
-    if data is None:
-        return None
-    try:
-        found = json.loads(data)
-    except ValueError:
-        return None
-    return found if isinstance(found, dict) else None
 
 
 def _row(store: Store, view: _View) -> dict[str, Any]:

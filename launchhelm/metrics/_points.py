@@ -141,15 +141,9 @@ def decode_chunks(blobs: Iterable[bytes]) -> pa.Table:
         table = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
         tables.append(table.set_column(3, "key", table.column("key").cast(pa.string())))
     if not tables:
-        return pa.table(
-            {
-                "step": pa.array([], pa.int64()),
-                "attempt": pa.array([], pa.int32()),
-                "time": pa.array([], pa.float64()),
-                "key": pa.array([], pa.string()),
-                "value": pa.array([], pa.float64()),
-            }
-        )
+        from launchhelm.metrics._segments import empty_points
+
+        return empty_points()
     return pa.concat_tables(tables)
 
 
