@@ -24,8 +24,9 @@ import traitlets
 from launchhelm._api import Api, RunHandle
 from launchhelm._run import Run
 from launchhelm._types import Rewind
-from launchhelm.widgets._base import LiveWidget, resolve_run, run_key, static_file
+from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
+from launchhelm.widgets._static import STATIC_POINTS, chart_svg
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -331,8 +332,7 @@ class RunChart(LiveWidget):
             return
         if max_points < 8:
             raise ValueError(f"max_points={max_points}: give at least 8")
-        self._esm = static_file("chart.js").read_text(encoding="utf-8")
-        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        self._esm, self._css, self.missing_front_end = front_end("chart.js")
         super().__init__(interval=interval)
         self._setup_live()
         self._api: Api = self._resolved[0]
@@ -429,6 +429,16 @@ class RunChart(LiveWidget):
     def zoom(self, low: float | None = None, high: float | None = None) -> None:
         """Resample for the step range ``[low, high]`` (both None: the whole run), as zooming does."""
         self.handle_message({"type": MSG_ZOOM, "domain": None if low is None or high is None else [low, high]})
+
+    def static_svg(self) -> str | None:
+        """The chart as it stands, as SVG (fewer points than the live view); None without vl-convert."""
+        with self._lock:
+            rows, _ = chart_rows(self._points, STATIC_POINTS, None)
+            return chart_svg(self.spec, encode_rows(rows), encode_rewinds(self._rewinds))
+
+    def static_mimebundle(self) -> dict[str, Any]:
+        svg = self.static_svg()
+        return {"image/svg+xml": svg} if svg else {}
 
     def shown_rows(self) -> pd.DataFrame:
         """The rows the browser holds now: each series downsampled (for checks and debugging)."""

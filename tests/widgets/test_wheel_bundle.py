@@ -67,7 +67,8 @@ def test_a_wheel_and_an_sdist_from_a_clean_clone_carry_the_front_end(tmp_path: P
     (wheel,) = dist.glob("launchhelm-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
-        check_bundle({n.rsplit("/", 1)[1]: archive.read(n) for n in names if n.startswith("launchhelm/widgets/static/")})
+        static = "launchhelm/widgets/static/"
+        check_bundle({n.rsplit("/", 1)[1]: archive.read(n) for n in names if n.startswith(static)})
     assert "launchhelm/widgets/_chart.py" in names and "launchhelm/_ipython.py" in names
     assert not any(n.startswith("js/") or "node_modules" in n for n in names)
 
