@@ -34,7 +34,14 @@ function render({ model, el }) {
   const error = h("div", { class: "lh-error", role: "alert" });
   const target = h("div", { class: "lh-chart-view" });
   el.replaceChildren(
-    h("div", { class: "lh-chart-bar" }, h("label", { class: "lh-toggle" }, toggle, "Show the abandoned attempt"), caption),
+    h(
+      "div",
+      { class: "lh-chart-bar" },
+      h("label", { class: "lh-toggle" }, toggle, "Show the abandoned attempt"),
+      // names the dimmed line where it is drawn, as a legend would
+      h("span", { class: "lh-legend-abandoned", title: "values of steps that a rewind redid" }, h("span", { class: "lh-swatch-abandoned" }), "abandoned attempt"),
+      caption,
+    ),
     error,
     target,
   );
@@ -64,6 +71,7 @@ function render({ model, el }) {
 
   const setAbandoned = () => {
     toggle.checked = !!model.get("show_abandoned");
+    el.classList.toggle("lh-abandoned-on", toggle.checked);
     const v = view;
     if (!v || !has(v, "signal", "show_abandoned")) return;
     enqueue(async () => {
