@@ -90,6 +90,13 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"<launchhelm.widgets.RunPanel {self._handle.project}/{self._handle.id}>"
 
+    def _display_(self) -> Any:
+        """How marimo shows the panel (it draws anywidgets, not ipywidgets' Tab): header and tabs, each live."""
+        import marimo as mo
+
+        tabs = dict(zip(TAB_TITLES, (self.chart, self.picker, self.evaluations, self.details), strict=True))
+        return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
+
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         data = super()._repr_mimebundle_(**kwargs)
         if not isinstance(data, dict):
