@@ -322,7 +322,9 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
         panels.append({"height": height, "layer": layers, "title": key, "width": width})
     return {
         "config": config,
-        "autosize": {"type": "pad"},
+        # resize: the data arrives after the embed (view.change), so the layout must follow it, or the
+        # axes keep the room they had with no data and their labels are clipped
+        "autosize": {"type": "pad", "resize": True},
         "padding": dict(CHART_PADDING),
         # the parameter lives at the top: one checkbox shows or hides every panel's abandoned attempt
         "params": [

@@ -92,7 +92,7 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
         .add_params(show)
         .configure_view(stroke="#ddd")
         .configure_axis(labelFont="sans-serif", titleFont="sans-serif")
-        .properties(padding=CHART_PADDING, autosize={"type": "pad"})
+        .properties(padding=CHART_PADDING, autosize={"type": "pad", "resize": True})
     )
     result = dict(chart.to_dict())
     result["params"].append(
@@ -128,7 +128,7 @@ def test_opening_a_chart_does_not_import_altair() -> None:
 
 def test_every_axis_has_room_and_the_abandoned_attempt_is_a_visible_line() -> None:
     spec = build_spec(["train/loss", "lr"])
-    assert spec["autosize"] == {"type": "pad"} and min(spec["padding"].values()) >= 6
+    assert spec["autosize"] == {"type": "pad", "resize": True} and min(spec["padding"].values()) >= 6
     for panel in spec["vconcat"]:
         abandoned, line = panel["layer"][0], panel["layer"][1]
         assert line["encoding"]["y"]["axis"]["minExtent"] >= 60
