@@ -62,8 +62,10 @@ CLIPPED_LABELS = """(chart) => {
     const r = t.getBoundingClientRect();
     if (!t.textContent) continue;
     count += 1;
-    const inside = (b) => r.left >= b.left - 0.5 && r.right <= b.right + 0.5 && r.top >= b.top - 0.5 && r.bottom <= b.bottom + 0.5;
-    if (!inside(s) || !inside(a)) bad.push([t.textContent, Math.round(r.left), Math.round(r.right), Math.round(r.top), Math.round(r.bottom), Math.round(s.left), Math.round(s.right), Math.round(s.top), Math.round(s.bottom), Math.round(a.left), Math.round(a.right), Math.round(a.top), Math.round(a.bottom)].join(' '));
+    const inside = (b) =>
+      r.left >= b.left - 0.5 && r.right <= b.right + 0.5 && r.top >= b.top - 0.5 && r.bottom <= b.bottom + 0.5;
+    const box = (b) => [b.left, b.right, b.top, b.bottom].map(Math.round).join(',');
+    if (!inside(s) || !inside(a)) bad.push(`${t.textContent} at ${box(r)}; svg ${box(s)}; output ${box(a)}`);
   }
   return {count, bad};
 }"""
@@ -159,7 +161,8 @@ def test_the_quickstart_notebook_in_jupyterlab(page: Any, server: JupyterServer,
     rule = chart.locator("g.mark-rule.role-mark.rewind_rule_0_marks line").first
     style = abandoned.first.evaluate(
         "e => { const s = getComputedStyle(e); return {opacity: Number(s.opacity) * Number(s.strokeOpacity),"
-        " dash: e.getAttribute('stroke-dasharray'), stroke: e.getAttribute('stroke'), width: e.getAttribute('stroke-width')}; }"
+        " dash: e.getAttribute('stroke-dasharray'), stroke: e.getAttribute('stroke'),"
+        " width: e.getAttribute('stroke-width')}; }"
     )
     assert style["opacity"] >= 0.5 and style["dash"] and style["stroke"] == "#7f7f7f", style
     assert float(style["width"]) >= 2
@@ -194,7 +197,10 @@ def test_the_tunables_notebook_in_notebook7(page: Any, server: JupyterServer, st
     run_notebook(page, server, "tunables.ipynb", app="notebook")
     details = page.locator(".lh-details").first
     details.wait_for(timeout=WAIT_MS)
-    page.wait_for_function("() => document.querySelector('.lh-details').innerText.includes('0.01')", timeout=WAIT_MS)
+    # the Details tab's field shows the lr in force after the notebook's changes
+    page.wait_for_function(
+        "() => document.querySelector(\".lh-details input.lh-tunable[name='lr']\").value === '0.01'", timeout=WAIT_MS
+    )
     (run_id,) = lh.Api(store).run_ids("tunables")
     run = lh.Api(store).run(run_id)
     assert run.tunables["lr"] == 0.01 and run.status == "resumable" and len(run.checkpoints()) == 1
@@ -215,11 +221,14 @@ def test_a_chart_streams_10000_points_in_200_batches_none_lost(
                 "chart"
             ],
         )
+        for step in range(50):  # the first batch: the chart opens with its panel (a run without metrics
+            run.log({"loss": 1.0 / (step + 1)}, step=step)  # shows a placeholder, re-embedded at the first key)
+        run.flush()
         open_notebook(page, server, "stream.ipynb")
         run_all(page)
         chart = page.locator(".lh-chart")
-        page.wait_for_selector(".lh-chart[data-embeds='1']", timeout=WAIT_MS)
-        for batch in range(200):  # 200 flushed batches of 50 points while the chart is shown
+        page.wait_for_selector(".lh-chart[data-points='50']", timeout=WAIT_MS)
+        for batch in range(1, 200):  # 199 more flushed batches of 50 points while the chart is shown
             for step in range(batch * 50, batch * 50 + 50):
                 run.log({"loss": 1.0 / (step + 1)}, step=step)
             run.flush()
