@@ -2,11 +2,14 @@
 headless Chromium: ``marimo run --headless`` serves a notebook as an app with
 every cell run. A person sees the chart's rewind label, new points streaming
 in, the picker's "Choose" recording the choice, the table's "Try again"
-re-queueing a failed evaluation, and the run panel's tabs."""
+re-queueing a failed evaluation, and the run panel's tabs; and each notebook
+in notebooks/, converted with ``marimo convert`` (its ``%`` magics become
+comments there), runs and shows its widgets."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -18,7 +21,7 @@ from typing import Any
 
 import pytest
 from jupyter_browser import CHROMIUM, chromium
-from lhtest import child_env
+from lhtest import ROOT, child_env
 from widget_runs import FAILED_STEP, RESUMED_CRASH_AT, RESUMED_FROM, WidgetRuns
 
 import launchhelm as lh
@@ -56,7 +59,7 @@ def _free_port() -> int:
 class MarimoApp:
     """``marimo run --headless`` on one notebook file."""
 
-    def __init__(self, path: Path, home: Path) -> None:
+    def __init__(self, path: Path, home: Path, env: dict[str, str] | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log = (path.parent / f"{path.stem}-marimo.log").open("w")
@@ -76,7 +79,8 @@ class MarimoApp:
             ],
             stdout=self.log,
             stderr=subprocess.STDOUT,
-            env=child_env(HOME=str(home), MARIMO_SKIP_UPDATE_CHECK="1"),
+            env=child_env(HOME=str(home), MARIMO_SKIP_UPDATE_CHECK="1", **(env or {})),
+            cwd=path.parent,
         )
         deadline = time.monotonic() + 60
         while True:
@@ -211,6 +215,91 @@ def test_in_marimo_the_run_panel_shows_its_tabs(show: Any, widget_runs: WidgetRu
     tab.click()
     page.wait_for_selector(".lh-details", state="visible", timeout=WAIT_MS)
     assert "closed: finish() closed it" in page.inner_text(".lh-details")
+
+
+@pytest.fixture
+def show_file(browser: Any, tmp_path: Path) -> Iterator[Any]:
+    """Serve a marimo notebook file with ``marimo run`` and open it; yields the opener."""
+    apps: list[MarimoApp] = []
+    contexts: list[Any] = []
+
+    def open_file(path: Path, env: dict[str, str]) -> Any:
+        home = tmp_path / "home"
+        home.mkdir(exist_ok=True)
+        app = MarimoApp(path, home, env)  # the app's kernel gets the store from its environment
+        apps.append(app)
+        context = browser.new_context(viewport={"width": 1280, "height": 1600})
+        contexts.append(context)
+        page = context.new_page()
+        page.goto(app.url, wait_until="domcontentloaded")
+        return page
+
+    try:
+        yield open_file
+    finally:
+        for context in contexts:
+            context.close()
+        for app in apps:
+            app.stop()
+
+
+def converted(name: str, folder: Path) -> Path:
+    """notebooks/NAME.ipynb as a marimo notebook (``marimo convert``), beside its helper scripts."""
+    for helper in (ROOT / "notebooks").glob("*.py"):
+        if helper.name != "conftest.py":
+            shutil.copy(helper, folder / helper.name)
+    out = folder / f"{name}_marimo.py"
+    done = subprocess.run(
+        [sys.executable, "-m", "marimo", "convert", str(ROOT / "notebooks" / f"{name}.ipynb"), "-o", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return out
+
+
+def _done_rows(page: Any) -> int:
+    return int(page.locator(".lh-evaluations tr.lh-evaluation[data-state='done']").count())
+
+
+def _lr_field(page: Any) -> str:
+    field = page.locator(".lh-details input.lh-tunable[name='lr']")
+    return str(field.first.input_value()) if field.count() else ""
+
+
+# What a person sees once each notebook has run in marimo. Playwright's locators, not
+# document.querySelector: marimo draws each anywidget inside a shadow root.
+SEEN_IN_MARIMO: dict[str, Any] = {
+    "quickstart": lambda page: (
+        page.locator(".lh-chart svg text:text-is('Resumed from step 40 after reaching 110')").count() > 0
+        and _done_rows(page) >= 5
+    ),
+    "evaluate": lambda page: (
+        _done_rows(page) >= 3 and page.locator(".lh-chart svg text:text-is('eval/accuracy')").count() > 0
+    ),
+    "tunables": lambda page: _lr_field(page) == "0.01",
+}
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("name", sorted(SEEN_IN_MARIMO))
+def test_each_notebook_runs_in_marimo(show_file: Any, tmp_path: Path, name: str) -> None:
+    store = tmp_path / "store"
+    page = show_file(converted(name, tmp_path), {"LAUNCHHELM_STORE": str(store)})
+    # the notebook's own cells assert as they go; here, what a person sees once it has run
+    _wait(lambda: SEEN_IN_MARIMO[name](page), f"{name} to have run and shown its widgets", timeout=240)
+    (run_id,) = lh.Api(str(store)).run_ids(name)
+    run = lh.Api(str(store)).run(run_id)
+    if name == "quickstart":
+        assert [r.describe() for r in run.rewinds()] == ["Resumed from step 40 after reaching 110"]
+    elif name == "evaluate":
+        retried = next(e for e in run.evaluations() if e.step == 20)
+        assert retried.state == "done" and retried.attempts == 2
+    else:
+        assert run.tunables["lr"] == 0.01 and len(run.checkpoints()) == 1
+    page.screenshot(path=str(tmp_path / f"marimo-{name}.png"), full_page=True)
+    print(f"screenshot: {tmp_path / f'marimo-{name}.png'}")
 
 
 def _wait(condition: Any, what: str, timeout: float = 60) -> None:
