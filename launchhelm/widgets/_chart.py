@@ -433,14 +433,23 @@ class RunChart(LiveWidget):
     def is_active(self) -> bool:
         return self._status == "running"
 
+    def fetch(self) -> tuple[dict[str, Any], list[Rewind], pd.DataFrame]:
+        """Everything one poll reads from the store: the run's summary, rewinds and points (long form).
+
+        The only place the chart reads run data, through the public query API:
+        an incremental read ("points since a cursor") can replace the
+        ``history()`` call here without touching the rest.
+        """
+        summary = self._handle.summary()
+        rewinds = self._handle.rewinds()
+        history = self._handle.history(keys=self._keys)
+        return summary, rewinds, long_points(history, self._keys)
+
     def refresh(self) -> None:
         """Re-read the run; stream what is new, or send a snapshot when history changed shape."""
         with self._lock:
-            summary = self._handle.summary()
+            summary, rewinds, points = self.fetch()
             self._status = str(summary["status"])
-            rewinds = self._handle.rewinds()
-            history = self._handle.history(keys=self._keys)
-            points = long_points(history, self._keys)
             shown = self._keys if self._keys is not None else ordered_keys(list(dict.fromkeys(points["key"])))
             self.caption = _caption(summary, len(rewinds))
             if shown != self._shown:
