@@ -2,96 +2,187 @@
 
 ::
 
+    %launchhelm store [URL]           # the store for the rest of the session (no URL: print it)
     %launchhelm runs PROJECT          # the project's runs, as a table
     %launchhelm show RUN              # the run panel: Charts, Checkpoints, Evaluations, Details
     %launchhelm resume RUN            # the "Resume…" checkpoint picker alone
     %launchhelm chart RUN [KEY ...]   # the run's charts (all keys, or those given)
-    %launchhelm evaluations PROJECT_OR_RUN
+    %launchhelm evals PROJECT|RUN     # the evaluation table (alias: evaluations)
+    %launchhelm help                  # every subcommand, one line each (also %launchhelm?)
 
-Each takes ``--store URL`` (default ``$LAUNCHHELM_STORE``, else
-``~/.launchhelm``). The magic returns the table or widget, so it displays
-as the cell's result and can be assigned (``panel = %launchhelm show RUN``).
+The magic returns the table or widget, so it displays as the cell's result
+and can be assigned (``panel = %launchhelm show RUN``). Every error (an
+unknown run, an unreachable store, a bad URL, a mistyped command) is one
+line in the cell, never a traceback.
+
+``%launchhelm store URL`` sets ``$LAUNCHHELM_STORE`` in the kernel, so
+``lh.Api()``, ``lh.init()``, the widgets and the training subprocesses a
+notebook starts all use that store from then on.
 """
 
 from __future__ import annotations
 
-import argparse
+import os
 import shlex
 from typing import Any, NoReturn
 
-__all__ = ["launchhelm_magic", "load_ipython_extension"]
+__all__ = ["USAGE", "launchhelm_magic", "load_ipython_extension"]
 
+#: The environment variable every default store comes from.
+STORE_VARIABLE = "LAUNCHHELM_STORE"
+
+#: ``%launchhelm help``: each subcommand, one line each.
 USAGE = """\
-%launchhelm runs PROJECT [--store URL]          the project's runs, as a table
-%launchhelm show RUN [--store URL]              the run's panel (Charts, Checkpoints, Evaluations, Details)
-%launchhelm resume RUN [--store URL]            the "Resume..." checkpoint picker
-%launchhelm chart RUN [KEY ...] [--store URL]   the run's charts
-%launchhelm evaluations PROJECT_OR_RUN [--store URL]"""
+%launchhelm store [URL]            the store for the rest of the session (no URL: print the current one)
+%launchhelm runs PROJECT           the project's runs, as a table
+%launchhelm show RUN               the run's panel: Charts, Checkpoints, Evaluations, Details
+%launchhelm resume RUN             the "Resume..." checkpoint picker
+%launchhelm chart RUN [KEY ...]    the run's charts (every key, or those given)
+%launchhelm evals PROJECT|RUN      the evaluation table of a project or a run (alias: evaluations)
+%launchhelm help                   this list (also %launchhelm?)
+runs, show, resume, chart and evals also take --store URL, for that command only."""
+
+#: Subcommand -> (the argument it needs, whether more words may follow).
+COMMANDS: dict[str, tuple[str, bool]] = {
+    "runs": ("PROJECT", False),
+    "show": ("RUN", False),
+    "resume": ("RUN", False),
+    "chart": ("RUN", True),
+    "evals": ("PROJECT|RUN", False),
+}
+ALIASES = {"evaluations": "evals"}
+HELP_WORDS = ("help", "-h", "--help", "?")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that raises IPython's UsageError instead of exiting the kernel."""
-
-    def error(self, message: str) -> NoReturn:
-        from IPython.core.error import UsageError
-
-        raise UsageError(f"{message}\nusage:\n{USAGE}")
+class MagicError(Exception):
+    """A one-line complaint about a ``%launchhelm`` line (shown without a traceback)."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="%launchhelm", add_help=False)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for name, what in (
-        ("runs", "project"),
-        ("show", "run"),
-        ("resume", "run"),
-        ("chart", "run"),
-        ("evaluations", "target"),
-    ):
-        cmd = sub.add_parser(name, add_help=False)
-        cmd.add_argument(what)
-        if name == "chart":
-            cmd.add_argument("keys", nargs="*")
-        cmd.add_argument("--store", default=None)
-    return parser
+def _fail(message: str) -> NoReturn:
+    raise MagicError(message)
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def current_store() -> str:
+    """The store the magics (and ``lh.Api()``, ``lh.init()``) use now."""
+    from launchhelm.storage._store import default_store_url
+
+    return default_store_url()
+
+
+def _parse(words: list[str]) -> tuple[str, list[str], str | None]:
+    """(command, its positional words, its --store or None)."""
+    command = ALIASES.get(words[0], words[0])
+    rest = words[1:]
+    store: str | None = None
+    positional: list[str] = []
+    i = 0
+    while i < len(rest):
+        word = rest[i]
+        if word == "--store":
+            if i + 1 >= len(rest):
+                _fail(f"%launchhelm {command}: --store needs a URL")
+            store = rest[i + 1]
+            i += 2
+            continue
+        if word.startswith("--store="):
+            store = word.split("=", 1)[1]
+        elif word.startswith("-"):
+            _fail(f"%launchhelm {command}: unknown option {word!r}; see %launchhelm help")
+        else:
+            positional.append(word)
+        i += 1
+    if command == "store":
+        if store is not None:
+            _fail("%launchhelm store: give the URL alone: %launchhelm store URL")
+        if len(positional) > 1:
+            _fail("%launchhelm store: give one URL")
+        return command, positional, None
+    if command not in COMMANDS:
+        _fail(f"%launchhelm: unknown command {words[0]!r}; the commands are store, {', '.join(COMMANDS)}, help")
+    what, more = COMMANDS[command]
+    if not positional:
+        _fail(f"%launchhelm {command}: give a {what} (%launchhelm {command} {what})")
+    if len(positional) > 1 and not more:
+        _fail(f"%launchhelm {command}: one {what} only, got {' '.join(positional)}")
+    return command, positional, store
 
 
 def launchhelm_magic(line: str) -> Any:
-    """``%launchhelm runs|show|resume|chart|evaluations ... [--store URL]``."""
+    """Errors print one line; the table or widget is returned (see ``%launchhelm help``)."""
     from IPython.core.error import UsageError
 
     try:
-        words = shlex.split(line)
-    except ValueError as exc:
-        raise UsageError(f"{exc}\nusage:\n{USAGE}") from None
-    if not words or words[0] in ("-h", "--help", "help"):
-        print(USAGE)
-        return None
-    args = _parser().parse_args(words)
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            _fail(f"%launchhelm: {exc} in {line.strip()!r}")
+        if not words or words[0] in HELP_WORDS:
+            print(USAGE)
+            return None
+        command, args, store = _parse(words)
+        return _dispatch(command, args, store)
+    except MagicError as exc:
+        raise UsageError(_one_line(str(exc))) from None
+    except Exception as exc:  # the store or the run said no: one readable line, not a traceback
+        raise UsageError(_one_line(f"%launchhelm {words[0]}: {_describe(exc)}")) from None
+
+
+# %launchhelm? shows the magic's docstring: make it the list of subcommands
+launchhelm_magic.__doc__ = f"The LaunchHelm notebook commands.\n\n{USAGE}\n"
+
+
+def _describe(exc: BaseException) -> str:
     from launchhelm._exceptions import LaunchHelmError
 
-    try:
-        return _dispatch(args)
-    except (LaunchHelmError, KeyError, ValueError) as exc:
-        # a readable one-line error in the cell, not a traceback through the magic machinery
-        message = exc.args[0] if isinstance(exc, KeyError) and exc.args else str(exc)
-        raise UsageError(f"%launchhelm {args.command}: {message}") from None
+    if isinstance(exc, KeyError) and exc.args:
+        message = str(exc.args[0])
+    else:
+        message = str(exc) or type(exc).__name__
+    if not isinstance(exc, (LaunchHelmError, KeyError, ValueError)):
+        message = f"{type(exc).__name__}: {message}"
+    return message
 
 
-def _dispatch(args: argparse.Namespace) -> Any:
+def _set_store(url: str | None) -> None:
+    if url is None:
+        where = "set by %launchhelm store" if os.environ.get(STORE_VARIABLE) else "the default"
+        print(f"store: {current_store()} ({where})")
+        return
     from launchhelm._api import Api
 
-    if args.command == "runs":
-        return Api(args.store).runs(args.project)
+    api = Api(url)  # a bad URL or a missing file system package fails here
+    projects = api.projects()  # an unreachable store or missing credentials fail here, before it is kept
+    os.environ[STORE_VARIABLE] = url
+    count = f"{len(projects)} project" + ("" if len(projects) == 1 else "s")
+    print(f"store: {api.store.url} ({count}); used by %launchhelm, lh.Api(), lh.init() and the widgets from now on")
+
+
+def _dispatch(command: str, args: list[str], store: str | None) -> Any:
+    if command == "store":
+        _set_store(args[0] if args else None)
+        return None
+    from launchhelm._api import Api
+
+    if command == "runs":
+        api = Api(store)
+        projects = api.projects()
+        if args[0] not in projects:
+            known = ", ".join(projects) if projects else "none yet"
+            _fail(f"%launchhelm runs: no project {args[0]!r} in the store {api.store.url} (its projects: {known})")
+        return api.runs(args[0])
     from launchhelm import widgets
 
-    if args.command == "show":
-        return widgets.RunPanel(args.run, store=args.store)
-    if args.command == "resume":
-        return widgets.ResumePicker(args.run, store=args.store)
-    if args.command == "chart":
-        return widgets.RunChart(args.run, keys=args.keys or None, store=args.store)
-    return widgets.EvaluationTable(args.target, store=args.store)
+    if command == "show":
+        return widgets.RunPanel(args[0], store=store)
+    if command == "resume":
+        return widgets.ResumePicker(args[0], store=store)
+    if command == "chart":
+        return widgets.RunChart(args[0], keys=args[1:] or None, store=store)
+    return widgets.EvaluationTable(args[0], store=store)
 
 
 def load_ipython_extension(ipython: Any) -> None:

@@ -1,7 +1,11 @@
 """The training job of ``quickstart.ipynb``: a small PyTorch classifier that crashes for real, then resumes.
 
     python train_quickstart.py STORE --crash-at 110      # SIGKILLs itself once step 110 is stored
+    python train_quickstart.py STORE --hold-at 110       # waits at step 110 for the notebook to SIGKILL it
     python train_quickstart.py STORE --resume RUN_ID     # load_checkpoint("resume"), train to the end
+
+The notebook resumes in its own kernel instead, with :func:`build` and
+:func:`train` from here and ``tr.load_checkpoint("resume")`` in a cell.
 
 A checkpoint every 40 steps. ``--crash-at`` ends the process the way an OOM
 killer or a lost node does (SIGKILL: no exception, no cleanup), so the run
@@ -16,6 +20,7 @@ import argparse
 import math
 import os
 import signal
+import time
 
 import torch
 
@@ -43,26 +48,16 @@ def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
         return float(((model(x).squeeze(1) > 0).float() == y).float().mean())
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("store")
-    parser.add_argument("--steps", type=int, default=160)
-    parser.add_argument("--crash-at", type=int, default=0)
-    parser.add_argument("--resume")
-    args = parser.parse_args()
+def train(
+    tr: lht.TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, steps: int, crash_at: int = 0, hold_at: int = 0
+) -> None:
+    """Train until step ``steps``, a checkpoint every 40 steps.
 
-    torch.manual_seed(0)
+    At ``crash_at`` the process SIGKILLs itself; at ``hold_at`` it waits (stored up to there) to be killed.
+    """
     x, y = two_moons(1024, seed=1)
-    model = build()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
-    tr = lht.init(PROJECT, store=args.store, resume=args.resume, config={"model": "mlp-32"}, tunables={"lr": 0.3})
-    tr.watch(model, optimizer)  # the lr tunable drives the optimizer's learning rate
-    print("run", tr.id, flush=True)
-    if args.resume:
-        tr.load_checkpoint("resume")
-        print(f"restored step {tr.global_step}", flush=True)
     batches = torch.Generator().manual_seed(tr.global_step)
-    while tr.global_step < args.steps:
+    while tr.global_step < steps:
         idx = torch.randint(0, len(x), (64,), generator=batches)
         loss = torch.nn.functional.binary_cross_entropy_with_logits(model(x[idx]).squeeze(1), y[idx])
         optimizer.zero_grad()
@@ -71,10 +66,36 @@ def main() -> None:
         tr.log({"train/loss": loss, "train/accuracy": accuracy(model, x, y), "lr": optimizer.param_groups[0]["lr"]})
         if tr.global_step % 40 == 0:
             tr.save_checkpoint()
-        if tr.global_step == args.crash_at:
+        if tr.global_step == crash_at:
             tr.flush()
             print(f"crashing at step {tr.global_step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
+        if tr.global_step == hold_at:
+            # everything up to here is stored: wait for the notebook to kill this process
+            tr.flush()
+            print(f"holding at step {tr.global_step}", flush=True)
+            time.sleep(3600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("store")
+    parser.add_argument("--steps", type=int, default=160)
+    parser.add_argument("--crash-at", type=int, default=0)
+    parser.add_argument("--hold-at", type=int, default=0)
+    parser.add_argument("--resume")
+    args = parser.parse_args()
+
+    torch.manual_seed(0)
+    model = build()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.3)
+    tr = lht.init(PROJECT, store=args.store, resume=args.resume, config={"model": "mlp-32"}, tunables={"lr": 0.3})
+    tr.watch(model, optimizer)  # the lr tunable drives the optimizer's learning rate
+    print("run", tr.id, flush=True)
+    if args.resume:
+        tr.load_checkpoint("resume")
+        print(f"restored step {tr.global_step}", flush=True)
+    train(tr, model, optimizer, args.steps, crash_at=args.crash_at, hold_at=args.hold_at)
     tr.finish()
     print(f"finished at step {tr.global_step}", flush=True)
 

@@ -13,6 +13,13 @@ ruff check launchhelm tests benchmarks examples
 ruff format --check launchhelm tests benchmarks examples
 echo "== mypy"
 mypy
+# the front end is checked like the Python: JSDoc types by tsc (strict, --checkJs) and Biome's linter and
+# formatter, both from js/package-lock.json's dev dependencies
+echo "== tsc, biome (js/)"
+if [ ! -x js/node_modules/.bin/tsc ] || [ ! -x js/node_modules/.bin/biome ] || [ js/package-lock.json -nt js/node_modules/.package-lock.json ]; then
+    (cd js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+(cd js && npm run --silent check)
 # Chromium for the browser tests (tests/widgets/, marked browser): Debian's package, never a downloaded build
 if [ ! -x /usr/bin/chromium ]; then
     echo "== apt-get install chromium (for the browser tests)"

@@ -6,9 +6,17 @@
 //   kernel -> front end: {type: "snapshot", points, rewinds} (replaces both datasets),
 //                        {type: "insert", points} (appends rows)
 import embed from "vega-embed";
+
+/** @typedef {import("vega-embed").Result["view"]} View */
+/** @typedef {{ key: string, step: number, value: number, attempt: number, abandoned: boolean }} Row */
+/** @typedef {{ keys: string[], k: number[], step: number[], value: number[], attempt: number[], abandoned: boolean[] }} Columns */
 import { h } from "./dom.js";
 
-/** Expand the kernel's compact columns into Vega rows. */
+/**
+ * Expand the kernel's compact columns into Vega rows.
+ * @param {Columns} columns
+ * @returns {Row[]}
+ */
 function expand(columns) {
   const { keys, k, step, value, attempt, abandoned } = columns;
   const rows = new Array(k.length);
@@ -18,15 +26,23 @@ function expand(columns) {
   return rows;
 }
 
+/**
+ * Whether the view has a dataset (``what = "data"``) or signal of that name.
+ * @param {View} view
+ * @param {"data" | "signal"} what
+ * @param {string} name
+ */
 function has(view, what, name) {
   try {
-    view[what](name);
+    if (what === "data") view.data(name);
+    else view.signal(name);
     return true;
   } catch {
     return false;
   }
 }
 
+/** @param {import("./types.js").RenderProps} props */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-chart");
   const toggle = h("input", { type: "checkbox", class: "lh-show-abandoned" });
@@ -34,20 +50,36 @@ function render({ model, el }) {
   const error = h("div", { class: "lh-error", role: "alert" });
   const target = h("div", { class: "lh-chart-view" });
   el.replaceChildren(
-    h("div", { class: "lh-chart-bar" }, h("label", { class: "lh-toggle" }, toggle, "Show the abandoned attempt"), caption),
+    h(
+      "div",
+      { class: "lh-chart-bar" },
+      h("label", { class: "lh-toggle" }, toggle, "Show the abandoned attempt"),
+      // names the dimmed line where it is drawn, as a legend would
+      h(
+        "span",
+        { class: "lh-legend-abandoned", title: "values of steps that a rewind redid" },
+        h("span", { class: "lh-swatch-abandoned" }),
+        "abandoned attempt",
+      ),
+      caption,
+    ),
     error,
     target,
   );
 
+  /** @type {View | null} */
   let view = null;
   let generation = 0;
   let disposed = false;
   let embeds = 0;
   let messages = 0;
+  /** @type {Promise<unknown>} */
   let queue = Promise.resolve();
-  let zoomTimer = null;
+  /** @type {ReturnType<typeof setTimeout> | undefined} */
+  let zoomTimer;
 
   // Changes run one after another, in the order the kernel sent them.
+  /** @param {() => unknown} work */
   const enqueue = (work) => {
     queue = queue.then(work).catch((err) => {
       console.error("launchhelm chart:", err);
@@ -57,6 +89,7 @@ function render({ model, el }) {
     return queue;
   };
 
+  /** @param {View} v */
   const count = (v) => {
     el.dataset.points = String(has(v, "data", "points") ? v.data("points").length : 0);
     el.dataset.messages = String(messages);
@@ -64,6 +97,7 @@ function render({ model, el }) {
 
   const setAbandoned = () => {
     toggle.checked = !!model.get("show_abandoned");
+    el.classList.toggle("lh-abandoned-on", toggle.checked);
     const v = view;
     if (!v || !has(v, "signal", "show_abandoned")) return;
     enqueue(async () => {
@@ -73,6 +107,7 @@ function render({ model, el }) {
     });
   };
 
+  /** @param {string} _name @param {any} value */
   const onZoom = (_name, value) => {
     clearTimeout(zoomTimer);
     zoomTimer = setTimeout(() => {
@@ -81,6 +116,7 @@ function render({ model, el }) {
     }, 300);
   };
 
+  /** @param {any} msg */
   const onMessage = (msg) => {
     const v = view;
     // Before its ready, a view drops messages: the snapshot its ready asks for has everything.
@@ -90,10 +126,22 @@ function render({ model, el }) {
       messages += 1;
       if (msg.type === "snapshot") {
         if (has(v, "data", "points")) {
-          v.change("points", v.changeset().remove(() => true).insert(expand(msg.points)));
+          v.change(
+            "points",
+            v
+              .changeset()
+              .remove(() => true)
+              .insert(expand(msg.points)),
+          );
         }
         if (has(v, "data", "rewinds")) {
-          v.change("rewinds", v.changeset().remove(() => true).insert(msg.rewinds));
+          v.change(
+            "rewinds",
+            v
+              .changeset()
+              .remove(() => true)
+              .insert(msg.rewinds),
+          );
         }
       } else if (msg.type === "insert") {
         if (has(v, "data", "points")) v.insert("points", expand(msg.points));

@@ -4,7 +4,12 @@
 import { act, h, mount } from "./dom.js";
 import { ruleSwitch } from "./evaluations.js";
 
-/** Read an input back as the tunable's kind (number, bool, JSON, else text). */
+/**
+ * Read an input back as the tunable's kind (number, bool, JSON, else text).
+ * @param {HTMLInputElement} input
+ * @param {unknown} original
+ * @returns {unknown}
+ */
 function readValue(input, original) {
   if (typeof original === "boolean") return input.checked;
   const text = input.value.trim();
@@ -21,13 +26,21 @@ function readValue(input, original) {
   }
 }
 
+/**
+ * The field that edits one tunable.
+ * @param {string} name
+ * @param {unknown} value
+ * @returns {HTMLInputElement}
+ */
 function tunableInput(name, value) {
   if (typeof value === "boolean") return h("input", { type: "checkbox", name, checked: value, class: "lh-tunable" });
-  if (typeof value === "number") return h("input", { type: "text", inputmode: "decimal", name, value: String(value), class: "lh-tunable" });
+  if (typeof value === "number")
+    return h("input", { type: "text", inputmode: "decimal", name, value: String(value), class: "lh-tunable" });
   if (typeof value === "string") return h("input", { type: "text", name, value, class: "lh-tunable" });
   return h("input", { type: "text", name, value: JSON.stringify(value), class: "lh-tunable" });
 }
 
+/** @param {import("./types.js").RenderProps} props */
 function render({ model, el }) {
   return mount(model, el, "details", (root) => {
     const state = model.get("state") || {};
@@ -43,7 +56,22 @@ function render({ model, el }) {
       ["Sessions / rewinds", `${state.sessions} / ${state.rewinds}`],
     ];
     root.append(
-      h("table", { class: "lh-facts" }, h("tbody", {}, facts.map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", { class: `lh-fact-${k.toLowerCase().replace(/[^a-z]+/g, "-")}` }, String(v ?? "-")))))),
+      h(
+        "table",
+        { class: "lh-facts" },
+        h(
+          "tbody",
+          {},
+          facts.map(([k, v]) =>
+            h(
+              "tr",
+              {},
+              h("th", {}, k),
+              h("td", { class: `lh-fact-${k.toLowerCase().replace(/[^a-z]+/g, "-")}` }, String(v ?? "-")),
+            ),
+          ),
+        ),
+      ),
     );
 
     // control buttons
@@ -71,6 +99,7 @@ function render({ model, el }) {
     if (!names.length) {
       root.append(h("p", { class: "lh-empty" }, "This run has no tunables (lh.init(tunables={...}) declares them)."));
     } else {
+      /** @type {Record<string, HTMLInputElement>} */
       const inputs = {};
       const rows = names.map((name) => {
         inputs[name] = tunableInput(name, tunables[name]);
@@ -83,6 +112,7 @@ function render({ model, el }) {
           class: "lh-btn lh-apply-tunables",
           disabled: !state.can_tune,
           onclick: () => {
+            /** @type {Record<string, unknown>} */
             const values = {};
             try {
               for (const name of names) {
@@ -90,7 +120,7 @@ function render({ model, el }) {
                 if (JSON.stringify(value) !== JSON.stringify(tunables[name])) values[name] = value;
               }
             } catch (err) {
-              model.set("error", String(err.message || err));
+              model.set("error", String(err instanceof Error ? err.message : err));
               model.save_changes();
               return;
             }
@@ -103,7 +133,12 @@ function render({ model, el }) {
     }
     if ((state.pending || []).length) {
       root.append(
-        h("p", { class: "lh-pending" }, "Waiting for the training process: ", state.pending.map((p) => `${p.what} (request ${p.seq})`).join("; ")),
+        h(
+          "p",
+          { class: "lh-pending" },
+          "Waiting for the training process: ",
+          state.pending.map((/** @type {any} */ p) => `${p.what} (request ${p.seq})`).join("; "),
+        ),
       );
     }
     root.append(h("h4", {}, "Evaluation"), ruleSwitch(model, state) || h("p", { class: "lh-empty" }, "-"));
@@ -115,7 +150,13 @@ function render({ model, el }) {
       h(
         "table",
         { class: "lh-facts lh-config" },
-        h("tbody", {}, Object.entries(config).map(([k, v]) => h("tr", {}, h("th", {}, k), h("td", {}, h("code", {}, JSON.stringify(v)))))),
+        h(
+          "tbody",
+          {},
+          Object.entries(config).map(([k, v]) =>
+            h("tr", {}, h("th", {}, k), h("td", {}, h("code", {}, JSON.stringify(v)))),
+          ),
+        ),
       ),
     );
     if (state.notice) root.append(h("p", { class: "lh-notice", role: "status" }, state.notice));

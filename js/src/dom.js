@@ -1,12 +1,16 @@
 // Small DOM helpers shared by the widgets' front ends (no framework: each
 // widget renders a state dict that the kernel owns).
 
+/** @typedef {import("./types.js").Child} Child */
+/** @typedef {import("./types.js").Model} Model */
+
 /**
  * Create an element: h("button", {class: "lh-btn", onclick: f}, "Choose").
- * @param {string} tag
- * @param {Record<string, any>} [attrs]
- * @param {...(Node|string|number|null|undefined|false)} children
- * @returns {HTMLElement}
+ * @template {keyof HTMLElementTagNameMap} K
+ * @param {K} tag
+ * @param {Record<string, any> | null} [attrs]
+ * @param {...(Child | Child[])} children
+ * @returns {HTMLElementTagNameMap[K]}
  */
 export function h(tag, attrs = {}, ...children) {
   const node = document.createElement(tag);
@@ -20,7 +24,7 @@ export function h(tag, attrs = {}, ...children) {
       Object.assign(node.dataset, value);
     } else if (name in node && typeof value !== "string") {
       // properties such as checked, disabled, value
-      node[name] = value;
+      /** @type {any} */ (node)[name] = value;
     } else {
       node.setAttribute(name, value === true ? "" : String(value));
     }
@@ -35,7 +39,7 @@ export function h(tag, attrs = {}, ...children) {
 /**
  * Ask the kernel to do something ("choose", "retry"...): it answers by
  * updating the widget's state (and its `error` trait on failure).
- * @param {any} model
+ * @param {Model} model
  * @param {string} name
  * @param {Record<string, any>} [args]
  */
@@ -46,7 +50,7 @@ export function act(model, name, args = {}) {
 /**
  * Wire the shared behaviour of a state-rendering widget: render now and on
  * every change of the listed traits, show the `error` trait, say `ready`.
- * @param {any} model
+ * @param {Model} model
  * @param {HTMLElement} el
  * @param {string} kind  CSS class suffix: "picker", "evaluations", "details"
  * @param {(root: HTMLElement) => void} draw
@@ -62,7 +66,7 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
   const redraw = () => {
     // keep what the person is typing: redraw once they leave the field
     const active = document.activeElement;
-    if (active && root.contains(active) && active.tagName === "INPUT" && active.type !== "checkbox") {
+    if (active instanceof HTMLInputElement && root.contains(active) && active.type !== "checkbox") {
       deferred = true;
       return;
     }

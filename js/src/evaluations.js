@@ -3,6 +3,12 @@
 // "Evaluate every checkpoint…" switch ask the kernel to act.
 import { act, h, mount } from "./dom.js";
 
+/**
+ * The project's "Evaluate every checkpoint…" switch (null where the state has no rule).
+ * @param {import("./types.js").Model} model
+ * @param {any} state
+ * @returns {HTMLLabelElement | null}
+ */
 export function ruleSwitch(model, state) {
   if (state.rule === null || state.rule === undefined) return null;
   return h(
@@ -12,12 +18,14 @@ export function ruleSwitch(model, state) {
       type: "checkbox",
       class: "lh-evaluate-every",
       checked: !!state.rule,
-      onchange: (event) => act(model, "set_rule", { enabled: event.currentTarget.checked }),
+      onchange: (/** @type {Event} */ event) =>
+        act(model, "set_rule", { enabled: /** @type {HTMLInputElement} */ (event.currentTarget).checked }),
     }),
     "Evaluate every checkpoint…",
   );
 }
 
+/** @param {import("./types.js").RenderProps} props */
 function render({ model, el }) {
   return mount(model, el, "evaluations", (root) => {
     const state = model.get("state") || {};
@@ -28,22 +36,22 @@ function render({ model, el }) {
         "div",
         { class: "lh-title" },
         "Evaluations of ",
-        project ? `project ${state.project}` : h("span", {}, "run ", h("code", {}, (state.run || {}).id || "")),
+        project ? `project ${state.project}` : h("span", {}, "run ", h("code", {}, state.run?.id || "")),
       ),
-      ruleSwitch(model, state),
+      ruleSwitch(model, state) || "",
     );
     if (!rows.length) {
       root.append(h("p", { class: "lh-empty" }, "No checkpoint yet."));
     } else {
-      const body = rows.map((r) => {
+      const body = rows.map((/** @type {any} */ r) => {
         let action = null;
         if (r.can_retry) {
           action = h(
             "button",
             {
               class: "lh-btn lh-retry",
-              onclick: (event) => {
-                event.currentTarget.disabled = true;
+              onclick: (/** @type {Event} */ event) => {
+                /** @type {HTMLButtonElement} */ (event.currentTarget).disabled = true;
                 act(model, "retry", { evaluation_id: r.evaluation_id });
               },
             },
@@ -54,8 +62,8 @@ function render({ model, el }) {
             "button",
             {
               class: "lh-btn lh-evaluate",
-              onclick: (event) => {
-                event.currentTarget.disabled = true;
+              onclick: (/** @type {Event} */ event) => {
+                /** @type {HTMLButtonElement} */ (event.currentTarget).disabled = true;
                 act(model, "evaluate", { checkpoint_id: r.checkpoint, run_id: r.run_id });
               },
             },
@@ -64,7 +72,10 @@ function render({ model, el }) {
         }
         return h(
           "tr",
-          { class: `lh-evaluation lh-state-${r.state.replace(/\s+/g, "-")}`, dataset: { checkpoint: r.checkpoint, state: r.state } },
+          {
+            class: `lh-evaluation lh-state-${r.state.replace(/\s+/g, "-")}`,
+            dataset: { checkpoint: r.checkpoint, state: r.state },
+          },
           project ? h("td", {}, r.run_name) : null,
           h("td", { class: "lh-num" }, String(r.step)),
           h("td", {}, h("code", {}, r.checkpoint)),

@@ -2,6 +2,7 @@
 // from the store; "Choose" asks the kernel to call choose_for_resume.
 import { act, h, mount } from "./dom.js";
 
+/** @param {import("./types.js").RenderProps} props */
 function render({ model, el }) {
   return mount(model, el, "picker", (root) => {
     const state = model.get("state") || {};
@@ -14,7 +15,7 @@ function render({ model, el }) {
     if (!checkpoints.length) {
       root.append(h("p", { class: "lh-empty" }, "No checkpoint was saved: a resumed run starts from step 0."));
     } else {
-      const rows = checkpoints.map((c) => {
+      const rows = checkpoints.map((/** @type {any} */ c) => {
         const marks = [];
         if (c.latest) marks.push(h("span", { class: "lh-badge lh-latest" }, "latest"));
         if (c.chosen) marks.push(h("span", { class: "lh-badge lh-chosen" }, "chosen"));
@@ -32,9 +33,9 @@ function render({ model, el }) {
           {
             class: "lh-btn lh-choose",
             disabled: !state.can_choose || c.chosen,
-            onclick: (event) => {
-              event.currentTarget.disabled = true;
-              event.currentTarget.textContent = "Choosing…";
+            onclick: (/** @type {Event} */ event) => {
+              /** @type {HTMLButtonElement} */ (event.currentTarget).disabled = true;
+              /** @type {HTMLButtonElement} */ (event.currentTarget).textContent = "Choosing…";
               act(model, "choose", { checkpoint_id: c.id });
             },
           },
@@ -58,7 +59,16 @@ function render({ model, el }) {
           h(
             "thead",
             {},
-            h("tr", {}, h("th", {}, "Step"), h("th", {}, "Saved at"), h("th", {}, "Steps to redo"), h("th", {}, "Size"), h("th", {}, ""), h("th", {}, "")),
+            h(
+              "tr",
+              {},
+              h("th", {}, "Step"),
+              h("th", {}, "Saved at"),
+              h("th", {}, "Steps to redo"),
+              h("th", {}, "Size"),
+              h("th", {}, ""),
+              h("th", {}, ""),
+            ),
           ),
           h("tbody", {}, rows),
         ),

@@ -30,7 +30,7 @@ from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._run import Run
 
-__all__ = ["STATIC", "LiveWidget", "Reusable", "format_time", "resolve_run", "static_file"]
+__all__ = ["STATIC", "LiveWidget", "Reusable", "format_time", "front_end", "resolve_run", "static_file"]
 
 #: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
 STATIC = Path(__file__).with_name("static")
@@ -53,6 +53,44 @@ def static_file(name: str) -> Path:
             path=str(path),
         )
     return path
+
+
+#: What a widget shows in its cell when the front end is not in this install (one line, no traceback).
+MISSING_FRONT_END = (
+    "LaunchHelm's widget front end is missing from this install ({path}): reinstall LaunchHelm from a wheel "
+    "(pip install 'launchhelm[widgets]'), or build it from a source checkout: bash js/build.sh (needs Node.js and npm)"
+)
+
+# Rendered in place of the widget: the message as one line, as plain DOM (needs nothing from the bundle).
+_MISSING_ESM = """\
+const MESSAGE = %s;
+export default {
+  render({ el }) {
+    const line = document.createElement("div");
+    line.className = "launchhelm-missing-front-end";
+    line.style.cssText = "color:#a94442;font-family:monospace;padding:4px 0";
+    line.textContent = MESSAGE;
+    el.appendChild(line);
+  },
+};
+"""
+
+
+def front_end(bundle: str) -> tuple[str, str, str]:
+    """``(esm, css, missing)`` of a widget whose front end is ``static/<bundle>``.
+
+    Where the bundle is not installed, ``esm`` draws :data:`MISSING_FRONT_END`
+    in the cell instead and ``missing`` is that line ("" when all is there):
+    a widget never raises for it, so a cell shows the one line, not a
+    traceback.
+    """
+    import json
+
+    esm, css = STATIC / bundle, STATIC / "widgets.css"
+    if esm.is_file() and css.is_file():
+        return esm.read_text(encoding="utf-8"), css.read_text(encoding="utf-8"), ""
+    missing = MISSING_FRONT_END.format(path=esm if not esm.is_file() else css)
+    return _MISSING_ESM % json.dumps(missing), "", missing
 
 
 def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Api, RunHandle]:
@@ -153,6 +191,28 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
     error = traitlets.Unicode("").tag(sync=True)
 
     _actions: ClassVar[dict[str, str]] = {}
+    #: :data:`MISSING_FRONT_END` when this install lacks the front end, else "".
+    missing_front_end: str = ""
+
+    # -- what the cell shows -------------------------------------------------
+    def static_mimebundle(self) -> dict[str, Any]:
+        """The widget as it stands, for a notebook opened without a kernel (``text/html``, ``image/svg+xml``)."""
+        return {}
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        bundle = super()._repr_mimebundle_(**kwargs)
+        if bundle is None:
+            return None
+        data, metadata = bundle if isinstance(bundle, tuple) else (bundle, {})
+        data = dict(data)
+        if self.missing_front_end:
+            data["text/plain"] = self.missing_front_end
+        try:
+            with self._lock:
+                data.update(self.static_mimebundle())
+        except Exception:  # a saved picture is a nicety: the live view must show regardless
+            pass
+        return data, metadata
 
     def _setup_live(self) -> None:
         self._lock = threading.RLock()
@@ -276,8 +336,7 @@ class RunWidget(LiveWidget):
         return run_key(cls, api, handle), (api, handle)
 
     def _init_run(self, interval: float) -> None:
-        self._esm = static_file(self._bundle).read_text(encoding="utf-8")
-        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        self._esm, self._css, self.missing_front_end = front_end(self._bundle)
         super().__init__(interval=interval)
         self._setup_live()
         self._api: Api = self._resolved[0]

@@ -4,7 +4,7 @@ The kernel owns the data: it reads :meth:`RunHandle.history` (both
 attempts at a redone step, with its ``abandoned`` column), downsamples each
 series to at most :attr:`RunChart.max_points` points keeping extremes, and
 sends rows to the browser as custom messages. The browser only holds what
-is on screen: a Vega-Lite chart built here with Altair, whose two named
+is on screen: a Vega-Lite chart built here (as Altair would build it), whose two named
 datasets (``points``, ``rewinds``) it changes in place with ``view.change``
 (a snapshot replaces them, a batch of new points is inserted): the chart is
 embedded once, not again per update.
@@ -25,8 +25,9 @@ from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm._types import Rewind
-from launchhelm.widgets._base import LiveWidget, resolve_run, run_key, static_file
+from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
+from launchhelm.widgets._static import STATIC_POINTS, chart_svg
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -47,6 +48,13 @@ PANEL_WIDTH = 560
 PANEL_HEIGHT = 150
 LINE_COLOR = "#1f77b4"
 ABANDONED_COLOR = "#7f7f7f"
+#: The abandoned attempt: grey, dashed, half opaque, wider than a hairline, so a person sees a line.
+ABANDONED_OPACITY = 0.55
+ABANDONED_DASH = [6, 3]
+#: Room for the y labels (vega measures text in a canvas font that a notebook's CSS may not match).
+Y_AXIS_MIN_EXTENT = 64
+#: Room around the panels (``autosize: pad`` grows the view to fit its axes inside it).
+CHART_PADDING = {"left": 12, "right": 12, "top": 6, "bottom": 6}
 REWIND_COLOR = "#d62728"
 
 
@@ -123,26 +131,45 @@ def chart_rows(
 
     if points.empty:
         return points, {}
-    ids = series_ids(points)
+    # numpy over positions, not pandas groupby/sort over the whole frame: a 1M-point series must take
+    # milliseconds here (series come from history() already in step order, so sorting is the exception)
+    codes, keys = pd.factorize(points["key"], sort=True)
+    steps = points["step"].to_numpy()
+    attempts = points["attempt"].to_numpy()
+    abandoned = points["abandoned"].to_numpy(bool)
+    values = points["value"].to_numpy(float)
     keep: list[np.ndarray] = []
     counts: dict[str, int] = {}
-    for sid, index in ids.groupby(ids, sort=False).groups.items():
-        series = points.loc[index].sort_values(["step", "attempt", "time"], kind="stable")
-        positions = series.index.to_numpy()
-        values = series["value"].to_numpy()
-        if domain is None:
-            chosen = positions[minmax_indices(values, budget)]
-        else:
-            low, high = domain
-            step = series["step"].to_numpy()
-            inside = (step >= low) & (step <= high)
-            near = positions[inside][minmax_indices(values[inside], max(4, budget * 3 // 4))]
-            overview = minmax_indices(values, max(4, budget // 4))
-            far = positions[overview][~inside[overview]]
-            chosen = np.concatenate([near, far])
-        keep.append(chosen)
-        counts[str(sid)] = len(chosen)
-    rows: pd.DataFrame = points.loc[np.concatenate(keep)] if keep else points
+    by_key = np.argsort(codes, kind="stable")
+    bounds = np.searchsorted(codes[by_key], np.arange(len(keys) + 1))
+    for c, key in enumerate(keys):
+        of_key = by_key[bounds[c] : bounds[c + 1]]
+        gone = abandoned[of_key]
+        series = [(str(key), of_key[~gone])]
+        if gone.any():
+            old = of_key[gone]
+            for attempt in np.unique(attempts[old]):
+                series.append((f"{key}\x00abandoned {attempt}", old[attempts[old] == attempt]))
+        for sid, positions in series:
+            if len(positions) == 0:
+                continue
+            if len(positions) > 1 and not (np.diff(steps[positions]) >= 0).all():
+                times = points["time"].to_numpy()[positions]
+                positions = positions[np.lexsort((times, attempts[positions], steps[positions]))]
+            ys = values[positions]
+            if domain is None:
+                chosen = positions[minmax_indices(ys, budget)]
+            else:
+                low, high = domain
+                at = steps[positions]
+                inside = (at >= low) & (at <= high)
+                near = positions[inside][minmax_indices(ys[inside], max(4, budget * 3 // 4))]
+                overview = minmax_indices(ys, max(4, budget // 4))
+                far = positions[overview][~inside[overview]]
+                chosen = np.concatenate([near, far])
+            keep.append(chosen)
+            counts[sid] = len(chosen)
+    rows: pd.DataFrame = points.iloc[np.concatenate(keep)] if keep else points
     rows = rows.sort_values(["key", "abandoned", "attempt", "step"], kind="stable")
     return pd.DataFrame(rows), counts
 
@@ -180,96 +207,144 @@ def ordered_keys(keys: Sequence[str]) -> list[str]:
     return [k for k in keys if not k.startswith(EVAL_PREFIX)] + [k for k in keys if k.startswith(EVAL_PREFIX)]
 
 
+VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
+
+
 def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANEL_HEIGHT) -> dict[str, Any]:
-    """The Vega-Lite spec (built with Altair): one panel per key, rewinds marked on each.
+    """The Vega-Lite spec: one panel per key, rewinds marked on each.
 
     Each panel layers, over the shared named datasets ``points`` and
-    ``rewinds``: the abandoned attempts (dimmed, shown only while the
-    ``show_abandoned`` parameter is true), the run's line, its points (with
-    tooltips), and per rewind a rule at ``to_step`` with the sentence
-    "Resumed from step 64 after reaching 352" as tooltip and as a label.
-    Keys under ``eval/`` draw points at the steps they were scored at. The
-    panels share a ``zoom`` interval on step (drag, wheel), which the
+    ``rewinds``: the abandoned attempts (grey, dashed, half opaque, shown
+    only while the ``show_abandoned`` parameter is true), the run's line, its
+    points (with tooltips), and per rewind a rule at ``to_step`` with the
+    sentence "Resumed from step 64 after reaching 352" as tooltip and as a
+    label. Keys under ``eval/`` draw points at the steps they were scored at.
+    The panels share a ``zoom`` interval on step (drag, wheel), which the
     front end reports so the kernel can send denser points for it.
+
+    Built as plain dicts, not with Altair: importing Altair takes longer
+    (about 1.5 s) than the whole chart may take to open. The tests check that
+    the spec is exactly what Altair builds from the same description.
 
     Mark names (``line_0``, ``points_0``, ``abandoned_0``, ``rewind_rule_0``,
     ``rewind_label_0`` for panel 0) are stable, for tests and styling.
     """
-    import altair as alt
-
+    config: dict[str, Any] = {"view": {"continuousWidth": 300, "continuousHeight": 300}}
     if not keys:
-        empty = (
-            alt.Chart(alt.InlineData(values=[{"text": "No metrics logged yet"}]))
-            .mark_text(size=14, color="#666")
-            .encode(text="text:N")
-            .properties(width=width, height=60)
-        )
-        result: dict[str, Any] = empty.to_dict()
-        return result
-
-    points = alt.NamedData(name="points")
-    rewinds = alt.NamedData(name="rewinds")
-    show = alt.param(name="show_abandoned", value=False)
+        return {
+            "config": config,
+            "data": {"values": [{"text": "No metrics logged yet"}]},
+            "mark": {"type": "text", "color": "#666", "size": 14},
+            "encoding": {"text": {"field": "text", "type": "nominal"}},
+            "height": 60,
+            "width": width,
+            "$schema": VEGA_LITE_SCHEMA,
+        }
+    config["view"]["stroke"] = "#ddd"
+    config["axis"] = {"labelFont": "sans-serif", "titleFont": "sans-serif"}
+    x = {"field": "step", "title": "step", "type": "quantitative"}
+    rewind_x = {"field": "to_step", "title": "step", "type": "quantitative"}
     panels = []
     for i, key in enumerate(keys):
         is_eval = key.startswith(EVAL_PREFIX)
-        x = alt.X("step:Q", title="step")
-        y = alt.Y("value:Q", title=key, scale=alt.Scale(zero=False), axis=alt.Axis(format="~g", labelLimit=80))
-        of_key = alt.FieldEqualPredicate(field="key", equal=key)
-        abandoned = (
-            alt.Chart(points, name=f"abandoned_{i}")
-            .transform_filter(of_key)
-            .transform_filter("datum.abandoned && show_abandoned")
-            .mark_line(color=ABANDONED_COLOR, opacity=0.4, strokeDash=[4, 3], strokeWidth=1.5)
-            .encode(x=x, y=y, detail="attempt:O")
-        )
-        line = (
-            alt.Chart(points, name=f"line_{i}")
-            .transform_filter(of_key)
-            .transform_filter("!datum.abandoned")
-            .mark_line(color=LINE_COLOR, strokeWidth=1.5, opacity=0.5 if is_eval else 1.0)
-            .encode(x=x, y=y)
-        )
-        dots = (
-            alt.Chart(points, name=f"points_{i}")
-            .transform_filter(of_key)
-            .transform_filter("!datum.abandoned")
-            .mark_circle(color=LINE_COLOR, size=60 if is_eval else 10, opacity=1.0 if is_eval else 0.6)
-            .encode(
-                x=x,
-                y=y,
-                tooltip=[
-                    alt.Tooltip("step:Q", title="step"),
-                    alt.Tooltip("value:Q", title=key, format=".6g"),
-                    alt.Tooltip("attempt:Q", title="attempt"),
-                ],
-            )
-        )
-        rule = (
-            alt.Chart(rewinds, name=f"rewind_rule_{i}")
-            .mark_rule(color=REWIND_COLOR, strokeDash=[6, 3], strokeWidth=1.5)
-            .encode(x=alt.X("to_step:Q", title="step"), tooltip=alt.Tooltip("label:N", title="rewind"))
-        )
-        label = (
-            alt.Chart(rewinds, name=f"rewind_label_{i}")
-            .mark_text(color=REWIND_COLOR, align="left", baseline="top", dx=4, fontSize=11)
-            .encode(x=alt.X("to_step:Q", title="step"), y=alt.value(2), text="label:N")
-        )
-        panels.append(alt.layer(abandoned, line, dots, rule, label).properties(width=width, height=height, title=key))
-    # one step axis for every panel: a rewind or a score lines up across them
-    chart = alt.vconcat(*panels, spacing=18).resolve_scale(x="shared").add_params(show).configure_view(stroke="#ddd")
-    result = chart.to_dict()
-    # One zoom shared by the panels, defined on their run lines only: a
-    # scale-bound interval on every layer would also bind the rewinds' to_step.
-    result.setdefault("params", []).append(
-        {
-            "name": "zoom",
-            "select": {"type": "interval", "encodings": ["x"]},
-            "bind": "scales",
-            "views": [f"line_{i}" for i in range(len(keys))],
+        y = {
+            "axis": {"format": "~g", "labelFont": "sans-serif", "labelLimit": 160, "minExtent": Y_AXIS_MIN_EXTENT},
+            "field": "value",
+            "scale": {"zero": False},
+            "title": key,
+            "type": "quantitative",
         }
-    )
-    return result
+        of_key = {"filter": {"equal": key, "field": "key"}}
+        points = {"name": "points"}
+        layers = [
+            {
+                "data": points,
+                "mark": {
+                    "type": "line",
+                    "color": ABANDONED_COLOR,
+                    "opacity": ABANDONED_OPACITY,
+                    "strokeDash": list(ABANDONED_DASH),
+                    "strokeWidth": 2,
+                },
+                "encoding": {"detail": {"field": "attempt", "type": "ordinal"}, "x": dict(x), "y": dict(y)},
+                "name": f"abandoned_{i}",
+                "transform": [dict(of_key), {"filter": "datum.abandoned && show_abandoned"}],
+            },
+            {
+                "data": points,
+                "mark": {"type": "line", "color": LINE_COLOR, "opacity": 0.5 if is_eval else 1.0, "strokeWidth": 1.5},
+                "encoding": {"x": dict(x), "y": dict(y)},
+                "name": f"line_{i}",
+                "transform": [dict(of_key), {"filter": "!datum.abandoned"}],
+            },
+            {
+                "data": points,
+                "mark": {
+                    "type": "circle",
+                    "color": LINE_COLOR,
+                    "opacity": 1.0 if is_eval else 0.6,
+                    "size": 60 if is_eval else 10,
+                },
+                "encoding": {
+                    "tooltip": [
+                        {"field": "step", "title": "step", "type": "quantitative"},
+                        {"field": "value", "format": ".6g", "title": key, "type": "quantitative"},
+                        {"field": "attempt", "title": "attempt", "type": "quantitative"},
+                    ],
+                    "x": dict(x),
+                    "y": dict(y),
+                },
+                "name": f"points_{i}",
+                "transform": [dict(of_key), {"filter": "!datum.abandoned"}],
+            },
+            {
+                "data": {"name": "rewinds"},
+                "mark": {"type": "rule", "color": REWIND_COLOR, "strokeDash": [6, 3], "strokeWidth": 1.5},
+                "encoding": {
+                    "tooltip": {"field": "label", "title": "rewind", "type": "nominal"},
+                    "x": dict(rewind_x),
+                },
+                "name": f"rewind_rule_{i}",
+            },
+            {
+                "data": {"name": "rewinds"},
+                "mark": {
+                    "type": "text",
+                    "align": "left",
+                    "baseline": "top",
+                    "color": REWIND_COLOR,
+                    "dx": 4,
+                    "fontSize": 11,
+                },
+                "encoding": {"text": {"field": "label", "type": "nominal"}, "x": dict(rewind_x), "y": {"value": 2}},
+                "name": f"rewind_label_{i}",
+            },
+        ]
+        panels.append({"height": height, "layer": layers, "title": key, "width": width})
+    return {
+        "config": config,
+        # resize: the data arrives after the embed (view.change), so the layout must follow it, or the
+        # axes keep the room they had with no data and their labels are clipped
+        "autosize": {"type": "pad", "resize": True},
+        "padding": dict(CHART_PADDING),
+        # the parameter lives at the top: one checkbox shows or hides every panel's abandoned attempt
+        "params": [
+            {"name": "show_abandoned", "value": False},
+            # One zoom shared by the panels, defined on their run lines only: a
+            # scale-bound interval on every layer would also bind the rewinds' to_step.
+            {
+                "name": "zoom",
+                "select": {"type": "interval", "encodings": ["x"]},
+                "bind": "scales",
+                "views": [f"line_{i}" for i in range(len(keys))],
+            },
+        ],
+        # one step axis for every panel: a rewind or a score lines up across them
+        "resolve": {"scale": {"x": "shared"}},
+        "spacing": 18,
+        "vconcat": panels,
+        "$schema": VEGA_LITE_SCHEMA,
+    }
 
 
 class RunChart(LiveWidget):
@@ -334,10 +409,7 @@ class RunChart(LiveWidget):
     ) -> None:
         if self._reused():
             return
-        if max_points < 8:
-            raise InvalidArgumentError(f"max_points={max_points}: give at least 8")
-        self._esm = static_file("chart.js").read_text(encoding="utf-8")
-        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        self._esm, self._css, self.missing_front_end = front_end("chart.js")
         super().__init__(interval=interval)
         self._setup_live()
         self._api: Api = self._resolved[0]
@@ -364,14 +436,22 @@ class RunChart(LiveWidget):
     def is_active(self) -> bool:
         return self._status == "running"
 
+    def fetch(self) -> tuple[dict[str, Any], list[Rewind], pd.DataFrame]:
+        """Everything one poll reads from the store: the run's summary, rewinds and points (long form).
+
+        The only place the chart reads run data, through the public query API:
+        :meth:`RunHandle.poll` reads the log, the last heartbeat and only the
+        metric chunks that arrived since the last poll (a few requests,
+        whatever the run's length: ``docs/storage.md``).
+        """
+        view = self._handle.poll(keys=self._keys)
+        return view.summary, view.rewinds, long_points(view.history, self._keys)
+
     def refresh(self) -> None:
         """Re-read the run; stream what is new, or send a snapshot when history changed shape."""
         with self._lock:
-            summary = self._handle.summary()
+            summary, rewinds, points = self.fetch()
             self._status = str(summary["status"])
-            rewinds = self._handle.rewinds()
-            history = self._handle.history(keys=self._keys)
-            points = long_points(history, self._keys)
             shown = self._keys if self._keys is not None else ordered_keys(list(dict.fromkeys(points["key"])))
             self.caption = _caption(summary, len(rewinds))
             if shown != self._shown:
@@ -434,6 +514,16 @@ class RunChart(LiveWidget):
     def zoom(self, low: float | None = None, high: float | None = None) -> None:
         """Resample for the step range ``[low, high]`` (both None: the whole run), as zooming does."""
         self.handle_message({"type": MSG_ZOOM, "domain": None if low is None or high is None else [low, high]})
+
+    def static_svg(self) -> str | None:
+        """The chart as it stands, as SVG (fewer points than the live view); None without vl-convert."""
+        with self._lock:
+            rows, _ = chart_rows(self._points, STATIC_POINTS, None)
+            return chart_svg(self.spec, encode_rows(rows), encode_rewinds(self._rewinds))
+
+    def static_mimebundle(self) -> dict[str, Any]:
+        svg = self.static_svg()
+        return {"image/svg+xml": svg} if svg else {}
 
     def shown_rows(self) -> pd.DataFrame:
         """The rows the browser holds now: each series downsampled (for checks and debugging)."""

@@ -19,6 +19,7 @@ from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm.widgets._base import RunWidget, format_time
 from launchhelm.widgets._picker import status_sentence
+from launchhelm.widgets._static import details_html
 
 __all__ = ["RunDetails", "details_state"]
 
@@ -103,6 +104,9 @@ class RunDetails(RunWidget):
             state = details_state(self._handle, rule, self._notice)
             if state != self.state:
                 self.state = state
+
+    def static_mimebundle(self) -> dict[str, Any]:
+        return {"text/html": details_html(self.state)}
 
     # -- actions (buttons) ---------------------------------------------------
     def set_tunables(self, values: dict[str, Any]) -> None:

@@ -5,6 +5,11 @@ picks, for each of ``(budget - 2) // 2`` equal runs of consecutive points,
 the lowest and the highest one (MinMax), plus the first and last point.
 Spikes and dips survive however long the series is; a plain stride would
 drop them.
+
+Measured on 1M points to 2,000: 12 ms here, against 1.3 ms for tsdownsample's
+MinMaxLTTB (Rust). The chart's open time is dominated by imports and the
+history read (about 200 ms warm, ``benchmarks/bench_chart.py``), so 11 ms do
+not pay for a compiled dependency.
 """
 
 from __future__ import annotations

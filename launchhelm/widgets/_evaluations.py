@@ -21,7 +21,8 @@ from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
 from launchhelm._run import Run
 from launchhelm._types import Evaluation
-from launchhelm.widgets._base import LiveWidget, format_time, resolve_run, run_key, static_file
+from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key
+from launchhelm.widgets._static import evaluations_html
 
 __all__ = ["EvaluationTable", "describe_evaluation", "evaluation_rows"]
 
@@ -123,8 +124,7 @@ class EvaluationTable(LiveWidget):
     def __init__(self, project_or_run: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
-        self._esm = static_file("evaluations.js").read_text(encoding="utf-8")
-        self._css = static_file("widgets.css").read_text(encoding="utf-8")
+        self._esm, self._css, self.missing_front_end = front_end("evaluations.js")
         super().__init__(interval=interval)
         self._setup_live()
         self._api: Api = self._resolved[0]
@@ -168,6 +168,9 @@ class EvaluationTable(LiveWidget):
             }
             if state != self.state:
                 self.state = state
+
+    def static_mimebundle(self) -> dict[str, Any]:
+        return {"text/html": evaluations_html(self.state)}
 
     def rows(self) -> list[dict[str, Any]]:
         """The rows shown now (one per checkpoint, newest first)."""

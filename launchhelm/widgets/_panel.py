@@ -73,11 +73,12 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         tabs = ipywidgets.Tab(children=[self.chart, self.picker, self.evaluations, self.details])
         tabs.titles = TAB_TITLES
         self.tabs = tabs
-        header = ipywidgets.HTML(
+        self._header_html = (
             f"<div class='lh-panel-header'><b>{html.escape(handle.name)}</b> "
             f"<code>{html.escape(handle.id)}</code> · project {html.escape(handle.project)} · "
             f"store <code>{html.escape(api.store.url)}</code></div>"
         )
+        header = ipywidgets.HTML(self._header_html)
         super().__init__(children=[header, tabs])
         self.add_class("launchhelm-panel")
 
@@ -88,6 +89,27 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"<launchhelm.widgets.RunPanel {self._handle.project}/{self._handle.id}>"
+
+    def _display_(self) -> Any:
+        """How marimo shows the panel (it draws anywidgets, not ipywidgets' Tab): header and tabs, each live."""
+        import marimo as mo
+
+        tabs = dict(zip(TAB_TITLES, (self.chart, self.picker, self.evaluations, self.details), strict=True))
+        return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        data = super()._repr_mimebundle_(**kwargs)
+        if not isinstance(data, dict):
+            return data
+        try:
+            svg = self.chart.static_svg() or ""
+            parts = [self._header_html, svg]
+            for widget in (self.picker, self.evaluations, self.details):
+                parts.extend(widget.static_mimebundle().values())
+            data["text/html"] = "<div class='launchhelm-static-panel'>" + "".join(parts) + "</div>"
+        except Exception:  # the saved picture is a nicety: the live panel shows regardless
+            pass
+        return data
 
     def close(self) -> None:
         """Close the panel and its tabs' widgets (stopping their pollers)."""

@@ -17,6 +17,7 @@ import traitlets
 from launchhelm._api import RunHandle
 from launchhelm._run import Run
 from launchhelm.widgets._base import RunWidget, format_time
+from launchhelm.widgets._static import picker_html
 
 __all__ = ["ResumePicker", "picker_state", "status_sentence"]
 
@@ -127,6 +128,9 @@ class ResumePicker(RunWidget):
             state = picker_state(self._handle, self._confirmation)
             if state != self.state:
                 self.state = state
+
+    def static_mimebundle(self) -> dict[str, Any]:
+        return {"text/html": picker_html(self.state)}
 
     def choose(self, checkpoint_id: str) -> None:
         """Make ``checkpoint_id`` the one the next ``load_checkpoint("resume")`` restores (as "Choose" does)."""

@@ -116,7 +116,7 @@ def test_the_chart_marks_the_rewind_and_shows_the_abandoned_attempt_dimmed(
     page.get_by_label("Show the abandoned attempt").check()
     _wait_count(page, ABANDONED, 2)  # train/loss and lr each get their dimmed line
     opacities = page.locator(ABANDONED).evaluate_all("els => els.map(e => getComputedStyle(e).opacity)")
-    assert opacities == ["0.4", "0.4"]
+    assert opacities == ["0.55", "0.55"]
     assert execute(page, "print(chart.show_abandoned)").strip() == "True"  # the kernel knows too
     page.get_by_label("Show the abandoned attempt").uncheck()
     _wait_count(page, ABANDONED, 0)

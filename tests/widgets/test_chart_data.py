@@ -110,4 +110,4 @@ def test_the_spec_has_a_panel_per_key_with_rewind_rule_label_and_a_hidden_abando
 def test_a_run_without_metrics_gets_a_placeholder_not_an_empty_chart() -> None:
     spec = build_spec([])
     assert spec["mark"]["type"] == "text"
-    assert [{"text": "No metrics logged yet"}] in spec["datasets"].values()
+    assert spec["data"]["values"] == [{"text": "No metrics logged yet"}]

@@ -1,6 +1,6 @@
 """notebooks/quickstart.ipynb runs top to bottom in a real kernel: a PyTorch
-run killed by SIGKILL, a checkpoint chosen in the picker, the resumed run
-restoring it, its rewind charted, its checkpoints evaluated."""
+run killed by SIGKILL from the notebook, a checkpoint chosen in the picker,
+``tr.load_checkpoint("resume")`` in a cell restoring it, its rewind charted, its checkpoints evaluated."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def test_the_quickstart_notebook_runs_and_shows_its_widgets(tmp_path: Path, monk
 
     outputs = [cell.get("outputs", []) for cell in notebook.cells if cell.cell_type == "code"]
     text = "\n".join(o.get("text", "") for cell in outputs for o in cell if o.get("output_type") == "stream")
-    assert "crashing at step 110 | exit code -9" in text
+    assert "holding at step 110" in text and "killed at step 110 | exit code -9" in text
     assert 'Chosen: the next load_checkpoint("resume") restores step 40' in text
     assert "restored step 40" in text and "finished at step 160" in text
     assert "['Resumed from step 40 after reaching 110']" in text
