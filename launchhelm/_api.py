@@ -121,6 +121,12 @@ class RunHandle:
 
         return run_mimebundle(self)
 
+    def _display_(self) -> Any:
+        """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
+        from launchhelm.widgets._panel import RunPanel
+
+        return RunPanel(self)._display_()
+
     # state
     def _state(self) -> RunState:
         return self._events.state()

@@ -319,6 +319,12 @@ class Run:
 
         return run_mimebundle(self)
 
+    def _display_(self) -> Any:
+        """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
+        from launchhelm.widgets._panel import RunPanel
+
+        return RunPanel(self)._display_()
+
     def __enter__(self) -> Run:
         return self
 

@@ -217,6 +217,14 @@ def test_in_marimo_the_run_panel_shows_its_tabs(show: Any, widget_runs: WidgetRu
     assert "closed: finish() closed it" in page.inner_text(".lh-details")
 
 
+def test_in_marimo_a_run_handle_as_a_cells_last_expression_shows_its_panel(show: Any, widget_runs: WidgetRuns) -> None:
+    page = show([f"import launchhelm as lh\nlh.Api({widget_runs.store!r}).run({widget_runs.resumed!r})"])
+    page.wait_for_selector(f".lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
+    page.get_by_role("tab", name="Details").click()
+    page.wait_for_selector(".lh-details", state="visible", timeout=WAIT_MS)
+    assert "closed: finish() closed it" in page.inner_text(".lh-details")
+
+
 @pytest.fixture
 def show_file(browser: Any, tmp_path: Path) -> Iterator[Any]:
     """Serve a marimo notebook file with ``marimo run`` and open it; yields the opener."""
