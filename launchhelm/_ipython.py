@@ -26,6 +26,9 @@ import os
 import shlex
 from typing import Any, NoReturn
 
+from launchhelm._events import validate_project
+from launchhelm._exceptions import InvalidArgumentError
+
 __all__ = ["USAGE", "launchhelm_magic", "load_ipython_extension"]
 
 #: The environment variable every default store comes from.
@@ -54,7 +57,7 @@ ALIASES = {"evaluations": "evals"}
 HELP_WORDS = ("help", "-h", "--help", "?")
 
 
-class MagicError(Exception):
+class MagicError(InvalidArgumentError):
     """A one-line complaint about a ``%launchhelm`` line (shown without a traceback)."""
 
 
@@ -169,6 +172,7 @@ def _dispatch(command: str, args: list[str], store: str | None) -> Any:
 
     if command == "runs":
         api = Api(store)
+        validate_project(args[0])  # a malformed name says so, before looking for it
         projects = api.projects()
         if args[0] not in projects:
             known = ", ".join(projects) if projects else "none yet"
