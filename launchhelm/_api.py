@@ -36,7 +36,7 @@ from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
-from launchhelm.metrics._spool import recover_run
+from launchhelm.metrics._spool import recover_run, recover_runs
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class RunHandle:
     def __init__(self, store: Store, run_id: str) -> None:
         self._store = store
         self._record = read_run_record(store, run_id)
-        recover_run(store, run_id)  # a killed session's spooled points on this host, before anything is read
+        self._recover()
         self._events = EventLog(store, run_id)
         self._points = PointReader(store, run_id)
         self._points_table: pa.Table | None = None
@@ -128,7 +128,17 @@ class RunHandle:
         return RunPanel(self)._display_()
 
     # state
+    def _recover(self) -> None:
+        """Upload what a session killed on this host spooled but never flushed, before anything is read.
+
+        Checked on every read of the run (a directory lookup when there is
+        nothing), so a handle made while the run trained sees the points its
+        process logged in its last seconds once that process is gone.
+        """
+        recover_run(self._store, self.id)
+
     def _state(self) -> RunState:
+        self._recover()
         return self._events.state()
 
     def _last_liveness(self, state: RunState) -> Liveness | None:
@@ -140,11 +150,13 @@ class RunHandle:
         """``"running"``, ``"stopped"`` (its last session neither ended nor
         heartbeats any more: crashed or killed), ``"resumable"`` (ended with
         ``finish(close_run=False)`` or at interpreter exit) or ``"closed"``."""
+        self._recover()
         return str(run_rows(self._store, [self.id], exact_step=False)[0]["status"])
 
     @property
     def step(self) -> int:
         """The furthest step reached, across sessions and attempts."""
+        self._recover()
         return int(run_rows(self._store, [self.id])[0]["step"])
 
     @property
@@ -163,6 +175,7 @@ class RunHandle:
         Read from the run's summary object when it is current, else from its
         event log (see :meth:`Api.runs`).
         """
+        self._recover()
         return _timestamps(run_rows(self._store, [self.id])[0])
 
     def rewinds(self) -> list[Rewind]:
@@ -580,7 +593,9 @@ class Api:
         import pandas as pd
 
         validate_project(project)
-        rows = [_timestamps(row) for row in project_rows(self.store, project, self.run_ids(project))]
+        run_ids = self.run_ids(project)
+        recover_runs(self.store, run_ids)  # sessions killed on this host: their last points first
+        rows = [_timestamps(row) for row in project_rows(self.store, project, run_ids)]
         extra = sorted({k for row in rows for k in row if k.startswith("config.")})
         extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
         frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])

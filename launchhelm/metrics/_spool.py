@@ -39,7 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Spool", "recover_run", "spool_root"]
+__all__ = ["Spool", "recover_run", "recover_runs", "spool_root"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -277,6 +277,14 @@ def _chunk_lookup(store: Any, run_id: str, session_id: str) -> Callable[[int], b
         return number in found["numbers"] or number <= int(found["covered"])
 
     return exists
+
+
+def recover_runs(store: Any, run_ids: list[str]) -> int:
+    """:func:`recover_run` for each of ``run_ids`` with a spool on this host (a directory lookup each)."""
+    root = spool_root()
+    if not root.is_dir():
+        return 0
+    return sum(recover_run(store, run_id, root) for run_id in run_ids if (root / run_id).is_dir())
 
 
 def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
