@@ -206,6 +206,33 @@ def bench_launchhelm(store_dir: Path, rows: list[dict[str, float]], reads: int) 
     return out
 
 
+def bench_sampler(store_dir: Path, rows: list[dict[str, float]]) -> dict[str, float]:
+    """log() with the system-metrics sampler firing every 5 ms (3,000x its default rate) beside it off."""
+    import launchhelm
+
+    out: dict[str, float] = {}
+    pc = time.perf_counter_ns
+    for label, every in (("off", False), ("on", 0.005)):
+        run = launchhelm.init("bench-sampler", store=str(store_dir), system_metrics=every)
+        for s, d in enumerate(make_rows(WARMUP_CALLS, seed=7)):
+            run.global_step = s
+            run.log(d)
+        lat = [0] * len(rows)
+        log = run.log
+        for i, d in enumerate(rows):
+            run.global_step = i
+            t0 = pc()
+            log(d)
+            lat[i] = pc() - t0
+            if i % 1000 == 999:
+                time.sleep(0.01)  # room for the sampler to fire between bursts, as between training steps
+        out[f"mean_{label}"], out[f"p99_{label}"] = summarize_ns(lat)
+        run.finish()
+        samples = launchhelm.Api(str(store_dir)).run(run.id).history(stream="system")
+        out[f"samples_{label}"] = float(len(samples))
+    return out
+
+
 def check_history(frame: Any, rows: list[dict[str, float]]) -> str:
     """Compare the history read back with what was logged; '' when it matches."""
     import numpy as np
@@ -425,6 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = make_rows(args.steps)
     try:
         lh = bench_launchhelm(store_dir, rows, args.reads)
+        sampler = bench_sampler(store_dir, rows)
         base = bench_baseline(baseline_dir, rows, args.reads)
         others = [bench_mlflow(others_dir, args.mlflow_steps), bench_wandb(others_dir, args.wandb_steps)]
     finally:
@@ -437,6 +465,8 @@ def main(argv: Sequence[str] | None = None) -> int:
          lh["log_mean_us"] <= TARGET_LOG_MEAN_US),
         ("log() p99, µs/call (vs list.append)", lh["log_p99_us"], base["append_p99_us"], "<= 20 µs",
          lh["log_p99_us"] <= TARGET_LOG_P99_US),
+        ("log() mean, µs/call, system sampler every 5 ms (vs off)", sampler["mean_on"], sampler["mean_off"],
+         "<= 5 µs", sampler["mean_on"] <= TARGET_LOG_MEAN_US),
         ("finish(), ms (vs Arrow IPC write)", lh["finish_ms"], base["arrow_write_ms"], "<= 50 ms",
          lh["finish_ms"] <= TARGET_FINISH_MS),
         ("finish(), ms (vs JSONL write)", lh["finish_ms"], base["jsonl_write_ms"], "-", None),
@@ -454,6 +484,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"{lh['log_gc']}"
     )
     print(f"  whole log loop incl. the global_step setter: {lh['log_loop_ms']:,.1f} ms")
+    print(
+        f"  system sampler: p99 {sampler['p99_on']:,.2f} µs on vs {sampler['p99_off']:,.2f} µs off; "
+        f"{sampler['samples_on']:.0f} samples stored (off: {sampler['samples_off']:.0f})"
+    )
     print(
         f"  chunks written by the flush thread during the loop: {lh['chunks_before_finish']}; "
         f"after finish(): {lh['chunks_after_finish']}"

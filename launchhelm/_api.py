@@ -37,6 +37,7 @@ from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
 from launchhelm.metrics._spool import recover_run, recover_runs
+from launchhelm.metrics._system import STREAMS, default_points, system_frame
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -402,7 +403,9 @@ class RunHandle:
         event = self._events.append(CONTROL_ACTION, {"action": action, "by": requester()})
         return int(event["seq"])
 
-    def history(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> pd.DataFrame:
+    def history(
+        self, keys: Sequence[str] | str | None = None, duplicates: str = "all", stream: str = "default"
+    ) -> pd.DataFrame:
         """The run's metrics as a DataFrame.
 
         Parameters
@@ -413,6 +416,12 @@ class RunHandle:
             ``"all"``: one row per ``(step, attempt)``: a step redone after a
             rewind appears once per attempt. ``"last"``: one row per step,
             each metric's value from the newest attempt that logged it there.
+        stream:
+            ``"default"``: the run's own metrics (everything but ``system/``).
+            ``"system"``: the system metrics the session sampled
+            (``init(system_metrics=...)``), one row per sample by wall time:
+            columns ``time`` (UTC), ``step`` (the step training was at), then
+            one per ``system/...`` key.
 
         Returns
         -------
@@ -436,8 +445,15 @@ class RunHandle:
             raise InvalidArgumentError(
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
+        if stream not in STREAMS:
+            raise InvalidArgumentError(
+                f"stream={stream!r}: use 'default' (the run's metrics) or 'system' (CPU, memory, GPU samples)"
+            )
+        if stream == "system":
+            samples: pd.DataFrame = system_frame(self._read_points(), keys)
+            return samples
         state = self._state()
-        frame = history_frame(self._read_points(), keys=keys, duplicates=duplicates)
+        frame = history_frame(default_points(self._read_points()), keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         return frame
 
@@ -465,7 +481,7 @@ class RunHandle:
             )
         state = self._state()
         live = self._last_liveness(state)
-        table = self._read_points()
+        table = default_points(self._read_points())
         frame = history_frame(table, keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         step = max([self._points.max_step, live.step if live else 0, *self._older_session_steps(state)])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import json
 import logging
+import math
 import os
 import sys
 import threading
@@ -69,6 +70,7 @@ from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
 from launchhelm.metrics._spool import Spool, recover_run
+from launchhelm.metrics._system import SystemSampler, system_interval
 from launchhelm.storage import Store, open_store
 
 __all__ = ["Run", "init"]
@@ -248,6 +250,8 @@ class Run:
         self._chunk_number = 0
         self._unsealed: dict[str, bytes] = {}  # our chunks not yet in a segment
         self._spool: Spool | None = None  # points on local disk until the store has them
+        self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
+        self._sampler: SystemSampler | None = None
         self._compactor: Compactor | None = None
         self._finished = False
         self._flush_interval = flush_interval
@@ -428,6 +432,20 @@ class Run:
                 with self._lock:
                     self._rows[:0] = rows  # keep them for the next try
                 raise
+
+    def _sample_system(self) -> None:
+        """One sample of the machine, as points under ``system/`` (background thread only)."""
+        if self._sampler is None:
+            self._sampler = SystemSampler()
+        row = self._sampler.sample()
+        if not row:
+            return
+        now = time.time()
+        with self._lock:
+            step = self._step
+            self._rows.append((step, self._attempt, now, row))
+            if self._spool is not None:
+                self._spool.append(step, self._attempt, now, row)
 
     def _compact(self, *, only_if_due: bool) -> None:
         """Fold sealed chunks into segments (background thread, and once at the end of the session).
@@ -804,9 +822,14 @@ class Run:
         next_flush = now + self._flush_interval
         next_beat = now + self._heartbeat_interval
         next_poll = now + self._control_interval
-        while not self._stop.wait(max(0.0, min(next_flush, next_beat, next_poll) - time.monotonic())):
+        system_every = self._system_interval
+        next_sample = now + system_every if system_every is not None else math.inf
+        while not self._stop.wait(max(0.0, min(next_flush, next_beat, next_poll, next_sample) - time.monotonic())):
             now = time.monotonic()
             try:
+                if system_every is not None and now >= next_sample:
+                    next_sample = now + system_every
+                    self._sample_system()
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
                     self._flush()
@@ -949,6 +972,7 @@ def init(
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
     control_interval: float | None = None,
+    system_metrics: bool | float | None = None,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -984,6 +1008,11 @@ def init(
         ``LAUNCHHELM_HEARTBEAT_INTERVAL``, ``LAUNCHHELM_HEARTBEAT_TIMEOUT``,
         ``LAUNCHHELM_CONTROL_INTERVAL`` (how often the run looks for
         tunable changes and pause/resume/stop/checkpoint requests).
+    system_metrics:
+        Seconds between samples of CPU, memory, disk, network and NVIDIA GPU
+        metrics, logged as ``system/...`` by the background thread (default
+        15, or ``LAUNCHHELM_SYSTEM_METRICS``); False for none. Read them
+        with ``RunHandle.history(stream="system")``.
 
     Raises
     ------
@@ -1021,6 +1050,7 @@ def init(
         heartbeat_interval=heartbeat_interval,
         heartbeat_timeout=heartbeat_timeout,
         control_interval=control_interval,
+        system_metrics=system_metrics,
     )
 
 
@@ -1042,9 +1072,11 @@ def start_run(
     heartbeat_interval: float | None = None,
     heartbeat_timeout: float | None = None,
     control_interval: float | None = None,
+    system_metrics: bool | float | None = None,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
+    system_s = system_interval(system_metrics)
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     if resume is not None and not isinstance(resume, str):
         raise InvalidTypeError(f"resume={resume!r}: pass the run id string printed by init() (run.id)")
@@ -1114,6 +1146,7 @@ def start_run(
         # a resumed session carries on the latest metric values the run's summary had
         previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
         run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
+    run._system_interval = system_s
     run._start()
     return run
 

@@ -33,7 +33,7 @@ import launchhelm.torch as lht
 from launchhelm._cli import main as cli_main
 
 # No background rewrites while the module runs: heartbeats only at start.
-QUIET = {"heartbeat_interval": 3000.0, "heartbeat_timeout": 6000.0, "flush_interval": 3000.0}
+QUIET = {"heartbeat_interval": 3000.0, "heartbeat_timeout": 6000.0, "flush_interval": 3000.0, "system_metrics": False}
 RESERVED = ["step", "time", "attempt", "abandoned", "run"]
 HYPOTHESIS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
