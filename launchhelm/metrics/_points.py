@@ -104,6 +104,12 @@ def coerce_value(key: str, value: object) -> float:
     )
 
 
+def _single_threaded() -> pa.ipc.IpcReadOptions:
+    import pyarrow as pa
+
+    return pa.ipc.IpcReadOptions(use_threads=False)
+
+
 def encode_chunk(rows: Sequence[Row]) -> bytes:
     """Encode buffered rows as one Arrow IPC file (lz4)."""
     import numpy as np
@@ -126,7 +132,8 @@ def encode_chunk(rows: Sequence[Row]) -> bytes:
         metadata={b"format": CHUNK_FORMAT},
     )
     sink = io.BytesIO()
-    options = pa.ipc.IpcWriteOptions(compression="lz4")
+    # no Arrow thread pool in a training process: see decode_segment
+    options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
     with pa.ipc.new_file(sink, table.schema, options=options) as writer:
         writer.write_table(table)
     return sink.getvalue()
@@ -138,7 +145,7 @@ def decode_chunks(blobs: Iterable[bytes]) -> pa.Table:
 
     tables = []
     for blob in blobs:
-        table = pa.ipc.open_file(pa.py_buffer(blob)).read_all()
+        table = pa.ipc.open_file(pa.py_buffer(blob), options=_single_threaded()).read_all()
         tables.append(table.set_column(3, "key", table.column("key").cast(pa.string())))
     if not tables:
         from launchhelm.metrics._segments import empty_points

@@ -152,7 +152,7 @@ def system_frame(table: Any, keys: Any = None) -> Any:
     import pandas as pd
 
     points = table.filter(_is_system(table)) if table.num_rows else table
-    frame = points.to_pandas()
+    frame = points.to_pandas(use_threads=False)
     if keys is not None:
         wanted = [keys] if isinstance(keys, str) else list(keys)
         frame = frame[frame["key"].isin(wanted)]
