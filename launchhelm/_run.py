@@ -463,11 +463,16 @@ class Run:
         compactor = self._compactor
         compactor.known.update(known)
         try:
-            compactor.compact(only_if_due=False)
+            # while live: no listing (see Compactor.compact_live); at the end: a listing covers
+            # everything, evaluation scores too, and collects what aged
+            if only_if_due:
+                compactor.compact_live(only_if_due=False)
+            else:
+                compactor.compact(only_if_due=False)
         except Exception as exc:
             _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
         if sum(map(len, compactor.known.values())) > 4 * BYTES_PER_SEGMENT:
-            compactor.known.clear()  # bounded: a later compaction GETs them instead
+            compactor.forget()  # bounded: a later compaction lists and GETs them instead
 
     def _beat(self) -> None:
         self._store.put(

@@ -29,6 +29,7 @@ from launchhelm.metrics._layout import (
     manifest_name,
     metrics_prefix,
     new_segment_name,
+    parse_chunk,
     read_manifest,
 )
 from launchhelm.metrics._segments import concat, decode_chunk, decode_segment, encode_segment
@@ -91,6 +92,10 @@ class Compactor:
         self._tables: dict[str, pa.Table] = {}  # segments this process wrote or read, by relative key
         #: chunk bytes the caller already has (the live session's own chunks): no GET needed
         self.known: dict[str, bytes] = {}
+        # The live session's view (see compact_live): every manifest from _base on is ours, in order.
+        self._live = False
+        self._published: list[tuple[float, Manifest, list[str]]] = []  # (time, manifest, chunk keys covered)
+        self._base: Manifest = EMPTY  # the manifest the live view started from
 
     # -- deciding --------------------------------------------------------------------
     def due(self, listing: Listing | None = None) -> bool:
@@ -138,11 +143,93 @@ class Compactor:
             except AlreadyExistsError:
                 continue  # another compactor published N+1: start from its manifest
             self._manifest = published
+            self._keep_tables(published)
             for chunk in tail:
                 self.known.pop(chunk.key, None)
             deleted = self.collect(list_metrics(self.store, self.run_id)) if collect else 0
             return CompactionResult(published, len(tail), merged, deleted)
         return None
+
+    def compact_live(self, *, only_if_due: bool = True) -> CompactionResult | None:
+        """The live session's compaction: cover its own chunks (:attr:`known`) without listing.
+
+        The first call lists and compacts as :meth:`compact` does; from then on,
+        while every newer manifest is this compactor's own, the session knows
+        its chunks and manifests, so one compaction costs a ``PUT`` of the
+        segment and the ``create`` of the manifest, plus one batched delete of
+        what aged past the grace period. Another compactor's manifest (a
+        ``launchhelm compact`` run meanwhile) makes the ``create`` fail: the
+        next call lists again. Evaluation scores written by other processes
+        are covered by the listing path (the session's last compaction).
+        """
+        if not self._live:
+            before = set(self.known)
+            result = self.compact(only_if_due=only_if_due)
+            self._live = True
+            self._base, self._published = self._manifest, []
+            if result is not None and result.chunks:
+                # what came before it is collected by a later listing (the session's last compaction)
+                self._base = EMPTY
+                self._published = [(time.time(), self._manifest, sorted(before - set(self.known)))]
+            return result
+        prefix = self.prefix + "/"
+        tail = sorted(
+            chunk
+            for key, blob in self.known.items()
+            if key.startswith(prefix)
+            and (chunk := parse_chunk(self.prefix, key[len(prefix) :], len(blob))) is not None
+            and not self._manifest.covers(chunk)
+        )
+        due = len(tail) >= CHUNKS_PER_SEGMENT or sum(c.size for c in tail) >= BYTES_PER_SEGMENT
+        if not tail or (only_if_due and not due):
+            return None
+        try:
+            published, merged = self._publish(self._manifest, tail)
+        except BaseException:
+            self.forget()  # someone else published, or the store failed: list next time
+            raise
+        self._manifest = published
+        self._keep_tables(published)
+        self._published.append((time.time(), published, [c.key for c in tail]))
+        for chunk in tail:
+            self.known.pop(chunk.key, None)
+        return CompactionResult(published, len(tail), merged, self._collect_live())
+
+    def _keep_tables(self, manifest: Manifest) -> None:
+        # only what the next merge can read: memory stays bounded by the live segments
+        named = {s.key for s in manifest.segments}
+        self._tables = {k: t for k, t in self._tables.items() if k in named}
+
+    def forget(self) -> None:
+        """Drop the live view (and the chunk bytes held): the next compaction lists."""
+        self._live = False
+        self._published = []
+        self.known.clear()
+
+    def _collect_live(self, grace: float | None = None, now: float | None = None) -> int:
+        """:meth:`collect` from what this compactor published, without a listing.
+
+        With ``G`` the newest of our manifests older than the grace period:
+        the manifests before ``G`` back to where the live view began, the
+        chunks they and ``G`` covered, and the segments only they named.
+        """
+        grace = compaction_grace() if grace is None else grace
+        now = time.time() if now is None else now
+        aged = [i for i, (when, _, _) in enumerate(self._published) if when <= now - grace]
+        if not aged:
+            return 0
+        g = aged[-1]
+        base = self._published[g][1]
+        named = {s.key for _, m, _ in self._published[g:] for s in m.segments}
+        older = [self._base] + [m for _, m, _ in self._published[:g]]
+        doomed = [f"{self.prefix}/{manifest_name(m.seq)}" for m in older if m.seq]
+        doomed += [key for _, _, keys in self._published[: g + 1] for key in keys]
+        doomed += sorted({f"{self.prefix}/{s.key}" for m in older for s in m.segments if s.key not in named})
+        self.store.delete_many(doomed)
+        self._base = base
+        self._published = self._published[g + 1 :]
+        # G's own chunks are gone; what it names stays: the view restarts at G
+        return len(doomed)
 
     def _chunk_tables(self, tail: list[ChunkRef]) -> list[pa.Table]:
         need = [c.key for c in tail if c.key not in self.known]
@@ -166,13 +253,13 @@ class Compactor:
             self._tables[key] = decode_segment(blob)
         return [self._tables[s.key] for s in segments]
 
-    def _write_segment(self, table: pa.Table, level: int, written: list[str]) -> SegmentRef:
+    def _encode_segment(self, table: pa.Table, level: int, pending: dict[str, bytes]) -> SegmentRef:
+        """A segment ready to write: held in ``pending`` until the manifest's shape is known."""
         import pyarrow.compute as pc
 
         data = encode_segment(table)
         key = new_segment_name(level)
-        self.store.create(f"{self.prefix}/{key}", data)
-        written.append(key)
+        pending[key] = data
         steps = table.column("step")
         first = int(pc.min(steps).as_py() or 0) if table.num_rows else 0
         last = int(pc.max(steps).as_py() or 0) if table.num_rows else 0
@@ -181,9 +268,10 @@ class Compactor:
 
     def _publish(self, manifest: Manifest, tail: list[ChunkRef]) -> tuple[Manifest, int]:
         written: list[str] = []
+        pending: dict[str, bytes] = {}
         try:
             segments = list(manifest.segments)
-            segments.append(self._write_segment(concat(self._chunk_tables(tail)), 0, written))
+            segments.append(self._encode_segment(concat(self._chunk_tables(tail)), 0, pending))
             merged = 0
             while len(segments) >= FANOUT:
                 run = segments[-FANOUT:]
@@ -191,8 +279,13 @@ class Compactor:
                 if any(s.level != level for s in run) or sum(s.bytes for s in run) > MAX_SEGMENT_BYTES:
                     break
                 table = concat(self._segment_tables(run))
-                segments[-FANOUT:] = [self._write_segment(table, level + 1, written)]
+                segments[-FANOUT:] = [self._encode_segment(table, level + 1, pending)]
                 merged += 1
+            # only what the manifest names is written: a new L0 merged at once never reaches the store
+            for ref in segments:
+                if ref.key in pending:
+                    self.store.create(f"{self.prefix}/{ref.key}", pending[ref.key])
+                    written.append(ref.key)
             covered = dict(manifest.covered)
             for chunk in tail:
                 covered[chunk.dir] = max(covered.get(chunk.dir, -1), chunk.number)
@@ -207,6 +300,8 @@ class Compactor:
             self.store.create(f"{self.prefix}/{manifest_name(published.seq)}", published.encode())
         except BaseException:
             # nobody can know segments no manifest names: take ours back now
+            for key in pending:
+                self._tables.pop(key, None)
             self._discard(written)
             raise
         return published, merged

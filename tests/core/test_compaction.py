@@ -127,7 +127,8 @@ def test_garbage_goes_only_after_the_grace_period(tmp_path: Path, monkeypatch: p
     assert listing.chunks == []
     assert list(listing.manifests) == [manifest.seq]
     assert set(listing.segments) == {s.key for s in manifest.segments}  # merged inputs and the orphan are gone
-    assert deleted == (5 + FANOUT) + (FANOUT - 1) + FANOUT + 1
+    # chunks, manifests before the newest, the merged L0s (the eighth went straight into the merge), the orphan
+    assert deleted == (5 + FANOUT) + (FANOUT - 1) + (FANOUT - 1) + 1
     assert _values(store, "grace000") == [float(s) for s in range(15 + FANOUT * 3)]
 
 
@@ -364,3 +365,88 @@ def test_a_damaged_chunk_or_a_foreign_file_is_skipped_with_a_warning_not_fatal(t
     with pytest.warns(UserWarning, match=rf"skipped metric chunk .*{chunks[1].key.rsplit('/', 1)[1]}.*damaged"):
         frame = lh.Api(store).run(run.id).history()
     assert frame["x"].tolist() == [1.0, 3.0]
+
+
+def test_the_live_sessions_compaction_sends_two_requests_and_one_batched_delete(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After its first (listing) compaction, a live session lists nothing: a PUT of the segment,
+    the create of the manifest and, once covered chunks age past the grace period, one delete."""
+    proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
+    store = open_store(
+        f"s3://{BUCKET}/live-{os.urandom(3).hex()}",
+        {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}},
+    )
+    try:
+        run_id, session, per, rounds = "live0001", _session(), 2, 20
+        compactor = Compactor(store, run_id, by=session)
+        clock = [1e9]
+        monkeypatch.setattr("launchhelm.metrics._compact.time.time", lambda: clock[0])
+        costs, deleted = [], []
+        number = 0
+        for _round in range(rounds):
+            for _ in range(32):  # one compaction's worth of the session's own chunks
+                steps = range(number * per, (number + 1) * per)
+                key = chunk_key(run_id, session, number, steps[0], steps[-1])
+                blob = encode_chunk([(s, 0, 1e9 + s, {"x": float(s)}) for s in steps])
+                store.create(key, blob)
+                compactor.known[key] = blob
+                number += 1
+            proxy.reset()
+            result = compactor.compact_live(only_if_due=False)
+            costs.append(proxy.snapshot())
+            assert result is not None and result.chunks == 32
+            deleted.append(result.deleted)
+            clock[0] += 300.0  # two compactions per grace period (600 s)
+        # the first compaction lists; every later one sends no LIST and no GET
+        assert any(what.startswith("GET") for what in costs[0])
+        for cost in costs[1:]:
+            assert not any(what.startswith(("GET", "HEAD")) for what in cost), cost
+            puts = sum(n for what, n in cost.items() if what.startswith("PUT"))
+            others = sum(n for what, n in cost.items() if not what.startswith("PUT"))
+            # a merge writes only the merged segment: the L0 it folded in at once never reaches the store
+            assert puts == 2 and others <= 1, cost  # others: the one batched delete (POST)
+        assert sum(deleted) > 0
+        # exactly what a reader sees: every point once, in order, and no covered chunk left past the grace
+        values = _values(store, run_id)
+        assert values == [float(s) for s in range(number * per)]
+        listing = list_metrics(store, run_id)
+        newest = read_manifest(store, run_id, listing.newest_manifest)
+        assert not [c for c in listing.chunks if newest.covers(c) and c.number < number - 3 * 32]
+        assert len(listing.manifests) <= 4  # the aged manifests were deleted
+        named = {s.key for s in newest.segments}
+        # segments no longer named wait for the next aged manifest: named by the newest aged one or later
+        waiting = {s.key for m in [compactor._base, *(m for _, m, _ in compactor._published)] for s in m.segments}
+        assert set(listing.segments) - named <= waiting
+        assert len(set(listing.segments) - named) < 2 * FANOUT
+    finally:
+        proxy.close()
+
+
+def test_another_compactor_makes_the_live_session_list_again(store_url: str) -> None:
+    store = open_store(store_url)
+    run_id, session = "live0002", _session()
+    compactor = Compactor(store, run_id, by=session)
+    number = 0
+
+    def write(count: int) -> None:
+        nonlocal number
+        for _ in range(count):
+            key = chunk_key(run_id, session, number, number, number)
+            blob = encode_chunk([(number, 0, 1e9 + number, {"x": float(number)})])
+            store.create(key, blob)
+            compactor.known[key] = blob
+            number += 1
+
+    write(40)
+    compactor.compact_live(only_if_due=False)
+    write(40)
+    other = compact_run(store, run_id, by="compact")  # `launchhelm compact` meanwhile: manifest N+1 is theirs
+    assert other is not None and other.chunks == 40
+    write(40)
+    with pytest.raises(lh.LaunchHelmError):
+        compactor.compact_live(only_if_due=False)  # its create of N+1 loses: the live view is dropped
+    assert compactor.compact_live(only_if_due=False) is not None  # lists, and covers the rest
+    assert _values(store, run_id) == [float(s) for s in range(number)]
+    listing = list_metrics(store, run_id)
+    assert listing.uncovered(read_manifest(store, run_id, listing.newest_manifest)) == []
