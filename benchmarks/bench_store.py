@@ -224,8 +224,46 @@ def requests_per_step(backend: Backend, seconds: float, out: dict[str, Any]) -> 
                 "per_step": total / max(1, steps),
                 "by_kind": dict(during.most_common(6)),
             }
+        out["compaction"] = compaction_requests(backend, proxy)
     finally:
         proxy.close()
+
+
+def compaction_requests(backend: Backend, proxy: RequestCounter, seconds: float = 6.0) -> dict[str, Any]:
+    """What the live session's compaction costs: a session flushing every 20 ms (so that it
+    compacts every 32 flushes within seconds), heartbeat and control poll off; every request
+    beyond one create per flush is compaction's."""
+    import launchhelm as lh
+    from launchhelm.metrics._layout import list_metrics
+
+    run = lh.init(
+        PROJECT,
+        store=backend.url(f"compact-{secrets.token_hex(4)}"),
+        storage_options=backend.options_via(proxy.port),
+        flush_interval=0.02,
+        heartbeat_interval=3600,
+        heartbeat_timeout=7200,
+        control_interval=3600,
+        system_metrics=False,
+    )
+    try:
+        time.sleep(0.2)
+        before = proxy.snapshot()
+        start = time.monotonic()
+        step = 0
+        while time.monotonic() - start < seconds:
+            step += 1
+            run.global_step = step
+            run.log({"loss": 1.0 / step})
+            time.sleep(0.002)
+        time.sleep(0.1)
+        during = proxy.snapshot() - before
+        listing = list_metrics(run.store, run.id)  # covered chunks stay for the grace period: all are here
+    finally:
+        run.finish()
+    flushes, compactions = len(listing.chunks), len(listing.manifests)
+    extra = sum(during.values()) - flushes
+    return {"flushes": flushes, "compactions": compactions, "requests": extra, "by_kind": dict(during.most_common(6))}
 
 
 # -- report -------------------------------------------------------------------------------------------
@@ -350,6 +388,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "  default intervals: metrics flush 2 s (one create per flush), heartbeat 5 s (one put), control poll 3 s"
             " (one list, plus a read per new event); requests per second stay the same whatever the log() rate."
         )
+        for name, out in results.items():
+            c = out["compaction"]
+            per = c["requests"] / max(1, c["compactions"])
+            print(
+                f"  {name} compaction: {c['compactions']} compactions of {c['flushes']} flushes sent {c['requests']}"
+                f" requests beyond the flushes' creates ({per:.2f} per compaction, the first one's listing"
+                f" included); at one compaction per 32 flushes of 2 s: +{per / 64:.3f} requests/s, plus one"
+                " batched delete per compaction on S3 once the run is older than the grace period"
+            )
     return 0
 
 
