@@ -11,7 +11,7 @@ For each backend (moto S3, fake-gcs-server, Azurite, all on 127.0.0.1), it
    ``log()`` each, then as fast as it goes with ten ``log()`` calls per step)
    behind an HTTP proxy that counts every request the session sends, with the
    default intervals (metrics flushed every 2 s, heartbeat every 5 s, control
-   polled every 3 s): requests per second must not grow with ``log()`` calls.
+   polled every 3.5 s): requests per second must not grow with ``log()`` calls.
 
     python benchmarks/bench_store.py                             # 1 GB, s3 + gcs + azure
     python benchmarks/bench_store.py --size-mb 100 --seconds 10  # quicker
@@ -385,7 +385,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
         table(header, rows)
         print(
-            "  default intervals: metrics flush 2 s (one create per flush), heartbeat 5 s (one put), control poll 3 s"
+            "  default intervals: metrics flush 2 s (one create per flush), heartbeat 5 s (one put), control poll 3.5 s"
             " (one list, plus a read per new event); requests per second stay the same whatever the log() rate."
         )
         for name, out in results.items():

@@ -77,8 +77,9 @@ __all__ = ["Run", "init"]
 
 #: Seconds between background metric flushes (``LAUNCHHELM_FLUSH_INTERVAL``).
 DEFAULT_FLUSH_INTERVAL = 2.0
-#: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``).
-DEFAULT_CONTROL_INTERVAL = 3.0
+#: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``). 3.5 s, not 3 s as
+#: before compaction: its 2 requests per 32 flushes are paid for, and requests per second stay level.
+DEFAULT_CONTROL_INTERVAL = 3.5
 #: Every this many heartbeats, the session puts its run's summary instead (it carries the heartbeat).
 SUMMARY_EVERY = 3
 
