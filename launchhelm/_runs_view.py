@@ -27,6 +27,7 @@ __all__ = [
     "STATUSES",
     "cell_text",
     "cell_value",
+    "compare_text",
     "config_diff",
     "filter_rows",
     "readable_runs",
@@ -307,3 +308,75 @@ def readable_runs(frame: pd.DataFrame, now: float | None = None) -> pd.DataFrame
         shown["last_heartbeat"] = [ago(r["last_heartbeat"], now) for r in rows]
     result: pd.DataFrame = shown
     return result
+
+
+def compare_text(api: Any, run_ids: Sequence[str], keys: Sequence[str] | None = None, now: float | None = None) -> str:
+    """What ``launchhelm compare RUN RUN ...`` prints: the runs' latest values side by side, then their config diff.
+
+    Parameters
+    ----------
+    api:
+        The :class:`launchhelm.Api` of the store.
+    run_ids:
+        Two or more run ids (repeats are dropped).
+    keys:
+        Metric keys to show (default: every metric any of the runs logged).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Fewer than two runs, or a key none of them logged.
+    RunNotFoundError
+        A run id not in the store.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from launchhelm._exceptions import InvalidArgumentError
+
+    chosen = list(dict.fromkeys(run_ids))
+    if len(chosen) < 2:
+        raise InvalidArgumentError(
+            f"compare needs two runs or more, got {', '.join(chosen) or 'none'}: launchhelm compare RUN RUN [RUN ...]"
+        )
+    now = time.time() if now is None else now
+    handles = [api.run(r) for r in chosen]  # an unknown id fails here, before any table
+    with ThreadPoolExecutor(max_workers=min(16, len(handles))) as pool:
+        summaries = list(pool.map(lambda h: h.summary(), handles))
+    logged = sorted({k[len("metric.") :] for row in summaries for k in row if k.startswith("metric.")})
+    if keys:
+        unknown = [k for k in keys if k not in logged]
+        if unknown:
+            raise InvalidArgumentError(
+                f"--keys {','.join(unknown)}: none of these runs logged it; "
+                f"their metrics: {', '.join(logged) or 'none'}"
+            )
+        shown = list(keys)
+    else:
+        shown = logged
+    names = [str(row["name"]) for row in summaries]
+    header = ["", *[f"{name} ({row['id']})" for name, row in zip(names, summaries, strict=True)]]
+    lines: list[list[str]] = []
+    projects = {str(h.project) for h in handles}
+    if len(projects) > 1:
+        lines.append(["project", *[str(h.project) for h in handles]])
+    for row in summaries:
+        row["_created"], row["_beat"] = _epoch(row.get("created")), _epoch(row.get("last_heartbeat"))
+    lines.append(["status", *[str(row["status"]) for row in summaries]])
+    lines.append(["step", *[cell_text(_plain(row["step"])) for row in summaries]])
+    lines.append(["created", *[f"{local_time(row['_created'])} ({ago(row['_created'], now)})" for row in summaries]])
+    spans = []
+    for row in summaries:
+        end = now if row["status"] == "running" else row["_beat"]
+        spans.append(duration(end - row["_created"]) if end is not None and row["_created"] is not None else "-")
+    lines.append(["duration", *spans])
+    lines.append(["rewinds", *[cell_text(_plain(row["rewinds"])) for row in summaries]])
+    for key in shown:
+        lines.append([key, *[cell_text(_plain(row.get(f"metric.{key}"))) or "-" for row in summaries]])
+    out = ["latest values:", text_table(header, lines)]
+    diff = config_diff(summaries)
+    if diff:
+        out += ["", "config diff:"]
+        out.append(text_table(header, [[d["key"], *[cell_text(_plain(v)) or "-" for v in d["values"]]] for d in diff]))
+    else:
+        out += ["", "config diff: none (their config and tunables agree)"]
+    return "\n".join(out)
