@@ -478,8 +478,19 @@ class CompareChart(LiveWidget):
         runs: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
         store: Any = None,
+        *,
+        x: str = "step",
+        smoothing: float = DEFAULT_SMOOTHING,
+        max_points: int = DEFAULT_MAX_POINTS,
         **_: Any,
     ) -> tuple[tuple[Any, ...], Any]:
+        # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
+        if x not in X_AXES:
+            raise InvalidArgumentError(f"x={x!r}: use 'step' or 'time' (wall time)")
+        if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
+            raise InvalidArgumentError(f"smoothing={smoothing!r}: give a weight from 0 up to, not including, 1")
+        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
+            raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")
         if not isinstance(project, str):
             raise InvalidTypeError(f"project={project!r}: give a project name (a string)")
         validate_project(project)
@@ -509,15 +520,6 @@ class CompareChart(LiveWidget):
     ) -> None:
         if self._reused():
             return
-        if x not in X_AXES:
-            self._forget()
-            raise InvalidArgumentError(f"x={x!r}: use 'step' or 'time' (wall time)")
-        if not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
-            self._forget()
-            raise InvalidArgumentError(f"smoothing={smoothing!r}: give a weight from 0 up to, not including, 1")
-        if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
-            self._forget()
-            raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")
         self._esm, self._css, self.missing_front_end = front_end("compare.js")
         super().__init__(interval=interval, x_axis=x, smoothing=float(smoothing))
         self._setup_live()

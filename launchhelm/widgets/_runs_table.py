@@ -146,7 +146,11 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     """
 
     @classmethod
-    def _reuse_key(cls, project: str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(
+        cls, project: str, store: Any = None, *, extra_columns: int = DEFAULT_EXTRA_COLUMNS, **_: Any
+    ) -> tuple[tuple[Any, ...], Any]:
+        if isinstance(extra_columns, bool) or not isinstance(extra_columns, int) or extra_columns < 0:
+            raise InvalidArgumentError(f"extra_columns={extra_columns!r}: give how many columns to show, 0 or more")
         if not isinstance(project, str):
             raise InvalidTypeError(f"RunsTable({project!r}): give a project name (a string)")
         validate_project(project)
@@ -163,9 +167,6 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     ) -> None:
         if self._reused():
             return
-        if isinstance(extra_columns, bool) or not isinstance(extra_columns, int) or extra_columns < 0:
-            self._forget()
-            raise InvalidArgumentError(f"extra_columns={extra_columns!r}: give how many columns to show, 0 or more")
         api: Api = self._resolved
         self.project = project
         try:
@@ -280,7 +281,8 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     def close(self) -> None:
         """Close the table and its comparison (stopping their pollers)."""
-        self.table.close()
-        self.compare.close()
+        for part in (getattr(self, "table", None), getattr(self, "compare", None)):
+            if part is not None:
+                part.close()
         self._forget()
         super().close()
