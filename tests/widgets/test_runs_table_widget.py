@@ -48,6 +48,8 @@ def test_the_table_reads_the_same_rows_on_every_store_and_ticking_two_compares_t
             (b, BACK_TO, REACHED),
         ]
         assert [d["key"] for d in table.compare.diff()] == ["config.lr", "tunable.clip"]
+        saved = table._repr_mimebundle_()["text/html"]  # a saved notebook: the table, then the comparison
+        assert "Runs of project table (2 of 2 shown)" in saved and "<svg" in saved and "tunable.clip" in saved
         table.select([b])
         assert table.compare.runs == [b] and table.compare.diff() == []
     finally:
