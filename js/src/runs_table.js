@@ -25,6 +25,8 @@ import { ago, duration, localTime, ticking } from "./time.js";
  */
 
 const STATUSES = ["running", "stopped", "resumable", "closed"];
+/** @type {Record<string, string>} */
+const GROUP_TITLES = { base: "", metric: "latest values", config: "config", tunable: "tunables" };
 const BASE = new Set(["name", "status", "step", "created", "duration", "rewinds"]);
 
 /**
@@ -279,6 +281,22 @@ function render({ model, el }) {
       body.replaceChildren(h("p", { class: "lh-empty" }, "No runs in this project yet."));
       return;
     }
+    // a row above the headers names each group: latest metric values, config, tunables
+    /** @type {{ kind: string, span: number }[]} */
+    const groups = [];
+    for (const c of shownColumns) {
+      const last = groups[groups.length - 1];
+      if (last && last.kind === c.kind) last.span += 1;
+      else groups.push({ kind: c.kind, span: 1 });
+    }
+    const groupHead = h(
+      "tr",
+      { class: "lh-groups" },
+      h("th", {}, ""),
+      groups.map((g) =>
+        h("th", { colspan: String(g.span), class: `lh-group lh-kind-${g.kind}` }, GROUP_TITLES[g.kind] || ""),
+      ),
+    );
     const head = h(
       "tr",
       {},
@@ -330,7 +348,12 @@ function render({ model, el }) {
       ),
     );
     body.replaceChildren(
-      h("table", { class: "lh-table lh-runs" }, h("thead", {}, head), h("tbody", {}, lines)),
+      h(
+        "table",
+        { class: "lh-table lh-runs" },
+        h("thead", {}, groups.length > 1 ? groupHead : "", head),
+        h("tbody", {}, lines),
+      ),
       visible.length ? "" : h("p", { class: "lh-empty" }, "No run matches the filter."),
     );
     el.dataset.rows = String(visible.length);
