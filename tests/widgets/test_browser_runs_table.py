@@ -181,3 +181,13 @@ def test_notebook7_shows_the_runs_table_and_the_comparison(
     page.get_by_label("Filter runs").fill("")
     _wait(page, lambda: len(_names(page)), 3)
     _tick_two_and_check_the_comparison(page, runs)
+
+    # live: a run another process starts shows up running, then closed once it finishes
+    import launchhelm as lh
+
+    run = lh.init("cmp", name="delta", store=runs["store"])
+    try:
+        page.wait_for_selector(f"{ROWS}[data-run='{run.id}'][data-status='running']", timeout=WAIT_MS)
+    finally:
+        run.finish()
+    page.wait_for_selector(f"{ROWS}[data-run='{run.id}'][data-status='closed']", timeout=WAIT_MS)

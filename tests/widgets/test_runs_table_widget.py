@@ -199,3 +199,36 @@ def test_rows_of_an_empty_project_and_bad_names(tmp_path: Path) -> None:
         RunsTable("bad/name", store=store)
     with pytest.raises(lh.InvalidTypeError):
         RunsTable(3, store=store)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_the_tables_poll_reads_the_row_index_not_every_run(moto_endpoint: str) -> None:
+    import os
+
+    from http_proxy import RequestCounter
+    from lhtest import BUCKET
+
+    from launchhelm._runs_table import INDEX_AFTER
+    from launchhelm.storage import open_store
+
+    prefix = f"runs-widget-{os.urandom(3).hex()}"
+    direct = open_store(f"s3://{BUCKET}/{prefix}")
+    for i in range(INDEX_AFTER + 1):
+        run = lh.init("big", store=direct, config={"seed": i}, tunables={"lr": 0.1}, flush_interval=3600)
+        run.log({"loss": 1.0 / (i + 1)})
+        run.finish(close_run=bool(i % 2))
+    proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
+    store = open_store(f"s3://{BUCKET}/{prefix}", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
+    try:
+        table = RunsTable("big", store=store)  # the first read writes the index of settled rows
+        try:
+            assert len(table.rows()) == INDEX_AFTER + 1
+            proxy.reset()
+            table.refresh()  # what the poller does every few seconds
+            # the run markers' listing, the table's listing (row markers and indexes), the newest index
+            assert proxy.total == 3, proxy.snapshot()
+            assert {r["values"]["tunable.lr"] for r in table.rows()} == {0.1}
+        finally:
+            table.close()
+    finally:
+        proxy.close()
