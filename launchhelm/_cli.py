@@ -33,11 +33,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 0
     import pandas as pd
 
+    from launchhelm._runs_view import readable_runs
+
     with pd.option_context("display.max_columns", None, "display.width", 200):
-        shown = frame.copy()
-        for col in ("created", "last_heartbeat"):
-            shown[col] = shown[col].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
-        print(shown.to_string(index=False))
+        # local time and "3 min ago", durations: as the runs table in a notebook says it
+        print(readable_runs(frame).to_string(index=False))
     return 0
 
 

@@ -81,3 +81,17 @@ def test_compare_says_what_is_wrong(tmp_path: Path) -> None:
     unknown = _cli("--store", store, "compare", a, "zzzzzzzz")
     assert unknown.returncode == 2 and "no run 'zzzzzzzz'" in unknown.stderr
     assert "Traceback" not in one.stderr + typo.stderr + unknown.stderr
+
+
+def test_runs_prints_times_as_people_read_them(tmp_path: Path) -> None:
+    import launchhelm as lh
+
+    store = str(tmp_path / "store")
+    a = rewound_run(store, "cli", "alpha", 0.1)
+    done = _cli("--store", store, "runs", "cli")
+    assert done.returncode == 0, done.stderr
+    header, row = done.stdout.splitlines()
+    assert header.split()[4:7] == ["created", "duration", "last_heartbeat"]
+    created = local_time(lh.Api(store).run(a).created)
+    assert f"{created} (" in row and ("ago)" in row or "(just now)" in row)  # not raw timestamps
+    assert "tunable.clip" in header
