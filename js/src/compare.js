@@ -12,7 +12,7 @@ import { ago, duration } from "./time.js";
 /** @typedef {import("vega-embed").Result["view"]} View */
 /**
  * @typedef {{ labels: string[], keys: string[], r: number[], k: number[], step: number[], time: number[],
- *   value: number[], raw: number[] }} Columns
+ *   elapsed: number[], value: number[], raw: number[] }} Columns
  */
 
 /**
@@ -27,6 +27,7 @@ function expand(c) {
       key: c.keys[c.k[i]],
       step: c.step[i],
       time: c.time[i],
+      elapsed: c.elapsed[i],
       value: c.value[i],
       raw: c.raw[i],
     };
@@ -66,6 +67,7 @@ function render({ model, el }) {
     { class: "lh-x-axis", "aria-label": "x axis" },
     h("option", { value: "step" }, "step"),
     h("option", { value: "time" }, "wall time"),
+    h("option", { value: "relative" }, "time since start"),
   );
   const smooth = h("input", { type: "checkbox", class: "lh-smooth" });
   const weight = h("input", {

@@ -53,7 +53,8 @@ __all__ = [
 META_COLUMNS = frozenset({"run", "step", "attempt", "time", "abandoned"})
 #: Message type, kernel -> front end.
 MSG_SNAPSHOT = "snapshot"
-X_AXES = ("step", "time")
+#: x by step, by wall time, or by time since each run's first point (runs started hours apart line up).
+X_AXES = ("step", "time", "relative")
 DEFAULT_MAX_POINTS = 1000
 #: TensorBoard's default smoothing weight.
 DEFAULT_SMOOTHING = 0.6
@@ -177,10 +178,19 @@ def compare_points(
 
     if not 0 <= smoothing < 1:
         raise InvalidArgumentError(f"smoothing={smoothing!r}: give a weight from 0 (none) up to, not including, 1")
-    columns = {"run": object, "key": object, "step": np.int64, "time": np.float64, "value": float, "raw": float}
+    columns = {
+        "run": object,
+        "key": object,
+        "step": np.int64,
+        "time": np.float64,
+        "elapsed": np.float64,
+        "value": float,
+        "raw": float,
+    }
     if history.empty or "run" not in history.columns:
         empty: pd.DataFrame = pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
         return empty
+    starts = _run_starts(history)
     kept = history[~history["abandoned"].to_numpy(bool)] if "abandoned" in history.columns else history
     wanted = list(keys) if keys is not None else [c for c in history.columns if c not in META_COLUMNS]
     pieces = []
@@ -208,6 +218,7 @@ def compare_points(
                         "key": key,
                         "step": steps[order][ok][chosen],
                         "time": times[order][ok][chosen],
+                        "elapsed": (times[order][ok][chosen] - starts.get(run_id, 0.0)) / 1000,
                         "value": shown[chosen],
                         "raw": raw[chosen],
                     }
@@ -218,6 +229,17 @@ def compare_points(
         return nothing
     result: pd.DataFrame = pd.concat(pieces, ignore_index=True)
     return result
+
+
+def _run_starts(history: pd.DataFrame) -> dict[str, float]:
+    """Each run's first logged point (epoch ms), abandoned attempts included: where its relative time starts."""
+    import numpy as np
+
+    if history.empty or "run" not in history.columns:
+        return {}
+    times = history["time"].to_numpy("datetime64[ns]").astype(np.int64) / 1e6
+    runs = history["run"].to_numpy()
+    return {str(r): float(times[runs == r].min()) for r in dict.fromkeys(runs.tolist())}
 
 
 def metric_keys(history: pd.DataFrame) -> list[str]:
@@ -231,8 +253,10 @@ def rewind_rows(run_id: str, rewinds: Sequence[Rewind], history: pd.DataFrame | 
     import numpy as np
 
     first_time: dict[int, float] = {}
+    start = None
     if history is not None and len(history):
         times = history["time"].to_numpy("datetime64[ns]").astype(np.int64) / 1e6
+        start = float(times.min())
         attempts = history["attempt"].to_numpy(np.int64)
         for attempt in {r.attempt for r in rewinds}:
             hit = attempts == attempt
@@ -245,6 +269,9 @@ def rewind_rows(run_id: str, rewinds: Sequence[Rewind], history: pd.DataFrame | 
             "reached": r.reached,
             "attempt": r.attempt,
             "time": first_time.get(r.attempt),
+            "elapsed": (first_time[r.attempt] - start) / 1000
+            if r.attempt in first_time and start is not None
+            else None,
             "label": r.describe(),
         }
         for r in rewinds
@@ -266,11 +293,12 @@ def build_compare_spec(
     (names stable, for tests and styling): ``raw_<i>`` (the unsmoothed
     values, faint, only when ``smoothed``), ``line_<i>``, ``points_<i>``
     (tooltips) and ``rewind_rule_<i>`` (each run's rewinds, dashed, in its
-    colour). ``x``: ``"step"`` or ``"time"`` (wall time, shown in the
+    colour). ``x``: ``"step"``, ``"relative"`` (seconds since each run's
+    first point) or ``"time"`` (wall time, shown in the
     browser's time zone). Built as plain dicts, like :func:`build_spec`.
     """
     if x not in X_AXES:
-        raise InvalidArgumentError(f"x={x!r}: use 'step' or 'time' (wall time)")
+        raise InvalidArgumentError(f"x={x!r}: use 'step', 'time' (wall time) or 'relative' (since each run began)")
     config: dict[str, Any] = {"view": {"continuousWidth": 300, "continuousHeight": 300, "stroke": "#ddd"}}
     if not runs or not keys:
         text = "Select runs to compare" if not runs else "No metrics logged yet"
@@ -284,7 +312,8 @@ def build_compare_spec(
             "$schema": VEGA_LITE_SCHEMA,
         }
     config["axis"] = {"labelFont": "sans-serif", "titleFont": "sans-serif"}
-    config["legend"] = {"labelFont": "sans-serif", "titleFont": "sans-serif", "orient": "top"}
+    # full-strength swatches whichever layer the legend is drawn from (the raw layer is faint)
+    config["legend"] = {"labelFont": "sans-serif", "titleFont": "sans-serif", "orient": "top", "symbolOpacity": 1}
     color = {
         "field": "label",
         "type": "nominal",
@@ -295,6 +324,11 @@ def build_compare_spec(
         x_enc: dict[str, Any] = {"field": "step", "title": "step", "type": "quantitative"}
         rule_x: dict[str, Any] = {"field": "to_step", "title": "step", "type": "quantitative"}
         rule_filter = "true"
+    elif x == "relative":
+        title = "seconds since the run's first point"
+        x_enc = {"field": "elapsed", "title": title, "type": "quantitative"}
+        rule_x = {"field": "elapsed", "title": title, "type": "quantitative"}
+        rule_filter = "isValid(datum.elapsed)"
     else:
         x_enc = {"field": "time", "title": "wall time", "type": "temporal"}
         rule_x = {"field": "time", "title": "wall time", "type": "temporal"}
@@ -385,6 +419,7 @@ def encode_points(rows: pd.DataFrame, labels: Mapping[str, str]) -> dict[str, An
         "k": [key_code[k] for k in rows["key"].tolist()],
         "step": rows["step"].astype(int).tolist(),
         "time": rows["time"].astype(float).tolist(),
+        "elapsed": rows["elapsed"].astype(float).tolist(),
         "value": rows["value"].astype(float).tolist(),
         "raw": rows["raw"].astype(float).tolist(),
     }
@@ -393,9 +428,16 @@ def encode_points(rows: pd.DataFrame, labels: Mapping[str, str]) -> dict[str, An
 def _expand(points: Mapping[str, Any]) -> list[dict[str, Any]]:
     labels, keys = points["labels"], points["keys"]
     return [
-        {"label": labels[r], "key": keys[k], "step": s, "time": t, "value": v, "raw": w}
-        for r, k, s, t, v, w in zip(
-            points["r"], points["k"], points["step"], points["time"], points["value"], points["raw"], strict=True
+        {"label": labels[r], "key": keys[k], "step": s, "time": t, "elapsed": e, "value": v, "raw": w}
+        for r, k, s, t, e, v, w in zip(
+            points["r"],
+            points["k"],
+            points["step"],
+            points["time"],
+            points["elapsed"],
+            points["value"],
+            points["raw"],
+            strict=True,
         )
     ]
 
@@ -451,7 +493,7 @@ class CompareChart(LiveWidget):
     store:
         Store URL or path (default ``$LAUNCHHELM_STORE``, else ``~/.launchhelm``).
     x:
-        ``"step"`` or ``"time"`` (wall time).
+        ``"step"``, ``"time"`` (wall time) or ``"relative"`` (seconds since each run's first point).
     smoothing:
         The EMA weight used when smoothing is on (0 to 0.999; default 0.6).
     max_points:
@@ -486,7 +528,7 @@ class CompareChart(LiveWidget):
     ) -> tuple[tuple[Any, ...], Any]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if x not in X_AXES:
-            raise InvalidArgumentError(f"x={x!r}: use 'step' or 'time' (wall time)")
+            raise InvalidArgumentError(f"x={x!r}: use 'step', 'time' (wall time) or 'relative' (since each run began)")
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0 <= smoothing < 1:
             raise InvalidArgumentError(f"smoothing={smoothing!r}: give a weight from 0 up to, not including, 1")
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
@@ -722,7 +764,7 @@ class CompareChart(LiveWidget):
     def _on_view_option(self, change: Any) -> None:
         if change["name"] == "x_axis" and change["new"] not in X_AXES:
             self.x_axis = change["old"]
-            self.error = f"x axis {change['new']!r}: use 'step' or 'time'"
+            self.error = f"x axis {change['new']!r}: use 'step', 'time' or 'relative'"
             return
         if change["name"] == "smoothing" and not 0 <= float(change["new"]) < 1:
             self.smoothing = change["old"]

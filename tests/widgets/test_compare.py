@@ -64,7 +64,7 @@ def test_two_rewound_runs_compare_alike_on_every_store(store_url: str) -> None:
         chart.close()
 
 
-def test_abandoned_values_stay_out_and_wall_time_places_each_rewind_at_its_new_attempt(tmp_path: Path) -> None:
+def test_wall_and_relative_time_place_each_rewind_at_its_new_attempt(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     a = rewound_run(store, "cmp", "alpha", 0.1)
     chart = CompareChart("cmp", runs=[a], store=store, x="time")
@@ -78,6 +78,15 @@ def test_abandoned_values_stay_out_and_wall_time_places_each_rewind_at_its_new_a
         first_new = history.loc[history["attempt"] == 1, "time"].min().timestamp() * 1000
         (rewind,) = chart.rewinds()
         assert rewind["time"] == pytest.approx(first_new)
+        # time since the run's first point: runs started hours apart line up
+        chart.x_axis = "relative"
+        assert chart.spec["concat"][0]["layer"][0]["encoding"]["x"]["field"] == "elapsed"
+        start = history["time"].min().timestamp() * 1000
+        points = chart.points()
+        assert points["elapsed"].min() == pytest.approx(0.0)
+        np.testing.assert_allclose(points["elapsed"], (points["time"] - start) / 1000)
+        (rewind,) = chart.rewinds()
+        assert rewind["elapsed"] == pytest.approx((first_new - start) / 1000, abs=1e-5)
         # the x axis switches from the front end: a new spec on step
         chart.x_axis = "step"
         assert chart.spec["concat"][0]["layer"][0]["encoding"]["x"]["field"] == "step"
