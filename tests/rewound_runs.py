@@ -26,7 +26,10 @@ def rewound_run(
     tunables: dict[str, Any] | None = None,
     end: int = END,
 ) -> str:
-    """A run of ``project`` logging ``train/loss`` and ``acc`` at steps 1..``end``, rewound once; its id."""
+    """A run of ``project`` logging ``train/loss`` and ``acc`` at steps 1..``end``, its id.
+
+    Rewound once (at ``REACHED`` back to ``BACK_TO``) when ``end`` is past ``REACHED``.
+    """
     import torch
 
     import launchhelm.torch as lht
@@ -48,8 +51,9 @@ def rewound_run(
         loss = model(torch.randn(8, 4)).pow(2).mean()
         loss.backward()
         opt.step()
-        # the abandoned attempt is 10 higher: a comparison that drew it would show it
-        tr.log({"train/loss": loss.item() + lr + (10.0 if tr.attempt == 0 and tr.global_step > BACK_TO else 0.0)})
+        # the attempt a rewind abandons is 10 higher: a comparison that drew it would show it
+        doomed = end > REACHED and tr.attempt == 0 and BACK_TO < tr.global_step <= REACHED
+        tr.log({"train/loss": loss.item() + lr + (10.0 if doomed else 0.0)})
         tr.log({"acc": tr.global_step / 100})
         if tr.global_step == BACK_TO:
             tr.save_checkpoint()
