@@ -61,12 +61,8 @@ def test_compare_prints_latest_values_and_the_config_diff_on_every_store(shared_
     assert _cells(diff, "tunable.clip") == ["1", "0.5"]
     assert "config.model" not in diff  # the same in both: not a difference
 
-    only = _cli("--store", shared_store_url, "compare", a, b, "--keys", "acc")
-    assert only.returncode == 0, only.stderr
-    assert _cells(only.stdout, "acc") == ["0.5", "0.5"] and "train/loss" not in only.stdout
 
-
-def test_compare_says_what_is_wrong(tmp_path: Path) -> None:
+def test_compare_says_what_is_wrong_and_runs_reads_times_as_people_do(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     a = rewound_run(store, "cli", "alpha", 0.1)
     time.sleep(0.01)
@@ -81,17 +77,17 @@ def test_compare_says_what_is_wrong(tmp_path: Path) -> None:
     unknown = _cli("--store", store, "compare", a, "zzzzzzzz")
     assert unknown.returncode == 2 and "no run 'zzzzzzzz'" in unknown.stderr
     assert "Traceback" not in one.stderr + typo.stderr + unknown.stderr
+    only = _cli("--store", store, "compare", a, b, "--keys", "acc")
+    assert only.returncode == 0, only.stderr
+    assert _cells(only.stdout, "acc") == ["0.5", "0.5"] and "train/loss" not in only.stdout
 
-
-def test_runs_prints_times_as_people_read_them(tmp_path: Path) -> None:
+    # and `launchhelm runs` reads its times the same way: local time, how long ago, durations
+    listing = _cli("--store", store, "runs", "cli")
+    assert listing.returncode == 0, listing.stderr
+    header, *rows = listing.stdout.splitlines()
+    assert header.split()[4:7] == ["created", "duration", "last_heartbeat"] and "tunable.clip" in header
     import launchhelm as lh
 
-    store = str(tmp_path / "store")
-    a = rewound_run(store, "cli", "alpha", 0.1)
-    done = _cli("--store", store, "runs", "cli")
-    assert done.returncode == 0, done.stderr
-    header, row = done.stdout.splitlines()
-    assert header.split()[4:7] == ["created", "duration", "last_heartbeat"]
     created = local_time(lh.Api(store).run(a).created)
+    row = next(r for r in rows if r.startswith(a))
     assert f"{created} (" in row and ("ago)" in row or "(just now)" in row)  # not raw timestamps
-    assert "tunable.clip" in header

@@ -232,3 +232,28 @@ def test_the_tables_poll_reads_the_row_index_not_every_run(moto_endpoint: str) -
             table.close()
     finally:
         proxy.close()
+
+
+MAGIC_WITHOUT_A_KERNEL = """
+import sys
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+shell.run_line_magic("load_ext", "launchhelm")
+shown = shell.run_line_magic("launchhelm", f"runs plain --store {sys.argv[1]}")
+print(type(shown).__name__)
+print(shown.loc[0, "created"])
+print(shown.loc[0, "duration"])
+print(shown.loc[0, "status"])
+"""
+
+
+def test_the_magic_without_a_kernel_prints_a_table_with_readable_times(stopped_run: StoppedRun) -> None:
+    from lhtest import run_python
+
+    done = run_python(MAGIC_WITHOUT_A_KERNEL, stopped_run.store)
+    assert done.returncode == 0, done.stderr
+    kind, created, spent, status = done.stdout.strip().splitlines()[-4:]
+    assert kind == "DataFrame" and status == "stopped"
+    when = lh.Api(stopped_run.store).run(stopped_run.id).created
+    assert created.startswith(f"{local_time(when)} (") and created.endswith(("ago)", "(just now)"))
+    assert spent.endswith(" s") or "min" in spent
