@@ -576,6 +576,7 @@ class CompareChart(LiveWidget):
         self._rows: dict[str, dict[str, Any]] = {}
         self._shown: tuple[Any, ...] | None = None
         self._last_snapshot: dict[str, Any] | None = None
+        self._last_basis: tuple[Any, ...] | None = None
         self.observe(self._on_view_option, names=["x_axis", "smooth", "smoothing"])
         try:
             self.set_runs(self._resolved[1] if self._resolved[1] is not None else self._project_runs())
@@ -750,15 +751,27 @@ class CompareChart(LiveWidget):
         with self._lock:
             if not self._ready:
                 return
+            basis = self._basis()
+            if self._last_snapshot is not None and basis == self._last_basis:
+                return  # no run has new points or rewinds: the browser already shows it all
             snapshot = self._snapshot()
+            self._last_basis = basis
             if snapshot == self._last_snapshot:
-                return  # nothing new: the browser already shows it
+                return
             self._last_snapshot = snapshot
             self.send(snapshot)
 
+    def _basis(self) -> tuple[Any, ...]:
+        """What a snapshot is made from: each run's row and rewind counts, and the smoothing."""
+        counts = []
+        for run_id in self._run_ids:
+            view = self._views.get(run_id)
+            counts.append((run_id, len(view.history), len(view.rewinds)) if view is not None else (run_id,))
+        return (tuple(counts), self.smooth, self.smoothing, self.max_points)
+
     def snapshot_messages(self) -> list[dict[str, Any]]:
         snapshot = self._snapshot()
-        self._last_snapshot = snapshot
+        self._last_snapshot, self._last_basis = snapshot, self._basis()
         return [snapshot]
 
     def _on_view_option(self, change: Any) -> None:
