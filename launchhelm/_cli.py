@@ -1,5 +1,4 @@
-"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``compact``, ``gc``,
-``compare``."""
+"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``compact``, ``gc``."""
 
 from __future__ import annotations
 

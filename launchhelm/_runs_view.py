@@ -2,7 +2,7 @@
 
 Rows of :meth:`Api.runs` as a person reads them (times as "3 min ago",
 durations, the status with its sentence), sorting and filtering them, the
-config diff between runs, and plain-text and HTML renderings of both. The
+config diff between runs, and the text ``launchhelm compare`` prints. The
 widgets (:class:`launchhelm.widgets.RunsTable`, ``CompareChart``), the
 ``%launchhelm runs`` magic and the command line share these, so each says
 the same thing. Stdlib only at import time.
@@ -31,8 +31,6 @@ __all__ = [
     "config_diff",
     "filter_rows",
     "readable_runs",
-    "runs_html",
-    "runs_text",
     "sort_rows",
     "table_columns",
     "table_rows",
@@ -235,26 +233,6 @@ def config_diff(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return diff
 
 
-def runs_text(frame: pd.DataFrame, now: float | None = None) -> str:
-    """The runs table as text (where widgets cannot draw): times as people read them."""
-    now = time.time() if now is None else now
-    rows = table_rows(frame, now)
-    columns = [c for c in table_columns(frame)]
-    header = ["id", *[c["label"] if c["kind"] == "base" else c["id"] for c in columns]]
-    body = []
-    for row in rows:
-        cells = [row["id"]]
-        for column in columns:
-            value = cell_value(row, column["id"])
-            if column["id"] == "created":
-                value = ago(value, now)
-            elif column["id"] == "duration":
-                value = duration(value)
-            cells.append(cell_text(value))
-        body.append(cells)
-    return text_table(header, body)
-
-
 def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Columns padded to their widest cell (numbers right-aligned)."""
     widths = [len(h) for h in header]
@@ -272,27 +250,6 @@ def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
         return "  ".join(c.rjust(w) if numeric(c) else c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
 
     return "\n".join([line(header), *(line(r) for r in rows)])
-
-
-def runs_html(frame: pd.DataFrame, now: float | None = None) -> str:
-    """The runs table as HTML (a notebook without the widgets extra)."""
-    from launchhelm.widgets._static import table_html  # stdlib only, like this module
-
-    now = time.time() if now is None else now
-    rows = table_rows(frame, now)
-    columns = table_columns(frame)
-    body = []
-    for row in rows:
-        cells = [row["id"]]
-        for column in columns:
-            value = cell_value(row, column["id"])
-            if column["id"] == "created":
-                value = f"{local_time(value)} ({ago(value, now)})"
-            elif column["id"] == "duration":
-                value = duration(value)
-            cells.append(cell_text(value))
-        body.append(cells)
-    return table_html(["id", *[c["label"] for c in columns]], body, "", "runs")
 
 
 def readable_runs(frame: pd.DataFrame, now: float | None = None) -> pd.DataFrame:
