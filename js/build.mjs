@@ -11,7 +11,9 @@ const here = dirname(fileURLToPath(import.meta.url));
 const out = join(here, "..", "launchhelm", "widgets", "static");
 await mkdir(out, { recursive: true });
 await build({
-  entryPoints: ["chart", "picker", "evaluations", "details"].map((name) => join(here, "src", `${name}.js`)),
+  entryPoints: ["chart", "picker", "evaluations", "details", "runs_table", "compare"].map((name) =>
+    join(here, "src", `${name}.js`),
+  ),
   outdir: out,
   bundle: true,
   format: "esm",

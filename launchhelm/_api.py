@@ -593,8 +593,9 @@ class Api:
 
         Columns: id, name, status, step (furthest reached), created,
         last_heartbeat, sessions, rewinds; then one ``config.<key>`` column
-        per config value (nested dicts flattened: ``config.optim.lr``) and
-        one ``metric.<key>`` column per metric with its latest value, each
+        per config value (nested dicts flattened: ``config.optim.lr``), one
+        ``tunable.<key>`` column per tunable (the value in force) and one
+        ``metric.<key>`` column per metric with its latest value, each
         sorted by name (missing: NaN / None).
 
         Reads each run's summary (kept current by its live session), all
@@ -613,6 +614,7 @@ class Api:
         recover_runs(self.store, run_ids)  # sessions killed on this host: their last points first
         rows = [_timestamps(row) for row in project_rows(self.store, project, run_ids)]
         extra = sorted({k for row in rows for k in row if k.startswith("config.")})
+        extra += sorted({k for row in rows for k in row if k.startswith("tunable.")})
         extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
         frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])
         if len(frame):

@@ -32,11 +32,11 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 0
     import pandas as pd
 
+    from launchhelm._runs_view import readable_runs
+
     with pd.option_context("display.max_columns", None, "display.width", 200):
-        shown = frame.copy()
-        for col in ("created", "last_heartbeat"):
-            shown[col] = shown[col].dt.tz_convert(None).dt.strftime("%Y-%m-%d %H:%M:%S")
-        print(shown.to_string(index=False))
+        # local time and "3 min ago", durations: as the runs table in a notebook says it
+        print(readable_runs(frame).to_string(index=False))
     return 0
 
 
@@ -185,6 +185,14 @@ def _cmd_recover(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from launchhelm._runs_view import compare_text
+
+    keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
+    print(compare_text(Api(args.store), args.run, keys))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launchhelm", description="Experiment tracking that survives crashes.")
     parser.add_argument(
@@ -219,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     recover.add_argument("run", nargs="*")
     recover.set_defaults(func=_cmd_recover)
+    compare = sub.add_parser("compare", help="runs side by side: their latest values and config diff")
+    compare.add_argument("run", nargs="+", help="two or more run ids")
+    compare.add_argument("--keys", default=None, help="metric keys to show, comma-separated (default: all)")
+    compare.set_defaults(func=_cmd_compare)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
     return parser

@@ -3,7 +3,7 @@
 ::
 
     %launchhelm store [URL]           # the store for the rest of the session (no URL: print it)
-    %launchhelm runs PROJECT          # the project's runs, as a table
+    %launchhelm runs PROJECT          # the project's runs, as a live table (tick runs to compare them)
     %launchhelm show RUN              # the run panel: Charts, Checkpoints, Evaluations, Details
     %launchhelm resume RUN            # the "Resume…" checkpoint picker alone
     %launchhelm chart RUN [KEY ...]   # the run's charts (all keys, or those given)
@@ -37,7 +37,7 @@ STORE_VARIABLE = "LAUNCHHELM_STORE"
 #: ``%launchhelm help``: each subcommand, one line each.
 USAGE = """\
 %launchhelm store [URL]            the store for the rest of the session (no URL: print the current one)
-%launchhelm runs PROJECT           the project's runs, as a table
+%launchhelm runs PROJECT           the project's runs, as a live table (tick runs to compare them)
 %launchhelm show RUN               the run's panel: Charts, Checkpoints, Evaluations, Details
 %launchhelm resume RUN             the "Resume..." checkpoint picker
 %launchhelm chart RUN [KEY ...]    the run's charts (every key, or those given)
@@ -177,7 +177,7 @@ def _dispatch(command: str, args: list[str], store: str | None) -> Any:
         if args[0] not in projects:
             known = ", ".join(projects) if projects else "none yet"
             _fail(f"%launchhelm runs: no project {args[0]!r} in the store {api.store.url} (its projects: {known})")
-        return api.runs(args[0])
+        return _runs(api, args[0], store)
     from launchhelm import widgets
 
     if command == "show":
@@ -187,6 +187,23 @@ def _dispatch(command: str, args: list[str], store: str | None) -> Any:
     if command == "chart":
         return widgets.RunChart(args[0], keys=args[1:] or None, store=store)
     return widgets.EvaluationTable(args[0], store=store)
+
+
+def _runs(api: Any, project: str, store: str | None) -> Any:
+    """The :class:`RunsTable` widget in a kernel; elsewhere (or without the widgets extra) a DataFrame
+    whose times read as people read them (local time, "3 min ago", durations)."""
+    from launchhelm.widgets._display import in_kernel
+
+    if in_kernel():
+        try:
+            from launchhelm.widgets._runs_table import RunsTable
+        except ImportError:  # no widgets extra: the table below
+            pass
+        else:
+            return RunsTable(project, store=store)
+    from launchhelm._runs_view import readable_runs
+
+    return readable_runs(api.runs(project))
 
 
 def load_ipython_extension(ipython: Any) -> None:

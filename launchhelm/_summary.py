@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from launchhelm._control import in_force
 from launchhelm._events import RunState, SessionRecord, event_key, read_state
 from launchhelm._runinfo import metrics_last_step, read_run_record
 from launchhelm._sessions import (
@@ -103,6 +104,7 @@ class _View:
     name: str
     created: float
     config: dict[str, Any]
+    tunables: dict[str, Any]
     metrics: dict[str, Any]
     last: SessionRecord | None
     closed: bool
@@ -125,6 +127,7 @@ def _from_summary(run_id: str, summary: dict[str, Any]) -> _View:
         name=str(summary.get("name")),
         created=float(summary.get("created") or 0.0),
         config=dict(summary.get("config") or {}),
+        tunables=dict(summary.get("tunables") or {}),
         metrics=dict(summary.get("metrics") or {}),
         last=last,
         closed=bool(summary.get("closed")),
@@ -150,6 +153,8 @@ def _from_log(store: Store, run_id: str, summary: dict[str, Any] | None) -> _Vie
         name=str(record.get("name")),
         created=float(record.get("created") or 0.0),
         config=dict(record.get("config") or {}),
+        # in force as the log says (a change applied since the summary was put is in it)
+        tunables=in_force(dict(record.get("tunables") or {}), state)[0],
         metrics=dict(summary.get("metrics") or {}) if summary is not None else {},
         last=last,
         closed=state.closed,
@@ -181,9 +186,9 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
 
     Rows: ``id``, ``name``, ``status``, ``step``, ``created`` and
     ``last_heartbeat`` (epoch seconds, None: never), ``sessions``,
-    ``rewinds``, then ``config.<key>`` (nested dicts flattened with ``.``)
-    and ``metric.<key>`` (the latest value of each metric, as of the last
-    summary). ``exact_step``: for a last session that did not end (running,
+    ``rewinds``, then ``config.<key>`` (nested dicts flattened with ``.``),
+    ``tunable.<key>`` (the tunables in force) and ``metric.<key>`` (the
+    latest value of each metric, as of the last summary). ``exact_step``: for a last session that did not end (running,
     or killed), also take the highest step of the stored metric points (a
     listing per such run): a session killed after a flush and before its
     next heartbeat stored points further than any heartbeat says.
@@ -256,6 +261,8 @@ def _row(store: Store, view: _View) -> dict[str, Any]:
         "rewinds": view.rewinds,
     }
     _flatten("config.", view.config, row)
+    for key, value in view.tunables.items():
+        row[f"tunable.{key}"] = value
     for key, value in view.metrics.items():
         row[f"metric.{key}"] = value
     return row

@@ -9,6 +9,8 @@ Needs the ``widgets`` extra (``pip install 'launchhelm[widgets]'``)::
     ResumePicker(run_id)                    # choose what load_checkpoint("resume") restores
     EvaluationTable("quickstart")           # each checkpoint's evaluation
     RunPanel(run_id)                        # all of them as tabs, plus Details
+    RunsTable("quickstart")                 # the project's runs; tick some to compare them
+    CompareChart("quickstart", runs=[a, b]) # runs side by side, with their config diff
 
 A :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` left as a cell's
 last expression shows as its :class:`RunPanel`; ``%load_ext launchhelm``
@@ -23,19 +25,23 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launchhelm.widgets._chart import RunChart
+    from launchhelm.widgets._compare import CompareChart
     from launchhelm.widgets._details import RunDetails
     from launchhelm.widgets._evaluations import EvaluationTable
     from launchhelm.widgets._panel import RunPanel
     from launchhelm.widgets._picker import ResumePicker
+    from launchhelm.widgets._runs_table import RunsTable
 
-__all__ = ["EvaluationTable", "ResumePicker", "RunChart", "RunDetails", "RunPanel"]
+__all__ = ["CompareChart", "EvaluationTable", "ResumePicker", "RunChart", "RunDetails", "RunPanel", "RunsTable"]
 
 _WHERE = {
+    "CompareChart": "launchhelm.widgets._compare",
     "EvaluationTable": "launchhelm.widgets._evaluations",
     "ResumePicker": "launchhelm.widgets._picker",
     "RunChart": "launchhelm.widgets._chart",
     "RunDetails": "launchhelm.widgets._details",
     "RunPanel": "launchhelm.widgets._panel",
+    "RunsTable": "launchhelm.widgets._runs_table",
 }
 
 

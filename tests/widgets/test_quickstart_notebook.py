@@ -35,7 +35,7 @@ def test_the_quickstart_notebook_runs_and_shows_its_widgets(tmp_path: Path, monk
     assert "restored step 40" in text and "finished at step 160" in text
     assert "['Resumed from step 40 after reaching 110']" in text
     widgets = [o for cell in outputs for o in cell if WIDGET in o.get("data", {})]
-    assert len(widgets) == 5  # the panel, the picker, two charts, the evaluation table
+    assert len(widgets) == 6  # the runs table, the panel, the picker, two charts, the evaluation table
     assert any("stopped" in o.get("data", {}).get("text/html", "") for cell in outputs for o in cell)  # runs table
 
     api = lh.Api(str(store))
