@@ -19,10 +19,12 @@ from pathlib import Path
 from typing import Any
 
 from launchhelm._checkpoints import DIRECTORY_FORMAT
+from launchhelm._events import RunState
 from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._exceptions import CheckpointError, InvalidTypeError
 from launchhelm._run import Run
 from launchhelm._types import Rewind
+from launchhelm.storage import Store
 
 __all__ = ["PendingRestore", "download_checkpoint", "find_checkpoint", "plain_config", "record_restore"]
 
@@ -37,7 +39,7 @@ class PendingRestore:
         self.path = path
 
 
-def find_checkpoint(run: Run, which: str) -> tuple[dict[str, Any] | None, bool]:
+def find_checkpoint(state: RunState, run_id: str, which: str) -> tuple[dict[str, Any] | None, bool]:
     """The checkpoint event ``which`` names, and whether restoring it consumes the resume choice.
 
     ``"latest"``: the newest; ``"resume"``: the one chosen with
@@ -47,7 +49,6 @@ def find_checkpoint(run: Run, which: str) -> tuple[dict[str, Any] | None, bool]:
     """
     if not isinstance(which, str):
         raise InvalidTypeError(f"pass 'latest', 'resume' or a checkpoint id, not a {type(which).__name__} {which!r}")
-    state = run._events.state()
     if which in ("latest", "resume"):
         event = state.latest_checkpoint if which == "latest" else state.resume_checkpoint
         if event is None:
@@ -58,14 +59,14 @@ def find_checkpoint(run: Run, which: str) -> tuple[dict[str, Any] | None, bool]:
         known = [str(e["checkpoint"]) for e in state.checkpoints[-3:]]
         hint = f" (its newest: {', '.join(known)})" if known else ""
         raise CheckpointError(
-            f"run {run.id} has no checkpoint {which!r}{hint}: pass 'latest', 'resume' or one of its checkpoint ids "
+            f"run {run_id} has no checkpoint {which!r}{hint}: pass 'latest', 'resume' or one of its checkpoint ids "
             "(RunHandle.checkpoints())",
-            run_id=run.id,
+            run_id=run_id,
         )
     return event, False
 
 
-def download_checkpoint(run: Run, event: Mapping[str, Any], directory: Path) -> Path:
+def download_checkpoint(store: Store, run_id: str, event: Mapping[str, Any], directory: Path) -> Path:
     """Fetch a published checkpoint's files into ``directory/<checkpoint id>``, each verified; return its path.
 
     The folder for a folder checkpoint, the file for a single-file one.
@@ -77,27 +78,27 @@ def download_checkpoint(run: Run, event: Mapping[str, Any], directory: Path) -> 
     target = (directory / checkpoint_id).absolute()
     files = list(event.get("files") or [])
     if not files:
-        raise CheckpointError(f"checkpoint {checkpoint_id} records no files", run_id=run.id)
+        raise CheckpointError(f"checkpoint {checkpoint_id} records no files", run_id=run_id)
     prefix = str(event["prefix"])
     for entry in files:
         name = str(entry["name"])
         local = (target / name).absolute()
         if target not in local.parents:
-            raise CheckpointError(f"checkpoint {checkpoint_id} names a file outside itself: {name!r}", run_id=run.id)
+            raise CheckpointError(f"checkpoint {checkpoint_id} names a file outside itself: {name!r}", run_id=run_id)
         try:
-            run.store.download(f"{prefix}/{name}", local)
+            store.download(f"{prefix}/{name}", local)
         except FileNotFoundError:
             raise CheckpointError(
                 f"file {name!r} of checkpoint {checkpoint_id} is missing from the store; restore another one "
                 "(RunHandle.checkpoints())",
-                run_id=run.id,
+                run_id=run_id,
             ) from None
         size = local.stat().st_size
         if size != int(entry["size"]):
             raise CheckpointError(
                 f"file {name!r} of checkpoint {checkpoint_id} has {size} bytes, {entry['size']} were saved: the "
                 "stored copy is damaged; restore another one",
-                run_id=run.id,
+                run_id=run_id,
             )
         expected = recorded(entry)
         wrong = mismatches(expected, file_checksums(local, verifying_algorithms(expected)))
@@ -105,7 +106,7 @@ def download_checkpoint(run: Run, event: Mapping[str, Any], directory: Path) -> 
             raise CheckpointError(
                 f"file {name!r} of checkpoint {checkpoint_id} does not match its {wrong[0]}: the stored copy is "
                 "damaged; restore another one",
-                run_id=run.id,
+                run_id=run_id,
             )
     if event.get("format") == DIRECTORY_FORMAT or len(files) != 1:
         return target

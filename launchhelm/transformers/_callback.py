@@ -152,7 +152,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
         if self._run is None and self._init.get("resume") is None:
             return None  # a new run has no checkpoint
         run = self._ensure_run()
-        event, consume = find_checkpoint(run, which)
+        event, consume = find_checkpoint(run._events.state(), run.id, which)
         if event is None:
             return None
         if directory is not None:
@@ -161,7 +161,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
             base = Path(self._output_dir) / "launchhelm-restored"
         else:
             base = Path(tempfile.mkdtemp(prefix="launchhelm-transformers-"))
-        path = download_checkpoint(run, event, base)
+        path = download_checkpoint(run.store, run.id, event, base)
         self._pending = PendingRestore(str(event["checkpoint"]), int(event["step"]), consume, path)
         return str(path)
 
