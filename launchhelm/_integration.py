@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from launchhelm._checkpoints import DIRECTORY_FORMAT
-from launchhelm._events import RunState
 from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
+from launchhelm._events import RunState
 from launchhelm._exceptions import CheckpointError, InvalidTypeError
 from launchhelm._run import Run
 from launchhelm._types import Rewind

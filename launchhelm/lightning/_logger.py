@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import Logger
-from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities import rank_zero_only
 
 import launchhelm
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
@@ -53,6 +53,11 @@ RNG_FORMAT = "launchhelm.lightning.rng/1"
 CAUSE = "trainer.fit(ckpt_path)"
 
 
+def _rank() -> int:
+    """This process's global rank as Lightning knows it (from the environment, before DDP starts)."""
+    return int(getattr(rank_zero_only, "rank", 0) or 0)
+
+
 class _RunWhenUsed:
     """What ``logger.experiment`` gives before the run has started: the run, started on first use.
 
@@ -71,7 +76,7 @@ class _RunWhenUsed:
         return f"<launchhelm run of {self._logger.name!r}, not started yet>"
 
 
-class LaunchHelmLogger(Logger):  # type: ignore[misc]
+class LaunchHelmLogger(Logger):
     """A Lightning logger that writes a LaunchHelm run, publishes checkpoints and resumes from them.
 
     Metrics go to the run at Lightning's step; the LightningModule's (and
@@ -137,10 +142,8 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
     def run(self) -> Run:
         """The run (started on first use; only rank 0 starts one)."""
         if self._run is None:
-            if rank_zero_only.rank != 0:
-                raise InvalidArgumentError(
-                    f"rank {rank_zero_only.rank} has no run: under DDP only rank 0 writes to LaunchHelm"
-                )
+            if _rank() != 0:
+                raise InvalidArgumentError(f"rank {_rank()} has no run: under DDP only rank 0 writes to LaunchHelm")
             assert self._project is not None
             config = {**plain_config(self._hparams), **self._config}
             self._run = launchhelm.init(self._project, config=config, **self._init)
@@ -167,7 +170,7 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
         """The run id (names ``ModelCheckpoint``'s default folder)."""
         if self._run is not None:
             return self._run.id
-        if rank_zero_only.rank != 0:
+        if _rank() != 0:
             return self._resume or ""
         return self.run.id
 
@@ -182,7 +185,7 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
             return self._run
         return _RunWhenUsed(self)
 
-    @rank_zero_only  # type: ignore[misc]
+    @rank_zero_only
     def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
         """Hyperparameters become the run's config when they arrive before it starts (the callback sees to it)."""
         values = dict(vars(params)) if not isinstance(params, Mapping) and hasattr(params, "__dict__") else params
@@ -200,7 +203,7 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
                 ", ".join(map(str, missing[:5])),
             )
 
-    @rank_zero_only  # type: ignore[misc]
+    @rank_zero_only
     def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
         values: dict[str, float] = {}
         for key, value in metrics.items():
@@ -216,12 +219,12 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
     def log_graph(self, model: Any, input_array: Any = None) -> None:
         """Does nothing: LaunchHelm keeps no model graphs."""
 
-    @rank_zero_only  # type: ignore[misc]
+    @rank_zero_only
     def save(self) -> None:
         if self._run is not None:
             self._run.flush()
 
-    @rank_zero_only  # type: ignore[misc]
+    @rank_zero_only
     def finalize(self, status: str) -> None:
         """Write what is buffered; the run stays open (``logger.run.finish()`` closes it)."""
         if self._run is not None:
@@ -268,7 +271,7 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
         if self._run is None and self._resume is None:
             return None  # a new run has no checkpoint
         base = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="launchhelm-lightning-"))
-        if rank_zero_only.rank != 0:
+        if _rank() != 0:
             # other DDP ranks read the run without a session of their own: rank 0 holds it
             from launchhelm._events import EventLog
 
@@ -291,7 +294,7 @@ class LaunchHelmLogger(Logger):  # type: ignore[misc]
         record_restore(self.run, step, pending, CAUSE)
 
 
-class LaunchHelmCallback(Callback):  # type: ignore[misc]
+class LaunchHelmCallback(Callback):
     """Every RNG of every rank in Lightning's checkpoints, restored on resume; hyperparameters; rewinds.
 
     Get it from :attr:`LaunchHelmLogger.callback` (or create it with no

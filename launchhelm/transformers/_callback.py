@@ -40,7 +40,7 @@ __all__ = ["LaunchHelmCallback"]
 CAUSE = "trainer.train(resume_from_checkpoint)"
 
 
-class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
+class LaunchHelmCallback(TrainerCallback):
     """Track a Transformers ``Trainer`` in a LaunchHelm run, publish its checkpoints and resume from them.
 
     Logs what the ``Trainer`` logs (``loss``, ``learning_rate``,
@@ -107,7 +107,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
         if self._run is None:
             config: dict[str, Any] = {}
             if args is not None:
-                config.update(plain_config(args.to_dict()))
+                config.update(plain_config(args.to_dict()))  # type: ignore[no-untyped-call]
             model_config = getattr(model, "config", None)
             if model_config is not None and hasattr(model_config, "to_dict"):
                 config["model_config"] = plain_config(model_config.to_dict())
@@ -121,9 +121,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
         self._save_requested = True  # RunHandle.control("checkpoint"): the Trainer saves at this step's end
 
     # -- resuming ------------------------------------------------------------
-    def checkpoint_folder(
-        self, which: str = "latest", directory: str | os.PathLike[str] | None = None
-    ) -> str | None:
+    def checkpoint_folder(self, which: str = "latest", directory: str | os.PathLike[str] | None = None) -> str | None:
         """Download a published checkpoint folder for ``trainer.train(resume_from_checkpoint=...)``.
 
         Parameters
@@ -166,9 +164,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
         return str(path)
 
     # -- Trainer events --------------------------------------------------------
-    def on_init_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._output_dir = str(args.output_dir) if args.output_dir is not None else None
         if state.is_world_process_zero:
             self._ensure_run(args, kwargs.get("model"))
@@ -184,9 +180,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
         if pending is not None or step < run.reached:
             record_restore(run, step, pending, CAUSE)
 
-    def on_step_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
         # a step boundary: tunables, pause, stop and "checkpoint now" from outside apply here
@@ -213,9 +207,7 @@ class LaunchHelmCallback(TrainerCallback):  # type: ignore[misc]
         if values:
             self._ensure_run(args).log(values, step=int(state.global_step))
 
-    def on_save(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
-    ) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir or ".") / f"checkpoint-{state.global_step}"

@@ -16,14 +16,14 @@ import pytest
 
 pytest.importorskip("lightning", reason="the lightning extra is not installed (pip install -e '.[lightning]')")
 
-import lightning as L  # noqa: E402
-import torch  # noqa: E402
-from lhtest import child_env, make_store_url  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+import lightning as L
+import torch
+from lhtest import child_env, make_store_url
+from lightning.pytorch.callbacks import ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
 
-import launchhelm as lh  # noqa: E402
-from launchhelm.lightning import RNG_FORMAT, LaunchHelmCallback, LaunchHelmLogger  # noqa: E402
+import launchhelm as lh
+from launchhelm.lightning import RNG_FORMAT, LaunchHelmCallback, LaunchHelmLogger
 
 WORKER = Path(__file__).with_name("lightning_worker.py")
 EPOCHS = 4  # 4 batches an epoch, a checkpoint at each epoch's end

@@ -15,12 +15,12 @@ import pytest
 pytest.importorskip("transformers", reason="the transformers extra is not installed (pip install -e '.[transformers]')")
 pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate (the transformers extra)")
 
-import torch  # noqa: E402
-from lhtest import child_env, make_store_url  # noqa: E402
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments  # noqa: E402
+import torch
+from lhtest import child_env, make_store_url
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
-import launchhelm as lh  # noqa: E402
-from launchhelm.transformers import LaunchHelmCallback  # noqa: E402
+import launchhelm as lh
+from launchhelm.transformers import LaunchHelmCallback
 
 WORKER = Path(__file__).with_name("hf_worker.py")
 STEPS, SAVE_EVERY = 20, 6  # 10 batches an epoch: the kill lands in the second epoch
@@ -121,7 +121,7 @@ def test_checkpoint_folder_refuses_unknown_ids_and_damaged_files(tmp_path: Path)
     raw = bytearray(stored.read_bytes())
     raw[len(raw) // 2] ^= 0xFF
     stored.write_bytes(bytes(raw))
-    with pytest.raises(lh.CheckpointError, match="optimizer.pt.*does not match its crc64nvme"):
+    with pytest.raises(lh.CheckpointError, match=r"optimizer\.pt.*does not match its crc64nvme"):
         resumed.checkpoint_folder("latest", directory=tmp_path / "restore")
     resumed.run.finish(close_run=False)
 
@@ -131,8 +131,17 @@ def test_checkpoint_folder_refuses_unknown_ids_and_damaged_files(tmp_path: Path)
 
 def _worker(store: str, output_dir: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, str(WORKER), store, str(output_dir), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY)]
-        + list(args),
+        [
+            sys.executable,
+            str(WORKER),
+            store,
+            str(output_dir),
+            "--steps",
+            str(STEPS),
+            "--save-every",
+            str(SAVE_EVERY),
+            *args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
