@@ -303,6 +303,7 @@ class LaunchHelmCallback(Callback):
 
     def __init__(self, logger: LaunchHelmLogger | None = None) -> None:
         self._logger = logger
+        self._loaded = False  # this fit restored a checkpoint
 
     def _logger_of(self, trainer: Any) -> LaunchHelmLogger | None:
         if self._logger is None:
@@ -312,6 +313,7 @@ class LaunchHelmCallback(Callback):
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         # before ModelCheckpoint's setup (Lightning runs checkpoint callbacks last), which names its folder
         # after the run: start the run now, with the hyperparameters as config
+        self._loaded = False
         logger = self._logger_of(trainer)
         if logger is None or not trainer.is_global_zero:
             return
@@ -355,9 +357,17 @@ class LaunchHelmCallback(Callback):
                 raise CheckpointError(f"this checkpoint's RNG record {rank} is not rank {rank}'s: it is damaged")
             validate_rng(mine, f"checkpoint rng_by_rank[{rank}]")
             restore_rng(mine)
+        self._loaded = True
         logger = self._logger_of(trainer)
         if logger is not None and trainer.is_global_zero:
             logger._restored(int(checkpoint.get("global_step", 0)))
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        logger = self._logger_of(trainer)
+        if self._loaded or logger is None or not trainer.is_global_zero or logger._run is None:
+            return
+        if trainer.global_step < logger._run.reached:
+            logger._restored(int(trainer.global_step))  # a resumed run trained again from scratch: a rewind too
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         logger = self._logger_of(trainer)

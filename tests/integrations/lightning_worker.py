@@ -5,7 +5,11 @@ in a shuffled DataLoader; ``ModelCheckpoint`` saves at every epoch's end and
 LaunchHelmLogger publishes each file.
 
     python lightning_worker.py STORE ROOT_DIR --epochs N [--resume RUN_ID] [--which latest|resume]
-        [--out FINAL.pt] [--step-sleep S] [--no-callback]
+        [--out FINAL.pt] [--step-sleep S] [--no-callback] [--devices 2]
+
+With ``--devices 2``: DDP over gloo (Lightning starts the second process), each
+rank seeded differently at setup, so each rank's RNG streams differ and a
+restore that gave a rank another rank's RNG would change the result.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from launchhelm.lightning import LaunchHelmLogger
 
 
 class Tiny(L.LightningModule):
-    def __init__(self, hidden: int = 32, lr: float = 1e-2, step_sleep: float = 0.0) -> None:
+    def __init__(
+        self, hidden: int = 32, lr: float = 1e-2, step_sleep: float = 0.0, per_rank_seed: bool = False
+    ) -> None:
         super().__init__()
         self.save_hyperparameters()
         self.net = torch.nn.Sequential(
@@ -36,8 +42,12 @@ class Tiny(L.LightningModule):
         self.log("loss", loss)
         return loss
 
+    def setup(self, stage: str) -> None:
+        if self.hparams.per_rank_seed:  # before a restore (which sets the RNG back): distinct streams per rank
+            torch.manual_seed(1000 + self.global_rank)
+
     def on_train_start(self) -> None:
-        print(f"run {self.logger.version}", flush=True)
+        print(f"run {self.logger.version}" if self.global_rank == 0 else "rank 1 started", flush=True)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
         print(f"step {self.trainer.global_step}", flush=True)
@@ -58,13 +68,14 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--no-callback", action="store_true")
+    parser.add_argument("--devices", type=int, default=1)
     args = parser.parse_args()
 
     L.seed_everything(0, verbose=False)
     data_gen = torch.Generator().manual_seed(123)
     dataset = TensorDataset(torch.randn(64, 6, generator=data_gen), torch.randn(64, 1, generator=data_gen))
     loader = DataLoader(dataset, batch_size=16, shuffle=True)
-    model = Tiny(step_sleep=args.step_sleep)
+    model = Tiny(step_sleep=args.step_sleep, per_rank_seed=args.devices > 1)
     logger = LaunchHelmLogger("lightning-resume", store=args.store, resume=args.resume)
     callbacks: list[Any] = [ModelCheckpoint(every_n_epochs=1, save_top_k=-1)]
     if not args.no_callback:
@@ -75,7 +86,8 @@ def main() -> None:
         callbacks=callbacks,
         default_root_dir=args.root_dir,
         accelerator="cpu",
-        devices=1,
+        devices=args.devices,
+        strategy="ddp" if args.devices > 1 else "auto",
         log_every_n_steps=1,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -83,6 +95,8 @@ def main() -> None:
     path = logger.checkpoint_path(args.which) if args.resume else None
     print(f"path {path}", flush=True)
     trainer.fit(model, loader, ckpt_path=path, weights_only=True)
+    if not trainer.is_global_zero:
+        return
     if args.out:
         torch.save({"model": model.state_dict(), "optimizer": trainer.optimizers[0].state_dict()}, args.out)
     logger.run.finish(close_run=False)

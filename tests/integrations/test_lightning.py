@@ -194,3 +194,41 @@ def test_sigkill_then_resume_through_the_logger_is_bitwise_identical(
     argv = ["--resume", run_id, "--which", "resume", "--no-callback", "--out", str(control)]
     _finish(_worker(store, tmp_path / "third-machine", *argv))
     assert not _equal(reference, control), "Lightning alone resumed exactly: the callback proves nothing"
+
+
+@pytest.mark.slow
+def test_under_ddp_each_rank_saves_and_gets_back_its_own_rng(tmp_path: Path) -> None:
+    """Two gloo ranks, each with its own RNG streams (seeded by rank): resuming the chosen epoch-end checkpoint
+    with two ranks ends equal to the uninterrupted two-rank run, which needs each rank's own record back."""
+    store = str(tmp_path / "store")
+    reference = tmp_path / "reference.pt"
+    out = _finish(_worker(store, tmp_path / "first", "--devices", "2", "--out", str(reference)))
+    (run_id,) = {line.split()[1] for line in out.splitlines() if line.startswith("run ") and len(line.split()) == 2}
+    handle = lh.Api(store).run(run_id)
+    assert [c.step for c in handle.checkpoints()] == [2, 4, 6, 8]  # each rank: half the batches
+    chosen = handle.checkpoints()[1]
+    saved = torch.load(next((tmp_path / "first").rglob("epoch=1-step=4.ckpt")), weights_only=True)["launchhelm"]
+    assert saved["world_size"] == 2 and [r["rank"] for r in saved["rng_by_rank"]] == [0, 1]
+    assert not torch.equal(saved["rng_by_rank"][0]["torch"], saved["rng_by_rank"][1]["torch"])
+
+    handle.choose_for_resume(chosen.id)
+    resumed = tmp_path / "resumed.pt"
+    argv = ["--devices", "2", "--resume", run_id, "--which", "resume", "--out", str(resumed)]
+    _finish(_worker(store, tmp_path / "second", *argv))
+    assert _equal(reference, resumed), "a rank resumed with RNG streams other than its own"
+    (rewind,) = handle.rewinds()
+    assert (rewind.to_step, rewind.checkpoint) == (4, chosen.id)
+
+
+def test_a_resumed_run_trained_again_from_scratch_records_a_rewind_to_step_zero(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    first = LaunchHelmLogger("pl", store=store)
+    _fit(first, tmp_path / "root", 2, first.callback)
+    first.run.finish(close_run=False)
+    again = LaunchHelmLogger("pl", store=store, resume=first.run.id)
+    _fit(again, tmp_path / "root2", 1, again.callback, ckpt_path=None)
+    again.run.finish(close_run=False)
+    handle = lh.Api(store).run(first.run.id)
+    (rewind,) = handle.rewinds()
+    assert (rewind.to_step, rewind.checkpoint) == (0, None)
+    assert handle.history(keys=["loss"]).query("step == 0")["attempt"].tolist() == [0, 1]
