@@ -13,6 +13,7 @@ training begins from it.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import tempfile
@@ -32,12 +33,22 @@ from launchhelm._integration import (
     record_restore,
 )
 from launchhelm._run import Run
-from launchhelm.storage import Store
+from launchhelm.storage import Store, open_store
+
+_log = logging.getLogger("launchhelm")
 
 __all__ = ["LaunchHelmCallback"]
 
 #: What a rewind recorded by this callback names as its cause.
 CAUSE = "trainer.train(resume_from_checkpoint)"
+
+
+def _rank() -> int:
+    """This process's rank in the world (``RANK``, as torchrun and accelerate set it; 0 alone)."""
+    try:
+        return int(os.environ.get("RANK", "0") or 0)
+    except ValueError:
+        return 0
 
 
 class LaunchHelmCallback(TrainerCallback):
@@ -96,6 +107,7 @@ class LaunchHelmCallback(TrainerCallback):
         self._output_dir: str | None = None
         self._pending: PendingRestore | None = None
         self._save_requested = False
+        self._world = 1
 
     # -- the run -------------------------------------------------------------
     @property
@@ -105,6 +117,11 @@ class LaunchHelmCallback(TrainerCallback):
 
     def _ensure_run(self, args: TrainingArguments | None = None, model: Any = None) -> Run:
         if self._run is None:
+            if _rank() != 0:
+                raise InvalidArgumentError(
+                    f"process {_rank()} has no run: under torch.distributed only the world's process zero writes "
+                    "to LaunchHelm (the Trainer calls this callback there)"
+                )
             config: dict[str, Any] = {}
             if args is not None:
                 config.update(plain_config(args.to_dict()))  # type: ignore[no-untyped-call]
@@ -118,7 +135,17 @@ class LaunchHelmCallback(TrainerCallback):
         return self._run
 
     def _request_save(self) -> None:
-        self._save_requested = True  # RunHandle.control("checkpoint"): the Trainer saves at this step's end
+        # RunHandle.control("checkpoint"): the Trainer saves at this step's end. Not under torch.distributed:
+        # only process zero hears the request, and a save that the other processes do not join would hang
+        if self._world > 1:
+            _log.warning(
+                "run %s: 'checkpoint now' is not applied to a Trainer on %d processes; the next scheduled "
+                "save (save_steps) publishes a checkpoint",
+                self._run.id if self._run is not None else "?",
+                self._world,
+            )
+            return
+        self._save_requested = True
 
     # -- resuming ------------------------------------------------------------
     def checkpoint_folder(self, which: str = "latest", directory: str | os.PathLike[str] | None = None) -> str | None:
@@ -147,18 +174,29 @@ class LaunchHelmCallback(TrainerCallback):
         CheckpointError
             An unknown checkpoint id, or a file missing or damaged in the store.
         """
-        if self._run is None and self._init.get("resume") is None:
+        resume = self._run.id if self._run is not None else self._init.get("resume")
+        if resume is None:
             return None  # a new run has no checkpoint
-        run = self._ensure_run()
-        event, consume = find_checkpoint(run._events.state(), run.id, which)
-        if event is None:
-            return None
         if directory is not None:
             base = Path(directory)
         elif self._output_dir is not None:
             base = Path(self._output_dir) / "launchhelm-restored"
         else:
             base = Path(tempfile.mkdtemp(prefix="launchhelm-transformers-"))
+        if _rank() != 0:
+            # every process loads the folder (its own rng_state_<rank>.pth among it); the others read the
+            # run without a session (process zero holds it), each into its own copy
+            from launchhelm._events import EventLog
+
+            store = open_store(self._init.get("store"), self._init.get("storage_options"))
+            event, _ = find_checkpoint(EventLog(store, resume).state(), resume, which)
+            if event is None:
+                return None
+            return str(download_checkpoint(store, resume, event, base / f"process-{_rank()}"))
+        run = self._ensure_run()
+        event, consume = find_checkpoint(run._events.state(), run.id, which)
+        if event is None:
+            return None
         path = download_checkpoint(run.store, run.id, event, base)
         self._pending = PendingRestore(str(event["checkpoint"]), int(event["step"]), consume, path)
         return str(path)
@@ -166,6 +204,7 @@ class LaunchHelmCallback(TrainerCallback):
     # -- Trainer events --------------------------------------------------------
     def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         self._output_dir = str(args.output_dir) if args.output_dir is not None else None
+        self._world = int(args.world_size)
         if state.is_world_process_zero:
             self._ensure_run(args, kwargs.get("model"))
 
@@ -208,6 +247,12 @@ class LaunchHelmCallback(TrainerCallback):
             self._ensure_run(args).log(values, step=int(state.global_step))
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+        import torch.distributed as dist
+
+        if int(args.world_size) > 1 and dist.is_available() and dist.is_initialized():
+            # every process writes its own rng_state_<rank>.pth into the folder, and process zero may get here
+            # first: wait for all of them, or the published folder lacks some ranks' RNG (seen: rank 1's)
+            dist.barrier()
         if not state.is_world_process_zero:
             return
         folder = Path(args.output_dir or ".") / f"checkpoint-{state.global_step}"

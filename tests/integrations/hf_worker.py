@@ -12,6 +12,7 @@ publishes it.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -72,6 +73,7 @@ def main() -> None:
         seed=0,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        ddp_backend="gloo" if "RANK" in os.environ else None,
     )
     callback = LaunchHelmCallback("hf-resume", store=args.store, resume=args.resume)
     trainer = Trainer(
@@ -80,10 +82,14 @@ def main() -> None:
         train_dataset=dataset,
         callbacks=[callback, Steps(args.step_sleep, args.reseed_after_load)],
     )
-    print(f"run {callback.run.id}", flush=True)
+    rank = int(os.environ.get("RANK", "0"))  # under torchrun: process zero holds the run
+    if rank == 0:
+        print(f"run {callback.run.id}", flush=True)
     folder = callback.checkpoint_folder(args.which) if args.resume else None
     print(f"folder {folder}", flush=True)
     trainer.train(resume_from_checkpoint=folder)
+    if rank != 0:
+        return
     if args.out:
         torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()}, args.out)
     callback.run.finish(close_run=False)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -17,7 +18,7 @@ pytest.importorskip("accelerate", reason="transformers' Trainer needs accelerate
 
 import torch
 from lhtest import child_env, make_store_url
-from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
+from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 
 import launchhelm as lh
 from launchhelm.transformers import LaunchHelmCallback
@@ -126,6 +127,25 @@ def test_checkpoint_folder_refuses_unknown_ids_and_damaged_files(tmp_path: Path)
     resumed.run.finish(close_run=False)
 
 
+def test_checkpoint_now_from_outside_makes_the_trainer_save_and_publish(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    model, data = _tiny()
+    callback = LaunchHelmCallback("hf-now", store=store, control_interval=0.05)
+
+    class AskAtStepTwo(TrainerCallback):  # type: ignore[misc]
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.global_step == 2:
+                lh.Api(store).run(callback.run.id).control("checkpoint")  # what the Details tab's button does
+                time.sleep(0.5)  # the run's poller delivers it; it applies at the next step boundary
+
+    trainer = Trainer(
+        model=model, args=_args(tmp_path / "out", 5, 100), train_dataset=data, callbacks=[callback, AskAtStepTwo()]
+    )
+    trainer.train()
+    callback.run.finish()
+    assert [c.step for c in lh.Api(store).run(callback.run.id).checkpoints()] == [3, 5]  # 5: the final save
+
+
 # -- SIGKILL and resume -------------------------------------------------------------------------------
 
 
@@ -222,3 +242,36 @@ def test_sigkill_then_resume_through_the_callback_is_bitwise_identical(reference
     assert not _equal(reference, control), "the comparison cannot tell a wrong RNG apart"
     assert not handle.checkpoints()[1].chosen_for_resume  # the "resume" choice was consumed
     assert (handle.rewinds()[-1].to_step, handle.rewinds()[-1].checkpoint) == (12, checkpoint.id)
+
+
+@pytest.mark.slow
+def test_under_torchrun_every_process_rng_is_published_and_resume_is_bitwise(tmp_path: Path) -> None:
+    """Two gloo processes: each writes its own rng_state_<rank>.pth, so a folder published before every
+    process had written (seen before the callback waited for them) would resume one rank with a fresh RNG."""
+    store = str(tmp_path / "store")
+
+    def torchrun(output_dir: Path, *args: str) -> str:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+        argv = [str(WORKER), store, str(output_dir), "--steps", str(STEPS), "--save-every", str(SAVE_EVERY), *args]
+        done = subprocess.run(
+            command + argv, capture_output=True, text=True, timeout=300, env=child_env(OMP_NUM_THREADS="1")
+        )
+        assert done.returncode == 0, done.stderr[-4000:]
+        return done.stdout
+
+    reference = tmp_path / "reference.pt"
+    out = torchrun(tmp_path / "first", "--out", str(reference))
+    run_id = next(line for line in out.splitlines() if line.startswith("run ")).split()[1]
+    handle = lh.Api(store).run(run_id)
+    checkpoints = handle.checkpoints()
+    assert [c.step for c in checkpoints] == [6, 12, 18, 20]
+    for checkpoint in checkpoints:
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(checkpoint.files), checkpoint.step
+
+    handle.choose_for_resume(checkpoints[1].id)
+    resumed = tmp_path / "resumed.pt"
+    out = torchrun(tmp_path / "second", "--resume", run_id, "--which", "resume", "--out", str(resumed))
+    assert out.count("begin 12") == 2  # both processes began at the chosen checkpoint
+    assert _equal(reference, resumed), "a process resumed with RNG state other than its own"
+    (rewind,) = handle.rewinds()
+    assert (rewind.to_step, rewind.reached, rewind.checkpoint) == (12, 20, checkpoints[1].id)
