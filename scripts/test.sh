@@ -2,7 +2,7 @@
 # The whole test suite: set up .venv with the dev extras, then lint, type-check
 # and run every test (moto_server and other helpers are started by the tests).
 set -euo pipefail
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "dev,torch"
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "dev,torch,lightning,transformers"
 # Azurite (the Azure Storage emulator of the storage tests), from tests/azurite/package-lock.json
 if [ ! -x tests/azurite/node_modules/.bin/azurite-blob ] || [ tests/azurite/package-lock.json -nt tests/azurite/node_modules/.package-lock.json ]; then
     echo "== npm ci --prefix tests/azurite (Azurite)"

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from lhtest import ROOT, child_env
 
-NOTEBOOKS = ("quickstart.ipynb", "evaluate.ipynb", "tunables.ipynb")
+NOTEBOOKS = ("quickstart.ipynb", "evaluate.ipynb", "tunables.ipynb", "lightning.ipynb", "transformers.ipynb")
 
 
 def code_cells(name: str) -> int:
