@@ -116,7 +116,7 @@ class Points:
         import pandas as pd
 
         names = np.array(self.keys, dtype=object)
-        return pd.DataFrame(
+        frame: pd.DataFrame = pd.DataFrame(
             {
                 "key": pd.Series(names[self.code] if len(self) else [], dtype=object),
                 "step": self.step.astype(np.int64),
@@ -126,6 +126,7 @@ class Points:
                 "abandoned": self.abandoned.astype(bool),
             }
         )
+        return frame
 
     @classmethod
     def from_frame(cls, frame: pd.DataFrame) -> Points:
@@ -336,8 +337,8 @@ def chart_rows(
     import numpy as np
 
     if not isinstance(points, Points):
-        rows, counts = chart_rows(Points.from_frame(points), budget, domain)
-        return rows.to_frame(), counts
+        rows, of_series = chart_rows(Points.from_frame(points), budget, domain)
+        return rows.to_frame(), of_series
     if not len(points):
         return points, {}
     # numpy over positions: a 1M-point series must take milliseconds here (series come in step
