@@ -3,14 +3,15 @@
 // streams rows. Protocol (custom messages):
 //   front end -> kernel: {type: "ready"} once it listens (after each embed),
 //                        {type: "zoom", domain: [lo, hi] | null}
-//   kernel -> front end: {type: "snapshot", points, rewinds} (replaces both datasets),
+//   kernel -> front end: {type: "live", static: [model ids]} (hide their saved pictures),
+//                        {type: "snapshot", points, rewinds} (replaces both datasets),
 //                        {type: "insert", points} (appends rows)
 import embed from "vega-embed";
 
 /** @typedef {import("vega-embed").Result["view"]} View */
 /** @typedef {{ key: string, step: number, value: number, attempt: number, abandoned: boolean }} Row */
 /** @typedef {{ keys: string[], k: number[], step: number[], value: number[], attempt: number[], abandoned: boolean[] }} Columns */
-import { h } from "./dom.js";
+import { h, hideStaticFallback } from "./dom.js";
 
 /**
  * Expand the kernel's compact columns into Vega rows.
@@ -118,6 +119,7 @@ function render({ model, el }) {
 
   /** @param {any} msg */
   const onMessage = (msg) => {
+    if (hideStaticFallback(msg)) return;
     const v = view;
     // Before its ready, a view drops messages: the snapshot its ready asks for has everything.
     if (!v || !msg || typeof msg !== "object") return;

@@ -48,6 +48,27 @@ export function act(model, name, args = {}) {
 }
 
 /**
+ * The kernel's `live` message (its answer to `ready`) names the models whose
+ * saved picture (the static fallback a saved notebook shows) stands in this
+ * page: hide it, and the output holding it, now that the live view draws.
+ * Returns whether `msg` was that message.
+ * @param {any} msg
+ * @returns {boolean}
+ */
+export function hideStaticFallback(msg) {
+  if (msg?.type !== "live" || !Array.isArray(msg.static)) return false;
+  for (const id of msg.static) {
+    const selector = `.launchhelm-static-fallback[data-lh-static~="${CSS.escape(String(id))}"]`;
+    for (const node of document.querySelectorAll(selector)) {
+      const output = node.closest(".jp-OutputArea-child") || node;
+      if (output instanceof HTMLElement) output.hidden = true;
+      output.classList.add("lh-fallback-hidden");
+    }
+  }
+  return true;
+}
+
+/**
  * Wire the shared behaviour of a state-rendering widget: render now and on
  * every change of the listed traits, show the `error` trait, say `ready`.
  * @param {Model} model
@@ -85,6 +106,7 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
   };
   const events = traits.map((name) => `change:${name}`);
   for (const name of events) model.on(name, redraw);
+  model.on("msg:custom", hideStaticFallback);
   model.on("change:error", showError);
   root.addEventListener("focusout", onFocusOut);
   showError();
@@ -92,6 +114,7 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
   return () => {
     for (const name of events) model.off(name, redraw);
     model.off("change:error", showError);
+    model.off("msg:custom", hideStaticFallback);
     root.removeEventListener("focusout", onFocusOut);
   };
 }

@@ -200,6 +200,8 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         return {}
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        from launchhelm.widgets._static import split_fallback
+
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
@@ -209,10 +211,10 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             data["text/plain"] = self.missing_front_end
         try:
             with self._lock:
-                data.update(self.static_mimebundle())
+                static = self.static_mimebundle()
         except Exception:  # a saved picture is a nicety: the live view must show regardless
-            pass
-        return data, metadata
+            static = {}
+        return split_fallback(data, static, [self.model_id], alt=repr(self)), metadata
 
     def _setup_live(self) -> None:
         self._lock = threading.RLock()
@@ -249,8 +251,11 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             return
         kind = content.get("type")
         if kind == MSG_READY:
+            from launchhelm.widgets._static import live_message
+
             with self._lock:
                 self._ready = True
+                self.send(live_message([self.model_id]))
                 for message in self.snapshot_messages():
                     self.send(message)
             self._start_polling()
