@@ -179,7 +179,7 @@ def split_fallback(
     if block is not None:
         from IPython.display import display
 
-        display({"text/html": block}, raw=True)
+        display({"text/html": block}, raw=True)  # type: ignore[no-untyped-call]
     return data
 
 
