@@ -1,6 +1,8 @@
 // Small DOM helpers shared by the widgets' front ends (no framework: each
 // widget renders a state dict that the kernel owns).
 
+import { refreshTimes } from "./human.js";
+
 /** @typedef {import("./types.js").Child} Child */
 /** @typedef {import("./types.js").Model} Model */
 
@@ -110,8 +112,11 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
   model.on("change:error", showError);
   root.addEventListener("focusout", onFocusOut);
   showError();
+  // "3 min ago" stays true while the state does not change
+  const ticking = setInterval(() => refreshTimes(root), 30_000);
   model.send({ type: "ready" });
   return () => {
+    clearInterval(ticking);
     for (const name of events) model.off(name, redraw);
     model.off("change:error", showError);
     model.off("msg:custom", hideStaticFallback);

@@ -30,7 +30,16 @@ from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._run import Run
 
-__all__ = ["STATIC", "LiveWidget", "Reusable", "format_time", "front_end", "resolve_run", "static_file"]
+__all__ = [
+    "STATIC",
+    "LiveWidget",
+    "Reusable",
+    "format_time",
+    "front_end",
+    "resolve_run",
+    "static_file",
+    "time_labels",
+]
 
 #: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
 STATIC = Path(__file__).with_name("static")
@@ -125,6 +134,12 @@ def format_time(ts: float | None) -> str:
     if ts is None:
         return "-"
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def time_labels(*stamps: float | None) -> dict[str, float]:
+    """``{format_time(ts): ts}``: lets a front end redraw the times in a state's text in the browser's
+    own zone, with how long ago (js/src/human.js), where the text itself stays what a saved picture shows."""
+    return {format_time(ts): float(ts) for ts in stamps if ts is not None}
 
 
 _registry: dict[tuple[Any, ...], Any] = {}
