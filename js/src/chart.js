@@ -274,8 +274,8 @@ function render({ model, el }) {
       shown += inSection;
       section.details.hidden = inSection === 0;
       section.count.textContent = words.length
-        ? `${inSection} of ${section.panels.length}`
-        : String(section.panels.length);
+        ? ` (${inSection} of ${section.panels.length})`
+        : ` (${section.panels.length})`;
     }
     shownCount.textContent = words.length ? `${shown} of ${panels.length} panels` : "";
     // views shown again measure their cells anew

@@ -63,7 +63,8 @@ export function hideStaticFallback(msg) {
     const selector = `.launchhelm-static-fallback[data-lh-static~="${CSS.escape(String(id))}"]`;
     for (const node of document.querySelectorAll(selector)) {
       const output = node.closest(".jp-OutputArea-child") || node;
-      if (output instanceof HTMLElement) output.hidden = true;
+      // a style, not the hidden attribute: the output area's own CSS sets its display
+      if (output instanceof HTMLElement) output.style.display = "none";
       output.classList.add("lh-fallback-hidden");
     }
   }
