@@ -128,3 +128,18 @@ def test_without_the_front_end_a_widget_shows_one_line_saying_how_to_get_it(
     assert notebook.cells[4].outputs[0].text == "True True\n"  # the view draws that line in the cell
     assert notebook.cells[5].outputs == []  # nothing from __del__
     assert all(o.output_type != "error" for c in notebook.cells for o in c.outputs)
+
+
+def test_outside_a_kernel_the_fallback_joins_the_views_bundle_and_in_one_it_is_tagged_for_the_live_view() -> None:
+    from launchhelm.widgets._static import fallback_html, split_fallback
+
+    view = {WIDGET: {"model_id": "m1"}, "text/plain": "<chart>"}
+    # marimo, a terminal: nothing published, one bundle as before
+    assert split_fallback(view, {"image/svg+xml": "<svg/>"}, ["m1"]) == {**view, "image/svg+xml": "<svg/>"}
+    block = fallback_html({"image/svg+xml": "<svg/>", "text/html": "<table></table>"}, ["m1", "m2"], alt="a chart")
+    assert block is not None
+    assert block.startswith(
+        "<div class='launchhelm-static-fallback' data-lh-static='m1 m2'><img src='data:image/svg+xml;base64,"
+    )
+    assert block.endswith("<table></table></div>") and "alt='a chart'" in block
+    assert fallback_html({}, ["m1"]) is None
