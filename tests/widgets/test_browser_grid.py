@@ -1,4 +1,4 @@
-"""Panels people can scan, in a real JupyterLab 4 in headless Chromium: a
+"""Panels people can scan, in a real JupyterLab 4 and Notebook 7 in headless Chromium: a
 run with more than 12 metrics shows them in a grid, one collapsible section
 per key prefix, with a filter box; every time in the run's panel reads as a
 person reads it (local time, how long ago, durations), never raw epoch
@@ -91,12 +91,14 @@ def _visible_keys(page: Any) -> list[str]:
     )
 
 
+@pytest.mark.parametrize("app", ["lab", "notebook"], ids=["jupyterlab", "notebook7"])
 def test_a_run_with_many_metrics_is_a_grid_of_sections_filterable_with_times_people_read(
-    page: Any, server: JupyterServer, grid_run: tuple[str, str], tmp_path: Path
+    page: Any, server: JupyterServer, grid_run: tuple[str, str], tmp_path: Path, app: str
 ) -> None:
     store, run_id = grid_run
-    write_notebook(server.root / "grid.ipynb", [f"import launchhelm as lh\nlh.Api({store!r}).run({run_id!r})"])
-    open_notebook(page, server, "grid.ipynb")
+    name = f"grid-{app}.ipynb"
+    write_notebook(server.root / name, [f"import launchhelm as lh\nlh.Api({store!r}).run({run_id!r})"])
+    open_notebook(page, server, name, app=app)
     run_all(page)
     chart = page.wait_for_selector(
         f".launchhelm-panel .lh-chart[data-panels='{len(KEYS)}'][data-messages]", timeout=WAIT_MS
@@ -118,8 +120,8 @@ def test_a_run_with_many_metrics_is_a_grid_of_sections_filterable_with_times_peo
     # a grid, not a column: the first two train panels side by side, the same height on the page
     first, second = (page.locator(f".lh-panel[data-key='{k}']").bounding_box() for k in SECTIONS["train"][:2])
     assert abs(first["y"] - second["y"]) < 2 and second["x"] > first["x"] + first["width"] - 2
-    page.locator(".launchhelm-panel .lh-chart").screenshot(path=str(tmp_path / "grid.png"))
-    print("screenshot:", tmp_path / "grid.png")
+    page.locator(".launchhelm-panel .lh-chart").screenshot(path=str(tmp_path / f"grid-{app}.png"))
+    print("screenshot:", tmp_path / f"grid-{app}.png")
 
     # more than 12 metrics: a filter box; words narrow the panels, sections without a match disappear
     box = page.locator(".launchhelm-panel .lh-chart-filter")

@@ -104,6 +104,9 @@ def test_the_chart_marks_the_rewind_and_shows_the_abandoned_attempt_dimmed(
         [f"from launchhelm.widgets import RunChart\nchart = RunChart({runs.resumed!r}, store={runs.store!r})\nchart"],
     )
     page.wait_for_selector(f".lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
+    # the picture kept for viewers without a kernel is in the page, hidden while the chart is live
+    page.wait_for_selector(".launchhelm-static-fallback img", state="hidden", timeout=WAIT_MS)
+    assert _count(page, ".launchhelm-static-fallback img") == 1
     # one rule and one label per panel: train/loss, lr, eval/accuracy
     labels = page.locator(".lh-chart g.mark-text.role-mark[class*='rewind_label'] text")
     assert labels.all_text_contents() == [LABEL] * 3
