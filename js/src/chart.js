@@ -20,6 +20,7 @@ import embed from "vega-embed";
 /** @typedef {{ index: number, key: string, box: HTMLElement, target: HTMLElement, view: View | null }} Panel */
 /** @typedef {{ name: string, details: HTMLDetailsElement, count: HTMLElement, panels: Panel[] }} Section */
 import { h, hideStaticFallback } from "./dom.js";
+import { refreshTimes, timeElement } from "./human.js";
 
 /** More panels than this get a filter box. */
 export const FILTER_FROM = 12;
@@ -379,8 +380,12 @@ function render({ model, el }) {
   };
 
   const showCaption = () => {
-    caption.textContent = model.get("caption") || "";
+    const last = Number(model.get("last_point") || 0);
+    caption.replaceChildren(model.get("caption") || "");
+    if (last > 0) caption.append(" · last point ", timeElement(last));
   };
+  // "3 min ago" stays true between the kernel's updates
+  const ticking = setInterval(() => refreshTimes(caption), 30_000);
   const showError = () => {
     const text = model.get("error") || "";
     error.textContent = text;
@@ -400,6 +405,7 @@ function render({ model, el }) {
   model.on("change:spec", onSpec);
   model.on("change:show_abandoned", setAbandoned);
   model.on("change:caption", showCaption);
+  model.on("change:last_point", showCaption);
   model.on("change:error", showError);
   showCaption();
   showError();
@@ -408,11 +414,13 @@ function render({ model, el }) {
   return () => {
     disposed = true;
     clearTimeout(zoomTimer);
+    clearInterval(ticking);
     filter.removeEventListener("input", applyFilter);
     model.off("msg:custom", onMessage);
     model.off("change:spec", onSpec);
     model.off("change:show_abandoned", setAbandoned);
     model.off("change:caption", showCaption);
+    model.off("change:last_point", showCaption);
     model.off("change:error", showError);
     for (const v of views) v.finalize();
     views = [];

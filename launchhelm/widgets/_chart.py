@@ -583,6 +583,8 @@ class RunChart(LiveWidget):
     spec = traitlets.Dict().tag(sync=True)
     show_abandoned = traitlets.Bool(False).tag(sync=True)
     caption = traitlets.Unicode("").tag(sync=True)
+    #: When the newest point shown was logged (epoch seconds; 0 before any): the caption says how long ago.
+    last_point = traitlets.Float(0.0).tag(sync=True)
 
     @classmethod
     def _reuse_key(
@@ -665,6 +667,7 @@ class RunChart(LiveWidget):
             self._status = str(summary["status"])
             shown = self._keys if self._keys is not None else ordered_keys(points.present_keys())
             self.caption = _caption(summary, len(rewinds))
+            self.last_point = float(points.time.max()) if len(points) else 0.0
             if shown != self._shown:
                 # new panels: the front end embeds the new spec, then says ready again
                 self._shown, self._points, self._rewinds = shown, points, rewinds

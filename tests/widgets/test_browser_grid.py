@@ -109,6 +109,8 @@ def test_a_run_with_many_metrics_is_a_grid_of_sections_filterable_with_times_peo
         timeout=WAIT_MS,
     )
 
+    caption = page.inner_text(".launchhelm-panel .lh-chart .lh-caption")
+    assert re.fullmatch(f"closed · furthest step 39 · last point {HUMAN_TIME}", caption), caption
     # one section per prefix, in the order the metrics were logged (scores last), each with its panels
     sections = page.locator(".launchhelm-panel .lh-chart details.lh-section")
     assert sections.evaluate_all("els => els.map(e => e.dataset.section)") == list(SECTIONS)
