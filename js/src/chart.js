@@ -1,16 +1,31 @@
-// RunChart's front end: embeds the Vega-Lite spec the kernel built (with
-// Altair) once, then changes its named datasets in place as the kernel
-// streams rows. Protocol (custom messages):
+// RunChart's front end. The kernel builds one Vega-Lite spec (a `vconcat` of
+// one panel per metric, as Altair would); this draws each panel as its own
+// small Vega view in a responsive grid, grouped in collapsible sections by key
+// prefix (`train/`, `eval/`, ...), as W&B's workspace does, with a filter box
+// once there are more than 12 panels. Each view is embedded once per spec;
+// the kernel's rows then change its named datasets in place. The panels share
+// their step axis: zooming one zooms all, and the kernel is asked for denser
+// points in that range.
+// Protocol (custom messages):
 //   front end -> kernel: {type: "ready"} once it listens (after each embed),
 //                        {type: "zoom", domain: [lo, hi] | null}
-//   kernel -> front end: {type: "snapshot", points, rewinds} (replaces both datasets),
+//   kernel -> front end: {type: "live", static: [model ids]} (hide their saved pictures),
+//                        {type: "snapshot", points, rewinds} (replaces both datasets),
 //                        {type: "insert", points} (appends rows)
 import embed from "vega-embed";
 
 /** @typedef {import("vega-embed").Result["view"]} View */
 /** @typedef {{ key: string, step: number, value: number, attempt: number, abandoned: boolean }} Row */
 /** @typedef {{ keys: string[], k: number[], step: number[], value: number[], attempt: number[], abandoned: boolean[] }} Columns */
-import { h } from "./dom.js";
+/** @typedef {{ index: number, key: string, box: HTMLElement, target: HTMLElement, view: View | null }} Panel */
+/** @typedef {{ name: string, details: HTMLDetailsElement, count: HTMLElement, panels: Panel[] }} Section */
+import { h, hideStaticFallback } from "./dom.js";
+import { refreshTimes, timeElement } from "./human.js";
+
+/** More panels than this get a filter box. */
+export const FILTER_FROM = 12;
+/** The section of keys without a prefix. */
+const UNGROUPED = "metrics";
 
 /**
  * Expand the kernel's compact columns into Vega rows.
@@ -42,12 +57,63 @@ function has(view, what, name) {
   }
 }
 
+/**
+ * A key's section: what comes before its first "/" ("train/loss" -> "train").
+ * @param {string} key
+ */
+export function sectionOf(key) {
+  const slash = key.indexOf("/");
+  return slash > 0 ? key.slice(0, slash) : UNGROUPED;
+}
+
+/**
+ * One panel of the kernel's `vconcat` spec as a spec of its own: its layers,
+ * the shared parameters (the abandoned toggle, a zoom bound to its own step
+ * scale), and the width of its grid cell.
+ * @param {any} spec
+ * @param {any} panel
+ * @param {number} index
+ * @returns {any}
+ */
+function panelSpec(spec, panel, index) {
+  const params = (spec.params || [])
+    .filter((/** @type {any} */ p) => p.name !== "zoom")
+    .concat([
+      {
+        name: "zoom",
+        select: { type: "interval", encodings: ["x"] },
+        bind: "scales",
+        views: [`line_${index}`],
+      },
+    ]);
+  return {
+    $schema: spec.$schema,
+    config: spec.config,
+    padding: spec.padding,
+    // as wide as its grid cell, the axes' labels inside it
+    autosize: { type: "fit-x", contains: "padding", resize: true },
+    width: "container",
+    height: panel.height,
+    title: panel.title,
+    params,
+    layer: panel.layer,
+  };
+}
+
 /** @param {import("./types.js").RenderProps} props */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-chart");
   const toggle = h("input", { type: "checkbox", class: "lh-show-abandoned" });
   const caption = h("span", { class: "lh-caption" });
   const error = h("div", { class: "lh-error", role: "alert" });
+  const filter = h("input", {
+    type: "search",
+    class: "lh-chart-filter",
+    placeholder: "Filter metrics",
+    "aria-label": "Filter metrics",
+  });
+  const shownCount = h("span", { class: "lh-filter-count" });
+  const filterBox = h("label", { class: "lh-filter", hidden: true }, filter, shownCount);
   const target = h("div", { class: "lh-chart-view" });
   el.replaceChildren(
     h(
@@ -62,17 +128,25 @@ function render({ model, el }) {
         "abandoned attempt",
       ),
       caption,
+      filterBox,
     ),
     error,
     target,
   );
 
-  /** @type {View | null} */
-  let view = null;
+  /** @type {View[]} */
+  let views = [];
+  /** @type {Panel[]} */
+  let panels = [];
+  /** @type {Section[]} */
+  let sections = [];
+  /** Sections a person collapsed, kept across re-embeds. */
+  const collapsed = new Set();
   let generation = 0;
   let disposed = false;
   let embeds = 0;
   let messages = 0;
+  let syncing = false;
   /** @type {Promise<unknown>} */
   let queue = Promise.resolve();
   /** @type {ReturnType<typeof setTimeout> | undefined} */
@@ -89,97 +163,229 @@ function render({ model, el }) {
     return queue;
   };
 
-  /** @param {View} v */
-  const count = (v) => {
-    el.dataset.points = String(has(v, "data", "points") ? v.data("points").length : 0);
+  const count = () => {
+    let points = 0;
+    for (const v of views) if (has(v, "data", "points")) points += v.data("points").length;
+    el.dataset.points = String(points);
     el.dataset.messages = String(messages);
+  };
+
+  /** The views' rows of `rows`: a panel's view holds its own key's only (the placeholder: none). */
+  /** @param {Row[]} rows */
+  const byView = (rows) => {
+    /** @type {Map<string, Row[]>} */
+    const of = new Map();
+    for (const row of rows) {
+      const list = of.get(row.key);
+      if (list) list.push(row);
+      else of.set(row.key, [row]);
+    }
+    return panels.map((p) => of.get(p.key) || []);
   };
 
   const setAbandoned = () => {
     toggle.checked = !!model.get("show_abandoned");
     el.classList.toggle("lh-abandoned-on", toggle.checked);
-    const v = view;
-    if (!v || !has(v, "signal", "show_abandoned")) return;
+    const mine = views;
     enqueue(async () => {
-      if (v !== view) return;
-      v.signal("show_abandoned", toggle.checked);
-      await v.runAsync();
+      if (mine !== views) return;
+      for (const v of mine) {
+        if (has(v, "signal", "show_abandoned")) v.signal("show_abandoned", toggle.checked);
+      }
+      await Promise.all(mine.map((v) => v.runAsync()));
     });
   };
 
-  /** @param {string} _name @param {any} value */
-  const onZoom = (_name, value) => {
+  /** @param {View} source */
+  const onZoom = (source) => (/** @type {string} */ _name, /** @type {any} */ value) => {
+    if (syncing) return;
+    const domain = value && Array.isArray(value.step) ? value.step : null;
+    // one step axis: the other panels follow
+    syncing = true;
+    try {
+      for (const v of views) {
+        if (v !== source && has(v, "signal", "zoom_step")) {
+          v.signal("zoom_step", domain);
+          v.runAsync();
+        }
+      }
+    } finally {
+      syncing = false;
+    }
     clearTimeout(zoomTimer);
     zoomTimer = setTimeout(() => {
-      const domain = value && Array.isArray(value.step) ? value.step : null;
       model.send({ type: "zoom", domain });
     }, 300);
   };
 
   /** @param {any} msg */
   const onMessage = (msg) => {
-    const v = view;
+    if (hideStaticFallback(msg)) return;
+    const mine = views;
     // Before its ready, a view drops messages: the snapshot its ready asks for has everything.
-    if (!v || !msg || typeof msg !== "object") return;
+    if (!mine.length || !msg || typeof msg !== "object") return;
     enqueue(async () => {
-      if (v !== view) return;
+      if (mine !== views) return;
       messages += 1;
       if (msg.type === "snapshot") {
-        if (has(v, "data", "points")) {
-          v.change(
-            "points",
-            v
-              .changeset()
-              .remove(() => true)
-              .insert(expand(msg.points)),
-          );
-        }
-        if (has(v, "data", "rewinds")) {
-          v.change(
-            "rewinds",
-            v
-              .changeset()
-              .remove(() => true)
-              .insert(msg.rewinds),
-          );
-        }
+        const rows = byView(expand(msg.points));
+        mine.forEach((v, i) => {
+          if (has(v, "data", "points")) {
+            v.change(
+              "points",
+              v
+                .changeset()
+                .remove(() => true)
+                .insert(rows[i]),
+            );
+          }
+          if (has(v, "data", "rewinds")) {
+            v.change(
+              "rewinds",
+              v
+                .changeset()
+                .remove(() => true)
+                .insert(msg.rewinds.map((/** @type {any} */ r) => ({ ...r }))),
+            );
+          }
+        });
       } else if (msg.type === "insert") {
-        if (has(v, "data", "points")) v.insert("points", expand(msg.points));
+        const rows = byView(expand(msg.points));
+        mine.forEach((v, i) => {
+          if (rows[i].length && has(v, "data", "points")) v.insert("points", rows[i]);
+        });
       } else {
         return;
       }
-      await v.runAsync();
-      count(v);
+      await Promise.all(mine.map((v) => v.runAsync()));
+      count();
     });
+  };
+
+  const applyFilter = () => {
+    const words = filter.value.trim().toLowerCase().split(/\s+/).filter(Boolean);
+    let shown = 0;
+    for (const section of sections) {
+      let inSection = 0;
+      for (const p of section.panels) {
+        const match = words.every((w) => p.key.toLowerCase().includes(w));
+        p.box.hidden = !match;
+        if (match) inSection += 1;
+      }
+      shown += inSection;
+      section.details.hidden = inSection === 0;
+      section.count.textContent = words.length
+        ? ` (${inSection} of ${section.panels.length})`
+        : ` (${section.panels.length})`;
+    }
+    shownCount.textContent = words.length ? `${shown} of ${panels.length} panels` : "";
+    // views shown again measure their cells anew
+    window.dispatchEvent(new Event("resize"));
+  };
+
+  /** Lay out the sections and their panels' cells (no views yet). @param {any} spec */
+  const layout = (spec) => {
+    const list = Array.isArray(spec.vconcat) ? spec.vconcat : [];
+    /** @type {Map<string, Section>} */
+    const of = new Map();
+    panels = [];
+    list.forEach((/** @type {any} */ panel, /** @type {number} */ index) => {
+      const key = String(panel.title);
+      const name = sectionOf(key);
+      let section = of.get(name);
+      if (!section) {
+        const count = h("span", { class: "lh-section-count" });
+        const details = /** @type {HTMLDetailsElement} */ (
+          h(
+            "details",
+            { class: "lh-section", open: !collapsed.has(name), dataset: { section: name } },
+            h("summary", { class: "lh-section-title" }, name, count),
+            h("div", { class: "lh-grid" }),
+          )
+        );
+        details.addEventListener("toggle", () => {
+          if (details.open) collapsed.delete(name);
+          else collapsed.add(name);
+          if (details.open) window.dispatchEvent(new Event("resize"));
+        });
+        section = { name, details, count, panels: [] };
+        of.set(name, section);
+      }
+      const cell = h("div", { class: "lh-panel-view" });
+      const box = h("div", { class: "lh-panel", dataset: { key } }, cell);
+      /** @type {Panel} */
+      const p = { index, key, box, target: cell, view: null };
+      section.panels.push(p);
+      panels.push(p);
+      const grid = section.details.querySelector(".lh-grid");
+      if (grid) grid.append(box);
+    });
+    sections = [...of.values()];
+    filterBox.hidden = panels.length <= FILTER_FROM;
+    if (filterBox.hidden) filter.value = "";
+    target.replaceChildren(...sections.map((s) => s.details));
+    applyFilter();
   };
 
   const embedSpec = async () => {
     const mine = ++generation;
-    const old = view;
-    view = null;
-    if (old) old.finalize();
+    const old = views;
+    views = [];
+    for (const v of old) v.finalize();
     const spec = model.get("spec");
     if (!spec || !Object.keys(spec).length) return;
     // SVG: labels are DOM text (selectable, findable); warnings about empty
     // datasets before the first snapshot are noise
-    const result = await embed(target, spec, { renderer: "svg", actions: false, logLevel: 1 });
-    if (mine !== generation || disposed) {
-      result.finalize();
-      return;
+    const options = { renderer: /** @type {const} */ ("svg"), actions: false, logLevel: 1 };
+    /** @type {View[]} */
+    const made = [];
+    if (Array.isArray(spec.vconcat)) {
+      layout(spec);
+      // one at a time: the grid's cells have their widths before each view measures its own
+      for (const p of panels) {
+        const result = await embed(p.target, panelSpec(spec, spec.vconcat[p.index], p.index), options);
+        if (mine !== generation || disposed) {
+          result.finalize();
+          for (const v of made) v.finalize();
+          return;
+        }
+        p.view = result.view;
+        made.push(result.view);
+      }
+    } else {
+      // the placeholder ("No metrics logged yet"): one view, no sections
+      panels = [];
+      sections = [];
+      filterBox.hidden = true;
+      const cell = h("div", { class: "lh-panel-view" });
+      target.replaceChildren(cell);
+      const result = await embed(cell, spec, options);
+      if (mine !== generation || disposed) {
+        result.finalize();
+        return;
+      }
+      made.push(result.view);
     }
-    view = result.view;
+    views = made;
     embeds += 1;
     el.dataset.embeds = String(embeds);
-    if (has(view, "signal", "show_abandoned")) view.signal("show_abandoned", toggle.checked);
-    if (has(view, "signal", "zoom")) view.addSignalListener("zoom", onZoom);
-    await view.runAsync();
-    count(view);
+    el.dataset.panels = String(panels.length);
+    for (const v of views) {
+      if (has(v, "signal", "show_abandoned")) v.signal("show_abandoned", toggle.checked);
+      if (has(v, "signal", "zoom")) v.addSignalListener("zoom", onZoom(v));
+    }
+    await Promise.all(views.map((v) => v.runAsync()));
+    count();
     model.send({ type: "ready" });
   };
 
   const showCaption = () => {
-    caption.textContent = model.get("caption") || "";
+    const last = Number(model.get("last_point") || 0);
+    caption.replaceChildren(model.get("caption") || "");
+    if (last > 0) caption.append(" · last point ", timeElement(last));
   };
+  // "3 min ago" stays true between the kernel's updates
+  const ticking = setInterval(() => refreshTimes(caption), 30_000);
   const showError = () => {
     const text = model.get("error") || "";
     error.textContent = text;
@@ -194,10 +400,12 @@ function render({ model, el }) {
 
   toggle.checked = !!model.get("show_abandoned");
   toggle.addEventListener("change", onToggle);
+  filter.addEventListener("input", applyFilter);
   model.on("msg:custom", onMessage);
   model.on("change:spec", onSpec);
   model.on("change:show_abandoned", setAbandoned);
   model.on("change:caption", showCaption);
+  model.on("change:last_point", showCaption);
   model.on("change:error", showError);
   showCaption();
   showError();
@@ -206,13 +414,16 @@ function render({ model, el }) {
   return () => {
     disposed = true;
     clearTimeout(zoomTimer);
+    clearInterval(ticking);
+    filter.removeEventListener("input", applyFilter);
     model.off("msg:custom", onMessage);
     model.off("change:spec", onSpec);
     model.off("change:show_abandoned", setAbandoned);
     model.off("change:caption", showCaption);
+    model.off("change:last_point", showCaption);
     model.off("change:error", showError);
-    if (view) view.finalize();
-    view = null;
+    for (const v of views) v.finalize();
+    views = [];
   };
 }
 

@@ -2,6 +2,7 @@
 // editor, the pause / resume / stop / checkpoint buttons and the project's
 // "Evaluate every checkpoint…" switch.
 import { act, h, mount } from "./dom.js";
+import { duration, timeElement, withTimes } from "./human.js";
 import { ruleSwitch } from "./evaluations.js";
 
 /**
@@ -45,14 +46,21 @@ function render({ model, el }) {
   return mount(model, el, "details", (root) => {
     const state = model.get("state") || {};
     const run = state.run || {};
+    const times = state.times || {};
+    const created = typeof state.created_ts === "number" ? state.created_ts : null;
+    const beat = typeof state.last_heartbeat_ts === "number" ? state.last_heartbeat_ts : null;
+    // how long it has run: to now while running, else to its last heartbeat
+    const end = state.status === "running" ? Date.now() / 1000 : beat;
+    /** @type {[string, any][]} */
     const facts = [
       ["Run", `${run.name || ""} (${run.id || ""})`],
       ["Project", run.project],
-      ["Status", state.sentence || state.status],
+      ["Status", withTimes(state.sentence || state.status, times)],
       ["Control state", state.control_state || "-"],
       ["Furthest step", state.step],
-      ["Created", state.created],
-      ["Last heartbeat", state.last_heartbeat],
+      ["Created", created !== null ? timeElement(created) : state.created],
+      ["Last heartbeat", beat !== null ? timeElement(beat) : state.last_heartbeat],
+      ["Duration", created !== null && end !== null ? duration(end - created) : "-"],
       ["Sessions / rewinds", `${state.sessions} / ${state.rewinds}`],
     ];
     root.append(
@@ -67,7 +75,11 @@ function render({ model, el }) {
               "tr",
               {},
               h("th", {}, k),
-              h("td", { class: `lh-fact-${k.toLowerCase().replace(/[^a-z]+/g, "-")}` }, String(v ?? "-")),
+              h(
+                "td",
+                { class: `lh-fact-${k.toLowerCase().replace(/[^a-z]+/g, "-")}` },
+                v instanceof Node || Array.isArray(v) ? v : String(v ?? "-"),
+              ),
             ),
           ),
         ),

@@ -1,6 +1,8 @@
 // Small DOM helpers shared by the widgets' front ends (no framework: each
 // widget renders a state dict that the kernel owns).
 
+import { refreshTimes } from "./human.js";
+
 /** @typedef {import("./types.js").Child} Child */
 /** @typedef {import("./types.js").Model} Model */
 
@@ -48,6 +50,28 @@ export function act(model, name, args = {}) {
 }
 
 /**
+ * The kernel's `live` message (its answer to `ready`) names the models whose
+ * saved picture (the static fallback a saved notebook shows) stands in this
+ * page: hide it, and the output holding it, now that the live view draws.
+ * Returns whether `msg` was that message.
+ * @param {any} msg
+ * @returns {boolean}
+ */
+export function hideStaticFallback(msg) {
+  if (msg?.type !== "live" || !Array.isArray(msg.static)) return false;
+  for (const id of msg.static) {
+    const selector = `.launchhelm-static-fallback[data-lh-static~="${CSS.escape(String(id))}"]`;
+    for (const node of document.querySelectorAll(selector)) {
+      const output = node.closest(".jp-OutputArea-child") || node;
+      // a style, not the hidden attribute: the output area's own CSS sets its display
+      if (output instanceof HTMLElement) output.style.display = "none";
+      output.classList.add("lh-fallback-hidden");
+    }
+  }
+  return true;
+}
+
+/**
  * Wire the shared behaviour of a state-rendering widget: render now and on
  * every change of the listed traits, show the `error` trait, say `ready`.
  * @param {Model} model
@@ -85,13 +109,18 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
   };
   const events = traits.map((name) => `change:${name}`);
   for (const name of events) model.on(name, redraw);
+  model.on("msg:custom", hideStaticFallback);
   model.on("change:error", showError);
   root.addEventListener("focusout", onFocusOut);
   showError();
+  // "3 min ago" stays true while the state does not change
+  const ticking = setInterval(() => refreshTimes(root), 30_000);
   model.send({ type: "ready" });
   return () => {
+    clearInterval(ticking);
     for (const name of events) model.off(name, redraw);
     model.off("change:error", showError);
+    model.off("msg:custom", hideStaticFallback);
     root.removeEventListener("focusout", onFocusOut);
   };
 }

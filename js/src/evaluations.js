@@ -2,6 +2,7 @@
 // state; "Try again", "Evaluate this checkpoint" and the project's
 // "Evaluate every checkpoint…" switch ask the kernel to act.
 import { act, h, mount } from "./dom.js";
+import { duration, withTimes } from "./human.js";
 
 /**
  * The project's "Evaluate every checkpoint…" switch (null where the state has no rule).
@@ -80,7 +81,12 @@ function render({ model, el }) {
           h("td", { class: "lh-num" }, String(r.step)),
           h("td", {}, h("code", {}, r.checkpoint)),
           h("td", { class: "lh-state" }, r.state),
-          h("td", { class: "lh-detail" }, r.detail),
+          h(
+            "td",
+            { class: "lh-detail" },
+            withTimes(r.detail, r.times),
+            typeof r.took === "number" ? h("span", { class: "lh-took" }, ` · took ${duration(r.took)}`) : null,
+          ),
           h("td", { class: "lh-num" }, String(r.attempts)),
           h("td", {}, action),
         );

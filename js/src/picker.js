@@ -1,6 +1,7 @@
 // ResumePicker's front end ("Resume…"): renders the state the kernel reads
 // from the store; "Choose" asks the kernel to call choose_for_resume.
 import { act, h, mount } from "./dom.js";
+import { withTimes } from "./human.js";
 
 /** @param {import("./types.js").RenderProps} props */
 function render({ model, el }) {
@@ -10,7 +11,13 @@ function render({ model, el }) {
     const checkpoints = state.checkpoints || [];
     root.append(
       h("div", { class: "lh-title" }, "Resume… ", h("b", {}, run.name || ""), " ", h("code", {}, run.id || "")),
-      h("p", { class: `lh-status lh-status-${state.status}` }, `This run is ${state.sentence || state.status}.`),
+      h(
+        "p",
+        { class: `lh-status lh-status-${state.status}` },
+        "This run is ",
+        withTimes(state.sentence || state.status, state.times),
+        ".",
+      ),
     );
     if (!checkpoints.length) {
       root.append(h("p", { class: "lh-empty" }, "No checkpoint was saved: a resumed run starts from step 0."));
@@ -45,7 +52,7 @@ function render({ model, el }) {
           "tr",
           { class: "lh-checkpoint", dataset: { checkpoint: c.id, step: String(c.step) } },
           h("td", { class: "lh-num" }, String(c.step)),
-          h("td", {}, c.saved_at),
+          h("td", { class: "lh-saved" }, withTimes(c.saved_at, state.times)),
           h("td", { class: "lh-num" }, String(c.steps_to_redo)),
           h("td", { class: "lh-num" }, c.size),
           h("td", {}, marks),

@@ -30,7 +30,16 @@ from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._run import Run
 
-__all__ = ["STATIC", "LiveWidget", "Reusable", "format_time", "front_end", "resolve_run", "static_file"]
+__all__ = [
+    "STATIC",
+    "LiveWidget",
+    "Reusable",
+    "format_time",
+    "front_end",
+    "resolve_run",
+    "static_file",
+    "time_labels",
+]
 
 #: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
 STATIC = Path(__file__).with_name("static")
@@ -127,6 +136,12 @@ def format_time(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
 
+def time_labels(*stamps: float | None) -> dict[str, float]:
+    """``{format_time(ts): ts}``: lets a front end redraw the times in a state's text in the browser's
+    own zone, with how long ago (js/src/human.js), where the text itself stays what a saved picture shows."""
+    return {format_time(ts): float(ts) for ts in stamps if ts is not None}
+
+
 _registry: dict[tuple[Any, ...], Any] = {}
 _registry_lock = threading.Lock()
 
@@ -200,6 +215,8 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         return {}
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        from launchhelm.widgets._static import split_fallback
+
         bundle = super()._repr_mimebundle_(**kwargs)
         if bundle is None:
             return None
@@ -209,10 +226,10 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             data["text/plain"] = self.missing_front_end
         try:
             with self._lock:
-                data.update(self.static_mimebundle())
+                static = self.static_mimebundle()
         except Exception:  # a saved picture is a nicety: the live view must show regardless
-            pass
-        return data, metadata
+            static = {}
+        return split_fallback(data, static, [self.model_id], alt=repr(self)), metadata
 
     def _setup_live(self) -> None:
         self._lock = threading.RLock()
@@ -249,8 +266,11 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             return
         kind = content.get("type")
         if kind == MSG_READY:
+            from launchhelm.widgets._static import live_message
+
             with self._lock:
                 self._ready = True
+                self.send(live_message([self.model_id]))
                 for message in self.snapshot_messages():
                     self.send(message)
             self._start_polling()

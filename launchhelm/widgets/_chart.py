@@ -17,6 +17,7 @@ included); "Show the abandoned attempt" draws the abandoned ones, dimmed.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import traitlets
@@ -24,15 +25,18 @@ import traitlets
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
+from launchhelm._sessions import run_status
 from launchhelm._types import Rewind
 from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._static import STATIC_POINTS, chart_svg
 
 if TYPE_CHECKING:
+    import numpy as np
     import pandas as pd
+    import pyarrow as pa
 
-__all__ = ["RunChart", "build_spec", "chart_rows", "long_points"]
+__all__ = ["Points", "RunChart", "build_spec", "chart_rows", "long_points", "points_from_table"]
 
 #: Columns of ``history()`` that are not metrics.
 META_COLUMNS = frozenset({"step", "attempt", "time", "abandoned"})
@@ -56,6 +60,90 @@ Y_AXIS_MIN_EXTENT = 64
 #: Room around the panels (``autosize: pad`` grows the view to fit its axes inside it).
 CHART_PADDING = {"left": 12, "right": 12, "top": 6, "bottom": 6}
 REWIND_COLOR = "#d62728"
+
+
+@dataclass(frozen=True)
+class Points:
+    """Long-form points as numpy columns: what the chart holds, downsamples and sends.
+
+    One entry per finite logged value; ``code`` indexes ``keys`` (metric
+    names). ``time`` is the log time in seconds since the epoch. Kept in the
+    order the store returned the points, so a poll that only appended new
+    chunks is told apart from one that changed history by comparing prefixes.
+    No pandas here: importing it would cost a chart's open a third of its
+    budget (``benchmarks/bench_chart.py``).
+    """
+
+    keys: list[str]
+    code: np.ndarray
+    step: np.ndarray
+    attempt: np.ndarray
+    time: np.ndarray
+    value: np.ndarray
+    abandoned: np.ndarray
+
+    @classmethod
+    def empty(cls) -> Points:
+        import numpy as np
+
+        i64 = np.zeros(0, dtype=np.int64)
+        return cls([], i64, i64, i64, np.zeros(0), np.zeros(0), np.zeros(0, dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+    def take(self, positions: np.ndarray) -> Points:
+        """The points at ``positions`` (a subset, in that order)."""
+        return Points(
+            self.keys,
+            self.code[positions],
+            self.step[positions],
+            self.attempt[positions],
+            self.time[positions],
+            self.value[positions],
+            self.abandoned[positions],
+        )
+
+    def present_keys(self) -> list[str]:
+        """Names that have at least one point, in first-logged order."""
+        import numpy as np
+
+        return [self.keys[c] for c in np.flatnonzero(np.bincount(self.code, minlength=len(self.keys)))]
+
+    def to_frame(self) -> pd.DataFrame:
+        """As a pandas frame: ``key, step, attempt, time`` (int ns), ``value, abandoned``."""
+        import numpy as np
+        import pandas as pd
+
+        names = np.array(self.keys, dtype=object)
+        frame: pd.DataFrame = pd.DataFrame(
+            {
+                "key": pd.Series(names[self.code] if len(self) else [], dtype=object),
+                "step": self.step.astype(np.int64),
+                "attempt": self.attempt.astype(np.int64),
+                "time": (self.time * 1e9).astype(np.int64),
+                "value": self.value.astype(float),
+                "abandoned": self.abandoned.astype(bool),
+            }
+        )
+        return frame
+
+    @classmethod
+    def from_frame(cls, frame: pd.DataFrame) -> Points:
+        """From :func:`long_points`' frame."""
+        import numpy as np
+        import pandas as pd
+
+        codes, names = pd.factorize(frame["key"], sort=False)
+        return cls(
+            [str(k) for k in names],
+            np.asarray(codes, dtype=np.int64),
+            frame["step"].to_numpy(np.int64),
+            frame["attempt"].to_numpy(np.int64),
+            frame["time"].to_numpy(np.int64) / 1e9,
+            frame["value"].to_numpy(float),
+            frame["abandoned"].to_numpy(bool),
+        )
 
 
 def long_points(history: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.DataFrame:
@@ -92,99 +180,213 @@ def long_points(history: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.
             )
         )
     if not pieces:
-        empty: pd.DataFrame = pd.DataFrame(
-            {
-                "key": pd.Series([], dtype=object),
-                "step": pd.Series([], dtype=np.int64),
-                "attempt": pd.Series([], dtype=np.int64),
-                "time": pd.Series([], dtype=np.int64),
-                "value": pd.Series([], dtype=float),
-                "abandoned": pd.Series([], dtype=bool),
-            }
-        )
-        return empty
+        return Points.empty().to_frame()
     result: pd.DataFrame = pd.concat(pieces, ignore_index=True)
     return result
 
 
-def series_ids(points: pd.DataFrame) -> pd.Series[str]:
-    """Which line each row belongs to: the key's run line, or one abandoned attempt of it."""
-    line = points["key"].astype(str)
-    attempt = points["attempt"].astype(str)
-    ids: pd.Series[str] = line.where(~points["abandoned"], line + "\x00abandoned " + attempt)
-    return ids
+def _column(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
+    """A numeric column as one numpy array, straight from its Arrow buffers.
+
+    ``pyarrow.Array.to_numpy`` imports pandas (a third of a second) on first
+    use; a column without nulls is its data buffer.
+    """
+    import numpy as np
+
+    parts = []
+    for chunk in table.column(name).chunks:
+        if chunk.null_count:
+            parts.append(chunk.to_numpy(zero_copy_only=False).astype(dtype))
+            continue
+        width = np.dtype(chunk.type.to_pandas_dtype()).itemsize
+        raw = np.frombuffer(
+            chunk.buffers()[1], dtype=chunk.type.to_pandas_dtype(), count=len(chunk), offset=chunk.offset * width
+        )
+        parts.append(raw.astype(dtype, copy=False))
+    if not parts:
+        return np.zeros(0, dtype=dtype)
+    return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: Sequence[str] | None = None) -> Points:
+    """The run's points, as the store holds them (``step, attempt, time, key, value``), for a chart.
+
+    ``system/`` samples are left out (they live on a wall-time axis), as are
+    non-finite values; with ``keys``, only those. A key logged twice in one
+    attempt at one step keeps its last value, as ``history()`` does.
+    ``rewinds`` (the event log's) mark the abandoned points.
+    """
+    import numpy as np
+
+    from launchhelm.metrics._system import SYSTEM_PREFIX
+
+    names: list[str] = []
+    index: dict[str, int] = {}
+    code_parts = []
+    for chunk in table.column("key").chunks:
+        encoded = chunk.dictionary_encode()
+        local = encoded.dictionary.to_pylist()
+        remap = np.array([index.setdefault(n, len(index)) for n in local] or [0], dtype=np.int64)
+        if len(index) > len(names):
+            names.extend(list(index)[len(names) :])
+        indices = encoded.indices
+        raw = np.frombuffer(
+            indices.buffers()[1],
+            dtype=indices.type.to_pandas_dtype(),
+            count=len(indices),
+            offset=indices.offset * indices.type.bit_width // 8,
+        )
+        code_parts.append(remap[raw])
+    code = np.concatenate(code_parts) if code_parts else np.zeros(0, dtype=np.int64)
+    step = _column(table, "step", np.int64)
+    attempt = _column(table, "attempt", np.int64)
+    time = _column(table, "time", np.float64)
+    value = _column(table, "value", np.float64)
+    wanted = (
+        [k for k in keys if k in index] if keys is not None else [n for n in names if not n.startswith(SYSTEM_PREFIX)]
+    )
+    allowed = np.zeros(max(len(names), 1), dtype=bool)
+    allowed[[index[k] for k in wanted]] = True
+    keep = allowed[code] & np.isfinite(value)
+    # last write wins per (key, step, attempt): only where a series' steps do not strictly increase
+    # np.bincount, not np.unique: numpy's unique imports numpy.ma (70 ms of a chart's first open)
+    for c in np.flatnonzero(np.bincount(code[keep], minlength=len(names))):
+        at = np.flatnonzero(keep & (code == c))
+        if len(at) < 2 or (np.diff(step[at]) > 0).all():
+            continue
+        order = at[np.lexsort((at, attempt[at], step[at]))]
+        same_as_next = (step[order][1:] == step[order][:-1]) & (attempt[order][1:] == attempt[order][:-1])
+        keep[order[:-1][same_as_next]] = False
+    positions = np.flatnonzero(keep)
+    step, attempt = step[positions], attempt[positions]
+    abandoned = np.zeros(len(positions), dtype=bool)
+    for rewind in rewinds:
+        abandoned |= (attempt < int(rewind["attempt"])) & (step > int(rewind["to_step"]))
+    return Points(names, code[positions], step, attempt, time[positions], value[positions], abandoned)
+
+
+def new_points(points: Points, seen: Points) -> Points:
+    """Points of ``points`` not in ``seen`` (identified by key, step, attempt and log time).
+
+    The store appends (new chunks come after the ones read), so ``seen`` is
+    nearly always a prefix of ``points`` and this is a comparison of arrays;
+    otherwise each point's identity is looked up.
+    """
+    import numpy as np
+
+    if not len(seen):
+        return points
+    index = {n: i for i, n in enumerate(points.keys)}
+    remap = np.array([index.get(n, -1) for n in seen.keys] or [0], dtype=np.int64)
+    old_code = remap[seen.code]
+    n = len(seen)
+    if n <= len(points) and all(
+        np.array_equal(a[:n], b)
+        for a, b in (
+            (points.code, old_code),
+            (points.step, seen.step),
+            (points.attempt, seen.attempt),
+            (points.time, seen.time),
+        )
+    ):
+        return points.take(np.arange(n, len(points)))
+
+    def identity(code: np.ndarray, p: Points) -> np.ndarray:
+        rows = np.stack([code, p.step, p.attempt, p.time.view(np.int64)], axis=1).astype(np.int64)
+        return np.ascontiguousarray(rows).view(np.dtype((np.void, 32))).ravel()
+
+    fresh = ~np.isin(identity(points.code, points), identity(old_code, seen))
+    return points.take(np.flatnonzero(fresh))
+
+
+def _series(points: Points) -> list[tuple[str, np.ndarray]]:
+    """Each line's id and positions: per key (by name) its run line, then each abandoned attempt."""
+    import numpy as np
+
+    out = []
+    by_key = np.argsort(points.code, kind="stable")
+    codes = points.code[by_key]
+    present = np.flatnonzero(np.bincount(codes, minlength=len(points.keys))).tolist()
+    for c in sorted(present, key=lambda c: points.keys[c]):
+        key = points.keys[c]
+        of_key = by_key[np.searchsorted(codes, c, "left") : np.searchsorted(codes, c, "right")]
+        gone = points.abandoned[of_key]
+        out.append((key, of_key[~gone]))
+        if gone.any():
+            old = of_key[gone]
+            for attempt in sorted(set(points.attempt[old].tolist())):
+                out.append((f"{key}\x00abandoned {attempt}", old[points.attempt[old] == attempt]))
+    return [(sid, at) for sid, at in out if len(at)]
+
+
+def series_counts(points: Points) -> dict[str, int]:
+    """How many points each line (see :func:`chart_rows`) has."""
+    return {sid: len(at) for sid, at in _series(points)}
 
 
 def chart_rows(
-    points: pd.DataFrame, budget: int, domain: tuple[float, float] | None = None
-) -> tuple[pd.DataFrame, dict[str, int]]:
+    points: Points | pd.DataFrame, budget: int, domain: tuple[float, float] | None = None
+) -> tuple[Any, dict[str, int]]:
     """The rows a chart shows: each series downsampled to at most ``budget`` points.
 
     With a zoomed ``domain`` (``(low, high)`` steps), three quarters of the
     budget go to the points inside it, a quarter to an overview of the rest,
     so panning out does not show a hole.
 
-    Returns the rows (sorted by series then step) and each series' count.
+    Returns the rows (sorted by series then step; a frame for a frame, else
+    :class:`Points`) and each series' count.
     """
     import numpy as np
-    import pandas as pd
 
-    if points.empty:
+    if not isinstance(points, Points):
+        rows, of_series = chart_rows(Points.from_frame(points), budget, domain)
+        return rows.to_frame(), of_series
+    if not len(points):
         return points, {}
-    # numpy over positions, not pandas groupby/sort over the whole frame: a 1M-point series must take
-    # milliseconds here (series come from history() already in step order, so sorting is the exception)
-    codes, keys = pd.factorize(points["key"], sort=True)
-    steps = points["step"].to_numpy()
-    attempts = points["attempt"].to_numpy()
-    abandoned = points["abandoned"].to_numpy(bool)
-    values = points["value"].to_numpy(float)
+    # numpy over positions: a 1M-point series must take milliseconds here (series come in step
+    # order from the store, so sorting is the exception)
+    steps = points.step
     keep: list[np.ndarray] = []
     counts: dict[str, int] = {}
-    by_key = np.argsort(codes, kind="stable")
-    bounds = np.searchsorted(codes[by_key], np.arange(len(keys) + 1))
-    for c, key in enumerate(keys):
-        of_key = by_key[bounds[c] : bounds[c + 1]]
-        gone = abandoned[of_key]
-        series = [(str(key), of_key[~gone])]
-        if gone.any():
-            old = of_key[gone]
-            for attempt in np.unique(attempts[old]):
-                series.append((f"{key}\x00abandoned {attempt}", old[attempts[old] == attempt]))
-        for sid, positions in series:
-            if len(positions) == 0:
-                continue
-            if len(positions) > 1 and not (np.diff(steps[positions]) >= 0).all():
-                times = points["time"].to_numpy()[positions]
-                positions = positions[np.lexsort((times, attempts[positions], steps[positions]))]
-            ys = values[positions]
-            if domain is None:
-                chosen = positions[minmax_indices(ys, budget)]
-            else:
-                low, high = domain
-                at = steps[positions]
-                inside = (at >= low) & (at <= high)
-                near = positions[inside][minmax_indices(ys[inside], max(4, budget * 3 // 4))]
-                overview = minmax_indices(ys, max(4, budget // 4))
-                far = positions[overview][~inside[overview]]
-                chosen = np.concatenate([near, far])
-            keep.append(chosen)
-            counts[sid] = len(chosen)
-    rows: pd.DataFrame = points.iloc[np.concatenate(keep)] if keep else points
-    rows = rows.sort_values(["key", "abandoned", "attempt", "step"], kind="stable")
-    return pd.DataFrame(rows), counts
+    for sid, positions in _series(points):
+        if len(positions) > 1 and not (np.diff(steps[positions]) >= 0).all():
+            positions = positions[np.lexsort((points.time[positions], points.attempt[positions], steps[positions]))]
+        ys = points.value[positions]
+        if domain is None:
+            chosen = positions[minmax_indices(ys, budget)]
+        else:
+            low, high = domain
+            at = steps[positions]
+            inside = (at >= low) & (at <= high)
+            near = positions[inside][minmax_indices(ys[inside], max(4, budget * 3 // 4))]
+            overview = minmax_indices(ys, max(4, budget // 4))
+            far = positions[overview][~inside[overview]]
+            chosen = np.concatenate([near, far])
+        keep.append(chosen)
+        counts[sid] = len(chosen)
+    chosen = np.concatenate(keep)
+    rank = np.argsort(np.argsort(np.array(points.keys, dtype=object)))
+    c = points.code[chosen]
+    order = np.lexsort((steps[chosen], points.attempt[chosen], points.abandoned[chosen], rank[c]))
+    return points.take(chosen[order]), counts
 
 
-def encode_rows(rows: pd.DataFrame) -> dict[str, Any]:
+def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
     """Rows as compact columns for a custom message (the front end expands them)."""
-    keys = list(dict.fromkeys(rows["key"].tolist()))
-    code = {k: i for i, k in enumerate(keys)}
+    import numpy as np
+
+    if not isinstance(rows, Points):
+        rows = Points.from_frame(rows)
+    used = list(dict.fromkeys(rows.code.tolist()))
+    recode = np.zeros(max(len(rows.keys), 1), dtype=np.int64)
+    recode[used] = np.arange(len(used))
     return {
-        "keys": keys,
-        "k": [code[k] for k in rows["key"].tolist()],
-        "step": rows["step"].astype(int).tolist(),
-        "value": rows["value"].astype(float).tolist(),
-        "attempt": rows["attempt"].astype(int).tolist(),
-        "abandoned": [bool(a) for a in rows["abandoned"].tolist()],
+        "keys": [rows.keys[c] for c in used],
+        "k": recode[rows.code].tolist(),
+        "step": rows.step.tolist(),
+        "value": rows.value.astype(float).tolist(),
+        "attempt": rows.attempt.tolist(),
+        "abandoned": rows.abandoned.tolist(),
     }
 
 
@@ -381,6 +583,8 @@ class RunChart(LiveWidget):
     spec = traitlets.Dict().tag(sync=True)
     show_abandoned = traitlets.Bool(False).tag(sync=True)
     caption = traitlets.Unicode("").tag(sync=True)
+    #: When the newest point shown was logged (epoch seconds; 0 before any): the caption says how long ago.
+    last_point = traitlets.Float(0.0).tag(sync=True)
 
     @classmethod
     def _reuse_key(
@@ -421,7 +625,7 @@ class RunChart(LiveWidget):
         self._shown: list[str] | None = None
         self._status = ""
         self._counts: dict[str, int] = {}
-        self._points = long_points(_empty_history())
+        self._points = Points.empty()
         self.refresh()
 
     @property
@@ -436,24 +640,34 @@ class RunChart(LiveWidget):
     def is_active(self) -> bool:
         return self._status == "running"
 
-    def fetch(self) -> tuple[dict[str, Any], list[Rewind], pd.DataFrame]:
-        """Everything one poll reads from the store: the run's summary, rewinds and points (long form).
+    def fetch(self) -> tuple[dict[str, Any], list[Rewind], Points]:
+        """Everything one poll reads from the store: the run's status and furthest step, rewinds and points.
 
-        The only place the chart reads run data, through the public query API:
-        :meth:`RunHandle.poll` reads the log, the last heartbeat and only the
-        metric chunks that arrived since the last poll (a few requests,
-        whatever the run's length: ``docs/storage.md``).
+        What :meth:`RunHandle.poll` reads (the log, the last heartbeat and
+        only the metric chunks that arrived since the last poll: a few
+        requests whatever the run's length, ``docs/storage.md``), taken
+        before it becomes a pandas frame: the points go from Arrow buffers
+        to the downsampler as numpy arrays, so opening a chart on a long run
+        neither imports pandas nor pivots a million rows and back.
         """
-        view = self._handle.poll(keys=self._keys)
-        return view.summary, view.rewinds, long_points(view.history, self._keys)
+        handle = self._handle
+        # RunHandle.poll() without its frame: the same reads, in the same order
+        state = handle._state()
+        live = handle._last_liveness(state)
+        table = handle._read_points()
+        step = max([handle._points.max_step, live.step if live else 0, *handle._older_session_steps(state)])
+        summary = {"status": run_status(state, live), "step": step}
+        points = points_from_table(table, state.rewinds, self._keys)
+        return summary, handle._rewinds_of(state), points
 
     def refresh(self) -> None:
         """Re-read the run; stream what is new, or send a snapshot when history changed shape."""
         with self._lock:
             summary, rewinds, points = self.fetch()
             self._status = str(summary["status"])
-            shown = self._keys if self._keys is not None else ordered_keys(list(dict.fromkeys(points["key"])))
+            shown = self._keys if self._keys is not None else ordered_keys(points.present_keys())
             self.caption = _caption(summary, len(rewinds))
+            self.last_point = float(points.time.max()) if len(points) else 0.0
             if shown != self._shown:
                 # new panels: the front end embeds the new spec, then says ready again
                 self._shown, self._points, self._rewinds = shown, points, rewinds
@@ -464,18 +678,17 @@ class RunChart(LiveWidget):
                 self._points, self._rewinds = points, rewinds
                 self._send_snapshot()
                 return
-            fresh = _new_rows(points, self._points)
+            fresh = new_points(points, self._points)
             self._points = points
-            if fresh.empty:
+            if not len(fresh):
                 return
-            fresh_ids = series_ids(fresh)
-            grown = fresh_ids.value_counts()
-            if any(self._counts.get(str(sid), 0) + int(n) > self.max_points for sid, n in grown.items()):
+            grown = series_counts(fresh)
+            if any(self._counts.get(sid, 0) + n > self.max_points for sid, n in grown.items()):
                 self._send_snapshot()
                 return
             if self.send_when_ready({"type": MSG_INSERT, "points": encode_rows(fresh)}):
                 for sid, n in grown.items():
-                    self._counts[str(sid)] = self._counts.get(str(sid), 0) + int(n)
+                    self._counts[sid] = self._counts.get(sid, 0) + n
 
     def _budget(self) -> int:
         # a running run's series keep room to grow before they are resampled
@@ -528,34 +741,8 @@ class RunChart(LiveWidget):
     def shown_rows(self) -> pd.DataFrame:
         """The rows the browser holds now: each series downsampled (for checks and debugging)."""
         with self._lock:
-            return chart_rows(self._points, self._budget(), self._domain)[0]
-
-
-def _empty_history() -> pd.DataFrame:
-    import pandas as pd
-
-    frame: pd.DataFrame = pd.DataFrame(
-        {
-            "step": pd.Series([], dtype="int64"),
-            "attempt": pd.Series([], dtype="int64"),
-            "time": pd.to_datetime(pd.Series([], dtype="float64"), unit="s", utc=True),
-            "abandoned": pd.Series([], dtype=bool),
-        }
-    )
-    return frame
-
-
-def _new_rows(points: pd.DataFrame, seen: pd.DataFrame) -> pd.DataFrame:
-    """Rows of ``points`` not in ``seen`` (identified by key, step, attempt and log time)."""
-    import pandas as pd
-
-    columns = ["key", "step", "attempt", "time"]
-    if seen.empty:
-        return points
-    known = pd.MultiIndex.from_frame(seen[columns])
-    mask = ~pd.MultiIndex.from_frame(points[columns]).isin(known)
-    result: pd.DataFrame = points[mask]
-    return result
+            rows: Points = chart_rows(self._points, self._budget(), self._domain)[0]
+            return rows.to_frame()
 
 
 def _caption(summary: dict[str, Any], rewinds: int) -> str:

@@ -17,7 +17,7 @@ import traitlets
 from launchhelm._api import RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
-from launchhelm.widgets._base import RunWidget, format_time
+from launchhelm.widgets._base import RunWidget, format_time, time_labels
 from launchhelm.widgets._picker import status_sentence
 from launchhelm.widgets._static import details_html
 
@@ -41,13 +41,18 @@ def details_state(handle: RunHandle, rule: bool, notice: str = "") -> dict[str, 
     status = str(summary["status"])
     tunables = dict(handle.tunables)
     pending = handle.pending_controls()
+    last_heartbeat = handle.last_heartbeat
     return {
         "run": {"id": handle.id, "name": handle.name, "project": handle.project},
         "status": status,
-        "sentence": status_sentence(status, handle.last_heartbeat, int(summary["step"])),
+        "sentence": status_sentence(status, last_heartbeat, int(summary["step"])),
         "step": int(summary["step"]),
         "created": format_time(handle.created),
-        "last_heartbeat": format_time(handle.last_heartbeat),
+        "last_heartbeat": format_time(last_heartbeat),
+        # epoch seconds: the browser shows them as people read them, and how long the run has run
+        "created_ts": handle.created,
+        "last_heartbeat_ts": last_heartbeat,
+        "times": time_labels(handle.created, last_heartbeat, *(p.get("time") for p in pending)),
         "sessions": int(summary["sessions"]),
         "rewinds": int(summary["rewinds"]),
         "control_state": handle.control_state if status == "running" else None,

@@ -21,7 +21,7 @@ from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
 from launchhelm._run import Run
 from launchhelm._types import Evaluation
-from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key
+from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key, time_labels
 from launchhelm.widgets._static import evaluations_html
 
 __all__ = ["EvaluationTable", "describe_evaluation", "evaluation_rows"]
@@ -50,6 +50,13 @@ def describe_evaluation(evaluation: Evaluation, now: float | None = None) -> str
     return f"queued at {format_time(evaluation.queued_at)}"
 
 
+def _took(evaluation: Evaluation | None) -> float | None:
+    """Seconds a finished evaluation ran (None while it has not finished)."""
+    if evaluation is None or evaluation.started_at is None or evaluation.finished_at is None:
+        return None
+    return max(0.0, evaluation.finished_at - evaluation.started_at)
+
+
 def evaluation_rows(handles: Iterable[RunHandle]) -> list[dict[str, Any]]:
     """One row per checkpoint of each run (newest first): its evaluation's state, or "not evaluated"."""
     rows: list[dict[str, Any]] = []
@@ -65,6 +72,9 @@ def evaluation_rows(handles: Iterable[RunHandle]) -> list[dict[str, Any]]:
                     "step": checkpoint.step,
                     "state": evaluation.state if evaluation else NOT_EVALUATED,
                     "detail": describe_evaluation(evaluation) if evaluation else "",
+                    # the times in the detail, for the browser to show as people read them
+                    "times": time_labels(evaluation.queued_at, evaluation.lease_expires) if evaluation else {},
+                    "took": _took(evaluation),
                     "attempts": evaluation.attempts if evaluation else 0,
                     "evaluation_id": evaluation.id if evaluation else None,
                     "can_retry": evaluation is not None and evaluation.state == "failed",

@@ -98,18 +98,22 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        from launchhelm.widgets._static import split_fallback
+
         data = super()._repr_mimebundle_(**kwargs)
         if not isinstance(data, dict):
             return data
+        children = (self.chart, self.picker, self.evaluations, self.details)
         try:
             svg = self.chart.static_svg() or ""
             parts = [self._header_html, svg]
-            for widget in (self.picker, self.evaluations, self.details):
+            for widget in children[1:]:
                 parts.extend(widget.static_mimebundle().values())
-            data["text/html"] = "<div class='launchhelm-static-panel'>" + "".join(parts) + "</div>"
+            static = {"text/html": "<div class='launchhelm-static-panel'>" + "".join(parts) + "</div>"}
         except Exception:  # the saved picture is a nicety: the live panel shows regardless
-            pass
-        return data
+            static = {}
+        # hidden as soon as any of its tabs hears from the kernel
+        return split_fallback(data, static, [w.model_id for w in children], alt=repr(self))
 
     def close(self) -> None:
         """Close the panel and its tabs' widgets (stopping their pollers)."""

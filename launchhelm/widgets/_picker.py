@@ -16,7 +16,7 @@ import traitlets
 
 from launchhelm._api import RunHandle
 from launchhelm._run import Run
-from launchhelm.widgets._base import RunWidget, format_time
+from launchhelm.widgets._base import RunWidget, format_time, time_labels
 from launchhelm.widgets._static import picker_html
 
 __all__ = ["ResumePicker", "picker_state", "status_sentence"]
@@ -51,6 +51,7 @@ def picker_state(handle: RunHandle, confirmation: str = "") -> dict[str, Any]:
     status = str(summary["status"])
     step = int(summary["step"])
     checkpoints = handle.checkpoints()
+    last_heartbeat = handle.last_heartbeat
     latest = checkpoints[-1].id if checkpoints else None
     resume = next((c for c in checkpoints if c.chosen_for_resume), None) or (checkpoints[-1] if checkpoints else None)
     if resume is None:
@@ -64,8 +65,10 @@ def picker_state(handle: RunHandle, confirmation: str = "") -> dict[str, Any]:
     return {
         "run": {"id": handle.id, "name": handle.name, "project": handle.project},
         "status": status,
-        "sentence": status_sentence(status, handle.last_heartbeat, step),
+        "sentence": status_sentence(status, last_heartbeat, step),
         "step": step,
+        # epoch seconds of each time in the text above and below, for the browser to show as people read them
+        "times": time_labels(last_heartbeat, *(c.saved_at for c in checkpoints)),
         "can_choose": status != "closed",
         "restores": restores,
         "confirmation": confirmation,

@@ -1,12 +1,23 @@
 """What a widget leaves in a saved notebook: a static picture of itself.
 
 A notebook opened without a kernel (GitHub, nbviewer, ``jupyter nbconvert
---to html``) cannot draw a widget view, so each widget's MIME bundle also
-carries a static fallback rendered in the kernel: the chart as SVG (drawn by
-``vl-convert``, which needs no browser, from the same Vega-Lite spec and the
-same downsampled rows), the picker, the evaluation table and the Details tab
-as HTML tables. A live front end prefers the widget view; a saved one shows
-the run as it was when the cell ran.
+--to html``) cannot draw a widget view, so each widget also leaves a static
+fallback rendered in the kernel: the chart as SVG (drawn by ``vl-convert``,
+which needs no browser, from the same Vega-Lite spec and the same
+downsampled rows), the picker, the evaluation table and the Details tab as
+HTML tables. The saved notebook shows the run as it was when the cell ran.
+
+In a Jupyter kernel the fallback is an output of its own, published just
+before the widget's view (:func:`split_fallback`), not another MIME type of
+the view's bundle: a renderer shows one type per output, and where the
+notebook was saved with its widget state (JupyterLab's "save widget state",
+``nbclient`` with ``store_widget_state``) nbconvert's HTML exporter picks
+the widget view and drops every other type, so a fallback inside the bundle
+never shows. The fallback's HTML carries the model ids of the widgets it
+stands for (``data-lh-static``); a live view hides it once the kernel
+answers its ``ready`` (a ``live`` message: :func:`live_message`), so a
+running notebook shows the widget alone, while an export whose widgets draw
+from saved state without a kernel keeps the picture beside them.
 
 Everything here is best effort: a fallback that cannot be made is left out,
 never an error in the cell.
@@ -14,12 +25,28 @@ never an error in the cell.
 
 from __future__ import annotations
 
+import base64
 import copy
 import html
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-__all__ = ["chart_svg", "details_html", "evaluations_html", "picker_html", "table_html"]
+__all__ = [
+    "FALLBACK_CLASS",
+    "chart_svg",
+    "details_html",
+    "evaluations_html",
+    "fallback_html",
+    "live_message",
+    "picker_html",
+    "split_fallback",
+    "table_html",
+]
+
+#: The class of a fallback output's outer element (the front ends hide it by ``data-lh-static``).
+FALLBACK_CLASS = "launchhelm-static-fallback"
+#: Message type, kernel -> front end: the kernel is live, hide the saved picture of these models.
+MSG_LIVE = "live"
 
 #: Points per series in the saved picture (the live chart sends more).
 STATIC_POINTS = 300
@@ -113,3 +140,49 @@ def chart_svg(spec: dict[str, Any], points: dict[str, Any], rewinds: list[dict[s
     except Exception:  # a picture is a nicety: never fail a display for it
         return None
     return svg
+
+
+def svg_img(svg: str, alt: str = "") -> str:
+    """An SVG as an ``<img>`` (a data URI: inline ``<svg>`` ids would clash between charts on one page)."""
+    encoded = base64.b64encode(svg.encode("utf-8")).decode("ascii")
+    return f"<img src='data:image/svg+xml;base64,{encoded}' alt='{html.escape(alt, quote=True)}'>"
+
+
+def fallback_html(static: dict[str, Any], model_ids: Sequence[str], alt: str = "") -> str | None:
+    """The fallback bundle (``text/html`` and/or ``image/svg+xml``) as one HTML block tagged with ``model_ids``."""
+    parts = []
+    if static.get("image/svg+xml"):
+        parts.append(svg_img(str(static["image/svg+xml"]), alt))
+    if static.get("text/html"):
+        parts.append(str(static["text/html"]))
+    if not parts:
+        return None
+    ids = html.escape(" ".join(model_ids), quote=True)
+    return f"<div class='{FALLBACK_CLASS}' data-lh-static='{ids}'>" + "".join(parts) + "</div>"
+
+
+def split_fallback(
+    data: dict[str, Any], static: dict[str, Any], model_ids: Sequence[str], alt: str = ""
+) -> dict[str, Any]:
+    """The widget view's bundle; its fallback published before it as an output of its own in a kernel.
+
+    Outside a Jupyter kernel (marimo, a plain IPython), nothing is
+    published: the fallback's MIME types join ``data``, as before.
+    """
+    from launchhelm.widgets._display import in_kernel
+
+    if not static:
+        return data
+    if not in_kernel():
+        return {**static, **data}
+    block = fallback_html(static, model_ids, alt)
+    if block is not None:
+        from IPython.display import display
+
+        display({"text/html": block}, raw=True)  # type: ignore[no-untyped-call]
+    return data
+
+
+def live_message(model_ids: Sequence[str]) -> dict[str, Any]:
+    """What the kernel answers a view's ``ready`` with first: hide the saved pictures of these models."""
+    return {"type": MSG_LIVE, "static": list(model_ids)}

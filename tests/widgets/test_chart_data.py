@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
-from launchhelm.widgets._chart import build_spec, chart_rows, long_points
+from launchhelm.widgets._chart import build_spec, chart_rows, encode_rows, long_points, new_points, points_from_table
 from launchhelm.widgets._downsample import minmax_indices
 
 
@@ -111,3 +112,67 @@ def test_a_run_without_metrics_gets_a_placeholder_not_an_empty_chart() -> None:
     spec = build_spec([])
     assert spec["mark"]["type"] == "text"
     assert spec["data"]["values"] == [{"text": "No metrics logged yet"}]
+
+
+def _points_table(*chunks: list[tuple[int, int, float, str, float]]) -> pa.Table:
+    """The store's long form (``step, attempt, time, key, value``), one Arrow chunk per list."""
+    schema = pa.schema(
+        [
+            ("step", pa.int64()),
+            ("attempt", pa.int32()),
+            ("time", pa.float64()),
+            ("key", pa.string()),
+            ("value", pa.float64()),
+        ]
+    )
+    tables = [
+        pa.Table.from_pylist([dict(zip(schema.names, row, strict=True)) for row in rows], schema) for rows in chunks
+    ]
+    return pa.concat_tables(tables)
+
+
+def test_points_go_from_the_stores_arrow_table_to_numpy_as_history_would_show_them() -> None:
+    # two chunks whose key dictionaries differ in order; a rewind to step 1 started attempt 1
+    table = _points_table(
+        [(0, 0, 10.0, "loss", 1.0), (0, 0, 10.0, "lr", 0.1), (1, 0, 11.0, "loss", 0.9), (2, 0, 12.0, "loss", 5.0)],
+        [
+            (2, 0, 12.5, "loss", 6.0),  # logged again at the same step and attempt: the last value wins
+            (2, 1, 13.0, "lr", 0.2),
+            (2, 1, 13.0, "loss", 0.8),
+            (3, 1, 14.0, "system/cpu_percent", 50.0),  # system samples live on their own axis
+            (3, 1, 14.0, "loss", float("nan")),  # a chart cannot place it
+        ],
+    )
+    points = points_from_table(table, [{"attempt": 1, "to_step": 1}])
+    frame = points.to_frame()
+    assert points.present_keys() == ["loss", "lr"]  # first-logged order
+    loss = frame[frame["key"] == "loss"]
+    assert loss[["step", "attempt", "value"]].values.tolist() == [[0, 0, 1.0], [1, 0, 0.9], [2, 0, 6.0], [2, 1, 0.8]]
+    assert loss["abandoned"].tolist() == [False, False, True, False]  # step 2 of attempt 0 was redone
+    assert frame[frame["key"] == "lr"]["value"].tolist() == [0.1, 0.2]
+    only = points_from_table(table, [], keys=["lr", "nope"])
+    assert only.present_keys() == ["lr"] and len(only) == 2
+    # the same rows reach the browser as from history()'s frame
+    rows, counts = chart_rows(points, budget=100)
+    assert counts == {"loss": 3, "loss\x00abandoned 0": 1, "lr": 2}
+    assert encode_rows(rows)["keys"] == ["loss", "lr"]
+
+
+def test_a_poll_that_appended_sends_only_the_new_points_and_a_reordered_one_finds_them_all() -> None:
+    old = points_from_table(_points_table([(s, 0, float(s), "loss", 1.0 / (s + 1)) for s in range(5)]), [])
+    grown = points_from_table(
+        _points_table(
+            [(s, 0, float(s), "loss", 1.0 / (s + 1)) for s in range(5)],
+            [(5, 0, 5.0, "acc", 0.5), (5, 0, 5.0, "loss", 0.1)],
+        ),
+        [],
+    )
+    fresh = new_points(grown, old)
+    assert fresh.to_frame()[["key", "step"]].values.tolist() == [["acc", 5], ["loss", 5]]
+    # re-read in another order (a compaction rewrote the chunks): still only what is new
+    shuffled = points_from_table(
+        _points_table([(5, 0, 5.0, "loss", 0.1)], [(s, 0, float(s), "loss", 1.0 / (s + 1)) for s in range(4, -1, -1)]),
+        [],
+    )
+    assert new_points(shuffled, old).to_frame()["step"].tolist() == [5]
+    assert len(new_points(old, old)) == 0

@@ -38,11 +38,14 @@ class Wire:
     def __init__(self, widget: Any) -> None:
         self.widget = widget
         self.messages: list[dict[str, Any]] = []
+        #: the ``live`` answers to each ``ready`` (hide the saved picture), kept apart from the data
+        self.live: list[dict[str, Any]] = []
         publish = widget.comm.publish_msg
 
         def record(msg_type: str, data: Any = None, *args: Any, **kwargs: Any) -> Any:
             if isinstance(data, dict) and data.get("method") == "custom":
-                self.messages.append(data["content"])
+                content = data["content"]
+                (self.live if content.get("type") == "live" else self.messages).append(content)
             return publish(msg_type, data, *args, **kwargs)
 
         widget.comm.publish_msg = record
@@ -74,6 +77,7 @@ def test_nothing_is_sent_before_ready_and_the_ready_snapshot_holds_every_point(l
     wire.from_browser({"type": "ready"})
     assert [m["type"] for m in wire.messages] == ["snapshot"]
     assert wire.steps() == list(range(40))
+    assert wire.live == [{"type": "live", "static": [chart.model_id]}]  # the saved picture of it hides
     assert chart.polling
     chart.close()
     assert not chart.polling

@@ -16,6 +16,7 @@ import pytest
 from widget_runs import FAILURE, RESUMED_CRASH_AT, RESUMED_FROM, WidgetRuns
 
 WIDGET = "application/vnd.jupyter.widget-view+json"
+STATE = "application/vnd.jupyter.widget-state+json"
 
 CELLS = [
     "from launchhelm.widgets import EvaluationTable, ResumePicker, RunChart, RunPanel\nimport launchhelm as lh",
@@ -26,17 +27,18 @@ CELLS = [
 ]
 
 
-def execute(notebook_cells: list[str], folder: Path) -> Path:
+def execute(notebook_cells: list[str], folder: Path, widget_state: bool = False) -> Path:
     import nbformat
     from nbclient import NotebookClient
 
     notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(code) for code in notebook_cells])
-    # saved as JupyterLab saves by default: outputs, without the widgets' live state
+    # widget_state=False: saved as JupyterLab saves by default, outputs without the widgets' live state;
+    # True: as with "Save Widget State Automatically" on (metadata.widgets holds every model's state)
     NotebookClient(
         notebook,
         timeout=180,
         kernel_name="python3",
-        store_widget_state=False,
+        store_widget_state=widget_state,
         resources={"metadata": {"path": str(folder)}},
     ).execute()
     path = folder / "saved.ipynb"
@@ -45,12 +47,21 @@ def execute(notebook_cells: list[str], folder: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("widget_state", [False, True], ids=["without-widget-state", "with-widget-state"])
 def test_nbconvert_html_of_an_executed_notebook_shows_the_chart_and_the_tables(
-    widget_runs: WidgetRuns, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    widget_runs: WidgetRuns, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, widget_state: bool
 ) -> None:
+    import nbformat
+
     monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
     setup = f"STORE, RESUMED, STOPPED = {widget_runs.store!r}, {widget_runs.resumed!r}, {widget_runs.stopped!r}"
-    saved = execute([setup, *CELLS], tmp_path)
+    saved = execute([setup, *CELLS], tmp_path, widget_state)
+    notebook = nbformat.read(saved, as_version=4)
+    state = notebook.metadata.get("widgets", {}).get(STATE, {}).get("state", {})
+    views = [o.data[WIDGET]["model_id"] for c in notebook.cells for o in c.outputs if WIDGET in o.get("data", {})]
+    assert len(views) == 4
+    # with the state saved, nbconvert draws these outputs as widget views (which need JS), nothing else
+    assert all(v in state for v in views) if widget_state else not state
     done = subprocess.run(
         [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(saved), "--output-dir", str(tmp_path)],
         capture_output=True,
@@ -77,6 +88,8 @@ def test_nbconvert_html_of_an_executed_notebook_shows_the_chart_and_the_tables(
     assert "failed" in table and FAILURE in table and "accuracy" in table and ">done<" in table
     # a run left as a cell's last expression: its panel, chart and tables together
     assert "<svg" in panel and "stopped without ending its session" in panel and "Details" in panel
+    if widget_state:  # the views are there too, for a page that loads the widget manager
+        assert sum(f'<script type="{WIDGET}">' in cell for cell in cells[2:]) == 4
 
 
 MISSING = """
@@ -104,7 +117,9 @@ def test_without_the_front_end_a_widget_shows_one_line_saying_how_to_get_it(
 
     notebook = nbformat.read(execute(cells, tmp_path), as_version=4)
     for cell in notebook.cells[2:4]:
-        (output,) = cell.outputs  # one output: no stream of warnings, no error
+        # the saved picture, then the view with its one line: no stream of warnings, no error
+        fallback, output = cell.outputs
+        assert fallback.output_type == "display_data" and "launchhelm-static-fallback" in fallback.data["text/html"]
         assert output.output_type == "execute_result"
         text = output.data["text/plain"]
         assert text.startswith("LaunchHelm's widget front end is missing from this install (")
@@ -113,3 +128,18 @@ def test_without_the_front_end_a_widget_shows_one_line_saying_how_to_get_it(
     assert notebook.cells[4].outputs[0].text == "True True\n"  # the view draws that line in the cell
     assert notebook.cells[5].outputs == []  # nothing from __del__
     assert all(o.output_type != "error" for c in notebook.cells for o in c.outputs)
+
+
+def test_outside_a_kernel_the_fallback_joins_the_views_bundle_and_in_one_it_is_tagged_for_the_live_view() -> None:
+    from launchhelm.widgets._static import fallback_html, split_fallback
+
+    view = {WIDGET: {"model_id": "m1"}, "text/plain": "<chart>"}
+    # marimo, a terminal: nothing published, one bundle as before
+    assert split_fallback(view, {"image/svg+xml": "<svg/>"}, ["m1"]) == {**view, "image/svg+xml": "<svg/>"}
+    block = fallback_html({"image/svg+xml": "<svg/>", "text/html": "<table></table>"}, ["m1", "m2"], alt="a chart")
+    assert block is not None
+    assert block.startswith(
+        "<div class='launchhelm-static-fallback' data-lh-static='m1 m2'><img src='data:image/svg+xml;base64,"
+    )
+    assert block.endswith("<table></table></div>") and "alt='a chart'" in block
+    assert fallback_html({}, ["m1"]) is None

@@ -85,6 +85,48 @@ def test_a_wheel_and_an_sdist_from_a_clean_clone_carry_the_front_end(tmp_path: P
     assert not any("node_modules" in name for name in members)
 
 
+EDITABLE = """
+import sys
+import hatchling.build
+print(hatchling.build.build_editable(sys.argv[1]))
+"""
+
+
+@pytest.mark.slow
+def test_an_editable_install_from_a_clean_clone_builds_the_front_end(tmp_path: Path) -> None:
+    clone = clean_clone(tmp_path)
+    out = tmp_path / "editable"
+    # the PEP 660 hook `pip install -e . --no-build-isolation` calls (called directly: pip would also
+    # uninstall the launchhelm this test environment runs from, and the clone has no node_modules)
+    done = subprocess.run(
+        [sys.executable, "-c", EDITABLE, str(out)],
+        cwd=clone,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=child_env(),
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "npm run build" in done.stdout + done.stderr
+    static = clone / "launchhelm" / "widgets" / "static"
+    check_bundle({name: (static / name).read_bytes() for name in BUNDLE})  # built in place, beside the sources
+
+    (wheel,) = out.glob("launchhelm-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        (pth,) = [n for n in archive.namelist() if n.endswith(".pth")]
+        assert archive.read(pth).decode().strip() == str(clone)  # the install imports the clone itself
+    # and that clone's widgets find their front end
+    shown = subprocess.run(
+        [sys.executable, "-c", "from launchhelm.widgets._base import front_end; print(repr(front_end('chart.js')[2]))"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(PYTHONPATH=str(clone)),
+    )
+    assert shown.returncode == 0, shown.stderr[-2000:]
+    assert shown.stdout.strip() == "''"  # nothing missing
+
+
 @pytest.mark.slow
 def test_a_build_that_ends_without_the_bundle_fails_loudly(tmp_path: Path) -> None:
     clone = clean_clone(tmp_path)

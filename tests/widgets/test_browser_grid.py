@@ -1,0 +1,175 @@
+"""Panels people can scan, in a real JupyterLab 4 and Notebook 7 in headless Chromium: a
+run with more than 12 metrics shows them in a grid, one collapsible section
+per key prefix, with a filter box; every time in the run's panel reads as a
+person reads it (local time, how long ago, durations), never raw epoch
+numbers or ISO strings; and the saved picture a notebook keeps for viewers
+without a kernel is hidden while the live widget draws.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from jupyter_browser import CHROMIUM, JupyterServer, chromium, open_notebook, run_all, write_notebook
+
+import launchhelm as lh
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.browser,
+    pytest.mark.skipif(
+        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
+    ),
+]
+
+WAIT_MS = 60_000
+#: 15 metrics, logged in this order: sections train, perf, metrics (no prefix), then eval (scores go last).
+SECTIONS = {
+    "train": ["train/loss", "train/accuracy", "train/lr", "train/grad_norm", "train/tokens_per_s"],
+    "perf": ["perf/step_time", "perf/data_time", "perf/memory", "perf/throughput"],
+    "metrics": ["epoch", "loss_scale", "samples"],
+    "eval": ["eval/accuracy", "eval/loss", "eval/f1"],
+}
+KEYS = [k for keys in SECTIONS.values() for k in keys]
+#: "14:03:07 (3 min ago)": today's local time, then how long ago.
+HUMAN_TIME = r"\d{2}:\d{2}:\d{2} \((just now|\d+ (s|min) ago)\)"
+
+
+@pytest.fixture(scope="module")
+def grid_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    folder = tmp_path_factory.mktemp("grid-store")
+    store = str(folder / "store")
+    artifact = folder / "weights.bin"
+    artifact.write_bytes(b"\0" * 1024)
+    with lh.init("grid", store=store, config={"lr": 0.1}, flush_interval=3600) as run:
+        for step in range(40):
+            run.log({key: float(i + 1) / (step + 1) for i, key in enumerate(KEYS)}, step=step)
+        checkpoint = run.checkpoint(str(artifact), step=20)
+        run.flush()
+        run_id = run.id
+    lh.Api(store).run(run_id).evaluate(checkpoint)  # queued: its row says when
+    return store, run_id
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
+    jupyter = JupyterServer(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home"))
+    jupyter.start()
+    try:
+        yield jupyter
+    finally:
+        jupyter.stop()
+
+
+@pytest.fixture
+def page(server: JupyterServer) -> Iterator[Any]:
+    with chromium() as browser:
+        context = browser.new_context(viewport={"width": 1280, "height": 1600})
+        tab = context.new_page()
+        errors: list[str] = []
+        tab.on("pageerror", lambda exc: errors.append(str(exc)))
+        try:
+            yield tab
+        finally:
+            context.close()
+            server.shutdown_kernels()
+    assert not [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()], errors
+
+
+def _visible_keys(page: Any) -> list[str]:
+    return list(
+        page.locator(".launchhelm-panel .lh-chart .lh-panel").evaluate_all(
+            # checkVisibility: also false inside a closed <details> (content-visibility: hidden)
+            "els => els.filter(e => e.checkVisibility()).map(e => e.dataset.key)"
+        )
+    )
+
+
+@pytest.mark.parametrize("app", ["lab", "notebook"], ids=["jupyterlab", "notebook7"])
+def test_a_run_with_many_metrics_is_a_grid_of_sections_filterable_with_times_people_read(
+    page: Any, server: JupyterServer, grid_run: tuple[str, str], tmp_path: Path, app: str
+) -> None:
+    store, run_id = grid_run
+    name = f"grid-{app}.ipynb"
+    write_notebook(server.root / name, [f"import launchhelm as lh\nlh.Api({store!r}).run({run_id!r})"])
+    open_notebook(page, server, name, app=app)
+    run_all(page)
+    chart = page.wait_for_selector(
+        f".launchhelm-panel .lh-chart[data-panels='{len(KEYS)}'][data-messages]", timeout=WAIT_MS
+    )
+    assert chart is not None
+    page.wait_for_function(
+        "() => Number(document.querySelector('.launchhelm-panel .lh-chart').dataset.points) >= 40 * 15",
+        timeout=WAIT_MS,
+    )
+
+    caption = page.inner_text(".launchhelm-panel .lh-chart .lh-caption")
+    assert re.fullmatch(f"closed · furthest step 39 · last point {HUMAN_TIME}", caption), caption
+    # one section per prefix, in the order the metrics were logged (scores last), each with its panels
+    sections = page.locator(".launchhelm-panel .lh-chart details.lh-section")
+    assert sections.evaluate_all("els => els.map(e => e.dataset.section)") == list(SECTIONS)
+    for name, keys in SECTIONS.items():
+        section = page.locator(f".launchhelm-panel .lh-chart details.lh-section[data-section='{name}']")
+        assert section.locator(".lh-panel").evaluate_all("els => els.map(e => e.dataset.key)") == keys
+        assert section.locator("summary").inner_text().strip() == f"{name} ({len(keys)})"
+        assert section.locator(".lh-panel svg").count() == len(keys)  # a drawn view per panel
+    # a grid, not a column: the first two train panels side by side, the same height on the page
+    first, second = (page.locator(f".lh-panel[data-key='{k}']").bounding_box() for k in SECTIONS["train"][:2])
+    assert abs(first["y"] - second["y"]) < 2 and second["x"] > first["x"] + first["width"] - 2
+    page.locator(".launchhelm-panel .lh-chart").screenshot(path=str(tmp_path / f"grid-{app}.png"))
+    print("screenshot:", tmp_path / f"grid-{app}.png")
+
+    # more than 12 metrics: a filter box; words narrow the panels, sections without a match disappear
+    box = page.locator(".launchhelm-panel .lh-chart-filter")
+    assert box.is_visible()
+    box.fill("loss")
+    assert _visible_keys(page) == ["train/loss", "loss_scale", "eval/loss"]
+    assert not page.locator("details.lh-section[data-section='perf']").is_visible()
+    assert page.locator(".launchhelm-panel .lh-filter-count").inner_text() == "3 of 15 panels"
+    box.fill("")
+    assert _visible_keys(page) == KEYS
+
+    # collapsing a section hides its panels, and only those
+    page.locator("details.lh-section[data-section='train'] > summary").click()
+    assert page.locator("details.lh-section[data-section='train']").evaluate("e => e.open") is False
+    assert _visible_keys(page) == [k for k in KEYS if not k.startswith("train/")]
+    page.locator("details.lh-section[data-section='train'] > summary").click()
+    assert _visible_keys(page) == KEYS
+    assert page.locator(".lh-panel[data-key='train/loss'] svg").bounding_box()["width"] > 200  # drawn full width
+
+    # the saved picture of the panel (for viewers without a kernel) is hidden while the live one draws
+    fallback = page.locator(".launchhelm-static-fallback")
+    assert fallback.count() == 1
+    assert not fallback.is_visible(), fallback.evaluate(
+        "e => e.outerHTML.slice(0, 300) + ' || ' + e.closest('.jp-OutputArea-child').outerHTML.slice(0, 300)"
+    )
+
+    # times as people read them, in every tab
+    tabs = page.locator(".launchhelm-panel .lm-TabBar-tab")
+    tabs.nth(1).click()  # Checkpoints
+    saved = page.wait_for_selector(".launchhelm-panel .lh-picker td.lh-saved", state="visible", timeout=WAIT_MS)
+    assert saved is not None and re.fullmatch(HUMAN_TIME, saved.inner_text().strip()), saved.inner_text()
+    tabs.nth(2).click()  # Evaluations
+    detail = page.wait_for_selector(".launchhelm-panel .lh-evaluations td.lh-detail", state="visible")
+    assert detail is not None and re.fullmatch(f"queued at {HUMAN_TIME}", detail.inner_text().strip())
+    tabs.nth(3).click()  # Details
+    page.wait_for_selector(".launchhelm-panel .lh-details", state="visible", timeout=WAIT_MS)
+    created = page.inner_text(".launchhelm-panel .lh-details td.lh-fact-created").strip()
+    beat = page.inner_text(".launchhelm-panel .lh-details td.lh-fact-last-heartbeat").strip()
+    took = page.inner_text(".launchhelm-panel .lh-details td.lh-fact-duration").strip()
+    assert re.fullmatch(HUMAN_TIME, created) and re.fullmatch(HUMAN_TIME, beat), (created, beat)
+    assert re.fullmatch(r"\d+ s|\d+ min( \d+ s)?", took), took
+    # the exact time is one hover away
+    title = page.locator(".launchhelm-panel .lh-details td.lh-fact-created time").get_attribute("title")
+    assert title and str(lh.Api(store).run(run_id).name) not in title and re.search(r"\d{4}", title)
+    for tab in range(4):
+        tabs.nth(tab).click()
+        text = page.inner_text(".launchhelm-panel")
+        assert not re.search(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", text), text  # no ISO timestamps
+        assert not re.search(r"\b\d{10,}\b", text), text  # no epoch seconds or nanoseconds
