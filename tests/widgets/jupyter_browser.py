@@ -181,3 +181,46 @@ def run_all(page: Any) -> None:
 def execute(page: Any, code: str) -> str:
     """Run ``code`` in the notebook's kernel; return what it printed (and any error)."""
     return str(page.evaluate(EXECUTE, code))
+
+
+# What every browser test module shares -------------------------------------------
+def browser_marks() -> list[Any]:
+    """``pytestmark`` of a browser test module: slow, browser, and skipped only without Chromium outside CI."""
+    import pytest
+
+    return [
+        pytest.mark.slow,
+        pytest.mark.browser,
+        pytest.mark.skipif(
+            not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
+            reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
+        ),
+    ]
+
+
+@contextmanager
+def serving(root: Path, home: Path, env: dict[str, str] | None = None) -> Iterator[JupyterServer]:
+    """A started :class:`JupyterServer`, stopped on the way out."""
+    jupyter = JupyterServer(root, home, env=env)
+    jupyter.start()
+    try:
+        yield jupyter
+    finally:
+        jupyter.stop()
+
+
+@contextmanager
+def watched_page(browser: Any, server: JupyterServer | None, width: int = 1280, height: int = 1600) -> Iterator[Any]:
+    """A fresh page of ``browser``; on the way out its kernels are shut down and no LaunchHelm or
+    Vega error may have reached the page."""
+    context = browser.new_context(viewport={"width": width, "height": height})
+    tab = context.new_page()
+    errors: list[str] = []
+    tab.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield tab
+    finally:
+        context.close()
+        if server is not None:
+            server.shutdown_kernels()
+    assert not [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()], errors

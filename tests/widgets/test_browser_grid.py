@@ -8,25 +8,26 @@ without a kernel is hidden while the live widget draws.
 
 from __future__ import annotations
 
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_browser import CHROMIUM, JupyterServer, chromium, open_notebook, run_all, write_notebook
+from jupyter_browser import (
+    JupyterServer,
+    browser_marks,
+    chromium,
+    open_notebook,
+    run_all,
+    serving,
+    watched_page,
+    write_notebook,
+)
 
 import launchhelm as lh
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
-    ),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 60_000
 #: 15 metrics, logged in this order: sections train, perf, metrics (no prefix), then eval (scores go last).
@@ -59,27 +60,14 @@ def grid_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    jupyter = JupyterServer(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home"))
-    jupyter.start()
-    try:
+    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-    finally:
-        jupyter.stop()
 
 
 @pytest.fixture
 def page(server: JupyterServer) -> Iterator[Any]:
-    with chromium() as browser:
-        context = browser.new_context(viewport={"width": 1280, "height": 1600})
-        tab = context.new_page()
-        errors: list[str] = []
-        tab.on("pageerror", lambda exc: errors.append(str(exc)))
-        try:
-            yield tab
-        finally:
-            context.close()
-            server.shutdown_kernels()
-    assert not [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()], errors
+    with chromium() as browser, watched_page(browser, server) as tab:
+        yield tab
 
 
 def _visible_keys(page: Any) -> list[str]:

@@ -9,7 +9,6 @@ printed: ``pytest -s`` shows them)."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,19 +16,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_browser import CHROMIUM, JupyterServer, chromium, open_notebook, run_all, write_notebook
+from jupyter_browser import (
+    JupyterServer,
+    browser_marks,
+    chromium,
+    open_notebook,
+    run_all,
+    serving,
+    watched_page,
+    write_notebook,
+)
 from lhtest import ROOT
 
 import launchhelm as lh
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
-    ),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 120_000
 QUICKSTART_LABEL = "Resumed from step 40 after reaching 110"
@@ -82,12 +83,8 @@ def server(tmp_path_factory: pytest.TempPathFactory, store: str) -> Iterator[Jup
     for item in (ROOT / "notebooks").iterdir():
         if item.suffix in (".ipynb", ".py") and item.name != "conftest.py":
             shutil.copy(item, root / item.name)
-    jupyter = JupyterServer(root, tmp_path_factory.mktemp("jupyter-home"), env={"LAUNCHHELM_STORE": store})
-    jupyter.start()
-    try:
+    with serving(root, tmp_path_factory.mktemp("jupyter-home"), env={"LAUNCHHELM_STORE": store}) as jupyter:
         yield jupyter
-    finally:
-        jupyter.stop()
 
 
 @pytest.fixture(scope="module")
@@ -98,16 +95,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 1600})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with watched_page(browser, server) as tab:
         yield tab
-    finally:
-        context.close()
-        server.shutdown_kernels()
-    assert not [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()], errors
 
 
 def run_notebook(page: Any, server: JupyterServer, name: str, app: str = "lab") -> None:

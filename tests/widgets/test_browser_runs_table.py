@@ -9,23 +9,25 @@ real ``load_checkpoint``.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from jupyter_browser import CHROMIUM, JupyterServer, chromium, execute, open_notebook, run_all, write_notebook
+from jupyter_browser import (
+    JupyterServer,
+    browser_marks,
+    chromium,
+    execute,
+    open_notebook,
+    run_all,
+    serving,
+    watched_page,
+    write_notebook,
+)
 from rewound_runs import BACK_TO, REACHED, rewound_run
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
-    ),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 60_000
 ROWS = ".lh-runs-table tr.lh-run"
@@ -49,12 +51,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    jupyter = JupyterServer(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home"))
-    jupyter.start()
-    try:
+    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-    finally:
-        jupyter.stop()
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +63,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1800})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with watched_page(browser, server, 1400, 1800) as tab:
         yield tab
-    finally:
-        context.close()
-        server.shutdown_kernels()
-    assert not [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()], errors
 
 
 def _names(page: Any) -> list[str]:

@@ -11,7 +11,6 @@ again" re-queueing a failed evaluation, the run panel's tabs.
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -19,19 +18,22 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from jupyter_browser import CHROMIUM, JupyterServer, chromium, execute, open_notebook, run_all, write_notebook
+from jupyter_browser import (
+    JupyterServer,
+    browser_marks,
+    chromium,
+    execute,
+    open_notebook,
+    run_all,
+    serving,
+    watched_page,
+    write_notebook,
+)
 from widget_runs import FAILED_STEP, FAILURE, RESUMED_CRASH_AT, RESUMED_END, RESUMED_FROM, WidgetRuns, copy_runs
 
 import launchhelm as lh
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
-    ),
-]
+pytestmark = browser_marks()
 
 LABEL = f"Resumed from step {RESUMED_FROM} after reaching {RESUMED_CRASH_AT}"
 WAIT_MS = 60_000
@@ -45,12 +47,8 @@ def runs(widget_runs_template: WidgetRuns, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
     root = tmp_path_factory.mktemp("notebooks")
-    jupyter = JupyterServer(root, tmp_path_factory.mktemp("jupyter-home"))
-    jupyter.start()
-    try:
+    with serving(root, tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-    finally:
-        jupyter.stop()
 
 
 @pytest.fixture(scope="module")
@@ -61,17 +59,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 1600})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with watched_page(browser, server) as tab:
         yield tab
-    finally:
-        context.close()
-        server.shutdown_kernels()
-    launchhelm_errors = [e for e in errors if "launchhelm" in e.lower() or "vega" in e.lower()]
-    assert not launchhelm_errors, launchhelm_errors
 
 
 def _show(page: Any, server: JupyterServer, name: str, cells: list[str], app: str = "lab") -> None:

@@ -8,7 +8,6 @@ comments there), runs and shows its widgets."""
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -20,20 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_browser import CHROMIUM, chromium
+from jupyter_browser import browser_marks, chromium
 from lhtest import ROOT, child_env
 from widget_runs import FAILED_STEP, RESUMED_CRASH_AT, RESUMED_FROM, WidgetRuns
 
 import launchhelm as lh
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
-    ),
-]
+pytestmark = browser_marks()
 
 LABEL = f"Resumed from step {RESUMED_FROM} after reaching {RESUMED_CRASH_AT}"
 WAIT_MS = 60_000
