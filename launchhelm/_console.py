@@ -41,6 +41,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,11 @@ _READ_BYTES = 65536
 #: A read smaller than this makes the fd reader wait _BATCH_WAIT seconds before the next.
 _BATCH_BYTES = 16384
 _BATCH_WAIT = 0.002
+#: Writes of one stream gathered before they are split into lines (the Python-level tee's batch).
+_BATCH_BYTES = 65536
+#: The Python-level tee hands its writes on every this many writes, or at once for one this long.
+_BATCH_WRITES = 1024
+_BIG_WRITE = 4096
 #: Pipe capacity asked for (Linux): a burst this big goes in without the writer waiting for the reader.
 _PIPE_BYTES = 2**20
 
@@ -103,6 +109,17 @@ class _Line:
         self.skip = False  # its start was dropped with a flood: drop the rest, up to its newline
 
 
+def _lines_within(data: bytes, start: int, end: int, limit: int) -> bool:
+    """Whether every line of ``data[start:end]`` (whole lines) is at most ``limit`` bytes: a few C-level scans."""
+    pos = start
+    while end - pos > limit:
+        nl = data.rfind(b"\n", pos, pos + limit + 1)
+        if nl < 0:
+            return False
+        pos = nl + 1
+    return True
+
+
 class ConsoleBuffer:
     """One session's captured output until its next flush: bounded, never blocking.
 
@@ -123,8 +140,10 @@ class ConsoleBuffer:
     def __init__(self, limit: int = BUFFER_BYTES, line_limit: int = LINE_BYTES) -> None:
         self.limit = limit
         self.line_limit = line_limit
-        self._parts: list[bytes] = []
-        self._size = 0
+        self._out = bytearray()  # kept, in order, for the next take
+        self._raw: list[bytes] = []  # writes of one stream not yet split into lines (a batch)
+        self._raw_size = 0
+        self._raw_stream = ""
         self._lines: dict[str, _Line] = {}
         self._pending_lines = 0  # dropped since the last take (for the marker)
         self._pending_bytes = 0
@@ -136,52 +155,76 @@ class ConsoleBuffer:
         self._lock = threading.Lock()
 
     def feed(self, data: bytes, stream: str = "stdout") -> None:
-        """Keep ``data`` (bytes as ``stream`` wrote them), or count it dropped when the buffer is full."""
+        """Keep ``data`` (bytes as ``stream`` wrote them), or count it dropped when the buffer is full.
+
+        The hot path of a Python-level capture (two calls per ``print``):
+        consecutive writes of one stream are only appended, and split into
+        lines a batch (:data:`_BATCH_BYTES`) at a time, or when the other
+        stream writes, or at the take.
+        """
         if not data:
             return
         with self._lock:
-            if self._dropping or self._size + len(data) > self.limit:
-                if not self._dropping:
-                    # full: drop everything until the next take, and the lines open now with it,
-                    # so what is kept stays whole lines and the marker marks the one gap
-                    self._dropping = True
-                    for open_line in self._lines.values():
-                        if open_line.length or open_line.cutting:
-                            self._drop(bytes(open_line.held))
-                            open_line.held.clear()
-                            open_line.length, open_line.cutting, open_line.cut = 0, False, 0
-                            open_line.skip = True
-                self._drop(data)
+            if stream != self._raw_stream:
+                if self._raw:
+                    self._split()
+                self._raw_stream = stream
+            self._raw.append(data)
+            self._raw_size += len(data)
+            if self._raw_size >= _BATCH_BYTES:
+                self._split()
+
+    def _split(self) -> None:
+        raw = self._raw
+        data = raw[0] if len(raw) == 1 else b"".join(raw)
+        raw.clear()
+        self._raw_size = 0
+        self._lines_of(data, self._raw_stream)
+
+    def _lines_of(self, data: bytes, stream: str) -> None:
+        """Split a batch into lines: keep them (cut past the line limit) or drop them when full."""
+        if self._dropping or len(self._out) + len(data) > self.limit:
+            if not self._dropping:
+                # full: drop everything until the next take, and the lines open now with it,
+                # so what is kept stays whole lines and the marker marks the one gap
+                self._dropping = True
+                for open_line in self._lines.values():
+                    if open_line.length or open_line.cutting:
+                        self._drop(bytes(open_line.held))
+                        open_line.held.clear()
+                        open_line.length, open_line.cutting, open_line.cut = 0, False, 0
+                        open_line.skip = True
+            self._drop(data)
+            return
+        line = self._lines.get(stream)
+        if line is None:
+            line = self._lines[stream] = _Line()
+        if line.skip:
+            end = data.find(b"\n")
+            self._drop(data if end < 0 else data[: end + 1])
+            if end < 0:
                 return
-            line = self._lines.get(stream)
-            if line is None:
-                line = self._lines[stream] = _Line()
-            if line.skip:
-                end = data.find(b"\n")
-                self._drop(data if end < 0 else data[: end + 1])
-                if end < 0:
-                    return
-                line.skip = False
-                data = data[end + 1 :]
-                if not data:
-                    return
-            last = data.rfind(b"\n")
-            if last < 0:
-                self._extend(line, data)
+            line.skip = False
+            data = data[end + 1 :]
+            if not data:
                 return
-            first = data.find(b"\n")
-            self._extend(line, data[:first])
-            self._end(line)
-            if last > first:
-                middle = data[first + 1 : last + 1]
-                if last - first - 1 <= self.line_limit:  # no line in it can pass the limit: whole (usual)
-                    self._emit(middle)
-                else:
-                    for piece in middle.split(b"\n")[:-1]:
-                        self._extend(line, piece)
-                        self._end(line)
-            if last + 1 < len(data):
-                self._extend(line, data[last + 1 :])
+        last = data.rfind(b"\n")
+        if last < 0:
+            self._extend(line, data)
+            return
+        first = data.find(b"\n")
+        self._extend(line, data[:first])
+        self._end(line)
+        if last > first:
+            middle = data[first + 1 : last + 1]
+            if _lines_within(data, first + 1, last + 1, self.line_limit):  # whole (the usual case)
+                self._emit(middle)
+            else:
+                for piece in middle.split(b"\n")[:-1]:
+                    self._extend(line, piece)
+                    self._end(line)
+        if last + 1 < len(data):
+            self._extend(line, data[last + 1 :])
 
     def _drop(self, data: bytes) -> None:
         lines = data.count(b"\n")
@@ -191,9 +234,7 @@ class ConsoleBuffer:
         self.dropped_bytes += len(data)
 
     def _emit(self, data: bytes) -> None:
-        self._parts.append(data)
-        self._size += len(data)
-        self._ends_line = data.endswith(b"\n")
+        self._out += data
 
     def _extend(self, line: _Line, piece: bytes) -> None:
         if line.cutting:
@@ -220,31 +261,31 @@ class ConsoleBuffer:
     def take(self) -> bytes | None:
         """Everything kept since the last take (with a marker for what was dropped), or None."""
         with self._lock:
+            if self._raw:
+                self._split()
             for line in self._lines.values():
                 if line.held:  # a line still open: hand on what it has (its length counts on)
                     self._emit(bytes(line.held))
                     line.held.clear()
-            parts, self._parts, self._size = self._parts, [], 0
             self._dropping = False
             if self._pending_lines or self._pending_bytes:
-                lead = b"" if self._ends_line else b"\n"
-                self._ends_line = True
-                parts.append(
-                    lead
-                    + (
-                        f"[launchhelm: {self._pending_lines:,} line{'' if self._pending_lines == 1 else 's'} "
-                        f"({_size(self._pending_bytes)}) dropped: "
-                        "output faster than the store takes it]\n"
-                    ).encode()
-                )
+                ends_line = self._out.endswith(b"\n") if self._out else self._ends_line
+                self._out += (
+                    ("" if ends_line else "\n")
+                    + f"[launchhelm: {self._pending_lines:,} line{'' if self._pending_lines == 1 else 's'} "
+                    f"({_size(self._pending_bytes)}) dropped: output faster than the store takes it]\n"
+                ).encode()
                 self._pending_lines = self._pending_bytes = 0
-        return b"".join(parts) if parts else None
+            if not self._out:
+                return None
+            data, self._out = bytes(self._out), bytearray()
+            self._ends_line = data.endswith(b"\n")
+            return data
 
     def put_back(self, data: bytes) -> None:
         """A take the store refused: keep it first in line for the next flush."""
         with self._lock:
-            self._parts.insert(0, data)
-            self._size += len(data)
+            self._out[0:0] = data
 
 
 # -- capture -----------------------------------------------------------------------
@@ -267,11 +308,14 @@ class _TeeStream:
 class _StreamCapture:
     """One of stdout / stderr, captured at fd or Python level until :meth:`stop`."""
 
-    def __init__(self, name: str, fd: int, sinks: Callable[[], tuple[ConsoleBuffer, ...]]) -> None:
+    def __init__(self, name: str, fd: int, owner: _Capture) -> None:
         self.name = name
         self.fd = fd
-        self._sinks = sinks
+        self._owner = owner
         self.mode = "off"
+        # Python level: writes waiting to be handed to the buffers (deque: appends need no lock)
+        self._pending: deque[str | bytes] = deque()
+        self._drain_lock = threading.Lock()
         self._saved_fd: int | None = None
         self._reader: threading.Thread | None = None
         self._recording = True
@@ -343,7 +387,7 @@ class _StreamCapture:
                     except OSError:
                         forward = False  # the terminal went away (a closed pipe): keep recording
                 if self._recording:
-                    for sink in self._sinks():
+                    for sink in self._owner.sinks:
                         sink.feed(data, self.name)
                 if len(data) < _BATCH_BYTES:
                     # an unbuffered writer (PYTHONUNBUFFERED, a C printf) writes line by line: let a
@@ -354,16 +398,16 @@ class _StreamCapture:
             os.close(out)
 
     def _start_python(self, stream: Any) -> None:
-        original, name = stream.write, self.name
+        original, pending, owner, me = stream.write, self._pending, self._owner, self
 
         def write(text: Any) -> Any:
+            # the hot path of print() in a notebook: the stream's own write, then an append
             written = original(text)
-            try:
-                data = text.encode("utf-8", "replace") if isinstance(text, str) else bytes(text)
-            except Exception:  # never let the copy break the program's own write
-                return written
-            for sink in self._sinks():
-                sink.feed(data, name)
+            if owner.last is not me:
+                owner.switch_to(me)  # hand the other stream's writes on first: lines stay in order
+            pending.append(text)
+            if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:  # bounded: at most ~4 MiB waits
+                me.drain()
             return written
 
         self._had_write = getattr(stream, "__dict__", {}).get("write")
@@ -376,10 +420,32 @@ class _StreamCapture:
             setattr(sys, self.name, self._proxy)
             self.mode = "proxy"
 
+    def drain(self) -> None:
+        """Hand the Python-level writes gathered so far to the buffers (a batch at a time)."""
+        with self._drain_lock:
+            items: list[str | bytes] = []
+            pop = self._pending.popleft
+            try:
+                while True:
+                    items.append(pop())
+            except IndexError:
+                pass
+            if not items:
+                return
+            try:
+                text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in items)
+                data = text.encode("utf-8", "replace")
+            except Exception:  # never let the copy break the program's output
+                return
+            for sink in self._owner.sinks:
+                sink.feed(data, self.name)
+
     # -- stop ----------------------------------------------------------------------
     def stop(self, drain_timeout: float = 2.0) -> None:
         """Put everything back as it was; what was written before this is recorded."""
         mode, self.mode = self.mode, "off"
+        if mode in ("python", "proxy"):
+            self.drain()
         if mode == "fd":
             self._stop_fd(drain_timeout)
         elif mode == "python":
@@ -429,9 +495,17 @@ class _Capture:
         self.sinks: tuple[ConsoleBuffer, ...] = ()
         self.streams: list[_StreamCapture] = []
         self.lock = threading.Lock()
+        self.last: _StreamCapture | None = None  # the Python-level stream written last
 
-    def current(self) -> tuple[ConsoleBuffer, ...]:
-        return self.sinks
+    def switch_to(self, stream: _StreamCapture) -> None:
+        previous, self.last = self.last, stream
+        if previous is not None:
+            previous.drain()
+
+    def drain(self) -> None:
+        """Hand every Python-level write so far to the buffers (before a flush takes them)."""
+        for stream in self.streams:
+            stream.drain()
 
     def attach(self, sink: ConsoleBuffer) -> None:
         with self.lock:
@@ -439,7 +513,7 @@ class _Capture:
                 started: list[_StreamCapture] = []
                 try:
                     for name, fd in (("stdout", 1), ("stderr", 2)):
-                        stream = _StreamCapture(name, fd, self.current)
+                        stream = _StreamCapture(name, fd, self)
                         stream.start()
                         started.append(stream)
                 except BaseException:
@@ -463,6 +537,7 @@ class _Capture:
                             print(f"launchhelm: could not restore sys.{stream.name}: {exc}", file=sys.__stderr__)
                 finally:
                     self.sinks = ()
+                    self.last = None
             else:
                 self.sinks = tuple(s for s in self.sinks if s is not sink)
 
@@ -478,6 +553,11 @@ def attach(limit: int = BUFFER_BYTES, line_limit: int = LINE_BYTES) -> ConsoleBu
     sink = ConsoleBuffer(limit, line_limit)
     _capture.attach(sink)
     return sink
+
+
+def drain() -> None:
+    """Hand what Python-level captures gathered to the buffers (the flush calls it before a take)."""
+    _capture.drain()
 
 
 def detach(sink: ConsoleBuffer) -> None:

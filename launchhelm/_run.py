@@ -444,6 +444,7 @@ class Run:
         if console is None:
             return
         with self._console_lock:
+            _console.drain()
             data = console.take()
             if data is None:
                 return
