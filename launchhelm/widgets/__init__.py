@@ -23,18 +23,19 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from launchhelm.widgets._chart import RunChart
-    from launchhelm.widgets._details import RunDetails
+    from launchhelm.widgets._details import RunDetails, RunLogs
     from launchhelm.widgets._evaluations import EvaluationTable
     from launchhelm.widgets._panel import RunPanel
     from launchhelm.widgets._picker import ResumePicker
 
-__all__ = ["EvaluationTable", "ResumePicker", "RunChart", "RunDetails", "RunPanel"]
+__all__ = ["EvaluationTable", "ResumePicker", "RunChart", "RunDetails", "RunLogs", "RunPanel"]
 
 _WHERE = {
     "EvaluationTable": "launchhelm.widgets._evaluations",
     "ResumePicker": "launchhelm.widgets._picker",
     "RunChart": "launchhelm.widgets._chart",
     "RunDetails": "launchhelm.widgets._details",
+    "RunLogs": "launchhelm.widgets._details",
     "RunPanel": "launchhelm.widgets._panel",
 }
 
