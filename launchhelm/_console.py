@@ -325,15 +325,34 @@ class _StreamCapture:
         self._proxy: _TeeStream | None = None
 
     # -- start ---------------------------------------------------------------------
-    def start(self) -> None:
+    def start(self, join: _StreamCapture | None = None) -> None:
+        """Start capturing; ``join``: a stream already captured at fd level whose pipe this one shares."""
         stream = getattr(sys, self.name, None)
         if stream is None:
             return
         self._stream = stream
         if _is_fd_stream(stream, self.fd):
-            self._start_fd(stream)
+            if join is not None and join.mode == "fd":
+                self._start_joined(stream, join)
+            else:
+                self._start_fd(stream)
         else:
             self._start_python(stream)
+
+    def _start_joined(self, stream: Any, join: _StreamCapture) -> None:
+        """Write into ``join``'s pipe: stdout and stderr to one terminal or file keep their exact order."""
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        saved = os.dup(self.fd)
+        try:
+            os.dup2(join.fd, self.fd)
+        except OSError:
+            os.close(saved)
+            raise
+        self._saved_fd = saved
+        self.mode = "fd"
 
     def _start_fd(self, stream: Any) -> None:
         try:
@@ -462,7 +481,7 @@ class _StreamCapture:
     def _stop_fd(self, drain_timeout: float) -> None:
         saved, reader = self._saved_fd, self._reader
         self._saved_fd = self._reader = None
-        assert saved is not None and reader is not None
+        assert saved is not None
         try:
             current = getattr(sys, self.name, None)
             if current is not None:
@@ -472,6 +491,9 @@ class _StreamCapture:
         finally:
             # fd back to the original; the pipe ends once no child process holds it
             os.dup2(saved, self.fd)
+        if reader is None:  # it wrote into the other stream's pipe: that one's reader drains it
+            os.close(saved)
+            return
         reader.join(drain_timeout)
         if reader.is_alive():
             # a child process still writes to the pipe: keep forwarding it to the terminal, no longer recording
@@ -485,6 +507,13 @@ def _is_fd_stream(stream: Any, fd: int) -> bool:
     try:
         return bool(stream.fileno() == fd) and os.fstat(fd) is not None
     except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
+        return False
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a), os.fstat(b))
+    except OSError:
         return False
 
 
@@ -511,10 +540,11 @@ class _Capture:
         with self.lock:
             if not self.sinks:
                 started: list[_StreamCapture] = []
+                shared = _same_file(1, 2)  # a terminal, or `> log 2>&1`: one pipe keeps the order exact
                 try:
                     for name, fd in (("stdout", 1), ("stderr", 2)):
                         stream = _StreamCapture(name, fd, self)
-                        stream.start()
+                        stream.start(join=started[0] if started and shared else None)
                         started.append(stream)
                 except BaseException:
                     for stream in reversed(started):
@@ -539,6 +569,7 @@ class _Capture:
                     self.sinks = ()
                     self.last = None
             else:
+                self.drain()  # what was written so far reaches this sink too
                 self.sinks = tuple(s for s in self.sinks if s is not sink)
 
     def modes(self) -> dict[str, str]:

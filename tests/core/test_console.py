@@ -460,3 +460,43 @@ def test_launchhelm_logs_prints_the_log_and_follows_a_live_run(tmp_path: Path) -
         capture_output=True, text=True, env=child_env(), cwd=ROOT, timeout=60,
     )  # fmt: skip
     assert tail.stdout == "live 6\nlive 7\n"
+
+
+CRASH = """
+import sys
+import launchhelm as lh
+run = lh.init("console", store=sys.argv[1])
+print(run.id, flush=True)
+print("last words")
+raise RuntimeError("the loss went to nan")
+"""
+
+
+def test_an_uncaught_exception_leaves_its_traceback_in_the_log_in_order(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    # stdout and stderr to one place (a terminal, `> log 2>&1`): one pipe, so the log keeps their order
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH, store],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env(), cwd=ROOT, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "RuntimeError: the loss went to nan" in done.stdout  # still shown
+    text = lh.Api(store).run(done.stdout.split()[0]).console()
+    assert text == done.stdout  # exactly what the terminal got
+    assert "last words\nTraceback (most recent call last):\n" in text
+    assert text.endswith("RuntimeError: the loss went to nan\n")
+
+
+def test_two_live_sessions_in_one_process_both_keep_what_is_printed() -> None:
+    store = open_store(f"memory://console-{os.urandom(3).hex()}")
+    before = _streams()
+    first = lh.init("console", store=store)
+    second = lh.init("console", store=store)
+    print("both see this")
+    first.finish()
+    assert capture_modes() == {"stdout": "python", "stderr": "python"}  # the second still captures
+    print("only the second")
+    second.finish()
+    assert _streams() == before
+    assert lh.Api(store).run(first.id).console() == "both see this\n"
+    assert lh.Api(store).run(second.id).console() == "both see this\nonly the second\n"
