@@ -8,13 +8,15 @@ Capture (one per process, shared by every live session that asked for it):
   the original fd (the terminal still shows it) and into each session's
   buffer. This keeps what C extensions, ``os.system`` and child processes
   write too, not only Python's ``print``.
-- **Python level** otherwise (a Jupyter kernel, whose ``sys.stdout`` is
-  ipykernel's ``OutStream``; a stream something else replaced): the stream
-  object's ``write`` is wrapped on the instance (the object, its type and
-  ``set_parent`` stay as they are, so output still lands in the right cell),
-  or, for a stream that takes no attributes, ``sys.stdout`` is replaced by a
-  forwarding proxy. ipykernel forwards fd-level output through ``write``, so
-  a kernel keeps that too.
+- **Python level** otherwise. In a Jupyter kernel ``sys.stdout`` is
+  ipykernel's ``OutStream``, which copies every write to its ``echo`` (its
+  own, and the fd-level output of C code and child processes it forwards):
+  the capture becomes that echo, passing on to any echo it had, and touches
+  nothing else (``write`` is IPython's to wrap around each cell). Any other
+  stream (replaced by something, with no fd 1 behind it) has its ``write``
+  wrapped on the instance, the same object staying ``sys.stdout``; a stream
+  that takes no attributes, or one under IPython that is no OutStream, is
+  replaced by a forwarding proxy.
 
 Both are undone exactly by :func:`detach` (the last session detaching): the
 same fd 1 and 2 (``os.dup2`` from the saved copies), the same ``sys.stdout``
@@ -69,10 +71,10 @@ LINE_BYTES = 64 * 2**10
 #: How much the fd reader takes per read: at most one pipe's worth.
 _READ_BYTES = 65536
 #: A read smaller than this makes the fd reader wait _BATCH_WAIT seconds before the next.
-_BATCH_BYTES = 16384
+_SMALL_READ = 16384
 _BATCH_WAIT = 0.002
-#: Writes of one stream gathered before they are split into lines (the Python-level tee's batch).
-_BATCH_BYTES = 65536
+#: Bytes of one stream gathered by a buffer before they are split into lines.
+_SPLIT_BYTES = 65536
 #: The Python-level tee hands its writes on every this many writes, or at once for one this long.
 _BATCH_WRITES = 1024
 _BIG_WRITE = 4096
@@ -159,7 +161,7 @@ class ConsoleBuffer:
 
         The hot path of a Python-level capture (two calls per ``print``):
         consecutive writes of one stream are only appended, and split into
-        lines a batch (:data:`_BATCH_BYTES`) at a time, or when the other
+        lines a batch (:data:`_SPLIT_BYTES`) at a time, or when the other
         stream writes, or at the take.
         """
         if not data:
@@ -171,7 +173,7 @@ class ConsoleBuffer:
                 self._raw_stream = stream
             self._raw.append(data)
             self._raw_size += len(data)
-            if self._raw_size >= _BATCH_BYTES:
+            if self._raw_size >= _SPLIT_BYTES:
                 self._split()
 
     def _split(self) -> None:
@@ -305,6 +307,29 @@ class _TeeStream:
         return getattr(self._lh_stream, name)
 
 
+class _Echo:
+    """What an ipykernel ``OutStream`` echoes every write to: a copy for the log, then any echo it had."""
+
+    def __init__(self, previous: Any, record: Callable[[Any], None]) -> None:
+        self._previous = previous
+        self._record = record
+
+    def write(self, text: Any) -> Any:
+        self._record(text)
+        if self._previous is not None:
+            return self._previous.write(text)
+        return len(text)
+
+    def flush(self) -> None:
+        if self._previous is not None:
+            self._previous.flush()
+
+
+def _is_outstream(stream: Any) -> bool:
+    iostream = sys.modules.get("ipykernel.iostream")
+    return iostream is not None and isinstance(stream, iostream.OutStream) and hasattr(stream, "echo")
+
+
 class _StreamCapture:
     """One of stdout / stderr, captured at fd or Python level until :meth:`stop`."""
 
@@ -323,6 +348,8 @@ class _StreamCapture:
         self._had_write: Any = None  # the instance's own ``write`` before ours (None: none)
         self._our_write: Any = None
         self._proxy: _TeeStream | None = None
+        self._echo: _Echo | None = None
+        self._had_echo: Any = None
 
     # -- start ---------------------------------------------------------------------
     def start(self, join: _StreamCapture | None = None) -> None:
@@ -408,7 +435,7 @@ class _StreamCapture:
                 if self._recording:
                     for sink in self._owner.sinks:
                         sink.feed(data, self.name)
-                if len(data) < _BATCH_BYTES:
+                if len(data) < _SMALL_READ:
                     # an unbuffered writer (PYTHONUNBUFFERED, a C printf) writes line by line: let a
                     # few lines gather in the pipe rather than wake up (and take the GIL) for each
                     time.sleep(_BATCH_WAIT)
@@ -419,25 +446,41 @@ class _StreamCapture:
     def _start_python(self, stream: Any) -> None:
         original, pending, owner, me = stream.write, self._pending, self._owner, self
 
-        def write(text: Any) -> Any:
-            # the hot path of print() in a notebook: the stream's own write, then an append
-            written = original(text)
+        def record(text: Any) -> None:
+            # the hot path of print() in a notebook: an append
             if owner.last is not me:
                 owner.switch_to(me)  # hand the other stream's writes on first: lines stay in order
             pending.append(text)
             if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:  # bounded: at most ~4 MiB waits
                 me.drain()
+
+        def write(text: Any) -> Any:
+            written = original(text)
+            record(text)
             return written
 
-        self._had_write = getattr(stream, "__dict__", {}).get("write")
-        try:
-            stream.write = write
-            self.mode = "python"
-            self._our_write = write
-        except (AttributeError, TypeError):  # a C stream (io.StringIO...): stand a proxy in its place
-            self._proxy = _TeeStream(stream, write)
-            setattr(sys, self.name, self._proxy)
-            self.mode = "proxy"
+        if _is_outstream(stream):
+            # ipykernel's stream copies every write, its own and the fd-level output it forwards (C
+            # code, child processes), to its ``echo``: be that echo (passing on to any it had)
+            self._had_echo = stream.echo
+            self._echo = _Echo(stream.echo, record)
+            stream.echo = self._echo
+            self.mode = "kernel"
+            return
+        if not _in_ipython():
+            self._had_write = getattr(stream, "__dict__", {}).get("write")
+            try:
+                stream.write = write
+                self.mode = "python"
+                self._our_write = write
+                return
+            except (AttributeError, TypeError):  # a C stream (io.StringIO...): a proxy instead
+                pass
+        # IPython wraps ``write`` on the stream object around each cell and puts back what was there
+        # before the cell, which would undo a wrapper set during it: stand a proxy in the stream's place
+        self._proxy = _TeeStream(stream, write)
+        setattr(sys, self.name, self._proxy)
+        self.mode = "proxy"
 
     def drain(self) -> None:
         """Hand the Python-level writes gathered so far to the buffers (a batch at a time)."""
@@ -474,9 +517,12 @@ class _StreamCapture:
                     del stream.write
                 else:
                     stream.write = self._had_write
+        elif mode == "kernel":
+            if getattr(self._stream, "echo", None) is self._echo:
+                self._stream.echo = self._had_echo
         elif mode == "proxy" and getattr(sys, self.name, None) is self._proxy:
             setattr(sys, self.name, self._stream)
-        self._stream = self._proxy = self._our_write = self._had_write = None
+        self._stream = self._proxy = self._our_write = self._had_write = self._echo = self._had_echo = None
 
     def _stop_fd(self, drain_timeout: float) -> None:
         saved, reader = self._saved_fd, self._reader
@@ -498,6 +544,14 @@ class _StreamCapture:
         if reader.is_alive():
             # a child process still writes to the pipe: keep forwarding it to the terminal, no longer recording
             self._recording = False
+
+
+def _in_ipython() -> bool:
+    ipython = sys.modules.get("IPython")
+    try:
+        return ipython is not None and ipython.get_ipython() is not None
+    except Exception:  # a half-imported IPython
+        return False
 
 
 def _is_fd_stream(stream: Any, fd: int) -> bool:

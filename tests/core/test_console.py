@@ -500,3 +500,56 @@ def test_two_live_sessions_in_one_process_both_keep_what_is_printed() -> None:
     assert _streams() == before
     assert lh.Api(store).run(first.id).console() == "both see this\n"
     assert lh.Api(store).run(second.id).console() == "both see this\nonly the second\n"
+
+
+def _run_cell(client: object, code: str) -> str:
+    """Execute ``code`` in a real kernel; return what the cell showed (its stream output)."""
+    msg_id = client.execute(code)  # type: ignore[attr-defined]
+    shown = []
+    while True:
+        msg = client.get_iopub_msg(timeout=60)  # type: ignore[attr-defined]
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind = msg["msg_type"]
+        if kind == "stream":
+            shown.append(msg["content"]["text"])
+        elif kind == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        elif kind == "status" and msg["content"]["execution_state"] == "idle":
+            return "".join(shown)
+
+
+@pytest.mark.slow
+def test_in_a_jupyter_kernel_cells_still_show_their_output_and_the_run_keeps_it(tmp_path: Path) -> None:
+    manager_module = pytest.importorskip("jupyter_client.manager")
+    store = str(tmp_path / "store")
+    env = child_env()
+    env.pop("PYTEST_CURRENT_TEST", None)  # ipykernel forwards fd-level output only outside pytest
+    manager, client = manager_module.start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
+    try:
+        shown = _run_cell(
+            client,
+            "import os, sys, time\nimport launchhelm as lh\nfrom launchhelm import _console\n"
+            "before = (sys.stdout, sys.stderr, type(sys.stdout))\n"
+            f"run = lh.init('console', store={store!r}, flush_interval=0.2)\n"
+            "print('modes', sorted(_console.capture_modes().items()))",
+        )
+        assert shown == "modes [('stderr', 'kernel'), ('stdout', 'kernel')]\n"  # ipykernel's OutStream, teed
+        assert _run_cell(client, "print('from a cell')\nprint('a warning', file=sys.stderr)") == (
+            "from a cell\na warning\n"
+        )
+        # fd-level output (a C library, a child process): ipykernel forwards it through write()
+        _run_cell(client, "os.system('echo from a child process'); time.sleep(0.5)")
+        after = _run_cell(
+            client,
+            "run.finish()\n"
+            "print((sys.stdout, sys.stderr, type(sys.stdout)) == before, type(sys.stdout).__name__, run.id)",
+        )
+        restored, kind, run_id = after.split()
+        assert (restored, kind) == ("True", "OutStream")  # the kernel's own streams again
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+    text = lh.Api(store).run(run_id).console()
+    assert text.startswith("modes [('stderr', 'kernel'), ('stdout', 'kernel')]\nfrom a cell\na warning\n")
+    assert "from a child process\n" in text
