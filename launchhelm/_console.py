@@ -280,7 +280,7 @@ class ConsoleBuffer:
                 self._pending_lines = self._pending_bytes = 0
             if not self._out:
                 return None
-            data, self._out = bytes(self._out), bytearray()
+            data, self._out = bytes(self._out), bytearray()  # the one copy (create takes bytes as they are)
             self._ends_line = data.endswith(b"\n")
             return data
 
