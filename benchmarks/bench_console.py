@@ -122,7 +122,7 @@ def accounted(store: str, run_id: str, lines: int) -> tuple[int, int]:
 
     text = lh.Api(store).run(run_id).console()
     dropped = sum(int(m.group(1).replace(",", "")) for m in re.finditer(r"\[launchhelm: ([\d,]+) lines? \(", text))
-    kept = sum(1 for x in text.splitlines() if x.startswith("line "))
+    kept = sum(1 for x in text.splitlines() if re.fullmatch(r"line \d{7}", x))  # whole lines only
     return kept, dropped
 
 

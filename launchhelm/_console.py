@@ -101,7 +101,7 @@ def _size(n: int) -> str:
 class _Line:
     """The line a stream is writing: bytes kept but not yet handed on, and how long it is so far."""
 
-    __slots__ = ("cut", "cutting", "held", "length", "skip")
+    __slots__ = ("cut", "cutting", "held", "length", "skip", "waited")
 
     def __init__(self) -> None:
         self.held = bytearray()  # at most the line limit
@@ -109,6 +109,7 @@ class _Line:
         self.cutting = False  # past the limit: the rest of the line is dropped
         self.cut = 0  # bytes of it dropped so far
         self.skip = False  # its start was dropped with a flood: drop the rest, up to its newline
+        self.waited = False  # it was open at the last take already: the next one hands it on as it is
 
 
 def _lines_within(data: bytes, start: int, end: int, limit: int) -> bool:
@@ -197,6 +198,10 @@ class ConsoleBuffer:
                         open_line.length, open_line.cutting, open_line.cut = 0, False, 0
                         open_line.skip = True
             self._drop(data)
+            dropped = self._lines.get(stream)
+            if dropped is None:
+                dropped = self._lines[stream] = _Line()
+            dropped.skip = not data.endswith(b"\n")  # mid-line: what follows the gap is no line's start
             return
         line = self._lines.get(stream)
         if line is None:
@@ -258,17 +263,26 @@ class ConsoleBuffer:
             out += f" [launchhelm: line cut at {_size(self.line_limit)}, {line.cut:,} bytes dropped]".encode()
         self._emit(out + b"\n")
         line.held.clear()
-        line.length, line.cutting, line.cut = 0, False, 0
+        line.length, line.cutting, line.cut, line.waited = 0, False, 0, False
 
-    def take(self) -> bytes | None:
-        """Everything kept since the last take (with a marker for what was dropped), or None."""
+    def take(self, final: bool = False) -> bytes | None:
+        """Everything kept since the last take (with a marker for what was dropped), or None.
+
+        A line still open waits for its newline until the next take (then,
+        or when ``final``, it is handed on as far as it goes: a progress bar
+        that never ends its line still shows).
+        """
         with self._lock:
             if self._raw:
                 self._split()
             for line in self._lines.values():
-                if line.held:  # a line still open: hand on what it has (its length counts on)
-                    self._emit(bytes(line.held))
-                    line.held.clear()
+                if line.held:
+                    if final or line.waited:  # hand on what it has (its length counts on)
+                        self._emit(bytes(line.held))
+                        line.held.clear()
+                        line.waited = False
+                    else:
+                        line.waited = True
             self._dropping = False
             if self._pending_lines or self._pending_bytes:
                 ends_line = self._out.endswith(b"\n") if self._out else self._ends_line

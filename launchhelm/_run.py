@@ -438,14 +438,14 @@ class Run:
                     self._rows[:0] = rows  # keep them for the next try
                 raise
 
-    def _flush_console(self) -> None:
+    def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
         console = self._console
         if console is None:
             return
         with self._console_lock:
             _console.drain()
-            data = console.take()
+            data = console.take(final)
             if data is None:
                 return
             try:
@@ -915,7 +915,7 @@ class Run:
         finally:
             self._stop_console()  # whatever happens next, the process's streams are its own again
         try:
-            self._flush_console()
+            self._flush_console(final=True)
         except Exception as exc:  # the console is a nicety: the session still ends
             _log.warning("run %s: could not store its last console output: %s", self.id, exc)
         try:

@@ -154,7 +154,7 @@ def test_a_flood_keeps_memory_flat_and_the_log_counts_every_dropped_line(tmp_pat
     )
     assert marker is not None, lines[-1]
     kept = lines[:-1]
-    assert kept == [f"line {i:07d}" for i in range(len(kept))]  # no loss up to the cap
+    assert kept == [f"line {i:07d}" for i in range(len(kept))]  # whole lines, no loss up to the cap
     assert len(kept) + int(marker.group(1).replace(",", "")) == 1_000_000  # and every line after it counted
     assert len(kept) >= 300_000
 
@@ -169,8 +169,9 @@ def test_a_line_past_64_kib_is_cut_with_a_marker_and_the_next_line_kept() -> Non
     buffer.feed(b"z" * limit + b"\n")  # exactly the limit: kept whole
     buffer.feed(b"w" * (3 * limit) + b"\nlast")  # one big write (a Python-level tee hands these)
     data = buffer.take()
-    assert data is not None
-    lines = data.split(b"\n")
+    assert data is not None and data.endswith(b"\n")  # "last" has no newline yet: it waits a flush
+    assert buffer.take() == b"last"  # open for a whole flush interval: handed on as it is
+    lines = (data + b"last").split(b"\n")
     assert lines[0] == b"short"
     assert lines[1] == b"y" * limit + f" [launchhelm: line cut at 64.0 KiB, {200_006 - limit:,} bytes dropped]".encode()
     assert lines[2:4] == [b"next", b"z" * limit]
@@ -178,6 +179,8 @@ def test_a_line_past_64_kib_is_cut_with_a_marker_and_the_next_line_kept() -> Non
     assert lines[5] == b"last"
     assert buffer.cut_lines == 2
     assert buffer.take() is None  # nothing new: the flush makes no request
+    buffer.feed(b"progress 10%")
+    assert buffer.take(final=True) == b"progress 10%"  # the session's last flush hands on everything
 
 
 def test_a_full_buffer_drops_whole_lines_until_the_next_flush_and_says_so() -> None:
