@@ -18,8 +18,11 @@ the best (least disturbed) kept):
   ``| tee``), unbuffered;
 * ``devnull-unbuffered``: ``/dev/null``, unbuffered: the cheapest place a ``write`` can
   go, so the capture's own cost shows most;
-* ``python-tee``: ``sys.stdout`` a Python-level stream on a file, as in a notebook (the
-  capture wraps its ``write``, it cannot take the fd).
+* ``python-tee``: ``sys.stdout`` a Python-level stream on a file with no fd 1 behind it
+  (the capture wraps its ``write``): the cheapest Python-level stream, so the wrapper's
+  own cost (a function call and an append per ``write``) shows most;
+* ``notebook``: ``sys.stdout`` ipykernel's ``OutStream`` publishing on a real IOPub
+  thread (zmq), as in a Jupyter kernel: the capture is its ``echo``.
 
 A script's capture takes fd 1 and 2 through a pipe and a reader thread (see
 ``launchhelm/_console.py``); the ratio is capture-on over capture-off of the same
@@ -64,8 +67,17 @@ def rss():
     return 0
 
 capture, lines, store, python_tee = sys.argv[1] == "1", int(sys.argv[2]), sys.argv[3], sys.argv[4]
-if python_tee:
-    class NotebookLike(io.TextIOWrapper):  # a Python-level stream, as ipykernel's: no fd 1 behind it
+if python_tee == "outstream":  # a notebook: ipykernel's OutStream publishing on a real IOPub thread
+    import zmq
+    from jupyter_client.session import Session
+    from ipykernel.iostream import IOPubThread, OutStream
+    socket = zmq.Context().socket(zmq.PUB)
+    socket.bind_to_random_port("tcp://127.0.0.1")
+    iopub = IOPubThread(socket)
+    iopub.start()
+    sys.stdout = OutStream(Session(), iopub, "stdout", watchfd=False)
+elif python_tee:
+    class NotebookLike(io.TextIOWrapper):  # a Python-level stream with no fd 1 behind it
         pass
     sys.stdout = NotebookLike(open(python_tee, "wb"), write_through=False)
 run = lh.init("bench-console", store=store, capture_console=capture, system_metrics=False)
@@ -83,7 +95,7 @@ report = {"wall": wall, "cpu": cpu, "rss_half": rss_half, "rss_end": rss_end, "r
 os.write(2, ("BENCH " + json.dumps(report) + "\n").encode())
 """
 
-DESTINATIONS = ("file", "file-unbuffered", "pipe", "devnull-unbuffered", "python-tee")
+DESTINATIONS = ("file", "file-unbuffered", "pipe", "devnull-unbuffered", "python-tee", "notebook")
 
 
 def measure(destination: str, capture: bool, lines: int, work: Path) -> dict[str, float | str]:
@@ -96,6 +108,8 @@ def measure(destination: str, capture: bool, lines: int, work: Path) -> dict[str
     command = [sys.executable, "-c", CHILD, "1" if capture else "0", str(lines), store]
     if destination == "python-tee":
         python_tee = str(work / "tee.txt")
+    elif destination == "notebook":
+        python_tee = "outstream"
     command.append(python_tee)
     out_path = os.devnull if destination == "devnull-unbuffered" else str(work / "out.txt")
     if destination == "pipe":

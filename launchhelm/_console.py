@@ -324,15 +324,22 @@ class _TeeStream:
 class _Echo:
     """What an ipykernel ``OutStream`` echoes every write to: a copy for the log, then any echo it had."""
 
-    def __init__(self, previous: Any, record: Callable[[Any], None]) -> None:
+    def __init__(self, previous: Any, capture: _StreamCapture) -> None:
         self._previous = previous
-        self._record = record
+        self._capture = capture
+        self._owner = capture._owner
+        self._pending = capture._pending
 
     def write(self, text: Any) -> Any:
-        self._record(text)
-        if self._previous is not None:
-            return self._previous.write(text)
-        return len(text)
+        # twice per print() in a notebook: kept to a check and an append
+        capture, pending = self._capture, self._pending
+        if self._owner.last is not capture:
+            self._owner.switch_to(capture)
+        pending.append(text)
+        if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:
+            capture.drain()
+        previous = self._previous
+        return previous.write(text) if previous is not None else len(text)
 
     def flush(self) -> None:
         if self._previous is not None:
@@ -460,24 +467,21 @@ class _StreamCapture:
     def _start_python(self, stream: Any) -> None:
         original, pending, owner, me = stream.write, self._pending, self._owner, self
 
-        def record(text: Any) -> None:
-            # the hot path of print() in a notebook: an append
-            if owner.last is not me:
-                owner.switch_to(me)  # hand the other stream's writes on first: lines stay in order
-            pending.append(text)
-            if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:  # bounded: at most ~4 MiB waits
-                me.drain()
-
-        def write(text: Any) -> Any:
+        def write(text: Any, _append: Callable[[Any], None] = pending.append) -> Any:
             written = original(text)
-            record(text)
+            # twice per print(): kept to a check and an append, handed on a batch at a time
+            if owner.last is not me:
+                owner.switch_to(me)
+            _append(text)
+            if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:
+                me.drain()
             return written
 
         if _is_outstream(stream):
             # ipykernel's stream copies every write, its own and the fd-level output it forwards (C
             # code, child processes), to its ``echo``: be that echo (passing on to any it had)
             self._had_echo = stream.echo
-            self._echo = _Echo(stream.echo, record)
+            self._echo = _Echo(stream.echo, self)
             stream.echo = self._echo
             self.mode = "kernel"
             return
@@ -520,7 +524,7 @@ class _StreamCapture:
     def stop(self, drain_timeout: float = 2.0) -> None:
         """Put everything back as it was; what was written before this is recorded."""
         mode, self.mode = self.mode, "off"
-        if mode in ("python", "proxy"):
+        if mode in ("python", "proxy", "kernel"):
             self.drain()
         if mode == "fd":
             self._stop_fd(drain_timeout)

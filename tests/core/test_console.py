@@ -545,10 +545,11 @@ def test_in_a_jupyter_kernel_cells_still_show_their_output_and_the_run_keeps_it(
         _run_cell(client, "os.system('echo from a child process'); time.sleep(0.5)")
         after = _run_cell(
             client,
-            "run.finish()\n"
+            "print('just before finish')\nrun.finish()\n"
             "print((sys.stdout, sys.stderr, type(sys.stdout)) == before, type(sys.stdout).__name__, run.id)",
         )
-        restored, kind, run_id = after.split()
+        last_words, restored, kind, run_id = after.split("\n", 1)[0], *after.split("\n", 1)[1].split()
+        assert last_words == "just before finish"
         assert (restored, kind) == ("True", "OutStream")  # the kernel's own streams again
     finally:
         client.stop_channels()
@@ -556,3 +557,4 @@ def test_in_a_jupyter_kernel_cells_still_show_their_output_and_the_run_keeps_it(
     text = lh.Api(store).run(run_id).console()
     assert text.startswith("modes [('stderr', 'kernel'), ('stdout', 'kernel')]\nfrom a cell\na warning\n")
     assert "from a child process\n" in text
+    assert text.endswith("just before finish\n")  # written in the cell that ended the run
