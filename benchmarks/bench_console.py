@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.lines:,} lines per loop, "
           f"best of {args.repeats}")  # fmt: skip
     print(f"{'destination':<20} {'off wall s':>10} {'on wall s':>10} {'ratio':>6} {'off cpu s':>10} "
-          f"{'on cpu s':>9} {'ratio':>6} {'rss growth':>11}  kept+dropped")  # fmt: skip
+          f"{'on cpu s':>9} {'ratio':>6} {'rss growth (off)':>16}  kept+dropped")  # fmt: skip
     missed = False
     for destination in destinations:
         runs: dict[bool, list[dict[str, float | str]]] = {False: [], True: []}
@@ -170,16 +170,22 @@ def main(argv: list[str] | None = None) -> int:
         wall_ratio = med(True, "wall") / med(False, "wall")
         cpu_ratio = med(True, "cpu") / med(False, "cpu")
         growth = max(float(r["rss_end"]) - float(r["rss_half"]) for r in runs[True])
+        growth_off = max(float(r["rss_end"]) - float(r["rss_half"]) for r in runs[False])
         complete = kept + dropped == args.lines
-        ok = wall_ratio <= TARGET_RATIO and growth < FLAT_BYTES and complete
+        # flat: what capture adds over the second half (a notebook's own stream grows by itself)
+        ok = wall_ratio <= TARGET_RATIO and growth - growth_off < FLAT_BYTES and complete
         missed |= not ok
         print(
             f"{destination:<20} {med(False, 'wall'):>10.3f} {med(True, 'wall'):>10.3f} {wall_ratio:>6.2f} "
             f"{med(False, 'cpu'):>10.3f} {med(True, 'cpu'):>9.3f} {cpu_ratio:>6.2f} "
-            f"{growth / 2**20:>8.1f} MiB  {kept:,}+{dropped:,}{'' if complete else ' (LOST LINES)'}"
+            f"{growth / 2**20:>5.1f} ({growth_off / 2**20:.1f}) MiB  {kept:,}+{dropped:,}"
+            f"{'' if complete else ' (LOST LINES)'}"
             f"  {'PASS' if ok else 'MISS'}"
         )
-    print(f"targets: wall ratio <= {TARGET_RATIO}, rss growth < {FLAT_BYTES // 2**20} MiB, kept+dropped = lines")
+    print(
+        f"targets: wall ratio <= {TARGET_RATIO}, rss growth over the second half minus capture-off's "
+        f"< {FLAT_BYTES // 2**20} MiB, kept+dropped = lines"
+    )
     return 1 if missed and args.check else 0
 
 
