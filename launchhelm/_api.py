@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._checkpoints import checkpoint_record
+from launchhelm._console import ConsoleFollower, list_console, read_console, sessions_of
 from launchhelm._control import ACTIONS, check_tunable_changes, in_force
 from launchhelm._events import (
     CONTROL_ACTION,
@@ -456,6 +457,79 @@ class RunHandle:
         frame = history_frame(default_points(self._read_points()), keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         return frame
+
+    def console(self, session: str | int | None = None, tail: int | None = None) -> str:
+        """What the run's process printed to stdout and stderr (``lh.init(capture_console=True)``).
+
+        Kept by each session as it ran, written with its metric flushes: a
+        live run's output is here within ``flush_interval`` seconds, and a
+        process killed with SIGKILL keeps what its last flush wrote. Lines
+        past 64 KiB and floods beyond what the store took are cut, with a
+        ``[launchhelm: ...]`` line saying how much.
+
+        Parameters
+        ----------
+        session:
+            None: every session, oldest first. A session id (as in
+            :meth:`events`), or an index into the sessions that printed
+            something (``0`` the first, ``-1`` the latest).
+        tail:
+            Only the last ``tail`` lines (reads only the objects that hold
+            them).
+
+        Returns
+        -------
+        str
+            The text as written ("" when nothing was printed).
+
+        Raises
+        ------
+        InvalidTypeError
+            ``session`` is not a string or an int, or ``tail`` not an int.
+        InvalidArgumentError
+            ``tail`` is negative, or the run has no such session.
+
+        Examples
+        --------
+        >>> print(lh.Api().run(run_id).console(tail=20))   # doctest: +SKIP
+        """
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int)):
+            raise InvalidTypeError(f"tail={tail!r}: give a number of lines, or None for the whole log")
+        if tail is not None and tail < 0:
+            raise InvalidArgumentError(f"tail={tail}: give a number of lines >= 0, or None for the whole log")
+        if session is None:
+            return read_console(self._store, self.id, tail=tail)
+        if isinstance(session, bool) or not isinstance(session, (str, int)):
+            raise InvalidTypeError(
+                f"session={session!r}: give a session id (a string), an index such as -1 for the latest, or None"
+            )
+        if isinstance(session, int):
+            printed = sessions_of(list_console(self._store, self.id))
+            if not -len(printed) <= session < len(printed):
+                raise InvalidArgumentError(
+                    f"session={session}: run {self.id} has {len(printed)} session(s) with console output"
+                )
+            session = printed[session]
+        elif not any(p.session == session for p in list_console(self._store, self.id)):
+            known = [s.id for s in self._state().sessions]
+            if session not in known:
+                raise InvalidArgumentError(
+                    f"run {self.id} has no session {session!r}; its sessions: {', '.join(known) or 'none'}"
+                )
+            return ""  # a session that printed nothing
+        return read_console(self._store, self.id, session=session, tail=tail)
+
+    def console_follower(self, tail: int | None = 1000) -> ConsoleFollower:
+        """Follow :meth:`console` as it grows: ``follower.poll()`` returns only what is new.
+
+        The first poll returns the last ``tail`` lines (None: everything);
+        each later one costs one listing plus one concurrent read of the
+        objects written since (none when nothing was printed). What
+        ``launchhelm logs --follow`` and the panel's Logs tab use.
+        """
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, int) or tail < 0):
+            raise InvalidArgumentError(f"tail={tail!r}: give a number of lines >= 0, or None for everything")
+        return ConsoleFollower(self._store, self.id, tail=tail)
 
     def poll(self, keys: Sequence[str] | str | None = None, duplicates: str = "all") -> RunView:
         """Everything a live view of the run shows, read in one go: state, rewinds and history.

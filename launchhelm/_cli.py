@@ -193,6 +193,31 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_logs(args: argparse.Namespace) -> int:
+    run = Api(args.store).run(args.run)
+    if args.tail is not None and args.tail < 0:
+        raise InvalidArgumentError(f"--tail {args.tail}: give a number of lines >= 0")
+    if not args.follow:
+        text = run.console(tail=args.tail)
+        sys.stdout.write(text)
+        if not text:
+            print(f"run {run.id} has no console output (was it started with capture_console=False?)", file=sys.stderr)
+        return 0
+    follower = run.console_follower(tail=args.tail)
+    try:
+        while True:
+            running = run.status == "running"
+            text = follower.poll()  # after the status: what a session wrote before ending is read
+            if text:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+            if not running:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="launchhelm", description="Experiment tracking that survives crashes.")
     parser.add_argument(
@@ -231,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("run", nargs="+", help="two or more run ids")
     compare.add_argument("--keys", default=None, help="metric keys to show, comma-separated (default: all)")
     compare.set_defaults(func=_cmd_compare)
+    logs = sub.add_parser("logs", help="what a run's process printed (stdout and stderr), --follow while it runs")
+    logs.add_argument("run")
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing new output until the run stops")
+    logs.add_argument("--tail", "-n", type=int, default=None, help="only the last N lines (to start from)")
+    logs.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
+    logs.set_defaults(func=_cmd_logs)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
     return parser

@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from launchhelm import _console
 from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm._control import check_plain, in_force
 from launchhelm._events import (
@@ -253,6 +254,10 @@ class Run:
         self._spool: Spool | None = None  # points on local disk until the store has them
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
         self._sampler: SystemSampler | None = None
+        self._capture_console = False  # set by start_run: capture stdout/stderr while the session lives
+        self._console: _console.ConsoleBuffer | None = None
+        self._console_number = 0
+        self._console_lock = threading.Lock()
         self._compactor: Compactor | None = None
         self._finished = False
         self._flush_interval = flush_interval
@@ -433,6 +438,35 @@ class Run:
                 with self._lock:
                     self._rows[:0] = rows  # keep them for the next try
                 raise
+
+    def _flush_console(self, final: bool = False) -> None:
+        """Write what the process printed since the last flush as one console object (nothing: no request)."""
+        console = self._console
+        if console is None:
+            return
+        with self._console_lock:
+            _console.drain()
+            data = console.take(final)
+            if data is None:
+                return
+            try:
+                while True:
+                    key = _console.console_key(self.id, self.session_id, self._console_number)
+                    self._console_number += 1
+                    try:
+                        self._store.create(key, data)
+                        break
+                    except AlreadyExistsError:
+                        continue  # a number taken by an earlier, ambiguous write
+            except BaseException:
+                console.put_back(data)
+                raise
+
+    def _stop_console(self) -> None:
+        """Put stdout and stderr back as they were (fds and ``sys`` objects), keeping what was printed."""
+        console = self._console
+        if console is not None:
+            _console.detach(console)
 
     def _sample_system(self) -> None:
         """One sample of the machine, as points under ``system/`` (background thread only)."""
@@ -814,11 +848,17 @@ class Run:
 
     # -- background work ------------------------------------------------
     def _start(self) -> None:
-        self._spool = _open_spool(self)
-        self._beat()
-        self._after_event({"seq": self._session_seq})  # the summary of our session_started event
-        if self.resumed:
-            self._poll_controls()  # tunables changed while no session was live apply at the first step
+        if self._capture_console:
+            self._console = _console.attach()
+        try:
+            self._spool = _open_spool(self)
+            self._beat()
+            self._after_event({"seq": self._session_seq})  # the summary of our session_started event
+            if self.resumed:
+                self._poll_controls()  # tunables changed while no session was live apply at the first step
+        except BaseException:
+            self._stop_console()
+            raise
         with _live_lock:
             _live_runs.add(self)
         self._worker.start()
@@ -839,6 +879,7 @@ class Run:
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
                     self._flush()
+                    self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
@@ -874,8 +915,15 @@ class Run:
         if self._finished:
             return
         self._stop.set()
-        if self._worker.is_alive() and threading.current_thread() is not self._worker:
-            self._worker.join()
+        try:
+            if self._worker.is_alive() and threading.current_thread() is not self._worker:
+                self._worker.join()
+        finally:
+            self._stop_console()  # whatever happens next, the process's streams are its own again
+        try:
+            self._flush_console(final=True)
+        except Exception as exc:  # the console is a nicety: the session still ends
+            _log.warning("run %s: could not store its last console output: %s", self.id, exc)
         try:
             self._flush()
         except BaseException:
@@ -979,6 +1027,7 @@ def init(
     heartbeat_timeout: float | None = None,
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
+    capture_console: bool = True,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -1019,6 +1068,16 @@ def init(
         metrics, logged as ``system/...`` by the background thread (default
         15, or ``LAUNCHHELM_SYSTEM_METRICS``); False for none. Read them
         with ``RunHandle.history(stream="system")``.
+    capture_console:
+        Keep what the process writes to stdout and stderr in the run (the
+        terminal or notebook still shows it), written with the metric
+        flushes; read it with ``RunHandle.console()``, follow it with
+        ``launchhelm logs RUN --follow`` or the run panel's Logs tab. A
+        script's file descriptors 1 and 2 are captured (C extensions and
+        child processes included), a notebook's streams at Python level.
+        Under DDP only rank 0 captures. Output faster than the store takes
+        it, beyond 4 MiB between flushes, is dropped and counted in the log,
+        and lines past 64 KiB are cut (see ``docs/storage.md``). False: none.
 
     Raises
     ------
@@ -1057,6 +1116,7 @@ def init(
         heartbeat_timeout=heartbeat_timeout,
         control_interval=control_interval,
         system_metrics=system_metrics,
+        capture_console=capture_console,
     )
 
 
@@ -1079,11 +1139,13 @@ def start_run(
     heartbeat_timeout: float | None = None,
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
+    capture_console: bool = True,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
     system_s = system_interval(system_metrics)
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
+    _check_flag("capture_console", capture_console)
     if resume is not None and not isinstance(resume, str):
         raise InvalidTypeError(f"resume={resume!r}: pass the run id string printed by init() (run.id)")
     flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
@@ -1153,6 +1215,7 @@ def start_run(
         previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
         run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
     run._system_interval = system_s
+    run._capture_console = _console.capture_wanted(capture_console)
     run._start()
     return run
 

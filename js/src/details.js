@@ -1,6 +1,7 @@
 // RunDetails' front end (the Details tab): status, config, tunables with an
 // editor, the pause / resume / stop / checkpoint buttons and the project's
-// "Evaluate every checkpoint…" switch.
+// "Evaluate every checkpoint…" switch. And RunLogs' (the Logs tab, the
+// widget's `view` trait "logs"): the run's console, followed live.
 import { act, h, mount } from "./dom.js";
 import { duration, timeElement, withTimes } from "./human.js";
 import { ruleSwitch } from "./evaluations.js";
@@ -42,7 +43,7 @@ function tunableInput(name, value) {
 }
 
 /** @param {import("./types.js").RenderProps} props */
-function render({ model, el }) {
+function renderDetails({ model, el }) {
   return mount(model, el, "details", (root) => {
     const state = model.get("state") || {};
     const run = state.run || {};
@@ -173,6 +174,108 @@ function render({ model, el }) {
     );
     if (state.notice) root.append(h("p", { class: "lh-notice", role: "status" }, state.notice));
   });
+}
+
+const LOG_LINES = 5000;
+
+/**
+ * The Logs tab: text the kernel streams as `reset` / `append` messages, one
+ * element per line (the last one open until its newline), capped at the
+ * kernel's `max_lines`; kept scrolled to the bottom while the reader is there.
+ * @param {import("./types.js").RenderProps} props
+ */
+function renderLogs({ model, el }) {
+  el.classList.add("launchhelm", "lh-logs");
+  const status = h("div", { class: "lh-logs-status" });
+  const log = h("pre", { class: "lh-log", tabindex: "0", "aria-label": "Console output" });
+  const error = h("div", { class: "lh-error", role: "alert" });
+  el.replaceChildren(status, log, error);
+  /** @type {HTMLElement | null} */
+  let open = null; // the last line, while its newline has not come
+  let received = 0;
+  // follow the end until the reader scrolls up (and again once they scroll back down); a hidden
+  // tab has no scroll position, so it keeps following and is put at the end when it shows
+  let stick = true;
+  const atBottom = () => log.scrollHeight - log.scrollTop - log.clientHeight < 8;
+  const toEnd = () => {
+    if (stick) log.scrollTop = log.scrollHeight;
+  };
+  const onScroll = () => {
+    if (log.clientHeight) stick = atBottom();
+  };
+  log.addEventListener("scroll", onScroll);
+  const resized = typeof ResizeObserver === "undefined" ? null : new ResizeObserver(toEnd);
+  resized?.observe(log);
+  /** @param {string} text */
+  const append = (text) => {
+    const pieces = text.split("\n");
+    pieces.forEach((piece, i) => {
+      const last = i === pieces.length - 1;
+      if (i === 0 && open) {
+        open.textContent += piece;
+      } else if (!last || piece !== "") {
+        const line = h("div", { class: "lh-line" }, piece);
+        log.append(line);
+        open = line;
+      }
+      if (!last) open = null;
+    });
+    const cap = Number(model.get("state")?.max_lines) || LOG_LINES;
+    while (log.childElementCount > cap && log.firstElementChild) log.firstElementChild.remove();
+    log.dataset.lines = String(log.childElementCount);
+    toEnd();
+  };
+  const showStatus = () => {
+    const state = model.get("state") || {};
+    const running = state.status === "running";
+    status.textContent = log.childElementCount
+      ? running
+        ? "Following the run's output live."
+        : `The run is ${state.status || "not running"}: its output as stored.`
+      : running
+        ? "Nothing printed yet; new output shows here as the run's flushes store it."
+        : "Nothing was printed (lh.init(capture_console=True) keeps stdout and stderr).";
+    el.dataset.status = state.status || "";
+  };
+  const showError = () => {
+    const text = model.get("error") || "";
+    error.textContent = text;
+    error.hidden = !text;
+  };
+  /** @param {any} msg */
+  const onMessage = (msg) => {
+    if (!msg || typeof msg.text !== "string") return;
+    if (msg.type === "reset") {
+      log.replaceChildren();
+      open = null;
+      append(msg.text);
+    } else if (msg.type === "append") {
+      append(msg.text);
+    } else {
+      return;
+    }
+    received += 1;
+    el.dataset.messages = String(received);
+    showStatus();
+  };
+  model.on("msg:custom", onMessage);
+  model.on("change:state", showStatus);
+  model.on("change:error", showError);
+  showStatus();
+  showError();
+  model.send({ type: "ready" });
+  return () => {
+    resized?.disconnect();
+    log.removeEventListener("scroll", onScroll);
+    model.off("msg:custom", onMessage);
+    model.off("change:state", showStatus);
+    model.off("change:error", showError);
+  };
+}
+
+/** @param {import("./types.js").RenderProps} props */
+function render(props) {
+  return props.model.get("view") === "logs" ? renderLogs(props) : renderDetails(props);
 }
 
 export default { render };

@@ -26,13 +26,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from launchhelm.widgets._chart import RunChart
     from launchhelm.widgets._compare import CompareChart
-    from launchhelm.widgets._details import RunDetails
+    from launchhelm.widgets._details import RunDetails, RunLogs
     from launchhelm.widgets._evaluations import EvaluationTable
     from launchhelm.widgets._panel import RunPanel
     from launchhelm.widgets._picker import ResumePicker
     from launchhelm.widgets._runs_table import RunsTable
 
-__all__ = ["CompareChart", "EvaluationTable", "ResumePicker", "RunChart", "RunDetails", "RunPanel", "RunsTable"]
+__all__ = [
+    "CompareChart",
+    "EvaluationTable",
+    "ResumePicker",
+    "RunChart",
+    "RunDetails",
+    "RunLogs",
+    "RunPanel",
+    "RunsTable",
+]
 
 _WHERE = {
     "CompareChart": "launchhelm.widgets._compare",
@@ -40,6 +49,7 @@ _WHERE = {
     "ResumePicker": "launchhelm.widgets._picker",
     "RunChart": "launchhelm.widgets._chart",
     "RunDetails": "launchhelm.widgets._details",
+    "RunLogs": "launchhelm.widgets._details",
     "RunPanel": "launchhelm.widgets._panel",
     "RunsTable": "launchhelm.widgets._runs_table",
 }

@@ -1,4 +1,5 @@
-"""``RunDetails``: a run's status, config, tunables and controls (the Details tab).
+"""``RunDetails``: a run's status, config, tunables and controls (the Details tab);
+``RunLogs``: what its process printed, followed live (the Logs tab).
 
 Tunables are changed with :meth:`launchhelm.RunHandle.set_tunables`, the
 pause / resume / stop / checkpoint buttons call
@@ -9,6 +10,7 @@ still pending.
 
 from __future__ import annotations
 
+import html
 import json
 from typing import Any
 
@@ -21,7 +23,7 @@ from launchhelm.widgets._base import RunWidget, format_time, time_labels
 from launchhelm.widgets._picker import status_sentence
 from launchhelm.widgets._static import details_html
 
-__all__ = ["RunDetails", "details_state"]
+__all__ = ["RunDetails", "RunLogs", "details_state"]
 
 #: The control buttons, in the order shown.
 CONTROL_ACTIONS = ("pause", "resume", "stop", "checkpoint")
@@ -136,3 +138,83 @@ class RunDetails(RunWidget):
         with self._lock:
             self._notice = notice
             self.refresh()
+
+
+#: Lines the Logs tab keeps (kernel and page): older ones leave the top as new ones come.
+LOG_LINES = 5000
+#: Lines of the log in the picture a notebook saves.
+STATIC_LOG_LINES = 200
+
+
+def _last_lines(text: str, n: int) -> str:
+    end = len(text) - 1 if text.endswith("\n") else len(text)
+    start = end
+    for _ in range(n):
+        start = text.rfind("\n", 0, start)
+        if start < 0:
+            return text
+    return text[start + 1 :]
+
+
+class RunLogs(RunWidget):
+    """A run's Logs tab: what its process printed to stdout and stderr, followed live.
+
+    Reads :meth:`launchhelm.RunHandle.console_follower` every ``interval``
+    seconds: one listing, plus the console objects written since (none when
+    nothing was printed). The page shows the last :data:`LOG_LINES` lines in
+    monospace and stays scrolled to the bottom while you are at the bottom.
+
+    Parameters
+    ----------
+    run_or_id:
+        A :class:`launchhelm.Run`, a :class:`launchhelm.RunHandle` or a run id.
+    store:
+        Store URL or path for a run id.
+    interval:
+        Seconds between reads of the store.
+
+    Examples
+    --------
+    >>> from launchhelm.widgets import RunLogs
+    >>> RunLogs(run_id)          # doctest: +SKIP
+    """
+
+    _bundle = "details.js"
+    #: Which view of details.js draws it.
+    view = traitlets.Unicode("logs").tag(sync=True)
+    state = traitlets.Dict().tag(sync=True)
+
+    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 1.0) -> None:
+        if self._reused():
+            return
+        self._init_run(interval)
+        self._follower = self._handle.console_follower(tail=LOG_LINES)
+        self._text = ""
+        self.refresh()
+
+    @property
+    def text(self) -> str:
+        """The log as the tab holds it (its last :data:`LOG_LINES` lines)."""
+        return self._text
+
+    def refresh(self) -> None:
+        """Read what was printed since the last refresh, and send it to the page."""
+        with self._lock:
+            new = self._follower.poll()
+            status = self._handle.status
+            if new:
+                self._text = _last_lines(self._text + new, LOG_LINES)
+                self.send_when_ready({"type": "append", "text": new})
+            state = {"status": status, "empty": not self._text, "max_lines": LOG_LINES}
+            if state != self.state:
+                self.state = state
+
+    def snapshot_messages(self) -> list[dict[str, Any]]:
+        return [{"type": "reset", "text": self._text}]
+
+    def static_mimebundle(self) -> dict[str, Any]:
+        shown = _last_lines(self._text, STATIC_LOG_LINES)
+        return {
+            "text/html": "<pre class='lh-log' style='font-family:monospace;font-size:12px;max-height:320px;"
+            f"overflow:auto'>{html.escape(shown)}</pre>"
+        }

@@ -1,7 +1,8 @@
 """``RunPanel``: a run's page in a notebook, as tabs.
 
 Charts (:class:`RunChart`), Checkpoints (the "Resume…" :class:`ResumePicker`),
-Evaluations (:class:`EvaluationTable`) and Details (:class:`RunDetails`).
+Evaluations (:class:`EvaluationTable`), Details (:class:`RunDetails`) and
+Logs (:class:`RunLogs`, what the process printed).
 A :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` left as a cell's
 last expression displays as this panel.
 """
@@ -17,18 +18,18 @@ from launchhelm._api import RunHandle
 from launchhelm._run import Run
 from launchhelm.widgets._base import Reusable, resolve_run, run_key
 from launchhelm.widgets._chart import RunChart
-from launchhelm.widgets._details import RunDetails
+from launchhelm.widgets._details import RunDetails, RunLogs
 from launchhelm.widgets._evaluations import EvaluationTable
 from launchhelm.widgets._picker import ResumePicker
 
 __all__ = ["TAB_TITLES", "RunPanel"]
 
 #: The panel's tabs, in order.
-TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details")
+TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details", "Logs")
 
 
 class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
-    """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details.
+    """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details, Logs.
 
     Showing the same run again (re-running the cell) shows the same panel:
     its widgets and their pollers are reused, never duplicated.
@@ -44,7 +45,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     Attributes
     ----------
-    chart, picker, evaluations, details:
+    chart, picker, evaluations, details, logs:
         The tabs' widgets.
 
     Examples
@@ -70,7 +71,8 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         self.picker = ResumePicker(handle)
         self.evaluations = EvaluationTable(handle)
         self.details = RunDetails(handle)
-        tabs = ipywidgets.Tab(children=[self.chart, self.picker, self.evaluations, self.details])
+        self.logs = RunLogs(handle)
+        tabs = ipywidgets.Tab(children=[self.chart, self.picker, self.evaluations, self.details, self.logs])
         tabs.titles = TAB_TITLES
         self.tabs = tabs
         self._header_html = (
@@ -94,7 +96,8 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         """How marimo shows the panel (it draws anywidgets, not ipywidgets' Tab): header and tabs, each live."""
         import marimo as mo
 
-        tabs = dict(zip(TAB_TITLES, (self.chart, self.picker, self.evaluations, self.details), strict=True))
+        shown = (self.chart, self.picker, self.evaluations, self.details, self.logs)
+        tabs = dict(zip(TAB_TITLES, shown, strict=True))
         return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
@@ -103,7 +106,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         data = super()._repr_mimebundle_(**kwargs)
         if not isinstance(data, dict):
             return data
-        children = (self.chart, self.picker, self.evaluations, self.details)
+        children = (self.chart, self.picker, self.evaluations, self.details, self.logs)
         try:
             svg = self.chart.static_svg() or ""
             parts = [self._header_html, svg]
@@ -117,7 +120,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     def close(self) -> None:
         """Close the panel and its tabs' widgets (stopping their pollers)."""
-        for child in (self.chart, self.picker, self.evaluations, self.details):
+        for child in (self.chart, self.picker, self.evaluations, self.details, self.logs):
             child.close()
         self.tabs.close()
         self._forget()

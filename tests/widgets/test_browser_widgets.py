@@ -268,7 +268,7 @@ def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
     panel = page.wait_for_selector(".launchhelm-panel", timeout=WAIT_MS)
     assert panel is not None
     tabs = page.locator(".launchhelm-panel .lm-TabBar-tab")
-    assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details"]
+    assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs"]
     page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
     assert not page.locator(".launchhelm-panel .lh-details").is_visible()
 

@@ -81,7 +81,7 @@ def test_a_run_left_as_a_cells_last_expression_displays_as_its_panel(stopped_run
     assert shown["first"] == ["application/vnd.jupyter.widget-view+json", "text/plain"]
     assert shown["text"].startswith(f"<launchhelm.RunHandle plain/{stopped_run.id} 'plain-stopped'>")
     assert shown["model"] == shown["again"] == shown["panel"]  # re-running reattaches
-    assert shown["tabs"] == ["Charts", "Checkpoints", "Evaluations", "Details"]
+    assert shown["tabs"] == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs"]
     assert shown["chart_keys"] == ["loss"]
     assert shown["picker"].startswith("stopped without ending its session")
     assert shown["run_text"].startswith("<launchhelm.Run plain/") and shown["run_has_panel"]

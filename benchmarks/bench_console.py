@@ -1,0 +1,193 @@
+"""Benchmark of console capture: a tight print loop with ``capture_console`` on against off.
+
+What is measured: a fresh interpreter per measurement (``python -c``) opens a run on a
+fresh local store with ``capture_console=True`` or ``False`` and times a loop of
+``--lines`` (default 1,000,000) ``print(f"line {i:07d}")`` calls: wall time and the
+process's CPU time of the loop only (``init`` and ``finish`` outside it; CPU time
+includes the capture's reader thread), and its resident memory (``VmRSS``) after half
+the lines and at the end.
+
+Where the output goes (each with capture off and on, interleaved, ``--repeats`` times,
+the best (least disturbed) kept):
+
+* ``file``: stdout redirected to a file (a batch job's log), block-buffered as Python
+  does for files;
+* ``file-unbuffered``: the same with ``PYTHONUNBUFFERED=1`` (common in containers and
+  batch scripts): every ``print`` is two ``write`` calls;
+* ``pipe``: stdout a pipe read by another process (a launcher such as torchrun, or
+  ``| tee``), unbuffered;
+* ``devnull-unbuffered``: ``/dev/null``, unbuffered: the cheapest place a ``write`` can
+  go, so the capture's own cost shows most;
+* ``python-tee``: ``sys.stdout`` a Python-level stream on a file with no fd 1 behind it
+  (the capture wraps its ``write``): the cheapest Python-level stream, so the wrapper's
+  own cost (a function call and an append per ``write``) shows most;
+* ``notebook``: ``sys.stdout`` ipykernel's ``OutStream`` publishing on a real IOPub
+  thread (zmq), as in a Jupyter kernel: the capture is its ``echo``.
+
+A script's capture takes fd 1 and 2 through a pipe and a reader thread (see
+``launchhelm/_console.py``); the ratio is capture-on over capture-off of the same
+destination, measured in the same run. Target: ratio <= 1.10 (PASS/MISS is
+informational; ``--check`` exits 1 on a miss), and memory flat: growth over the second
+half of the loop under 4 MiB (the session's buffer is bounded at 4 MiB, so whatever the
+number of lines memory stops growing once it and the flush's copy are allocated; a flood
+past it is dropped and counted). Every capture-on run is read back: the lines kept plus
+the lines the log says were dropped must equal ``--lines``. Wall times on a shared machine
+vary by 2x between runs: the best of ``--repeats`` is kept, and CPU time printed too.
+
+Run it from the repository root::
+
+    python benchmarks/bench_console.py
+    python benchmarks/bench_console.py --lines 200000 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_RATIO = 1.10
+FLAT_BYTES = 4 * 2**20
+
+CHILD = r"""
+import io, json, os, sys, time
+import launchhelm as lh
+
+def rss():
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+capture, lines, store, python_tee = sys.argv[1] == "1", int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if python_tee == "outstream":  # a notebook: ipykernel's OutStream publishing on a real IOPub thread
+    import zmq
+    from jupyter_client.session import Session
+    from ipykernel.iostream import IOPubThread, OutStream
+    socket = zmq.Context().socket(zmq.PUB)
+    socket.bind_to_random_port("tcp://127.0.0.1")
+    iopub = IOPubThread(socket)
+    iopub.start()
+    sys.stdout = OutStream(Session(), iopub, "stdout", watchfd=False)
+elif python_tee:
+    class NotebookLike(io.TextIOWrapper):  # a Python-level stream with no fd 1 behind it
+        pass
+    sys.stdout = NotebookLike(open(python_tee, "wb"), write_through=False)
+run = lh.init("bench-console", store=store, capture_console=capture, system_metrics=False)
+half = lines // 2
+t0, c0 = time.perf_counter(), time.process_time()
+for i in range(lines):
+    print(f"line {i:07d}")
+    if i == half:
+        rss_half = rss()
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+rss_end = rss()
+sys.stdout.flush()
+run.finish()
+report = {"wall": wall, "cpu": cpu, "rss_half": rss_half, "rss_end": rss_end, "run": run.id}
+os.write(2, ("BENCH " + json.dumps(report) + "\n").encode())
+"""
+
+DESTINATIONS = ("file", "file-unbuffered", "pipe", "devnull-unbuffered", "python-tee", "notebook")
+
+
+def measure(destination: str, capture: bool, lines: int, work: Path) -> dict[str, float | str]:
+    store = str(work / "store")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "LAUNCHHELM_SPOOL": str(work / "spool")}
+    env.pop("PYTHONUNBUFFERED", None)
+    python_tee = ""
+    if destination in ("file-unbuffered", "pipe", "devnull-unbuffered"):
+        env["PYTHONUNBUFFERED"] = "1"
+    command = [sys.executable, "-c", CHILD, "1" if capture else "0", str(lines), store]
+    if destination == "python-tee":
+        python_tee = str(work / "tee.txt")
+    elif destination == "notebook":
+        python_tee = "outstream"
+    command.append(python_tee)
+    out_path = os.devnull if destination == "devnull-unbuffered" else str(work / "out.txt")
+    if destination == "pipe":
+        reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+        done = subprocess.run(command, stdout=reader.stdin, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=600)
+        assert reader.stdin is not None
+        reader.stdin.close()
+        reader.wait()
+    else:
+        with open(out_path, "wb") as out:
+            done = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=600)
+    if done.returncode != 0:
+        raise SystemExit(f"child failed ({destination}, capture={capture}):\n{done.stderr.decode()[-3000:]}")
+    line = next(x for x in done.stderr.decode().splitlines() if x.startswith("BENCH "))
+    report: dict[str, float | str] = json.loads(line[len("BENCH ") :])
+    report["store"] = store
+    return report
+
+
+def accounted(store: str, run_id: str, lines: int) -> tuple[int, int]:
+    """(lines kept, lines the log says it dropped) of a capture-on run, read back from the store."""
+    sys.path.insert(0, str(ROOT))
+    import launchhelm as lh
+
+    text = lh.Api(store).run(run_id).console()
+    dropped = sum(int(m.group(1).replace(",", "")) for m in re.finditer(r"\[launchhelm: ([\d,]+) lines? \(", text))
+    kept = sum(1 for x in text.splitlines() if re.fullmatch(r"line \d{7}", x))  # whole lines only
+    return kept, dropped
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--lines", type=int, default=1_000_000)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", choices=DESTINATIONS, action="append", help="measure only these destinations")
+    parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
+    args = parser.parse_args(argv)
+    destinations = args.only or list(DESTINATIONS)
+    print(f"python {sys.version.split()[0]}, {os.cpu_count()} CPUs, {args.lines:,} lines per loop, "
+          f"best of {args.repeats}")  # fmt: skip
+    print(f"{'destination':<20} {'off wall s':>10} {'on wall s':>10} {'ratio':>6} {'off cpu s':>10} "
+          f"{'on cpu s':>9} {'ratio':>6} {'rss growth (off)':>16}  kept+dropped")  # fmt: skip
+    missed = False
+    for destination in destinations:
+        runs: dict[bool, list[dict[str, float | str]]] = {False: [], True: []}
+        with tempfile.TemporaryDirectory(prefix="bench-console-") as tmp:
+            for k in range(args.repeats):
+                for capture in (False, True) if k % 2 == 0 else (True, False):
+                    work = Path(tmp) / f"{k}-{int(capture)}"
+                    work.mkdir()
+                    runs[capture].append(measure(destination, capture, args.lines, work))
+            last = runs[True][-1]
+            kept, dropped = accounted(str(last["store"]), str(last["run"]), args.lines)
+
+        def med(capture: bool, field: str) -> float:
+            return min(float(r[field]) for r in runs[capture])  # noqa: B023
+
+        wall_ratio = med(True, "wall") / med(False, "wall")
+        cpu_ratio = med(True, "cpu") / med(False, "cpu")
+        growth = max(float(r["rss_end"]) - float(r["rss_half"]) for r in runs[True])
+        growth_off = max(float(r["rss_end"]) - float(r["rss_half"]) for r in runs[False])
+        complete = kept + dropped == args.lines
+        # flat: what capture adds over the second half (a notebook's own stream grows by itself)
+        ok = wall_ratio <= TARGET_RATIO and growth - growth_off < FLAT_BYTES and complete
+        missed |= not ok
+        print(
+            f"{destination:<20} {med(False, 'wall'):>10.3f} {med(True, 'wall'):>10.3f} {wall_ratio:>6.2f} "
+            f"{med(False, 'cpu'):>10.3f} {med(True, 'cpu'):>9.3f} {cpu_ratio:>6.2f} "
+            f"{growth / 2**20:>5.1f} ({growth_off / 2**20:.1f}) MiB  {kept:,}+{dropped:,}"
+            f"{'' if complete else ' (LOST LINES)'}"
+            f"  {'PASS' if ok else 'MISS'}"
+        )
+    print(
+        f"targets: wall ratio <= {TARGET_RATIO}, rss growth over the second half minus capture-off's "
+        f"< {FLAT_BYTES // 2**20} MiB, kept+dropped = lines"
+    )
+    return 1 if missed and args.check else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,842 @@
+"""The console log: what a session's process writes to stdout and stderr, kept in the store.
+
+Capture (one per process, shared by every live session that asked for it):
+
+- **fd level** for a stream that is the process's own file descriptor 1 or
+  2 (a script run from a terminal, a file, a pipe, a batch system): the fd is
+  pointed at a pipe with ``os.dup2`` and a reader thread copies everything to
+  the original fd (the terminal still shows it) and into each session's
+  buffer. This keeps what C extensions, ``os.system`` and child processes
+  write too, not only Python's ``print``.
+- **Python level** otherwise. In a Jupyter kernel ``sys.stdout`` is
+  ipykernel's ``OutStream``, which copies every write to its ``echo`` (its
+  own, and the fd-level output of C code and child processes it forwards):
+  the capture becomes that echo, passing on to any echo it had, and touches
+  nothing else (``write`` is IPython's to wrap around each cell). Any other
+  stream (replaced by something, with no fd 1 behind it) has its ``write``
+  wrapped on the instance, the same object staying ``sys.stdout``; a stream
+  that takes no attributes, or one under IPython that is no OutStream, is
+  replaced by a forwarding proxy.
+
+Both are undone exactly by :func:`detach` (the last session detaching): the
+same fd 1 and 2 (``os.dup2`` from the saved copies), the same ``sys.stdout``
+and ``sys.stderr`` objects, and no wrapper left on them.
+
+Never blocking the training loop, never growing without bound: each session
+has a :class:`ConsoleBuffer` of at most :data:`BUFFER_BYTES` (4 MiB) not yet
+written. Output arriving when it is full is dropped and counted, and the
+next object says so (``[launchhelm: 12,345 lines (3.2 MiB) dropped: output
+faster than the store takes it]``). A line longer than :data:`LINE_BYTES`
+(64 KiB) keeps its first 64 KiB and a marker saying how much was cut.
+
+Store layout: ``runs/<run>/console/<session>/<n:08d>.txt``, UTF-8 text as
+written, each object created (put-if-absent) by the session's background
+flush, with the metric chunks (same cadence; nothing written when nothing was
+printed). Session ids begin with their start time, so sessions sort in order.
+A SIGKILLed process keeps its output up to its last flush.
+"""
+
+from __future__ import annotations
+
+import codecs
+import os
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from launchhelm.storage import Store
+
+__all__ = [
+    "BUFFER_BYTES",
+    "LINE_BYTES",
+    "ConsoleBuffer",
+    "ConsoleFollower",
+    "attach",
+    "capture_wanted",
+    "console_key",
+    "console_prefix",
+    "detach",
+    "list_console",
+    "read_console",
+]
+
+#: Bytes of output a session keeps in memory until its next flush; beyond it output is dropped and counted.
+BUFFER_BYTES = 4 * 2**20
+#: A line longer than this is cut (its first LINE_BYTES kept) with a marker.
+LINE_BYTES = 64 * 2**10
+#: How much the fd reader takes per read: at most one pipe's worth.
+_READ_BYTES = 65536
+#: A read smaller than this makes the fd reader wait _BATCH_WAIT seconds before the next.
+_SMALL_READ = 16384
+_BATCH_WAIT = 0.002
+#: Bytes of one stream gathered by a buffer before they are split into lines.
+_SPLIT_BYTES = 65536
+#: The Python-level tee hands its writes on every this many writes, or at once for one this long.
+_BATCH_WRITES = 1024
+_BIG_WRITE = 4096
+#: Pipe capacity asked for (Linux): a burst this big goes in without the writer waiting for the reader.
+_PIPE_BYTES = 2**20
+
+
+def console_prefix(run_id: str) -> str:
+    return f"runs/{run_id}/console"
+
+
+def console_key(run_id: str, session_id: str, number: int) -> str:
+    """Where a session's ``number``-th console object lives."""
+    return f"{console_prefix(run_id)}/{session_id}/{number:08d}.txt"
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+class _Line:
+    """The line a stream is writing: bytes kept but not yet handed on, and how long it is so far."""
+
+    __slots__ = ("cut", "cutting", "held", "length", "skip", "waited")
+
+    def __init__(self) -> None:
+        self.held = bytearray()  # at most the line limit
+        self.length = 0  # bytes of this line kept so far (held, or handed to a take before its newline)
+        self.cutting = False  # past the limit: the rest of the line is dropped
+        self.cut = 0  # bytes of it dropped so far
+        self.skip = False  # its start was dropped with a flood: drop the rest, up to its newline
+        self.waited = False  # it was open at the last take already: the next one hands it on as it is
+
+
+def _lines_within(data: bytes, start: int, end: int, limit: int) -> bool:
+    """Whether every line of ``data[start:end]`` (whole lines) is at most ``limit`` bytes: a few C-level scans."""
+    pos = start
+    while end - pos > limit:
+        nl = data.rfind(b"\n", pos, pos + limit + 1)
+        if nl < 0:
+            return False
+        pos = nl + 1
+    return True
+
+
+class ConsoleBuffer:
+    """One session's captured output until its next flush: bounded, never blocking.
+
+    :meth:`feed` runs on the writer's path (the fd reader thread, or a
+    ``write`` call), so it only appends under a lock; :meth:`take` hands the
+    background flush everything since the last one. Each stream's line is
+    assembled apart, so stdout and stderr interleave by whole lines, never
+    mid-line (a line still open at a flush is handed on as it is).
+
+    Attributes
+    ----------
+    dropped_lines, dropped_bytes:
+        Totals dropped because the buffer was full (for tests and the marker).
+    cut_lines:
+        Lines cut at :data:`LINE_BYTES`.
+    """
+
+    def __init__(self, limit: int = BUFFER_BYTES, line_limit: int = LINE_BYTES) -> None:
+        self.limit = limit
+        self.line_limit = line_limit
+        self._out = bytearray()  # kept, in order, for the next take
+        self._raw: list[bytes] = []  # writes of one stream not yet split into lines (a batch)
+        self._raw_size = 0
+        self._raw_stream = ""
+        self._lines: dict[str, _Line] = {}
+        self._pending_lines = 0  # dropped since the last take (for the marker)
+        self._pending_bytes = 0
+        self._ends_line = True  # what was handed on so far ends with a newline
+        self._dropping = False  # full since the last take
+        self.dropped_lines = 0
+        self.dropped_bytes = 0
+        self.cut_lines = 0
+        self._lock = threading.Lock()
+
+    def feed(self, data: bytes, stream: str = "stdout") -> None:
+        """Keep ``data`` (bytes as ``stream`` wrote them), or count it dropped when the buffer is full.
+
+        The hot path of a Python-level capture (two calls per ``print``):
+        consecutive writes of one stream are only appended, and split into
+        lines a batch (:data:`_SPLIT_BYTES`) at a time, or when the other
+        stream writes, or at the take.
+        """
+        if not data:
+            return
+        with self._lock:
+            if stream != self._raw_stream:
+                if self._raw:
+                    self._split()
+                self._raw_stream = stream
+            self._raw.append(data)
+            self._raw_size += len(data)
+            if self._raw_size >= _SPLIT_BYTES:
+                self._split()
+
+    def _split(self) -> None:
+        raw = self._raw
+        data = raw[0] if len(raw) == 1 else b"".join(raw)
+        raw.clear()
+        self._raw_size = 0
+        self._lines_of(data, self._raw_stream)
+
+    def _lines_of(self, data: bytes, stream: str) -> None:
+        """Split a batch into lines: keep them (cut past the line limit) or drop them when full."""
+        if self._dropping or len(self._out) + len(data) > self.limit:
+            if not self._dropping:
+                # full: drop everything until the next take, and the lines open now with it,
+                # so what is kept stays whole lines and the marker marks the one gap
+                self._dropping = True
+                for open_line in self._lines.values():
+                    if open_line.length or open_line.cutting:
+                        self._drop(bytes(open_line.held))
+                        open_line.held.clear()
+                        open_line.length, open_line.cutting, open_line.cut = 0, False, 0
+                        open_line.skip = True
+            self._drop(data)
+            dropped = self._lines.get(stream)
+            if dropped is None:
+                dropped = self._lines[stream] = _Line()
+            dropped.skip = not data.endswith(b"\n")  # mid-line: what follows the gap is no line's start
+            return
+        line = self._lines.get(stream)
+        if line is None:
+            line = self._lines[stream] = _Line()
+        if line.skip:
+            end = data.find(b"\n")
+            self._drop(data if end < 0 else data[: end + 1])
+            if end < 0:
+                return
+            line.skip = False
+            data = data[end + 1 :]
+            if not data:
+                return
+        last = data.rfind(b"\n")
+        if last < 0:
+            self._extend(line, data)
+            return
+        first = data.find(b"\n")
+        self._extend(line, data[:first])
+        self._end(line)
+        if last > first:
+            middle = data[first + 1 : last + 1]
+            if _lines_within(data, first + 1, last + 1, self.line_limit):  # whole (the usual case)
+                self._emit(middle)
+            else:
+                for piece in middle.split(b"\n")[:-1]:
+                    self._extend(line, piece)
+                    self._end(line)
+        if last + 1 < len(data):
+            self._extend(line, data[last + 1 :])
+
+    def _drop(self, data: bytes) -> None:
+        lines = data.count(b"\n")
+        self._pending_lines += lines
+        self._pending_bytes += len(data)
+        self.dropped_lines += lines
+        self.dropped_bytes += len(data)
+
+    def _emit(self, data: bytes) -> None:
+        self._out += data
+
+    def _extend(self, line: _Line, piece: bytes) -> None:
+        if line.cutting:
+            line.cut += len(piece)
+            return
+        room = self.line_limit - line.length
+        if len(piece) <= room:
+            line.held += piece
+            line.length += len(piece)
+            return
+        line.held += piece[:room]
+        line.length = self.line_limit
+        line.cutting, line.cut = True, len(piece) - room
+        self.cut_lines += 1
+
+    def _end(self, line: _Line) -> None:
+        out = bytes(line.held)
+        if line.cutting:
+            out += f" [launchhelm: line cut at {_size(self.line_limit)}, {line.cut:,} bytes dropped]".encode()
+        self._emit(out + b"\n")
+        line.held.clear()
+        line.length, line.cutting, line.cut, line.waited = 0, False, 0, False
+
+    def take(self, final: bool = False) -> bytes | None:
+        """Everything kept since the last take (with a marker for what was dropped), or None.
+
+        A line still open waits for its newline until the next take (then,
+        or when ``final``, it is handed on as far as it goes: a progress bar
+        that never ends its line still shows).
+        """
+        with self._lock:
+            if self._raw:
+                self._split()
+            for line in self._lines.values():
+                if line.held:
+                    if final or line.waited:  # hand on what it has (its length counts on)
+                        self._emit(bytes(line.held))
+                        line.held.clear()
+                        line.waited = False
+                    else:
+                        line.waited = True
+            self._dropping = False
+            if self._pending_lines or self._pending_bytes:
+                ends_line = self._out.endswith(b"\n") if self._out else self._ends_line
+                self._out += (
+                    ("" if ends_line else "\n")
+                    + f"[launchhelm: {self._pending_lines:,} line{'' if self._pending_lines == 1 else 's'} "
+                    f"({_size(self._pending_bytes)}) dropped: output faster than the store takes it]\n"
+                ).encode()
+                self._pending_lines = self._pending_bytes = 0
+            if not self._out:
+                return None
+            data, self._out = bytes(self._out), bytearray()  # the one copy (create takes bytes as they are)
+            self._ends_line = data.endswith(b"\n")
+            return data
+
+    def put_back(self, data: bytes) -> None:
+        """A take the store refused: keep it first in line for the next flush."""
+        with self._lock:
+            self._out[0:0] = data
+
+
+# -- capture -----------------------------------------------------------------------
+
+
+class _TeeStream:
+    """A forwarding stand-in for a stream whose ``write`` cannot be wrapped in place."""
+
+    def __init__(self, stream: Any, tee: Callable[[str], Any]) -> None:
+        self._lh_stream = stream
+        self._lh_tee = tee
+
+    def write(self, text: str) -> Any:
+        return self._lh_tee(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lh_stream, name)
+
+
+class _Echo:
+    """What an ipykernel ``OutStream`` echoes every write to: a copy for the log, then any echo it had."""
+
+    def __init__(self, previous: Any, capture: _StreamCapture) -> None:
+        self._previous = previous
+        self._capture = capture
+        self._owner = capture._owner
+        self._pending = capture._pending
+
+    def write(self, text: Any) -> Any:
+        # twice per print() in a notebook: kept to a check and an append
+        capture, pending = self._capture, self._pending
+        if self._owner.last is not capture:
+            self._owner.switch_to(capture)
+        pending.append(text)
+        if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:
+            capture.drain()
+        previous = self._previous
+        return previous.write(text) if previous is not None else len(text)
+
+    def flush(self) -> None:
+        if self._previous is not None:
+            self._previous.flush()
+
+
+def _is_outstream(stream: Any) -> bool:
+    iostream = sys.modules.get("ipykernel.iostream")
+    return iostream is not None and isinstance(stream, iostream.OutStream) and hasattr(stream, "echo")
+
+
+class _StreamCapture:
+    """One of stdout / stderr, captured at fd or Python level until :meth:`stop`."""
+
+    def __init__(self, name: str, fd: int, owner: _Capture) -> None:
+        self.name = name
+        self.fd = fd
+        self._owner = owner
+        self.mode = "off"
+        # Python level: writes waiting to be handed to the buffers (deque: appends need no lock)
+        self._pending: deque[str | bytes] = deque()
+        self._drain_lock = threading.Lock()
+        self._saved_fd: int | None = None
+        self._reader: threading.Thread | None = None
+        self._recording = True
+        self._stream: Any = None
+        self._had_write: Any = None  # the instance's own ``write`` before ours (None: none)
+        self._our_write: Any = None
+        self._proxy: _TeeStream | None = None
+        self._echo: _Echo | None = None
+        self._had_echo: Any = None
+
+    # -- start ---------------------------------------------------------------------
+    def start(self, join: _StreamCapture | None = None) -> None:
+        """Start capturing; ``join``: a stream already captured at fd level whose pipe this one shares."""
+        stream = getattr(sys, self.name, None)
+        if stream is None:
+            return
+        self._stream = stream
+        if _is_fd_stream(stream, self.fd):
+            if join is not None and join.mode == "fd":
+                self._start_joined(stream, join)
+            else:
+                self._start_fd(stream)
+        else:
+            self._start_python(stream)
+
+    def _start_joined(self, stream: Any, join: _StreamCapture) -> None:
+        """Write into ``join``'s pipe: stdout and stderr to one terminal or file keep their exact order."""
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        saved = os.dup(self.fd)
+        try:
+            os.dup2(join.fd, self.fd)
+        except OSError:
+            os.close(saved)
+            raise
+        self._saved_fd = saved
+        self.mode = "fd"
+
+    def _start_fd(self, stream: Any) -> None:
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+        saved = os.dup(self.fd)
+        try:
+            read_end, write_end = os.pipe()
+        except OSError:
+            os.close(saved)
+            raise
+        try:
+            os.dup2(write_end, self.fd)
+        except OSError:
+            os.close(saved)
+            os.close(read_end)
+            raise
+        finally:
+            os.close(write_end)  # fd 1 (or 2) holds the pipe's write end now
+        import fcntl  # fd capture is POSIX only (see _is_fd_stream)
+
+        if hasattr(fcntl, "F_SETPIPE_SZ"):
+            try:  # room for a burst while the reader waits (Linux; 64 KiB otherwise)
+                fcntl.fcntl(read_end, fcntl.F_SETPIPE_SZ, _PIPE_BYTES)
+            except OSError:
+                pass
+        self._saved_fd = saved
+        self.mode = "fd"
+        self._reader = threading.Thread(
+            target=self._pump, args=(read_end, saved), name=f"launchhelm-console-{self.name}", daemon=True
+        )
+        self._reader.start()
+
+    def _pump(self, read_end: int, out: int) -> None:
+        """Reader thread: the pipe to the original fd and to every sink, until the pipe's writers are gone."""
+        forward = True
+        try:
+            while True:
+                try:
+                    data = os.read(read_end, _READ_BYTES)
+                except OSError:
+                    break
+                if not data:
+                    break
+                if forward:
+                    try:
+                        view = memoryview(data)
+                        while view:
+                            view = view[os.write(out, view) :]
+                    except OSError:
+                        forward = False  # the terminal went away (a closed pipe): keep recording
+                if self._recording:
+                    for sink in self._owner.sinks:
+                        sink.feed(data, self.name)
+                if len(data) < _SMALL_READ:
+                    # an unbuffered writer (PYTHONUNBUFFERED, a C printf) writes line by line: let a
+                    # few lines gather in the pipe rather than wake up (and take the GIL) for each
+                    time.sleep(_BATCH_WAIT)
+        finally:
+            os.close(read_end)
+            os.close(out)
+
+    def _start_python(self, stream: Any) -> None:
+        original, pending, owner, me = stream.write, self._pending, self._owner, self
+
+        def write(text: Any, _append: Callable[[Any], None] = pending.append) -> Any:
+            written = original(text)
+            # twice per print(): kept to a check and an append, handed on a batch at a time
+            if owner.last is not me:
+                owner.switch_to(me)
+            _append(text)
+            if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:
+                me.drain()
+            return written
+
+        if _is_outstream(stream):
+            # ipykernel's stream copies every write, its own and the fd-level output it forwards (C
+            # code, child processes), to its ``echo``: be that echo (passing on to any it had)
+            self._had_echo = stream.echo
+            self._echo = _Echo(stream.echo, self)
+            stream.echo = self._echo
+            self.mode = "kernel"
+            return
+        if not _in_ipython():
+            self._had_write = getattr(stream, "__dict__", {}).get("write")
+            try:
+                stream.write = write
+                self.mode = "python"
+                self._our_write = write
+                return
+            except (AttributeError, TypeError):  # a C stream (io.StringIO...): a proxy instead
+                pass
+        # IPython wraps ``write`` on the stream object around each cell and puts back what was there
+        # before the cell, which would undo a wrapper set during it: stand a proxy in the stream's place
+        self._proxy = _TeeStream(stream, write)
+        setattr(sys, self.name, self._proxy)
+        self.mode = "proxy"
+
+    def drain(self) -> None:
+        """Hand the Python-level writes gathered so far to the buffers (a batch at a time)."""
+        with self._drain_lock:
+            items: list[str | bytes] = []
+            pop = self._pending.popleft
+            try:
+                while True:
+                    items.append(pop())
+            except IndexError:
+                pass
+            if not items:
+                return
+            try:
+                text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in items)
+                data = text.encode("utf-8", "replace")
+            except Exception:  # never let the copy break the program's output
+                return
+            for sink in self._owner.sinks:
+                sink.feed(data, self.name)
+
+    # -- stop ----------------------------------------------------------------------
+    def stop(self, drain_timeout: float = 2.0) -> None:
+        """Put everything back as it was; what was written before this is recorded."""
+        mode, self.mode = self.mode, "off"
+        if mode in ("python", "proxy", "kernel"):
+            self.drain()
+        if mode == "fd":
+            self._stop_fd(drain_timeout)
+        elif mode == "python":
+            stream = self._stream
+            if getattr(stream, "__dict__", {}).get("write") is self._our_write:
+                if self._had_write is None:
+                    del stream.write
+                else:
+                    stream.write = self._had_write
+        elif mode == "kernel":
+            if getattr(self._stream, "echo", None) is self._echo:
+                self._stream.echo = self._had_echo
+        elif mode == "proxy" and getattr(sys, self.name, None) is self._proxy:
+            setattr(sys, self.name, self._stream)
+        self._stream = self._proxy = self._our_write = self._had_write = self._echo = self._had_echo = None
+
+    def _stop_fd(self, drain_timeout: float) -> None:
+        saved, reader = self._saved_fd, self._reader
+        self._saved_fd = self._reader = None
+        assert saved is not None
+        try:
+            current = getattr(sys, self.name, None)
+            if current is not None:
+                current.flush()  # Python's buffered text goes into the pipe, and so into the log
+        except (OSError, ValueError):
+            pass
+        finally:
+            # fd back to the original; the pipe ends once no child process holds it
+            os.dup2(saved, self.fd)
+        if reader is None:  # it wrote into the other stream's pipe: that one's reader drains it
+            os.close(saved)
+            return
+        reader.join(drain_timeout)
+        if reader.is_alive():
+            # a child process still writes to the pipe: keep forwarding it to the terminal, no longer recording
+            self._recording = False
+
+
+def _in_ipython() -> bool:
+    ipython = sys.modules.get("IPython")
+    try:
+        return ipython is not None and ipython.get_ipython() is not None
+    except Exception:  # a half-imported IPython
+        return False
+
+
+def _is_fd_stream(stream: Any, fd: int) -> bool:
+    """Whether ``stream`` writes straight to fd ``fd`` (so capturing the fd keeps all it writes)."""
+    if os.name != "posix" or type(stream).__name__ == "OutStream":
+        return False
+    try:
+        return bool(stream.fileno() == fd) and os.fstat(fd) is not None
+    except (OSError, ValueError, AttributeError):  # io.UnsupportedOperation is both of the first two
+        return False
+
+
+def _same_file(a: int, b: int) -> bool:
+    try:
+        return os.path.samestat(os.fstat(a), os.fstat(b))
+    except OSError:
+        return False
+
+
+class _Capture:
+    """The process's one capture of stdout and stderr, fanned out to every attached buffer."""
+
+    def __init__(self) -> None:
+        self.sinks: tuple[ConsoleBuffer, ...] = ()
+        self.streams: list[_StreamCapture] = []
+        self.lock = threading.Lock()
+        self.last: _StreamCapture | None = None  # the Python-level stream written last
+
+    def switch_to(self, stream: _StreamCapture) -> None:
+        previous, self.last = self.last, stream
+        if previous is not None:
+            previous.drain()
+
+    def drain(self) -> None:
+        """Hand every Python-level write so far to the buffers (before a flush takes them)."""
+        for stream in self.streams:
+            stream.drain()
+
+    def attach(self, sink: ConsoleBuffer) -> None:
+        with self.lock:
+            if not self.sinks:
+                started: list[_StreamCapture] = []
+                shared = _same_file(1, 2)  # a terminal, or `> log 2>&1`: one pipe keeps the order exact
+                try:
+                    for name, fd in (("stdout", 1), ("stderr", 2)):
+                        stream = _StreamCapture(name, fd, self)
+                        stream.start(join=started[0] if started and shared else None)
+                        started.append(stream)
+                except BaseException:
+                    for stream in reversed(started):
+                        stream.stop()
+                    raise
+                self.streams = started
+            self.sinks = (*self.sinks, sink)
+
+    def detach(self, sink: ConsoleBuffer) -> None:
+        with self.lock:
+            if sink not in self.sinks:
+                return
+            if len(self.sinks) == 1:
+                streams, self.streams = self.streams, []
+                try:
+                    for stream in reversed(streams):
+                        try:
+                            stream.stop()
+                        except Exception as exc:  # the other stream must still be put back
+                            print(f"launchhelm: could not restore sys.{stream.name}: {exc}", file=sys.__stderr__)
+                finally:
+                    self.sinks = ()
+                    self.last = None
+            else:
+                self.drain()  # what was written so far reaches this sink too
+                self.sinks = tuple(s for s in self.sinks if s is not sink)
+
+    def modes(self) -> dict[str, str]:
+        return {s.name: s.mode for s in self.streams}
+
+
+_capture = _Capture()
+
+
+def attach(limit: int = BUFFER_BYTES, line_limit: int = LINE_BYTES) -> ConsoleBuffer:
+    """Start keeping this process's stdout and stderr in a new buffer (the capture starts with the first)."""
+    sink = ConsoleBuffer(limit, line_limit)
+    _capture.attach(sink)
+    return sink
+
+
+def drain() -> None:
+    """Hand what Python-level captures gathered to the buffers (the flush calls it before a take)."""
+    _capture.drain()
+
+
+def detach(sink: ConsoleBuffer) -> None:
+    """Stop filling ``sink``; the last one detached puts fds and ``sys`` streams back exactly."""
+    _capture.detach(sink)
+
+
+def capture_modes() -> dict[str, str]:
+    """How each stream is captured now: ``{"stdout": "fd" | "python" | "proxy", ...}`` (empty: not at all)."""
+    return _capture.modes()
+
+
+def capture_wanted(requested: bool, environ: Mapping[str, str] | None = None) -> bool:
+    """Whether this process captures its console: asked for, and rank 0 of a distributed job.
+
+    The rank is ``torch.distributed``'s when it is initialised, else the
+    ``RANK`` variable torchrun sets (absent: rank 0). Other ranks' output is
+    the launcher's to keep.
+    """
+    if not requested:
+        return False
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None:
+        try:
+            if dist.is_available() and dist.is_initialized():
+                return bool(dist.get_rank() == 0)
+        except Exception:  # a half-imported torch: fall back to the environment
+            pass
+    text = (os.environ if environ is None else environ).get("RANK", "").strip()
+    return not text.isdigit() or int(text) == 0
+
+
+# -- reading -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, order=True)
+class ConsolePart:
+    """One console object: sessions in start order, then in the order the session wrote them."""
+
+    session: str
+    number: int
+    key: str
+
+
+def list_console(store: Store, run_id: str) -> list[ConsolePart]:
+    """One listing of ``runs/<id>/console/``: every object, in order."""
+    prefix = console_prefix(run_id)
+    parts = []
+    for name in store.list(prefix):
+        session, _, rest = name.partition("/")
+        if not rest.endswith(".txt") or "/" in rest:
+            continue
+        try:
+            number = int(rest[: -len(".txt")])
+        except ValueError:
+            continue
+        parts.append(ConsolePart(session, number, f"{prefix}/{name}"))
+    parts.sort()
+    return parts
+
+
+def sessions_of(parts: Iterable[ConsolePart]) -> list[str]:
+    return sorted({p.session for p in parts})
+
+
+def _join(parts: list[ConsolePart], found: Mapping[str, bytes | None]) -> str:
+    """The text of ``parts`` (read into ``found``), a newline between sessions that did not end a line."""
+    texts: list[str] = []
+    session: str | None = None
+    decoder: Any = None
+    ends_line = True
+    for part in parts:
+        data = found.get(part.key)
+        if data is None:
+            continue
+        if part.session != session:
+            if decoder is not None:
+                texts.append(decoder.decode(b"", final=True))
+            if not ends_line:
+                texts.append("\n")
+            session = part.session
+            decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        if data:
+            texts.append(decoder.decode(data))
+            ends_line = data.endswith(b"\n")
+    if decoder is not None:
+        texts.append(decoder.decode(b"", final=True))
+    return "".join(texts)
+
+
+def last_lines(text: str, n: int) -> str:
+    """The last ``n`` lines of ``text`` (a final line without newline counts)."""
+    if n <= 0:
+        return ""
+    end = len(text) - 1 if text.endswith("\n") else len(text)
+    start = end
+    for _ in range(n):
+        start = text.rfind("\n", 0, start)
+        if start < 0:
+            return text
+    return text[start + 1 :]
+
+
+def _tail(store: Store, parts: list[ConsolePart], n: int) -> str:
+    """The last ``n`` lines, reading objects from the end in growing concurrent batches."""
+    if n <= 0 or not parts:
+        return ""
+    found: dict[str, bytes | None] = {}
+    taken = 0
+    while True:
+        more = min(len(parts), max(4, 2 * taken))
+        found.update(store.read_many([p.key for p in parts[len(parts) - more : len(parts) - taken]]))
+        taken = more
+        text = _join(parts[len(parts) - taken :], found)
+        if text.count("\n") > n or taken == len(parts):
+            return last_lines(text, n)
+
+
+def read_console(store: Store, run_id: str, session: str | None = None, tail: int | None = None) -> str:
+    """What the run's sessions printed (``session``: only that one), or its last ``tail`` lines."""
+    parts = list_console(store, run_id)
+    if session is not None:
+        parts = [p for p in parts if p.session == session]
+    if tail is not None:
+        return _tail(store, parts, tail)
+    return _join(parts, store.read_many([p.key for p in parts]))
+
+
+class ConsoleFollower:
+    """Reads a run's console as it grows: each :meth:`poll` returns only what is new.
+
+    A poll costs one listing plus one concurrent read of the objects not yet
+    seen (none when nothing was printed). The first poll returns the last
+    ``tail`` lines (all with ``tail=None``).
+    """
+
+    def __init__(self, store: Store, run_id: str, tail: int | None = None) -> None:
+        self._store = store
+        self._run_id = run_id
+        self._tail = tail
+        self._seen: set[str] = set()
+        self._session: str | None = None
+        self._decoder: Any = None
+        self._ends_line = True
+        self._first = True
+
+    def poll(self) -> str:
+        """The text written since the last poll ("" when nothing new)."""
+        parts = [p for p in list_console(self._store, self._run_id) if p.key not in self._seen]
+        if not parts:
+            return ""
+        if self._first and self._tail is not None:
+            self._first = False
+            text = _tail(self._store, parts, self._tail)
+            self._seen.update(p.key for p in parts)
+            self._session = parts[-1].session
+            self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            self._ends_line = not text or text.endswith("\n")
+            return text
+        self._first = False
+        found = self._store.read_many([p.key for p in parts])
+        out: list[str] = []
+        for part in parts:
+            data = found.get(part.key)
+            if data is None:
+                break  # not readable yet (it was listed): take it and what follows next time
+            self._seen.add(part.key)
+            if part.session != self._session:
+                if self._decoder is not None:
+                    out.append(self._decoder.decode(b"", final=True))
+                if not self._ends_line:
+                    out.append("\n")
+                self._session = part.session
+                self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            piece = self._decoder.decode(data)
+            out.append(piece)
+            if piece:
+                self._ends_line = piece.endswith("\n")
+        return "".join(out)
