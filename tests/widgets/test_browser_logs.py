@@ -8,7 +8,6 @@ what it printed before is there, in order, in monospace.
 
 from __future__ import annotations
 
-import os
 import secrets
 import time
 from collections.abc import Iterator
@@ -16,17 +15,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_browser import CHROMIUM, JupyterServer, chromium, open_notebook, run_all, write_notebook
+from jupyter_browser import (
+    JupyterServer,
+    browser_marks,
+    chromium,
+    open_notebook,
+    run_all,
+    serving,
+    watched_page,
+    write_notebook,
+)
 from lhtest import spawn
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.browser,
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
-        reason="needs /usr/bin/chromium (scripts/test.sh installs it)",
-    ),
-]
+pytestmark = browser_marks()
 
 WAIT_MS = 60_000
 #: "Within a few seconds": the process flushes every 0.3 s, the tab polls every second.
@@ -51,12 +52,8 @@ run.finish()
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    jupyter = JupyterServer(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home"))
-    jupyter.start()
-    try:
+    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-    finally:
-        jupyter.stop()
 
 
 @pytest.fixture(scope="module")
@@ -67,16 +64,8 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture
 def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 1400})
-    tab = context.new_page()
-    errors: list[str] = []
-    tab.on("pageerror", lambda exc: errors.append(str(exc)))
-    try:
+    with watched_page(browser, server, 1280, 1400) as tab:
         yield tab
-    finally:
-        context.close()
-        server.shutdown_kernels()
-    assert not [e for e in errors if "launchhelm" in e.lower()], errors
 
 
 @pytest.mark.parametrize("app", ["lab", "notebook"])
