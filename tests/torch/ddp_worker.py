@@ -24,6 +24,7 @@ Modes:
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import random
@@ -387,6 +388,15 @@ def main() -> None:
         Path(args.out, f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
     dist.destroy_process_group()
+    # torch 2.13 keeps gloo's threads alive past destroy_process_group once an optimizer exists
+    # (measured: threads pt_gloo_runloop and gloo_tcp_loop remain, with or without launchhelm), and
+    # their teardown during interpreter finalization now and then aborts a rank ("terminate called
+    # without an active exception", pytorch/pytorch#190489's symptom), failing the torchrun job after
+    # every record was written. Run the exit hooks, then leave without that teardown.
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
