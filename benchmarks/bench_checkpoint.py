@@ -42,14 +42,16 @@ Method: first touch of memory is several times slower on these VMs, and memory l
 than ~2 s goes back to the host (virtio-balloon free page reporting) and is slow to touch again.
 Filling new page-cache pages runs at ~0.3 GB/s on such memory and at ~3 GB/s on pages freed just
 before, whatever writes them. So memory is pre-touched once (``--pretouch-gib``, default 3), and
-each save phase (baseline or LaunchHelm) deletes its own file of the previous round right before
-its timed call, as a checkpoint rotation would: every writer refills recently freed pages. One
-untimed warm-up round, then ``--repeat`` timed rounds (default 5). Each target's pair (raw write
-and ``save_checkpoint()``; raw read and ``load_checkpoint()``, cold then warm) runs back to back,
-in alternating order from round to round, so a burst of load from other processes tends to hit
-both and neither always comes first. ``ratio`` is the median over the rounds of each round's own
-ratio; ``med/med`` divides the medians; every round's time is printed too (expect noise on a
-shared VM). The restored state is compared with the saved one after the timed rounds.
+the three timed writes of a round (raw write+fsync, ``save_checkpoint()``, the raw write with early
+write-out) follow an untimed one, each deleting the file written just before it, whoever wrote it:
+every timed writer refills pages freed a moment ago, as a checkpoint rotation would. Their order
+rotates round by round. Other writers delete their own file of the previous round first. One
+untimed warm-up round, then ``--repeat`` timed rounds (default 5). The loads read the file of the
+non-blocking save (the latest checkpoint), each beside a raw read of that same file, cold then
+warm, back to back in alternating order. So a burst of load from other processes tends to hit
+both sides of a pair, and neither always comes first. ``ratio`` is the median over the rounds of
+each round's own ratio; ``med/med`` divides the medians; every round's time is printed too (expect
+noise on a shared VM). The restored state is compared with the saved one after the timed rounds.
 
 Targets (issue 14; PASS/MISS is informational, on ``ratio``; the exit status is 0 unless
 ``--check`` is given, then 1 on any miss or a restore mismatch): ``save_checkpoint()`` <= 1.05x
@@ -542,11 +544,10 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
 
         evicted = True
         bundle_bytes = 0
-        files: dict[str, Any] = {}  # the LaunchHelm save of the last round
-        async_path: Path | None = None
+        files: dict[str, Path] = {}  # the file written last; the non-blocking save's file
 
         def recycle(path: Path | None) -> None:
-            """Delete a previous round's file right before the next write: its pages are then freshly freed."""
+            """Delete an earlier file right before the next write: its pages are then freshly freed."""
             if path is not None:
                 path.unlink(missing_ok=True)
 
@@ -555,46 +556,46 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
             record.recording = r > 0
             label = "warm-up" if r == 0 else f"round {r}/{args.repeat}"
             print(f"  {label} ...", flush=True)
-            raw_path = base_dir / f"raw-{r}.bin"
             torch_path = base_dir / f"torch-{r}.pt"
 
             # saves; first drop the restored optimizer state: an mmap load would pin the previous
             # checkpoint's pages, and deleting that file would then free nothing for the next writer
             release(optimizer2)
             tr.watch(model, optimizer)
-
-            def save_raw(r: int = r, raw_path: Path = raw_path) -> None:
-                recycle(base_dir / f"raw-{r - 1}.bin")
-                record("raw write+fsync", lambda: raw_write(views, raw_path), state_bytes)
-
-            def save_lh() -> None:
-                recycle(files.get("lh"))  # the published event still names it; nothing reads it again
-                artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
-                files["lh"] = next(store_dir.rglob(f"{artifact}.pt"))
-                files["artifact"] = artifact
-
-            # the pair whose ratio is the target, back to back, in alternating order round by round
-            for save in (save_raw, save_lh) if r % 2 else (save_lh, save_raw):
-                save()
-            artifact, lh_path = files["artifact"], files["lh"]
-            bundle_bytes = lh_path.stat().st_size
-            record.phases["LH save_checkpoint (local)"].nbytes = bundle_bytes
-            recycle(base_dir / f"raw-writeback-{r - 1}.bin")
-            record(
-                "raw write+fsync, early write-out",
-                lambda p=base_dir / f"raw-writeback-{r}.bin": raw_write_writeback(views, p),
-                state_bytes,
-            )
+            # An untimed write, then the timed writers in an order that rotates round by round; each
+            # deletes the file written just before it, whoever wrote it, so every timed writer
+            # refills pages freed a moment ago (as a checkpoint rotation would), never older ones.
+            recycle(files.pop("last", None))
+            primer = base_dir / f"primer-{r}.bin"
+            raw_write(views, primer)
+            files["last"] = primer
+            writers = ["raw", "LH", "raw, early write-out"]
+            for which in writers[r % 3 :] + writers[: r % 3]:
+                recycle(files.pop("last"))
+                if which == "LH":
+                    artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
+                    written = next(store_dir.rglob(f"{artifact}.pt"))
+                    record.phases["LH save_checkpoint (local)"].nbytes = written.stat().st_size
+                elif which == "raw":
+                    written = base_dir / f"raw-{r}.bin"
+                    record("raw write+fsync", lambda p=written: raw_write(views, p), state_bytes)
+                else:
+                    written = base_dir / f"raw-writeback-{r}.bin"
+                    record(
+                        "raw write+fsync, early write-out", lambda p=written: raw_write_writeback(views, p), state_bytes
+                    )
+                files["last"] = written
             recycle(base_dir / f"torch-{r - 1}.pt")
             record("torch.save(path)+fsync", lambda p=torch_path: torch_save(model, optimizer, p), state_bytes)
 
             # non-blocking: training waits for one in-memory copy, the write goes on in the background
             record("in-memory copy of the state", lambda: [t.clone() for t in tensors], state_bytes)
             record("copy into touched buffers", lambda: copy_into(copy_buffers, tensors), state_bytes)
-            recycle(async_path)
-            async_artifact = record("LH save, non-blocking: blocks", lambda: tr.save_checkpoint(blocking=False))
+            recycle(files.get("async"))
+            artifact = record("LH save, non-blocking: blocks", lambda: tr.save_checkpoint(blocking=False))
             record("LH save, non-blocking: then in background", tr.wait_for_checkpoint, state_bytes)
-            async_path = next(store_dir.rglob(f"{async_artifact}.pt"))
+            lh_path = files["async"] = next(store_dir.rglob(f"{artifact}.pt"))
+            bundle_bytes = lh_path.stat().st_size
 
             # loads: plain torch
             evicted = evict(torch_path) and evicted
@@ -624,9 +625,8 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
                 )
 
             # loads: LaunchHelm into a model and optimizer that have state of their own (a resuming
-            # job), each beside a raw read of the same file, back to back in alternating order; then
-            # the first optimizer step on the restored state. The file is the blocking save's
-            # ("latest" is the non-blocking one, still cached: a "cold" load of it would be warm).
+            # job), each beside a raw read of the same file (the non-blocking save's, the latest),
+            # back to back in alternating order; then the first optimizer step on the restored state
             tr.watch(model2, optimizer2)
             prime(model2, optimizer2, grads2)
             for warmth in ("cold", "warm"):
