@@ -9,11 +9,14 @@ State
 
 Baselines (same tensors, same disk, same process)
     * raw write: each tensor's bytes (a memoryview of ``t.numpy()``) written to a new file, then
-      fsync.
+      fsync. Also, as info, the same with the early write-out LaunchHelm's local saves use
+      (``sync_file_range`` every 32 MiB, see ``launchhelm._checkpoints._Writeback``): the
+      like-for-like figure for the save's own overhead.
     * ``torch.save({"model": ..., "optimizer": ...}, path)`` + fsync (state dicts taken inside the
       timed call, as LaunchHelm does).
-    * raw read: ``readinto`` a preallocated, pre-touched, page-aligned buffer (a bytearray's data
-      starts 16 bytes past a page boundary and reads into it run slower: shown as info). "cold"
+    * raw read of the LaunchHelm bundle file itself: ``readinto`` a preallocated, pre-touched,
+      page-aligned buffer (a bytearray's data starts 16 bytes past a page boundary and reads into
+      it run slower: shown as info). "cold"
       means the file was fsynced and dropped from the page cache with ``posix_fadvise(DONTNEED)``
       first (the hypervisor may still cache it: cold-ish); "warm" reads it again from the page cache.
     * ``torch.load(path, weights_only=True)``, cold and warm; and ``torch.load(mmap=True)`` +
@@ -39,15 +42,20 @@ Method: first touch of memory is several times slower on these VMs, and memory l
 than ~2 s goes back to the host (virtio-balloon free page reporting) and is slow to touch again.
 Filling new page-cache pages runs at ~0.3 GB/s on such memory and at ~3 GB/s on pages freed just
 before, whatever writes them. So memory is pre-touched once (``--pretouch-gib``, default 3), and
-each save phase (baseline or LaunchHelm) deletes its own file of the previous round right before
-its timed call, as a checkpoint rotation would: every writer refills recently freed pages. One
-untimed warm-up round, then ``--repeat`` timed rounds (default 3), phases interleaved within each
-round; the median is reported (every round's time is printed too: expect noise on a VM). The
-restored state is compared with the saved one after the timed rounds.
+the three timed writes of a round (raw write+fsync, ``save_checkpoint()``, the raw write with early
+write-out) follow an untimed one, each deleting the file written just before it, whoever wrote it:
+every timed writer refills pages freed a moment ago, as a checkpoint rotation would. Their order
+rotates round by round. Other writers delete their own file of the previous round first. One
+untimed warm-up round, then ``--repeat`` timed rounds (default 5). The loads read the file of the
+non-blocking save (the latest checkpoint), each beside a raw read of that same file, cold then
+warm, back to back in alternating order. So a burst of load from other processes tends to hit
+both sides of a pair, and neither always comes first. ``ratio`` is the median over the rounds of
+each round's own ratio; ``med/med`` divides the medians; every round's time is printed too (expect
+noise on a shared VM). The restored state is compared with the saved one after the timed rounds.
 
-Targets (issue 14; PASS/MISS is informational, on medians; the exit status is 0 unless ``--check``
-is given, then 1 on any miss or a restore mismatch): ``save_checkpoint()`` <= 1.05x raw
-write+fsync (s3: <= 1.10x ``fs.pipe``), the non-blocking save blocks <= one in-memory copy,
+Targets (issue 14; PASS/MISS is informational, on ``ratio``; the exit status is 0 unless
+``--check`` is given, then 1 on any miss or a restore mismatch): ``save_checkpoint()`` <= 1.05x
+raw write+fsync (s3: <= 1.10x ``fs.pipe``), the non-blocking save blocks <= one in-memory copy,
 ``load_checkpoint()`` <= 1.15x an aligned raw read, cold and warm (s3: <= 1.2x ``fs.cat``). The
 ``best/best`` column divides the fastest rounds: on a shared machine other processes only ever
 add time, so it shows the code's own cost when the medians are noisy.
@@ -55,7 +63,7 @@ add time, so it shows the code's own cost when the medians are noisy.
 Run it from the repository root::
 
     python benchmarks/bench_checkpoint.py                       # 1000 MB, local store
-    python benchmarks/bench_checkpoint.py --size-mb 300 --repeat 5
+    python benchmarks/bench_checkpoint.py --size-mb 300 --repeat 9
     python benchmarks/bench_checkpoint.py --s3 --size-mb 200    # also moto S3
     python benchmarks/bench_checkpoint.py --check               # exit 1 on a missed target
 """
@@ -337,6 +345,24 @@ def raw_write(views: Sequence[memoryview], path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def raw_write_writeback(views: Sequence[memoryview], path: Path) -> None:
+    """:func:`raw_write` with the early write-out of LaunchHelm's local saves (Linux; else plain)."""
+    from launchhelm._checkpoints import _Writeback
+
+    with open(path, "wb", buffering=0) as f:
+        writeback = _Writeback(f)
+        written = 0
+        for view in views:
+            for start in range(0, len(view), _Writeback.WINDOW):
+                piece = view[start : start + _Writeback.WINDOW]
+                while piece:
+                    n = f.write(piece)
+                    written += n
+                    piece = piece[n:]
+                writeback.wrote(written)
+        os.fsync(f.fileno())
+
+
 def raw_read(path: Path, buf: bytearray | memoryview) -> int:
     view = memoryview(buf)
     got = 0
@@ -518,11 +544,10 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
 
         evicted = True
         bundle_bytes = 0
-        lh_path: Path | None = None
-        async_path: Path | None = None
+        files: dict[str, Path] = {}  # the file written last; the non-blocking save's file
 
         def recycle(path: Path | None) -> None:
-            """Delete a previous round's file right before the next write: its pages are then freshly freed."""
+            """Delete an earlier file right before the next write: its pages are then freshly freed."""
             if path is not None:
                 path.unlink(missing_ok=True)
 
@@ -531,36 +556,48 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
             record.recording = r > 0
             label = "warm-up" if r == 0 else f"round {r}/{args.repeat}"
             print(f"  {label} ...", flush=True)
-            raw_path = base_dir / f"raw-{r}.bin"
             torch_path = base_dir / f"torch-{r}.pt"
 
             # saves; first drop the restored optimizer state: an mmap load would pin the previous
             # checkpoint's pages, and deleting that file would then free nothing for the next writer
             release(optimizer2)
-            recycle(base_dir / f"raw-{r - 1}.bin")
-            record("raw write+fsync", lambda p=raw_path: raw_write(views, p), state_bytes)
+            tr.watch(model, optimizer)
+            # An untimed write, then the timed writers in an order that rotates round by round; each
+            # deletes the file written just before it, whoever wrote it, so every timed writer
+            # refills pages freed a moment ago (as a checkpoint rotation would), never older ones.
+            recycle(files.pop("last", None))
+            primer = base_dir / f"primer-{r}.bin"
+            raw_write(views, primer)
+            files["last"] = primer
+            writers = ["raw", "LH", "raw, early write-out"]
+            for which in writers[r % 3 :] + writers[: r % 3]:
+                recycle(files.pop("last"))
+                if which == "LH":
+                    artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
+                    written = next(store_dir.rglob(f"{artifact}.pt"))
+                    record.phases["LH save_checkpoint (local)"].nbytes = written.stat().st_size
+                elif which == "raw":
+                    written = base_dir / f"raw-{r}.bin"
+                    record("raw write+fsync", lambda p=written: raw_write(views, p), state_bytes)
+                else:
+                    written = base_dir / f"raw-writeback-{r}.bin"
+                    record(
+                        "raw write+fsync, early write-out", lambda p=written: raw_write_writeback(views, p), state_bytes
+                    )
+                files["last"] = written
             recycle(base_dir / f"torch-{r - 1}.pt")
             record("torch.save(path)+fsync", lambda p=torch_path: torch_save(model, optimizer, p), state_bytes)
-            tr.watch(model, optimizer)
-            recycle(lh_path)  # the published event still names it; nothing reads it again
-            artifact = record("LH save_checkpoint (local)", tr.save_checkpoint)
-            lh_path = next(store_dir.rglob(f"{artifact}.pt"))
-            bundle_bytes = lh_path.stat().st_size
-            record.phases["LH save_checkpoint (local)"].nbytes = bundle_bytes
 
             # non-blocking: training waits for one in-memory copy, the write goes on in the background
             record("in-memory copy of the state", lambda: [t.clone() for t in tensors], state_bytes)
             record("copy into touched buffers", lambda: copy_into(copy_buffers, tensors), state_bytes)
-            recycle(async_path)
-            async_artifact = record("LH save, non-blocking: blocks", lambda: tr.save_checkpoint(blocking=False))
+            recycle(files.get("async"))
+            artifact = record("LH save, non-blocking: blocks", lambda: tr.save_checkpoint(blocking=False))
             record("LH save, non-blocking: then in background", tr.wait_for_checkpoint, state_bytes)
-            async_path = next(store_dir.rglob(f"{async_artifact}.pt"))
+            lh_path = files["async"] = next(store_dir.rglob(f"{artifact}.pt"))
+            bundle_bytes = lh_path.stat().st_size
 
-            # loads: raw and plain torch
-            evicted = evict(raw_path) and evicted
-            record("raw read, cold", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
-            record("raw read, warm", lambda p=raw_path: raw_read(p, read_buf), state_bytes)
-            record("raw read into bytearray, warm", lambda p=raw_path: raw_read(p, unaligned_buf), state_bytes)
+            # loads: plain torch
             evicted = evict(torch_path) and evicted
             record("torch.load, cold", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
             record("torch.load, warm", lambda p=torch_path: torch.load(p, weights_only=True), state_bytes)
@@ -588,15 +625,19 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
                 )
 
             # loads: LaunchHelm into a model and optimizer that have state of their own (a resuming
-            # job), then the first optimizer step on the restored state
+            # job), each beside a raw read of the same file (the non-blocking save's, the latest),
+            # back to back in alternating order; then the first optimizer step on the restored state
             tr.watch(model2, optimizer2)
             prime(model2, optimizer2, grads2)
-            evicted = evict(lh_path) and evicted
-            # the blocking save's file, the one just evicted ("latest" is the non-blocking one, still
-            # cached: a "cold" load of it would be warm, and the evicted file, deleted next round,
-            # would free no pages for the next save)
-            record("LH load_checkpoint, cold", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
-            record("LH load_checkpoint, warm", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
+            for warmth in ("cold", "warm"):
+                for which in ("raw", "LH") if r % 2 else ("LH", "raw"):
+                    if warmth == "cold":
+                        evicted = evict(lh_path) and evicted
+                    if which == "raw":
+                        record(f"raw read, {warmth}", lambda p=lh_path: raw_read(p, read_buf), bundle_bytes)
+                    else:
+                        record(f"LH load_checkpoint, {warmth}", lambda a=artifact: tr.load_checkpoint(a), bundle_bytes)
+            record("raw read into bytearray, warm", lambda p=lh_path: raw_read(p, unaligned_buf), bundle_bytes)
             for p, g in zip(model2.parameters(), grads2, strict=True):
                 p.grad = g
             record("1st AdamW step after LH load", optimizer2.step)
@@ -652,20 +693,38 @@ def fmt(value: float, digits: int = 2) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{value:,.{digits}f}"
 
 
-def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | None]]) -> bool:
-    """Print (phase, baseline phase, target ratio) rows; return True if every target was met."""
-    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "best/best", "target", "result")
+def paired_ratio(phase: Phase, base: Phase) -> float:
+    """Median over the rounds of this round's time / the baseline's time in the same round.
+
+    Each round measures the two back to back, so a burst of load from other processes
+    tends to hit both; the median of the rounds' ratios is steadier than a ratio of medians
+    taken from different rounds. Phases not measured in every round: the ratio of medians.
+    """
+    if phase.times and len(phase.times) == len(base.times):
+        return statistics.median(t / b for t, b in zip(phase.times, base.times, strict=True) if b > 0)
+    return phase.median / base.median if base.median > 0 else math.nan
+
+
+Row = tuple[str, str | None, float | None] | tuple[str, str | None, float | None, str]
+
+
+def print_table(record: Recorder, rows: Sequence[Row]) -> bool:
+    """Print (phase, baseline phase, target ratio[, label]) rows; return True if every target was met."""
+    header = ("phase", "s (median)", "MB/s", "baseline", "ratio", "med/med", "best/best", "target", "result")
     lines = []
     ok = True
-    for name, base_name, target in rows:
+    for row_spec in rows:
+        name, base_name, target = row_spec[:3]
+        label = row_spec[3] if len(row_spec) > 3 else name
         phase = record[name]
         seconds = phase.median
         rate = phase.nbytes / MB / seconds if phase.nbytes and seconds > 0 else math.nan
         if base_name is None:
-            lines.append((name, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "-", "base"))
+            lines.append((label, fmt(seconds, 3), fmt(rate, 0), "-", "-", "-", "-", "-", "base"))
             continue
+        ratio = paired_ratio(phase, record[base_name])
         base = record[base_name].median
-        ratio = seconds / base if base > 0 else math.nan
+        of_medians = f"{fmt(seconds / base)}x" if base > 0 else "n/a"
         # other processes only ever add time: the fastest rounds' ratio shows the code's own cost
         best_base = record[base_name].best
         best = f"{fmt(phase.best / best_base)}x" if best_base > 0 else "n/a"
@@ -675,7 +734,8 @@ def print_table(record: Recorder, rows: Sequence[tuple[str, str | None, float | 
             passed = ratio <= target
             ok = ok and passed
             result, target_text = ("PASS" if passed else "MISS"), f"<= {target:.2f}x"
-        lines.append((name, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", best, target_text, result))
+        row = (label, fmt(seconds, 3), fmt(rate, 0), base_name, f"{fmt(ratio)}x", of_medians, best, target_text, result)
+        lines.append(row)
     widths = [max(len(str(r[i])) for r in [header, *lines]) for i in range(len(header))]
 
     def show(cells: Sequence[str]) -> None:
@@ -696,7 +756,7 @@ def _on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-mb", type=float, default=1000, help="model + AdamW state, MB (default 1000)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed rounds after one warm-up (default 3)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed rounds after one warm-up (default 5)")
     parser.add_argument("--s3", action="store_true", help="also measure an s3:// store on a local moto_server")
     parser.add_argument("--pretouch-gib", type=float, default=3.0, help="memory to pre-touch once, GiB (default 3)")
     parser.add_argument(
@@ -747,10 +807,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"  1-minute load average: {load_before} before, {load_average()} after ({os.cpu_count()} CPUs)")
     print()
 
-    rows: list[tuple[str, str | None, float | None]] = [
+    rows: list[Row] = [
         ("raw write+fsync", None, None),
+        ("raw write+fsync, early write-out", "raw write+fsync", None),
         ("torch.save(path)+fsync", "raw write+fsync", None),
         ("LH save_checkpoint (local)", "raw write+fsync", TARGET_SAVE),
+        ("LH save_checkpoint (local)", "raw write+fsync, early write-out", None, "  same, like for like"),
         ("DCP save+fsync", "raw write+fsync", None),
         ("safetensors save+fsync (weights)", None, None),
         ("in-memory copy of the state", None, None),

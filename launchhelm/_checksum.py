@@ -54,13 +54,20 @@ _WIDTH = {CRC64NVME: 16, CRC32C: 8, SHA256: 64}
 _BLOCK = 8 * 2**20
 
 
+_checksums: Any = None
+
+
 def _crt() -> Any:
+    global _checksums
+    if _checksums is not None:
+        return _checksums
     try:
         from awscrt import checksums
     except ImportError as exc:  # a clear answer instead of a bare ImportError mid-save
         raise CheckpointError(
             "checkpoint checksums need the awscrt package (pip install awscrt); it is a dependency of launchhelm"
         ) from exc
+    _checksums = checksums
     return checksums
 
 

@@ -49,8 +49,12 @@ __all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "plan_in_place"]
 #: applied, so a corrupted small checkpoint changes nothing; it costs milliseconds at this size.
 IN_PLACE_MIN_BYTES = 64 * 2**20
 
-#: Bytes per read: big enough for full disk speed, small enough to spread over two threads.
+#: Bytes per job: big enough for full disk speed, small enough to spread over two threads.
 _CHUNK = 16 * 2**20
+#: Bytes per read inside a job: each piece is CRC'd right after it lands, while it is still in the
+#: core's 1 MiB L2 cache, so the checksum reads no memory of its own (a 16 MiB read then a 16 MiB
+#: CRC read every byte from memory twice: 1.4x an aligned raw read instead of 1.1x, warm).
+_PIECE = 512 * 2**10
 _THREADS = 2
 
 
@@ -207,8 +211,7 @@ class InPlaceLoad:
                 return offset, length, crc
 
             if len(jobs) > 1:
-                with ThreadPoolExecutor(_THREADS, thread_name_prefix="launchhelm-load") as pool:
-                    self._crcs += list(pool.map(run, jobs))
+                self._crcs += list(_reader_threads().map(run, jobs))
             else:
                 self._crcs += [run(job) for job in jobs]
         finally:
@@ -227,6 +230,19 @@ class InPlaceLoad:
         return total
 
 
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def _reader_threads() -> ThreadPoolExecutor:
+    """The threads that read tensor bytes, started once per process (a fork makes its own)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            _pool = (os.getpid(), ThreadPoolExecutor(_THREADS, thread_name_prefix="launchhelm-load"))
+        return _pool[1]
+
+
 def _bytes_of(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU uint8 tensor, writable, without a copy."""
     array: Any = t.numpy()
@@ -234,15 +250,25 @@ def _bytes_of(t: torch.Tensor) -> memoryview:
 
 
 def _read_crc(fd: int, view: memoryview, offset: int) -> int:
-    """Fill ``view`` from the file at ``offset`` (preadv: no copy) and return its CRC64NVME."""
+    """Fill ``view`` from the file at ``offset`` (preadv: no copy) and return its CRC64NVME.
+
+    Read and checksummed piece by piece (:data:`_PIECE`), each piece's CRC taken while its bytes
+    are still in cache; the CRC continues from piece to piece, so no combine is needed.
+    """
     view = view.cast("B")
+    crc = 0
     done = 0
     while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
-        if n <= 0:
-            raise EOFError(f"the file ended {len(view) - done} bytes early at offset {offset + done}")
-        done += n
-    return crc64nvme(view)
+        piece = view[done : done + _PIECE]
+        got = 0
+        while got < len(piece):
+            n = os.preadv(fd, [piece[got:]], offset + done + got)
+            if n <= 0:
+                raise EOFError(f"the file ended {len(view) - done - got} bytes early at offset {offset + done + got}")
+            got += n
+        crc = crc64nvme(piece, crc)
+        done += len(piece)
+    return crc
 
 
 def plan_in_place(

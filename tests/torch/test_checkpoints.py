@@ -567,3 +567,49 @@ def test_non_blocking_saves_copy_into_host_buffers_reused_from_save_to_save(tmp_
         tr.load_checkpoint(artifact)
         assert all(torch.equal(expected[k], v) for k, v in model.state_dict().items())
     tr.finish()
+
+
+@pytest.mark.parametrize("backend", ["local", "memory"])
+def test_the_checksum_writer_checksums_every_byte_across_write_out_windows(
+    backend: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Large writes cut into write-out windows on a local file (none on an upload): same bytes, same CRC."""
+    import sys
+
+    from launchhelm import _checkpoints
+    from launchhelm._checksum import CRC64NVME, crc64nvme
+    from launchhelm.storage import open_store
+
+    monkeypatch.setattr(_checkpoints._Writeback, "WINDOW", 4096)
+    monkeypatch.setattr(_checkpoints.ChecksumWriter, "_MIN_THREADED", 1000)
+    store = open_store(str(tmp_path / "store") if backend == "local" else f"memory://writer-{os.getpid()}")
+    rng = np.random.default_rng(0)
+    parts = [rng.bytes(n) for n in (10, 5000, 4096 * 3 + 17, 999, 70_000, 1)]  # small, large, odd sizes
+    with store.writer("artifacts/x/blob.bin") as raw:
+        out = _checkpoints.ChecksumWriter(raw)
+        # the early write-out runs where there is a file to write out (Linux), never on an upload
+        assert out._writeback.active == (backend == "local" and sys.platform.startswith("linux"))
+        for part in parts:
+            assert out.write(memoryview(part)) == len(part)
+        out.close()
+    whole = b"".join(parts)
+    assert store.read("artifacts/x/blob.bin") == whole
+    assert out.size == len(whole)
+    assert out.checksum.hexdigests()[CRC64NVME] == f"{crc64nvme(whole):016x}"
+
+
+def test_the_write_out_finds_the_file_under_the_local_stores_wrappers(tmp_path: Path) -> None:
+    import io
+
+    from launchhelm._checkpoints import _file_descriptor
+    from launchhelm.storage import open_store
+
+    assert _file_descriptor(io.BytesIO()) is None  # in memory: nothing to write out
+    assert _file_descriptor(object()) is None
+    store = open_store(str(tmp_path / "store"))
+    with store.writer("a/b.bin") as raw:
+        fd = _file_descriptor(raw)
+        assert fd is not None
+        raw.write(b"abc")
+        raw.flush()
+        assert os.fstat(fd).st_size == 3  # the staging file the store will publish

@@ -214,3 +214,34 @@ def test_the_gpu_self_check_skips_cleanly_without_cuda() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     expected = "PASS" if torch.cuda.is_available() else "SKIP: no CUDA device"
     assert expected in done.stdout
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_tensors_read_in_many_pieces_round_trip_and_a_flip_in_a_later_piece_is_caught(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each piece is CRC'd as it lands and the CRC runs on from piece to piece, chunk to chunk."""
+    monkeypatch.setattr(_inplace, "_PIECE", 256)  # 0.weight (2 KiB) spans 8 pieces in 2 chunks
+    monkeypatch.setattr(_inplace, "_CHUNK", 1024)
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    saved = _state(model, optimizer)
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    _train(model, optimizer, 1)
+    assert not _same(saved, _state(model, optimizer))
+    tr.load_checkpoint(artifact)
+    assert _same(saved, _state(model, optimizer))
+    assert tr._loaded_in_place > 0
+
+    path = _payload(store_url, tr, artifact)
+    data = bytearray(path.read_bytes())
+    data[_tensor_offset(path, "0.weight") + 1024 + 3 * 256 + 7] ^= 0x10  # piece 4 of the second chunk
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    with pytest.raises(lh.CheckpointError, match=r"does not match its crc64nvme"):
+        tr.load_checkpoint(artifact)
+    tr.finish()
