@@ -21,12 +21,19 @@ from typing import Any
 from launchhelm._checkpoints import DIRECTORY_FORMAT
 from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._events import RunState
-from launchhelm._exceptions import CheckpointError, InvalidTypeError
+from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm._run import Run
 from launchhelm._types import Rewind
 from launchhelm.storage import Store
 
-__all__ = ["PendingRestore", "download_checkpoint", "find_checkpoint", "plain_config", "record_restore"]
+__all__ = [
+    "PendingRestore",
+    "check_arguments",
+    "download_checkpoint",
+    "find_checkpoint",
+    "plain_config",
+    "record_restore",
+]
 
 
 class PendingRestore:
@@ -37,6 +44,18 @@ class PendingRestore:
         self.step = step
         self.consume = consume
         self.path = path
+
+
+def check_arguments(owner: str, project: object, run: object, config: object, resume: object) -> None:
+    """What a logger or callback is given before it starts a run: refused as the user wrote it."""
+    if run is not None and not isinstance(run, Run):
+        raise InvalidTypeError(f"run= takes a launchhelm.Run (from launchhelm.init), not {type(run).__name__}")
+    if run is None and not isinstance(project, str):
+        raise InvalidArgumentError(f"{owner} needs a project name ({owner}('quickstart')) or run=launchhelm.init(...)")
+    if config is not None and not isinstance(config, Mapping):
+        raise InvalidTypeError(f"config is a {type(config).__name__}; pass a dict")
+    if resume is not None and not isinstance(resume, str):
+        raise InvalidTypeError(f"resume={resume!r}: pass the run id string (run.id)")
 
 
 def find_checkpoint(state: RunState, run_id: str, which: str) -> tuple[dict[str, Any] | None, bool]:

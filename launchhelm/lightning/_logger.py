@@ -31,9 +31,10 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
 import launchhelm
-from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
+from launchhelm._exceptions import CheckpointError, InvalidArgumentError
 from launchhelm._integration import (
     PendingRestore,
+    check_arguments,
     download_checkpoint,
     find_checkpoint,
     plain_config,
@@ -116,16 +117,7 @@ class LaunchHelmLogger(Logger):
         **options: Any,
     ) -> None:
         super().__init__()
-        if run is not None and not isinstance(run, Run):
-            raise InvalidTypeError(f"run= takes a launchhelm.Run (from launchhelm.init), not {type(run).__name__}")
-        if run is None and not isinstance(project, str):
-            raise InvalidArgumentError(
-                "LaunchHelmLogger needs a project name (LaunchHelmLogger('quickstart')) or run=launchhelm.init(...)"
-            )
-        if config is not None and not isinstance(config, Mapping):
-            raise InvalidTypeError(f"config is a {type(config).__name__}; pass a dict")
-        if resume is not None and not isinstance(resume, str):
-            raise InvalidTypeError(f"resume={resume!r}: pass the run id string (run.id)")
+        check_arguments("LaunchHelmLogger", project, run, config, resume)
         self._run = run
         self._project = project if run is None else run.project
         self._resume = resume if run is None else run.id

@@ -24,9 +24,10 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 import launchhelm
-from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
+from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._integration import (
     PendingRestore,
+    check_arguments,
     download_checkpoint,
     find_checkpoint,
     plain_config,
@@ -92,14 +93,7 @@ class LaunchHelmCallback(TrainerCallback):
         run: Run | None = None,
         **options: Any,
     ) -> None:
-        if run is not None and not isinstance(run, Run):
-            raise InvalidTypeError(f"run= takes a launchhelm.Run (from launchhelm.init), not {type(run).__name__}")
-        if run is None and not isinstance(project, str):
-            raise InvalidArgumentError(
-                "LaunchHelmCallback needs a project name (LaunchHelmCallback('quickstart')) or run=launchhelm.init(...)"
-            )
-        if config is not None and not isinstance(config, Mapping):
-            raise InvalidTypeError(f"config is a {type(config).__name__}; pass a dict")
+        check_arguments("LaunchHelmCallback", project, run, config, resume)
         self._run = run
         self._project = project
         self._init: dict[str, Any] = {"name": name, "tunables": tunables, "resume": resume, "store": store, **options}
