@@ -8,7 +8,9 @@ checkpoints, has its tunable changed, and is SIGKILLed: fast. The
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from widget_runs import StoppedRun, WidgetRuns, build_stopped_run, build_store, copy_runs
@@ -28,3 +30,24 @@ def widget_runs_template(tmp_path_factory: pytest.TempPathFactory) -> WidgetRuns
 def widget_runs(widget_runs_template: WidgetRuns, tmp_path: Path) -> WidgetRuns:
     """A private copy of the PyTorch runs' store (tests may choose and retry in it)."""
     return copy_runs(widget_runs_template, tmp_path)
+
+
+# -- the browser tests' shared fixtures (each module defines its own ``server``) --------------
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Headless Debian Chromium, one per browser test module."""
+    from jupyter_browser import chromium
+
+    with chromium() as b:
+        yield b
+
+
+@pytest.fixture
+def page(request: pytest.FixtureRequest, browser: Any, server: Any) -> Iterator[Any]:
+    """A fresh page on the module's ``server`` (``VIEWPORT = (width, height)`` in the module sizes it);
+    no LaunchHelm or Vega error may reach it."""
+    from jupyter_browser import watched_page
+
+    width, height = getattr(request.module, "VIEWPORT", (1280, 1600))
+    with watched_page(browser, server, width, height) as tab:
+        yield tab

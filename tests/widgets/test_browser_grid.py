@@ -17,11 +17,9 @@ import pytest
 from jupyter_browser import (
     JupyterServer,
     browser_marks,
-    chromium,
     open_notebook,
     run_all,
     serving,
-    watched_page,
     write_notebook,
 )
 
@@ -62,12 +60,6 @@ def grid_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
     with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-
-
-@pytest.fixture
-def page(server: JupyterServer) -> Iterator[Any]:
-    with chromium() as browser, watched_page(browser, server) as tab:
-        yield tab
 
 
 def _visible_keys(page: Any) -> list[str]:

@@ -18,16 +18,15 @@ import pytest
 from jupyter_browser import (
     JupyterServer,
     browser_marks,
-    chromium,
     open_notebook,
     run_all,
     serving,
-    watched_page,
     write_notebook,
 )
 from lhtest import spawn
 
 pytestmark = browser_marks()
+VIEWPORT = (1280, 1400)  # the page fixture's size (tests/widgets/conftest.py)
 
 WAIT_MS = 60_000
 #: "Within a few seconds": the process flushes every 0.3 s, the tab polls every second.
@@ -54,18 +53,6 @@ run.finish()
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
     with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    with watched_page(browser, server, 1280, 1400) as tab:
-        yield tab
 
 
 @pytest.mark.parametrize("app", ["lab", "notebook"])

@@ -19,11 +19,9 @@ import pytest
 from jupyter_browser import (
     JupyterServer,
     browser_marks,
-    chromium,
     open_notebook,
     run_all,
     serving,
-    watched_page,
     write_notebook,
 )
 from lhtest import ROOT
@@ -85,18 +83,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, store: str) -> Iterator[Jup
             shutil.copy(item, root / item.name)
     with serving(root, tmp_path_factory.mktemp("jupyter-home"), env={"LAUNCHHELM_STORE": store}) as jupyter:
         yield jupyter
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    with watched_page(browser, server) as tab:
-        yield tab
 
 
 def run_notebook(page: Any, server: JupyterServer, name: str, app: str = "lab") -> None:

@@ -17,17 +17,16 @@ import pytest
 from jupyter_browser import (
     JupyterServer,
     browser_marks,
-    chromium,
     execute,
     open_notebook,
     run_all,
     serving,
-    watched_page,
     write_notebook,
 )
 from rewound_runs import BACK_TO, REACHED, rewound_run
 
 pytestmark = browser_marks()
+VIEWPORT = (1400, 1800)  # the page fixture's size (tests/widgets/conftest.py)
 
 WAIT_MS = 60_000
 ROWS = ".lh-runs-table tr.lh-run"
@@ -53,18 +52,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
     with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    with watched_page(browser, server, 1400, 1800) as tab:
-        yield tab
 
 
 def _names(page: Any) -> list[str]:

@@ -21,12 +21,10 @@ import pytest
 from jupyter_browser import (
     JupyterServer,
     browser_marks,
-    chromium,
     execute,
     open_notebook,
     run_all,
     serving,
-    watched_page,
     write_notebook,
 )
 from widget_runs import FAILED_STEP, FAILURE, RESUMED_CRASH_AT, RESUMED_END, RESUMED_FROM, WidgetRuns, copy_runs
@@ -49,18 +47,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
     root = tmp_path_factory.mktemp("notebooks")
     with serving(root, tmp_path_factory.mktemp("jupyter-home")) as jupyter:
         yield jupyter
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
-
-
-@pytest.fixture
-def page(browser: Any, server: JupyterServer) -> Iterator[Any]:
-    with watched_page(browser, server) as tab:
-        yield tab
 
 
 def _show(page: Any, server: JupyterServer, name: str, cells: list[str], app: str = "lab") -> None:
