@@ -17,6 +17,7 @@ from typing import Any
 import traitlets
 
 from launchhelm._api import RunHandle
+from launchhelm._console import last_lines
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm.widgets._base import RunWidget, format_time, time_labels
@@ -146,16 +147,6 @@ LOG_LINES = 5000
 STATIC_LOG_LINES = 200
 
 
-def _last_lines(text: str, n: int) -> str:
-    end = len(text) - 1 if text.endswith("\n") else len(text)
-    start = end
-    for _ in range(n):
-        start = text.rfind("\n", 0, start)
-        if start < 0:
-            return text
-    return text[start + 1 :]
-
-
 class RunLogs(RunWidget):
     """A run's Logs tab: what its process printed to stdout and stderr, followed live.
 
@@ -203,7 +194,7 @@ class RunLogs(RunWidget):
             new = self._follower.poll()
             status = self._handle.status
             if new:
-                self._text = _last_lines(self._text + new, LOG_LINES)
+                self._text = last_lines(self._text + new, LOG_LINES)
                 self.send_when_ready({"type": "append", "text": new})
             state = {"status": status, "empty": not self._text, "max_lines": LOG_LINES}
             if state != self.state:
@@ -213,7 +204,7 @@ class RunLogs(RunWidget):
         return [{"type": "reset", "text": self._text}]
 
     def static_mimebundle(self) -> dict[str, Any]:
-        shown = _last_lines(self._text, STATIC_LOG_LINES)
+        shown = last_lines(self._text, STATIC_LOG_LINES)
         return {
             "text/html": "<pre class='lh-log' style='font-family:monospace;font-size:12px;max-height:320px;"
             f"overflow:auto'>{html.escape(shown)}</pre>"
