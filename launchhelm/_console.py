@@ -329,17 +329,36 @@ class _Echo:
         self._capture = capture
         self._owner = capture._owner
         self._pending = capture._pending
+        # twice per print() in a notebook: a closure over locals (no attribute lookups, no bound
+        # method made per call), set on the instance so ``echo.write`` finds it first
+        self.write = self._writer()
 
-    def write(self, text: Any) -> Any:
-        # twice per print() in a notebook: kept to a check and an append
-        capture, pending = self._capture, self._pending
-        if self._owner.last is not capture:
-            self._owner.switch_to(capture)
-        pending.append(text)
-        if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:
-            capture.drain()
-        previous = self._previous
-        return previous.write(text) if previous is not None else len(text)
+    def _writer(self) -> Callable[[Any], Any]:
+        owner, me, pending, previous = self._owner, self._capture, self._pending, self._previous
+        append, batch, big = pending.append, _BATCH_WRITES, _BIG_WRITE
+        if previous is None:
+
+            def write(text: Any) -> Any:
+                if owner.last is not me:
+                    owner.switch_to(me)
+                append(text)
+                n = len(text)
+                if n > big or len(pending) >= batch:
+                    me.drain()
+                return n
+
+            return write
+        hand_on = previous.write
+
+        def write_on(text: Any) -> Any:
+            if owner.last is not me:
+                owner.switch_to(me)
+            append(text)
+            if len(text) > big or len(pending) >= batch:
+                me.drain()
+            return hand_on(text)
+
+        return write_on
 
     def flush(self) -> None:
         if self._previous is not None:
@@ -513,7 +532,10 @@ class _StreamCapture:
             if not items:
                 return
             try:
-                text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in items)
+                try:
+                    text = "".join(items)  # type: ignore[arg-type]  # all str: the usual case
+                except TypeError:
+                    text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in items)
                 data = text.encode("utf-8", "replace")
             except Exception:  # never let the copy break the program's output
                 return
