@@ -307,6 +307,28 @@ class ConsoleBuffer:
 # -- capture -----------------------------------------------------------------------
 
 
+#: Writes to a pipe up to this size are atomic: no other writer's bytes land inside, and a kill
+#: never leaves half of one (POSIX PIPE_BUF; 4096 on Linux).
+_ATOMIC_WRITE = 4096
+
+
+def _forward(out: int, data: bytes) -> None:
+    """Pass ``data`` on to ``out`` in writes of at most :data:`_ATOMIC_WRITE` bytes that end at a
+    newline where one is within reach: lines reach the terminal whole, even beside other writers
+    to the same pipe (DDP ranks) and when the process is killed between two writes."""
+    view, start, size = memoryview(data), 0, len(data)
+    while start < size:
+        end = min(start + _ATOMIC_WRITE, size)
+        if end < size:
+            newline = data.rfind(b"\n", start, end)
+            if newline >= start:
+                end = newline + 1
+        chunk = view[start:end]
+        while chunk:
+            chunk = chunk[os.write(out, chunk) :]
+        start = end
+
+
 class _TeeStream:
     """A forwarding stand-in for a stream whose ``write`` cannot be wrapped in place."""
 
@@ -467,9 +489,7 @@ class _StreamCapture:
                     break
                 if forward:
                     try:
-                        view = memoryview(data)
-                        while view:
-                            view = view[os.write(out, view) :]
+                        _forward(out, data)
                     except OSError:
                         forward = False  # the terminal went away (a closed pipe): keep recording
                 if self._recording:

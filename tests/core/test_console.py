@@ -558,3 +558,20 @@ def test_in_a_jupyter_kernel_cells_still_show_their_output_and_the_run_keeps_it(
     assert text.startswith("modes [('stderr', 'kernel'), ('stdout', 'kernel')]\nfrom a cell\na warning\n")
     assert "from a child process\n" in text
     assert text.endswith("just before finish\n")  # written in the cell that ended the run
+
+
+def test_what_reaches_the_terminal_goes_in_whole_lines_of_atomic_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pipe write of up to PIPE_BUF bytes is atomic: no other rank's bytes inside, no half of it left by
+    a SIGKILL. The reader forwards in such writes, each ending at a newline, so lines reach the terminal whole."""
+    from launchhelm import _console
+
+    data = b"".join(f"saving {i}\n".encode() for i in range(5000)) + b"x" * 9000 + b"\nlast, no newline"
+    writes: list[bytes] = []
+    monkeypatch.setattr(_console.os, "write", lambda fd, chunk: writes.append(bytes(chunk)) or len(chunk))
+    _console._forward(99, data)
+    assert b"".join(writes) == data
+    assert all(len(w) <= _console._ATOMIC_WRITE for w in writes)
+    # every write ends a line, except where one line alone is longer than a write, and the very end
+    ends = [w.endswith(b"\n") for w in writes]
+    assert all(ends[: len(writes) - 5])
+    assert sum(not e for e in ends) <= 4
