@@ -16,7 +16,13 @@ Capture (one per process, shared by every live session that asked for it):
   stream (replaced by something, with no fd 1 behind it) has its ``write``
   wrapped on the instance, the same object staying ``sys.stdout``; a stream
   that takes no attributes, or one under IPython that is no OutStream, is
-  replaced by a forwarding proxy.
+  replaced by a forwarding proxy. Every Python-level copy is one append to
+  a shared queue (a kernel's stdout echo is ``list.append`` itself, C code),
+  which keeps the two streams' order; a drainer thread hands it to the
+  buffers every few milliseconds while output flows. In a kernel the queue
+  holds at most what ``OutStream``'s own buffer holds between its flushes
+  (milliseconds of output); a wrapped ``write`` also drains it itself past
+  :data:`_QUEUE_ITEMS` writes.
 
 Both are undone exactly by :func:`detach` (the last session detaching): the
 same fd 1 and 2 (``os.dup2`` from the saved copies), the same ``sys.stdout``
@@ -43,7 +49,6 @@ import os
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -75,9 +80,11 @@ _SMALL_READ = 16384
 _BATCH_WAIT = 0.002
 #: Bytes of one stream gathered by a buffer before they are split into lines.
 _SPLIT_BYTES = 65536
-#: The Python-level tee hands its writes on every this many writes, or at once for one this long.
-_BATCH_WRITES = 1024
-_BIG_WRITE = 4096
+#: Python-level capture: how often the drainer hands queued writes on while output flows, and at most when idle.
+_QUEUE_DRAIN = 0.002
+_QUEUE_IDLE = 0.025
+#: A Python-level writer drains the queue itself past this many writes (a wrapped ``write``; an echo can't).
+_QUEUE_ITEMS = 8192
 #: Pipe capacity asked for (Linux): a burst this big goes in without the writer waiting for the reader.
 _PIPE_BYTES = 2**20
 
@@ -344,40 +351,35 @@ class _TeeStream:
 
 
 class _Echo:
-    """What an ipykernel ``OutStream`` echoes every write to: a copy for the log, then any echo it had."""
+    """What an ipykernel ``OutStream`` echoes every write to: a copy for the log, then any echo it had.
 
-    def __init__(self, previous: Any, capture: _StreamCapture) -> None:
+    Twice per ``print()`` in a notebook, so the copy is as cheap as Python
+    allows: stdout's ``write`` is the shared write queue's own
+    ``list.append`` (C code: no Python frame, no lock), stderr's appends a
+    one-item tuple to the same queue, so the queue keeps the exact order of
+    the two streams and :meth:`_WriteQueue.drain` tells them apart.
+    ``OutStream`` ignores what its echo's ``write`` returns.
+    """
+
+    def __init__(self, previous: Any, capture: _StreamCapture, queue: _WriteQueue) -> None:
         self._previous = previous
-        self._capture = capture
-        self._owner = capture._owner
-        self._pending = capture._pending
-        # twice per print() in a notebook: a closure over locals (no attribute lookups, no bound
-        # method made per call), set on the instance so ``echo.write`` finds it first
-        self.write = self._writer()
+        # set on the instance so ``echo.write`` finds it first (no bound method made per call)
+        self.write = self._writer(queue.items.append, capture.name == "stdout")
 
-    def _writer(self) -> Callable[[Any], Any]:
-        owner, me, pending, previous = self._owner, self._capture, self._pending, self._previous
-        append, batch, big = pending.append, _BATCH_WRITES, _BIG_WRITE
+    def _writer(self, append: Callable[[Any], None], plain: bool) -> Callable[[Any], Any]:
+        previous = self._previous
         if previous is None:
+            if plain:
+                return append  # the C-level append itself
 
-            def write(text: Any) -> Any:
-                if owner.last is not me:
-                    owner.switch_to(me)
-                append(text)
-                n = len(text)
-                if n > big or len(pending) >= batch:
-                    me.drain()
-                return n
+            def write_err(text: Any) -> None:
+                append((text,))
 
-            return write
+            return write_err
         hand_on = previous.write
 
         def write_on(text: Any) -> Any:
-            if owner.last is not me:
-                owner.switch_to(me)
-            append(text)
-            if len(text) > big or len(pending) >= batch:
-                me.drain()
+            append(text if plain else (text,))
             return hand_on(text)
 
         return write_on
@@ -385,6 +387,92 @@ class _Echo:
     def flush(self) -> None:
         if self._previous is not None:
             self._previous.flush()
+
+
+class _WriteQueue:
+    """The Python-level captures' writes (both streams, in order) until a drain hands them on.
+
+    Every Python-level capture (a kernel's ``OutStream`` echo, a wrapped
+    ``write``, a proxy) appends here: stdout's writes as they are, stderr's as
+    one-item tuples, so one queue keeps the exact order of the two streams.
+
+    Appends come from any thread without a lock (``list.append`` is atomic).
+    A drainer thread empties the queue every :data:`_QUEUE_DRAIN` seconds
+    while output flows (backing off to :data:`_QUEUE_IDLE` when there is
+    none), so a printing loop pays only the append, and what waits in memory
+    is at most a few milliseconds of output; the session's flush drains it
+    too, before each take.
+    """
+
+    def __init__(self, owner: _Capture) -> None:
+        self.items: list[Any] = []
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="launchhelm-console-queue", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        wait = _QUEUE_DRAIN
+        while not self._stop.wait(wait):
+            wait = _QUEUE_DRAIN if self.drain() else min(_QUEUE_IDLE, wait * 2)
+
+    def drain(self) -> bool:
+        """Hand everything queued so far to the buffers, each run of one stream as one feed.
+
+        No Python-level loop over the writes in the usual case: the queue is
+        a list (``list.append`` is atomic), taken with a slice and a ``del``
+        of that many items (appends in between stay), and joined at once
+        unless stderr wrote too.
+        """
+        with self._lock:
+            items = self.items
+            n = len(items)
+            if not n:
+                return False
+            batch = items[:n]
+            del items[:n]
+            try:
+                text = "".join(batch)  # stdout alone: the usual case
+            except TypeError:  # stderr's tuples among them (or something that is no str)
+                self._feed_mixed(batch)
+            else:
+                self._feed_text(text, "stdout")
+            return True
+
+    def _feed_mixed(self, batch: list[Any]) -> None:
+        run: list[Any] = []
+        stream = "stdout"
+        for item in batch:
+            name = "stderr" if type(item) is tuple else "stdout"
+            if name != stream:
+                if run:
+                    self._feed(run, stream)
+                    run = []
+                stream = name
+            run.append(item[0] if name == "stderr" else item)
+        if run:
+            self._feed(run, stream)
+
+    def _feed(self, batch: list[Any], stream: str) -> None:
+        try:
+            text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in batch)
+        except Exception:  # never let the copy break the program's output
+            return
+        self._feed_text(text, stream)
+
+    def _feed_text(self, text: str, stream: str) -> None:
+        try:
+            data = text.encode("utf-8", "replace")
+        except Exception:
+            return
+        for sink in self._owner.sinks:
+            sink.feed(data, stream)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(1.0)
+        self.drain()
 
 
 def _is_outstream(stream: Any) -> bool:
@@ -400,9 +488,6 @@ class _StreamCapture:
         self.fd = fd
         self._owner = owner
         self.mode = "off"
-        # Python level: writes waiting to be handed to the buffers (deque: appends need no lock)
-        self._pending: deque[str | bytes] = deque()
-        self._drain_lock = threading.Lock()
         self._saved_fd: int | None = None
         self._reader: threading.Thread | None = None
         self._recording = True
@@ -504,23 +589,25 @@ class _StreamCapture:
             os.close(out)
 
     def _start_python(self, stream: Any) -> None:
-        original, pending, owner, me = stream.write, self._pending, self._owner, self
+        original = stream.write
+        queue = self._owner.write_queue()
+        items, drain, most, plain = queue.items, queue.drain, _QUEUE_ITEMS, self.name == "stdout"
 
-        def write(text: Any, _append: Callable[[Any], None] = pending.append) -> Any:
+        def write(text: Any) -> Any:
+            # twice per print(): the write, one append to the shared queue (its drainer hands it on),
+            # and a length check (a loop whose writes release the GIL for a moment, as a file's do,
+            # can keep the drainer from it: then the writer drains)
             written = original(text)
-            # twice per print(): kept to a check and an append, handed on a batch at a time
-            if owner.last is not me:
-                owner.switch_to(me)
-            _append(text)
-            if len(pending) >= _BATCH_WRITES or len(text) > _BIG_WRITE:
-                me.drain()
+            items.append(text if plain else (text,))
+            if len(items) > most:
+                drain()
             return written
 
         if _is_outstream(stream):
             # ipykernel's stream copies every write, its own and the fd-level output it forwards (C
             # code, child processes), to its ``echo``: be that echo (passing on to any it had)
             self._had_echo = stream.echo
-            self._echo = _Echo(stream.echo, self)
+            self._echo = _Echo(stream.echo, self, self._owner.write_queue())
             stream.echo = self._echo
             self.mode = "kernel"
             return
@@ -539,35 +626,10 @@ class _StreamCapture:
         setattr(sys, self.name, self._proxy)
         self.mode = "proxy"
 
-    def drain(self) -> None:
-        """Hand the Python-level writes gathered so far to the buffers (a batch at a time)."""
-        with self._drain_lock:
-            items: list[str | bytes] = []
-            pop = self._pending.popleft
-            try:
-                while True:
-                    items.append(pop())
-            except IndexError:
-                pass
-            if not items:
-                return
-            try:
-                try:
-                    text = "".join(items)  # type: ignore[arg-type]  # all str: the usual case
-                except TypeError:
-                    text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in items)
-                data = text.encode("utf-8", "replace")
-            except Exception:  # never let the copy break the program's output
-                return
-            for sink in self._owner.sinks:
-                sink.feed(data, self.name)
-
     # -- stop ----------------------------------------------------------------------
     def stop(self, drain_timeout: float = 2.0) -> None:
         """Put everything back as it was; what was written before this is recorded."""
         mode, self.mode = self.mode, "off"
-        if mode in ("python", "proxy", "kernel"):
-            self.drain()
         if mode == "fd":
             self._stop_fd(drain_timeout)
         elif mode == "python":
@@ -638,17 +700,18 @@ class _Capture:
         self.sinks: tuple[ConsoleBuffer, ...] = ()
         self.streams: list[_StreamCapture] = []
         self.lock = threading.Lock()
-        self.last: _StreamCapture | None = None  # the Python-level stream written last
+        self._queue: _WriteQueue | None = None  # the Python-level writes, when a stream is captured so
 
-    def switch_to(self, stream: _StreamCapture) -> None:
-        previous, self.last = self.last, stream
-        if previous is not None:
-            previous.drain()
+    def write_queue(self) -> _WriteQueue:
+        """The queue every Python-level capture writes into (started with the first)."""
+        if self._queue is None:
+            self._queue = _WriteQueue(self)
+        return self._queue
 
     def drain(self) -> None:
         """Hand every Python-level write so far to the buffers (before a flush takes them)."""
-        for stream in self.streams:
-            stream.drain()
+        if self._queue is not None:
+            self._queue.drain()
 
     def attach(self, sink: ConsoleBuffer) -> None:
         with self.lock:
@@ -679,9 +742,11 @@ class _Capture:
                             stream.stop()
                         except Exception as exc:  # the other stream must still be put back
                             print(f"launchhelm: could not restore sys.{stream.name}: {exc}", file=sys.__stderr__)
+                    if self._queue is not None:
+                        self._queue.stop()  # the last of it reaches the sink
                 finally:
+                    self._queue = None
                     self.sinks = ()
-                    self.last = None
             else:
                 self.drain()  # what was written so far reaches this sink too
                 self.sinks = tuple(s for s in self.sinks if s is not sink)

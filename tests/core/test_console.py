@@ -575,3 +575,83 @@ def test_what_reaches_the_terminal_goes_in_whole_lines_of_atomic_writes(monkeypa
     ends = [w.endswith(b"\n") for w in writes]
     assert all(ends[: len(writes) - 5])
     assert sum(not e for e in ends) <= 4
+
+
+def test_in_a_kernel_the_echo_is_a_c_level_append_and_both_streams_keep_their_order(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ipykernel's real ``OutStream`` on a real IOPub thread, in this process: the copy stdout's echo makes
+    is ``list.append`` itself (no Python frame per write, so a print loop runs at the kernel's speed), and
+    stdout and stderr interleaved line by line reach the log in exactly the order they were written."""
+    zmq = pytest.importorskip("zmq")
+    session_module = pytest.importorskip("jupyter_client.session")
+    iostream = pytest.importorskip("ipykernel.iostream")
+    socket = zmq.Context.instance().socket(zmq.PUB)
+    socket.bind_to_random_port("tcp://127.0.0.1")
+    iopub = iostream.IOPubThread(socket)
+    iopub.start()
+    session = session_module.Session()
+    out = iostream.OutStream(session, iopub, "stdout", watchfd=False)
+    err = iostream.OutStream(session, iopub, "stderr", watchfd=False)
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", err)
+    store = open_store(f"memory://console-{os.urandom(3).hex()}")
+    try:
+        run = lh.init("console", store=store, system_metrics=False)
+        assert capture_modes() == {"stdout": "kernel", "stderr": "kernel"}
+        assert type(out.echo.write).__name__ == "builtin_function_or_method"  # the C-level append
+        expected = []
+        for i in range(3000):
+            print(f"out {i}")
+            expected.append(f"out {i}\n")
+            if i % 7 == 0:
+                print(f"err {i}", file=sys.stderr)
+                expected.append(f"err {i}\n")
+        run.finish()
+        assert (out.echo, err.echo) == (None, None)  # put back as they were
+        assert capture_modes() == {}
+        assert lh.Api(store).run(run.id).console() == "".join(expected)
+    finally:
+        monkeypatch.undo()
+        iopub.stop()
+        iopub.close()
+        socket.close()
+
+
+def test_a_python_level_flood_whose_writes_release_the_gil_keeps_the_queue_bounded(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A Python stream on a file (each buffer-full write releases the GIL for a moment, which can keep the
+    drainer thread from running): the writer drains the queue itself, so it never holds more than a batch."""
+
+    class Stream:  # a Python-level stream with no fd 1 behind it
+        def __init__(self, path: Path) -> None:
+            self._file = open(path, "w")  # noqa: SIM115  # closed below
+
+        def write(self, text: str) -> int:
+            return self._file.write(text)
+
+        def flush(self) -> None:
+            self._file.flush()
+
+    stream = Stream(tmp_path / "out.txt")
+    monkeypatch.setattr(sys, "stdout", stream)
+    store = open_store(f"memory://console-{os.urandom(3).hex()}")
+    run = lh.init("console", store=store, system_metrics=False)
+    try:
+        assert capture_modes()["stdout"] == "python"
+        queue = _console._capture.write_queue()
+        longest = 0
+        for i in range(100_000):
+            print(f"line {i:07d}")
+            longest = max(longest, len(queue.items))
+        assert longest <= _console._QUEUE_ITEMS + 1
+    finally:
+        run.finish()
+        monkeypatch.undo()
+        stream._file.close()
+    assert (tmp_path / "out.txt").read_text().count("\n") == 100_000  # the stream still got every line
+    text = lh.Api(store).run(run.id).console()
+    kept = text.count("line ")
+    dropped = sum(int(n.replace(",", "")) for n in re.findall(r"\[launchhelm: ([\d,]+) lines? \(", text))
+    assert kept + dropped == 100_000
