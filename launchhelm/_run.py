@@ -10,6 +10,7 @@ exit write what is buffered.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
 import math
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -241,6 +242,8 @@ class Run:
         self._latest_lock = threading.Lock()
         self._summary_lock = threading.Lock()  # puts in order: a newer summary is never overwritten by an older
         self._beats = 0
+        self._summary_deferred = 0  # inside _one_summary(): events owe one summary at its end
+        self._summary_owed = False
         events.on_append = self._after_event
         self._step = global_step
         self._reached = global_step
@@ -553,8 +556,24 @@ class Run:
             )
             self._store.put(summary_key(self.id), body)
 
+    @contextlib.contextmanager
+    def _one_summary(self) -> Iterator[None]:
+        """Events appended inside share one summary put at the end (a load's rewind and restore:
+        one request and one fsync fewer on the path that blocks the training loop)."""
+        self._summary_deferred += 1
+        try:
+            yield
+        finally:
+            self._summary_deferred -= 1
+            if not self._summary_deferred and self._summary_owed:
+                self._summary_owed = False
+                self._after_event({})
+
     def _after_event(self, event: dict[str, Any]) -> None:
         """Each event this session appends is followed by a summary that reflects it."""
+        if self._summary_deferred:
+            self._summary_owed = True
+            return
         try:
             self._put_summary()
         except Exception as exc:  # the event is in: a summary behind the log is only slower to read

@@ -19,7 +19,11 @@ checksum) and ``load_state_dict`` then copies it again. Instead:
    tensors through a reused pinned buffer), in chunks on two threads, each
    chunk's CRC computed as it lands. The chunks' and step 2's CRCs are
    combined in file order into the whole file's CRC64NVME, compared with the
-   record: one pass over the bytes, at the disk's speed.
+   record: one pass over the bytes, at the disk's speed. A file that is not
+   in the page cache (``RWF_NOWAIT`` probes, :func:`_cached`) is read as one
+   stream of big requests instead, each piece's CRC taken on the other
+   thread while the next is read (:func:`_stream`): what the disk's
+   read-ahead wants.
 
 Unmatched tensors (different shape, dtype or layout, tied weights, a fresh
 optimizer without state yet) fall back to today's path for that tensor:
@@ -50,12 +54,18 @@ __all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "plan_in_place"]
 IN_PLACE_MIN_BYTES = 64 * 2**20
 
 #: Bytes per job: big enough for full disk speed, small enough to spread over two threads.
-_CHUNK = 16 * 2**20
+_CHUNK = 32 * 2**20
 #: Bytes per read inside a job: each piece is CRC'd right after it lands, while it is still in the
-#: core's 1 MiB L2 cache, so the checksum reads no memory of its own (a 16 MiB read then a 16 MiB
-#: CRC read every byte from memory twice: 1.4x an aligned raw read instead of 1.1x, warm).
-_PIECE = 512 * 2**10
+#: cache (two pieces in flight fit the 32 MiB L3 here), so the checksum reads no memory of its own (a
+#: 16 MiB read then a 16 MiB CRC read every byte from memory twice: 1.4x an aligned raw read, warm).
+#: Measured here, warm, read_matched alone against one readinto of the whole file: 512 KiB pieces
+#: in 16 MiB jobs 1.0x, 1 MiB 0.85x, 4 MiB in 32 MiB jobs 0.73x (fewer syscalls, the CRC from L3).
+_PIECE = 4 * 2**20
 _THREADS = 2
+#: A cold file (not in the page cache) is read in requests this big, CRC'd on the other thread.
+_STREAM_PIECE = 32 * 2**20
+#: How many chunks :func:`_cached` looks at.
+_PROBES = 8
 
 
 @dataclass
@@ -142,6 +152,7 @@ class InPlaceLoad:
         self._crcs: list[tuple[int, int, int]] = []  # (file offset, length, CRC64NVME) of every range read
         self.matched_bytes = sum(s.nbytes for s in self._storages if s.target is not None)
         self.where = str(path)  # how errors name the checkpoint
+        self.streamed = False  # step 3 read the file from disk as one stream (it was not in the page cache)
         self.expected: dict[str, str] = {}  # the recorded checksums
 
     # -- step 2 -------------------------------------------------------------
@@ -197,6 +208,11 @@ class InPlaceLoad:
         fd = os.open(self.path, os.O_RDONLY)
         staging = threading.local()
         try:
+            targets = [s.target for s in self._storages if s.target is not None]
+            if len(jobs) > 1 and all(t.device.type == "cpu" for t in targets) and not _cached(fd, jobs):
+                self.streamed = True
+                self._crcs += _stream(fd, [(s.offset, s.target) for s in self._storages if s.target is not None])
+                return self._whole_crc()
 
             def run(job: tuple[int, torch.Tensor, int, int]) -> tuple[int, int, int]:
                 offset, target, start, length = job
@@ -241,6 +257,52 @@ def _reader_threads() -> ThreadPoolExecutor:
         if _pool is None or _pool[0] != os.getpid():
             _pool = (os.getpid(), ThreadPoolExecutor(_THREADS, thread_name_prefix="launchhelm-load"))
         return _pool[1]
+
+
+def _cached(fd: int, jobs: list[tuple[int, torch.Tensor, int, int]]) -> bool:
+    """Whether the matched bytes look to be in the page cache: a page at the start of a few chunks,
+    spread over them, read with ``RWF_NOWAIT`` (which fails rather than wait for the disk).
+
+    Where the flag is missing (not Linux, an old kernel, a file system without it) the answer is
+    yes: the two-thread path is right for a warm file and costs at most ~1.4x on a cold one.
+    """
+    flag = getattr(os, "RWF_NOWAIT", None)
+    if flag is None:
+        return True
+    scratch = memoryview(bytearray(4096))
+    step = max(1, len(jobs) // _PROBES)
+    for offset, _, _, length in jobs[::step]:
+        want = min(len(scratch), length)
+        try:
+            if os.preadv(fd, [scratch[:want]], offset, flag) < want:
+                return False
+        except BlockingIOError:
+            return False
+        except OSError:  # EOPNOTSUPP and kin: no way to tell
+            return True
+    return True
+
+
+def _stream(fd: int, targets: list[tuple[int, torch.Tensor]]) -> list[tuple[int, int, int]]:
+    """Read tensors from a file that is not in the page cache: one thread reads in file order in big
+    requests (:data:`_STREAM_PIECE`, so the kernel reads ahead as it does for one long read), the
+    other computes each piece's CRC while the next one is read. Measured here, cold: 1.0x one
+    ``readinto`` of the whole file, against 1.4x for the two-thread piecewise path. Warm, that path
+    is the faster one (each piece CRC'd in cache), which is why this is chosen only when cold."""
+    pending = []
+    pool = _reader_threads()
+    for offset, target in sorted(targets, key=lambda pair: pair[0]):
+        view = _bytes_of(target.detach().view(-1).view(torch.uint8)).cast("B")
+        for start in range(0, len(view), _STREAM_PIECE):
+            piece = view[start : start + _STREAM_PIECE]
+            got = 0
+            while got < len(piece):
+                n = os.preadv(fd, [piece[got:]], offset + start + got)
+                if n <= 0:
+                    raise EOFError(f"the file ended {len(piece) - got} bytes early at offset {offset + start + got}")
+                got += n
+            pending.append((offset + start, len(piece), pool.submit(crc64nvme, piece)))
+    return [(offset, length, future.result()) for offset, length, future in pending]
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:

@@ -541,23 +541,24 @@ class TorchRun(Run):
         self._pending_error = None
         step = int(bundle["step"])
         rewind = None
-        if self._rank == 0:
-            rewind = self._record_rewind(step, target.get("checkpoint"), "load_checkpoint", self.reached)
-            if target.get("consume"):
-                self._consume_resume_choice(target["checkpoint"])
-        rewind = _dist.broadcast(rewind, self._world)
-        if rewind is not None:
-            self._attempt = rewind.attempt
-        self._step = step  # not a step boundary: requests wait for the next optimizer step
-        self._reached = max(self._reached, step)
-        tunables = bundle.get("tunables")
-        saved = bundle.get("control")
-        control: dict[str, Any] = saved if isinstance(saved, dict) else {}
-        self._restore_control(
-            dict(tunables) if isinstance(tunables, dict) else None,
-            control["seq"] if isinstance(control.get("seq"), int) else None,
-            bool(control.get("paused", False)),
-        )
+        with self._one_summary():  # the rewind and the restore: one summary after both
+            if self._rank == 0:
+                rewind = self._record_rewind(step, target.get("checkpoint"), "load_checkpoint", self.reached)
+                if target.get("consume"):
+                    self._consume_resume_choice(target["checkpoint"])
+            rewind = _dist.broadcast(rewind, self._world)
+            if rewind is not None:
+                self._attempt = rewind.attempt
+            self._step = step  # not a step boundary: requests wait for the next optimizer step
+            self._reached = max(self._reached, step)
+            tunables = bundle.get("tunables")
+            saved = bundle.get("control")
+            control: dict[str, Any] = saved if isinstance(saved, dict) else {}
+            self._restore_control(
+                dict(tunables) if isinstance(tunables, dict) else None,
+                control["seq"] if isinstance(control.get("seq"), int) else None,
+                bool(control.get("paused", False)),
+            )
         if rewind is not None:
             self._run_rewind_callbacks(rewind)
         return extra

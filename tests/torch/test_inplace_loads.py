@@ -7,6 +7,7 @@ loads, or a corrupted file trains on silently.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -245,3 +246,65 @@ def test_tensors_read_in_many_pieces_round_trip_and_a_flip_in_a_later_piece_is_c
     with pytest.raises(lh.CheckpointError, match=r"does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
     tr.finish()
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A cold file (dropped from the page cache, as after a reboot or on another node) is read in big
+    requests, each CRC'd on the other thread: the same bytes land, and a flipped byte is still caught."""
+    monkeypatch.setattr(_inplace, "_STREAM_PIECE", 512)  # 0.weight (2 KiB) is four pieces
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    saved = _state(model, optimizer)
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    path = _payload(store_url, tr, artifact)
+    _train(model, optimizer, 1)
+
+    monkeypatch.setattr(_inplace, "_cached", lambda fd, jobs: False)  # what the probe says of a cold file
+    streams: list[int] = []
+    stream = _inplace._stream
+    monkeypatch.setattr(_inplace, "_stream", lambda fd, targets: streams.append(len(targets)) or stream(fd, targets))
+
+    tr.load_checkpoint(artifact)
+    assert _same(saved, _state(model, optimizer))
+    assert tr._loaded_in_place > 0
+    assert streams and streams[0] >= 6  # every weight, bias and AdamW moment went through the stream
+
+    data = bytearray(path.read_bytes())
+    data[_tensor_offset(path, "0.weight") + 3 * 512 + 5] ^= 0x08  # in the fourth piece
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    with pytest.raises(lh.CheckpointError, match=r"does not match its crc64nvme"):
+        tr.load_checkpoint(artifact)
+    tr.finish()
+
+
+@pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"), reason="Linux only")
+def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one() -> None:
+    """On a real disk (the repository's, not a tmpfs): a file just written is cached; fsynced and
+    dropped with posix_fadvise(DONTNEED) it is not, until it is read again."""
+    folder = Path(__file__).resolve().parents[2] / ".pytest-probe"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"probe-{os.getpid()}.bin"
+    try:
+        path.write_bytes(os.urandom(4 * 2**20))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            jobs = [(offset, None, 0, 2**20) for offset in range(0, 4 * 2**20, 2**20)]
+            assert _inplace._cached(fd, jobs)  # type: ignore[arg-type]
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert not _inplace._cached(fd, jobs)  # type: ignore[arg-type]
+            os.pread(fd, 4 * 2**20, 0)
+            assert _inplace._cached(fd, jobs)  # type: ignore[arg-type]
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+        folder.rmdir()
