@@ -553,12 +553,10 @@ class RunHandle:
             raise InvalidArgumentError(
                 f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
             )
-        state = self._state()
-        live = self._last_liveness(state)
-        table = default_points(self._read_points())
+        state, live, points, step = self._poll_parts()
+        table = default_points(points)
         frame = history_frame(table, keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
-        step = max([self._points.max_step, live.step if live else 0, *self._older_session_steps(state)])
         summary = {
             "id": self.id,
             "name": self.name,
@@ -570,6 +568,16 @@ class RunHandle:
             "rewinds": len(state.rewinds),
         }
         return RunView(summary=summary, rewinds=self._rewinds_of(state), history=frame)
+
+    def _poll_parts(self) -> tuple[RunState, Any, Any, int]:
+        """What one :meth:`poll` reads, before any frame: the state, the last session's liveness (or
+        None), every point so far as an Arrow table (only new chunks read), and the furthest step.
+        The chart reads the same through this and turns the table into numpy arrays itself."""
+        state = self._state()
+        live = self._last_liveness(state)
+        table = self._read_points()
+        step = max([self._points.max_step, live.step if live else 0, *self._older_session_steps(state)])
+        return state, live, table, step
 
     def _older_session_steps(self, state: RunState) -> list[int]:
         """The furthest step of each session before the last: they are over, so read once."""

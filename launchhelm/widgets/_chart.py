@@ -651,11 +651,7 @@ class RunChart(LiveWidget):
         neither imports pandas nor pivots a million rows and back.
         """
         handle = self._handle
-        # RunHandle.poll() without its frame: the same reads, in the same order
-        state = handle._state()
-        live = handle._last_liveness(state)
-        table = handle._read_points()
-        step = max([handle._points.max_step, live.step if live else 0, *handle._older_session_steps(state)])
+        state, live, table, step = handle._poll_parts()  # RunHandle.poll()'s reads, without its frame
         summary = {"status": run_status(state, live), "step": step}
         points = points_from_table(table, state.rewinds, self._keys)
         return summary, handle._rewinds_of(state), points

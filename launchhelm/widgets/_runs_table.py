@@ -184,6 +184,12 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"<launchhelm.widgets.RunsTable {self.project}>"
 
+    def _display_(self) -> Any:
+        """How marimo shows it (it draws anywidgets, not ipywidgets' VBox): the table above the comparison."""
+        import marimo as mo
+
+        return mo.vstack([self.table, self.compare])
+
     def _on_selection(self, change: Any) -> None:
         try:
             self.compare.set_runs(list(change["new"]))

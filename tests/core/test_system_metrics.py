@@ -71,3 +71,20 @@ def test_each_rank_reports_under_its_own_prefix(monkeypatch: pytest.MonkeyPatch)
     assert sample and all(k.startswith("system/rank1/") for k in sample)
     monkeypatch.setenv("WORLD_SIZE", "1")
     assert all(k.startswith("system/") and "rank" not in k for k in SystemSampler().sample())
+
+
+def test_the_gpu_self_check_says_why_it_skips_without_a_gpu() -> None:
+    """benchmarks/gpu_system_metrics_check.py is for GPU machines; elsewhere it names what is missing and succeeds."""
+    import subprocess
+    import sys
+
+    from lhtest import ROOT, child_env
+
+    script = ROOT / "benchmarks" / "gpu_system_metrics_check.py"
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=child_env())
+    assert done.returncode == 0, done.stdout + done.stderr
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        assert "PASS" in done.stdout or "SKIP: nvidia-ml-py" in done.stdout, done.stdout
+    else:
+        assert done.stdout.startswith("SKIP: no CUDA device here"), done.stdout

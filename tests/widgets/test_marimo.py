@@ -217,6 +217,29 @@ def test_in_marimo_a_run_handle_as_a_cells_last_expression_shows_its_panel(show:
     assert "closed: finish() closed it" in page.inner_text(".lh-details")
 
 
+def test_in_marimo_the_runs_table_ticks_two_runs_into_a_comparison(show: Any, tmp_path: Path) -> None:
+    """RunsTable is an ipywidgets box, which marimo does not draw: it shows the table and the comparison
+    itself (``_display_``), and a tick in the browser reaches the kernel and draws both runs."""
+    pytest.importorskip("torch")
+    from rewound_runs import rewound_run
+
+    store = str(tmp_path / "store")
+    alpha = rewound_run(store, "cmp", "alpha", 0.1)
+    beta = rewound_run(store, "cmp", "beta", 0.01)
+    page = show([f"from launchhelm.widgets import RunsTable\nRunsTable('cmp', store={store!r})"])
+    rows = ".lh-runs-table tr.lh-run"
+    page.wait_for_selector(rows, timeout=WAIT_MS)
+    _wait(lambda: page.locator(f"{rows} td.lh-name b").all_text_contents() == ["beta", "alpha"], "both rows")
+    for run_id in (alpha, beta):
+        page.locator(f"{rows}[data-run='{run_id}'] input.lh-select").check()
+    page.wait_for_selector(".lh-compare[data-points]", timeout=WAIT_MS)
+    lines = page.locator(".lh-compare g.mark-line.role-mark.line_0_marks path")
+    _wait(lambda: lines.count() == 2, "a line per ticked run")
+    assert page.locator(".lh-compare").get_attribute("data-rewinds") == "2"
+    page.screenshot(path=str(tmp_path / "marimo-runs-table.png"), full_page=True)
+    print(f"screenshot: {tmp_path / 'marimo-runs-table.png'}")
+
+
 @pytest.fixture
 def show_file(browser: Any, tmp_path: Path) -> Iterator[Any]:
     """Serve a marimo notebook file with ``marimo run`` and open it; yields the opener."""
