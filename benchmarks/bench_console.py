@@ -10,6 +10,8 @@ the lines and at the end.
 Where the output goes (each with capture off and on, interleaved, ``--repeats`` times,
 the best (least disturbed) kept):
 
+* ``terminal``: stdout a pseudo-terminal read by this script, as a terminal emulator reads
+  it (a script run by hand): line-buffered, as Python does for a terminal;
 * ``file``: stdout redirected to a file (a batch job's log), block-buffered as Python
   does for files;
 * ``file-unbuffered``: the same with ``PYTHONUNBUFFERED=1`` (common in containers and
@@ -95,7 +97,33 @@ report = {"wall": wall, "cpu": cpu, "rss_half": rss_half, "rss_end": rss_end, "r
 os.write(2, ("BENCH " + json.dumps(report) + "\n").encode())
 """
 
-DESTINATIONS = ("file", "file-unbuffered", "pipe", "devnull-unbuffered", "python-tee", "notebook")
+DESTINATIONS = ("terminal", "file", "file-unbuffered", "pipe", "devnull-unbuffered", "python-tee", "notebook")
+
+
+def _run_on_a_terminal(command: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """Run ``command`` with stdout on a pseudo-terminal whose other end this process reads (and discards),
+    as a terminal emulator does; stderr is a pipe (the BENCH line)."""
+    import pty
+    import threading
+
+    master, slave = pty.openpty()
+
+    def drain() -> None:
+        try:
+            while os.read(master, 65536):
+                pass
+        except OSError:  # the child's end closed
+            pass
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        done = subprocess.run(command, stdout=slave, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=600)
+    finally:
+        os.close(slave)
+        reader.join(10)
+        os.close(master)
+    return done
 
 
 def measure(destination: str, capture: bool, lines: int, work: Path) -> dict[str, float | str]:
@@ -112,7 +140,9 @@ def measure(destination: str, capture: bool, lines: int, work: Path) -> dict[str
         python_tee = "outstream"
     command.append(python_tee)
     out_path = os.devnull if destination == "devnull-unbuffered" else str(work / "out.txt")
-    if destination == "pipe":
+    if destination == "terminal":
+        done = _run_on_a_terminal(command, env)
+    elif destination == "pipe":
         reader = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
         done = subprocess.run(command, stdout=reader.stdin, stderr=subprocess.PIPE, env=env, cwd=ROOT, timeout=600)
         assert reader.stdin is not None
