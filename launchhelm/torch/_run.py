@@ -15,6 +15,7 @@ it again rather than train on mixed state.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import pickle
@@ -517,7 +518,9 @@ class TorchRun(Run):
             self._pending_error = CheckpointError(error, run_id=self.id)
             raise self._pending_error
         assert target is not None
-        with tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
+        # a download's folder; a local store is read where it lies and needs none
+        scratch = contextlib.nullcontext("") if isinstance(self._store, LocalStore) else None
+        with scratch or tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
             shared = self._download_once_per_node(target, Path(tmp))
             try:
                 bundle, plan, problem = None, None, None
