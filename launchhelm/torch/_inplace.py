@@ -295,14 +295,19 @@ def _stream(fd: int, targets: list[tuple[int, torch.Tensor]]) -> list[tuple[int,
         view = _bytes_of(target.detach().view(-1).view(torch.uint8)).cast("B")
         for start in range(0, len(view), _STREAM_PIECE):
             piece = view[start : start + _STREAM_PIECE]
-            got = 0
-            while got < len(piece):
-                n = os.preadv(fd, [piece[got:]], offset + start + got)
-                if n <= 0:
-                    raise EOFError(f"the file ended {len(piece) - got} bytes early at offset {offset + start + got}")
-                got += n
+            _fill(fd, piece, offset + start)
             pending.append((offset + start, len(piece), pool.submit(crc64nvme, piece)))
     return [(offset, length, future.result()) for offset, length, future in pending]
+
+
+def _fill(fd: int, view: memoryview, offset: int) -> None:
+    """Fill ``view`` from the file at ``offset`` with ``preadv`` (no copy), however many calls it takes."""
+    got = 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n <= 0:
+            raise EOFError(f"the file ended {len(view) - got} bytes early at offset {offset + got}")
+        got += n
 
 
 def _bytes_of(t: torch.Tensor) -> memoryview:
@@ -322,12 +327,7 @@ def _read_crc(fd: int, view: memoryview, offset: int) -> int:
     done = 0
     while done < len(view):
         piece = view[done : done + _PIECE]
-        got = 0
-        while got < len(piece):
-            n = os.preadv(fd, [piece[got:]], offset + done + got)
-            if n <= 0:
-                raise EOFError(f"the file ended {len(view) - done - got} bytes early at offset {offset + done + got}")
-            got += n
+        _fill(fd, piece, offset + done)
         crc = crc64nvme(piece, crc)
         done += len(piece)
     return crc

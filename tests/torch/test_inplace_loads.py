@@ -48,6 +48,24 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
+def _saved_then_trained_on(
+    tmp_path: Path,
+) -> tuple[str, lht.TorchRun, torch.nn.Module, torch.optim.Optimizer, list[torch.Tensor], str]:
+    """A run on a local store that saved a checkpoint after 2 steps and trained a third: (store, run,
+    model, optimizer, the state saved, the checkpoint's id)."""
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    saved = _state(model, optimizer)
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    _train(model, optimizer, 1)
+    assert not _same(saved, _state(model, optimizer))
+    return store_url, tr, model, optimizer, saved, artifact
+
+
 @pytest.fixture
 def in_place_always(monkeypatch: pytest.MonkeyPatch) -> None:
     """Read even small test checkpoints in place (large ones always are)."""
@@ -224,16 +242,7 @@ def test_tensors_read_in_many_pieces_round_trip_and_a_flip_in_a_later_piece_is_c
     """Each piece is CRC'd as it lands and the CRC runs on from piece to piece, chunk to chunk."""
     monkeypatch.setattr(_inplace, "_PIECE", 256)  # 0.weight (2 KiB) spans 8 pieces in 2 chunks
     monkeypatch.setattr(_inplace, "_CHUNK", 1024)
-    store_url = str(tmp_path / "store")
-    model, optimizer = _build()
-    tr = lht.init("inplace", store=store_url)
-    tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
-    saved = _state(model, optimizer)
-    artifact = tr.save_checkpoint()
-    assert artifact is not None
-    _train(model, optimizer, 1)
-    assert not _same(saved, _state(model, optimizer))
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     tr.load_checkpoint(artifact)
     assert _same(saved, _state(model, optimizer))
     assert tr._loaded_in_place > 0
@@ -255,16 +264,8 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
     """A cold file (dropped from the page cache, as after a reboot or on another node) is read in big
     requests, each CRC'd on the other thread: the same bytes land, and a flipped byte is still caught."""
     monkeypatch.setattr(_inplace, "_STREAM_PIECE", 512)  # 0.weight (2 KiB) is four pieces
-    store_url = str(tmp_path / "store")
-    model, optimizer = _build()
-    tr = lht.init("inplace", store=store_url)
-    tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
-    saved = _state(model, optimizer)
-    artifact = tr.save_checkpoint()
-    assert artifact is not None
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     path = _payload(store_url, tr, artifact)
-    _train(model, optimizer, 1)
 
     monkeypatch.setattr(_inplace, "_cached", lambda fd, jobs: False)  # what the probe says of a cold file
     streams: list[int] = []
