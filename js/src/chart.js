@@ -5,7 +5,8 @@
 // once there are more than 12 panels. Each view is embedded once per spec;
 // the kernel's rows then change its named datasets in place. The panels share
 // their step axis: zooming one zooms all, and the kernel is asked for denser
-// points in that range.
+// points in that range. The machine's samples (`system/`) are on wall time:
+// their panels zoom on their own.
 // Protocol (custom messages):
 //   front end -> kernel: {type: "ready"} once it listens (after each embed),
 //                        {type: "zoom", domain: [lo, hi] | null}
@@ -15,8 +16,8 @@
 import embed from "vega-embed";
 
 /** @typedef {import("vega-embed").Result["view"]} View */
-/** @typedef {{ key: string, step: number, value: number, attempt: number, abandoned: boolean }} Row */
-/** @typedef {{ keys: string[], k: number[], step: number[], value: number[], attempt: number[], abandoned: boolean[] }} Columns */
+/** @typedef {{ key: string, step: number, value: number, attempt: number, abandoned: boolean, time?: number }} Row */
+/** @typedef {{ keys: string[], k: number[], step: number[], value: number[], attempt: number[], abandoned: boolean[], time?: number[] }} Columns */
 /** @typedef {{ index: number, key: string, box: HTMLElement, target: HTMLElement, view: View | null }} Panel */
 /** @typedef {{ name: string, details: HTMLDetailsElement, count: HTMLElement, panels: Panel[] }} Section */
 import { h, hideStaticFallback } from "./dom.js";
@@ -33,11 +34,13 @@ const UNGROUPED = "metrics";
  * @returns {Row[]}
  */
 function expand(columns) {
-  const { keys, k, step, value, attempt, abandoned } = columns;
+  const { keys, k, step, value, attempt, abandoned, time } = columns;
   const rows = new Array(k.length);
   for (let i = 0; i < k.length; i++) {
     rows[i] = { key: keys[k[i]], step: step[i], value: value[i], attempt: attempt[i], abandoned: abandoned[i] };
   }
+  // the wall-time panels' x (ms since the epoch), sent when the machine's samples are drawn
+  if (time) for (let i = 0; i < k.length; i++) rows[i].time = time[i];
   return rows;
 }
 
@@ -96,6 +99,8 @@ function panelSpec(spec, panel, index) {
     height: panel.height,
     title: panel.title,
     params,
+    // a panel whose layers all read the points holds the data itself (the system/ panels)
+    ...(panel.data ? { data: panel.data } : {}),
     layer: panel.layer,
   };
 }
@@ -199,6 +204,8 @@ function render({ model, el }) {
   /** @param {View} source */
   const onZoom = (source) => (/** @type {string} */ _name, /** @type {any} */ value) => {
     if (syncing) return;
+    // a wall-time panel (system/) zooms on its own: neither the step panels nor the kernel follow it
+    if (!has(source, "signal", "zoom_step")) return;
     const domain = value && Array.isArray(value.step) ? value.step : null;
     // one step axis: the other panels follow
     syncing = true;

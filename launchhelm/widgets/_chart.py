@@ -27,6 +27,7 @@ from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm._sessions import run_status
 from launchhelm._types import Rewind
+from launchhelm.metrics._system import SYSTEM_PREFIX
 from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._static import STATIC_POINTS, chart_svg
@@ -60,6 +61,8 @@ Y_AXIS_MIN_EXTENT = 64
 #: Room around the panels (``autosize: pad`` grows the view to fit its axes inside it).
 CHART_PADDING = {"left": 12, "right": 12, "top": 6, "bottom": 6}
 REWIND_COLOR = "#d62728"
+#: The machine's samples (``system/``): another colour, so a wall-time panel is not read as a metric.
+SYSTEM_COLOR = "#6a51a3"
 
 
 @dataclass(frozen=True)
@@ -211,14 +214,14 @@ def _column(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
 def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: Sequence[str] | None = None) -> Points:
     """The run's points, as the store holds them (``step, attempt, time, key, value``), for a chart.
 
-    ``system/`` samples are left out (they live on a wall-time axis), as are
-    non-finite values; with ``keys``, only those. A key logged twice in one
-    attempt at one step keeps its last value, as ``history()`` does.
-    ``rewinds`` (the event log's) mark the abandoned points.
+    Non-finite values are left out; with ``keys``, only those keys. A key
+    logged twice in one attempt at one step keeps its last value, as
+    ``history()`` does. ``rewinds`` (the event log's) mark the abandoned
+    points. ``system/`` samples (the session's sampler) are kept, with their
+    own panels on a wall-time axis (:func:`build_spec`): a machine's load is
+    never an abandoned attempt, so they are never marked.
     """
     import numpy as np
-
-    from launchhelm.metrics._system import SYSTEM_PREFIX
 
     names: list[str] = []
     index: dict[str, int] = {}
@@ -242,15 +245,16 @@ def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: 
     attempt = _column(table, "attempt", np.int64)
     time = _column(table, "time", np.float64)
     value = _column(table, "value", np.float64)
-    wanted = (
-        [k for k in keys if k in index] if keys is not None else [n for n in names if not n.startswith(SYSTEM_PREFIX)]
-    )
+    wanted = [k for k in keys if k in index] if keys is not None else list(names)
     allowed = np.zeros(max(len(names), 1), dtype=bool)
     allowed[[index[k] for k in wanted]] = True
     keep = allowed[code] & np.isfinite(value)
+    system = np.array([n.startswith(SYSTEM_PREFIX) for n in names] or [False], dtype=bool)
     # last write wins per (key, step, attempt): only where a series' steps do not strictly increase
     # np.bincount, not np.unique: numpy's unique imports numpy.ma (70 ms of a chart's first open)
     for c in np.flatnonzero(np.bincount(code[keep], minlength=len(names))):
+        if system[c]:
+            continue  # samples by wall time: several at one step are all kept
         at = np.flatnonzero(keep & (code == c))
         if len(at) < 2 or (np.diff(step[at]) > 0).all():
             continue
@@ -262,6 +266,7 @@ def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: 
     abandoned = np.zeros(len(positions), dtype=bool)
     for rewind in rewinds:
         abandoned |= (attempt < int(rewind["attempt"])) & (step > int(rewind["to_step"]))
+    abandoned &= ~system[code[positions]]
     return Points(names, code[positions], step, attempt, time[positions], value[positions], abandoned)
 
 
@@ -349,10 +354,14 @@ def chart_rows(
     keep: list[np.ndarray] = []
     counts: dict[str, int] = {}
     for sid, positions in _series(points):
-        if len(positions) > 1 and not (np.diff(steps[positions]) >= 0).all():
+        on_time = sid.startswith(SYSTEM_PREFIX)  # a wall-time panel: ordered by time, not zoomed by step
+        if on_time:
+            if len(positions) > 1 and not (np.diff(points.time[positions]) >= 0).all():
+                positions = positions[np.argsort(points.time[positions], kind="stable")]
+        elif len(positions) > 1 and not (np.diff(steps[positions]) >= 0).all():
             positions = positions[np.lexsort((points.time[positions], points.attempt[positions], steps[positions]))]
         ys = points.value[positions]
-        if domain is None:
+        if domain is None or on_time:
             chosen = positions[minmax_indices(ys, budget)]
         else:
             low, high = domain
@@ -367,7 +376,7 @@ def chart_rows(
     chosen = np.concatenate(keep)
     rank = np.argsort(np.argsort(np.array(points.keys, dtype=object)))
     c = points.code[chosen]
-    order = np.lexsort((steps[chosen], points.attempt[chosen], points.abandoned[chosen], rank[c]))
+    order = np.lexsort((points.time[chosen], steps[chosen], points.attempt[chosen], points.abandoned[chosen], rank[c]))
     return points.take(chosen[order]), counts
 
 
@@ -380,7 +389,7 @@ def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
     used = list(dict.fromkeys(rows.code.tolist()))
     recode = np.zeros(max(len(rows.keys), 1), dtype=np.int64)
     recode[used] = np.arange(len(used))
-    return {
+    encoded: dict[str, Any] = {
         "keys": [rows.keys[c] for c in used],
         "k": recode[rows.code].tolist(),
         "step": rows.step.tolist(),
@@ -388,6 +397,10 @@ def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
         "attempt": rows.attempt.tolist(),
         "abandoned": rows.abandoned.tolist(),
     }
+    if any(rows.keys[c].startswith(SYSTEM_PREFIX) for c in used):
+        # wall-time panels' x: milliseconds since the epoch (Vega's time), sent only when one is drawn
+        encoded["time"] = (rows.time * 1000.0).tolist()
+    return encoded
 
 
 def encode_rewinds(rewinds: Sequence[Rewind]) -> list[dict[str, Any]]:
@@ -405,8 +418,10 @@ def encode_rewinds(rewinds: Sequence[Rewind]) -> list[dict[str, Any]]:
 
 
 def ordered_keys(keys: Sequence[str]) -> list[str]:
-    """Training metrics first (as logged), evaluation scores after them."""
-    return [k for k in keys if not k.startswith(EVAL_PREFIX)] + [k for k in keys if k.startswith(EVAL_PREFIX)]
+    """Training metrics first (as logged), evaluation scores after them, the machine's samples last."""
+    system = [k for k in keys if k.startswith(SYSTEM_PREFIX)]
+    rest = [k for k in keys if not k.startswith(SYSTEM_PREFIX)]
+    return [k for k in rest if not k.startswith(EVAL_PREFIX)] + [k for k in rest if k.startswith(EVAL_PREFIX)] + system
 
 
 VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
@@ -422,7 +437,9 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
     sentence "Resumed from step 64 after reaching 352" as tooltip and as a
     label. Keys under ``eval/`` draw points at the steps they were scored at.
     The panels share a ``zoom`` interval on step (drag, wheel), which the
-    front end reports so the kernel can send denser points for it.
+    front end reports so the kernel can send denser points for it. Keys
+    under ``system/`` (the session's sampler) are on wall time instead: a
+    line and points over the ``time`` field, no rewinds, zoomed on their own.
 
     Built as plain dicts, not with Altair: importing Altair takes longer
     (about 1.5 s) than the whole chart may take to open. The tests check that
@@ -458,6 +475,11 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
         }
         of_key = {"filter": {"equal": key, "field": "key"}}
         points = {"name": "points"}
+        if key.startswith(SYSTEM_PREFIX):
+            # both layers read the points: the data sits on the panel (as Altair puts it)
+            layer = _system_layers(i, key, y)
+            panels.append({"data": points, "height": height, "layer": layer, "title": key, "width": width})
+            continue
         layers = [
             {
                 "data": points,
@@ -541,12 +563,41 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
                 "views": [f"line_{i}" for i in range(len(keys))],
             },
         ],
-        # one step axis for every panel: a rewind or a score lines up across them
-        "resolve": {"scale": {"x": "shared"}},
+        # one step axis for every panel: a rewind or a score lines up across them (the machine's
+        # samples are on wall time, an axis of their own: then each panel has its own x scale)
+        "resolve": {"scale": {"x": "independent" if any(k.startswith(SYSTEM_PREFIX) for k in keys) else "shared"}},
         "spacing": 18,
         "vconcat": panels,
         "$schema": VEGA_LITE_SCHEMA,
     }
+
+
+def _system_layers(i: int, key: str, y: dict[str, Any]) -> list[dict[str, Any]]:
+    """A ``system/`` panel's layers: the samples by wall time, as a line and points (no step, no rewinds)."""
+    x = {"axis": {"format": "%H:%M:%S"}, "field": "time", "title": "wall time", "type": "temporal"}
+    of_key = {"filter": {"equal": key, "field": "key"}}
+    return [
+        {
+            "mark": {"type": "line", "color": SYSTEM_COLOR, "strokeWidth": 1.5},
+            "encoding": {"x": dict(x), "y": dict(y)},
+            "name": f"line_{i}",
+            "transform": [dict(of_key)],
+        },
+        {
+            "mark": {"type": "circle", "color": SYSTEM_COLOR, "opacity": 0.6, "size": 10},
+            "encoding": {
+                "tooltip": [
+                    {"field": "time", "format": "%H:%M:%S", "title": "time", "type": "temporal"},
+                    {"field": "value", "format": ".6g", "title": key, "type": "quantitative"},
+                    {"field": "step", "title": "step", "type": "quantitative"},
+                ],
+                "x": dict(x),
+                "y": dict(y),
+            },
+            "name": f"points_{i}",
+            "transform": [dict(of_key)],
+        },
+    ]
 
 
 class RunChart(LiveWidget):
@@ -663,7 +714,7 @@ class RunChart(LiveWidget):
             self._status = str(summary["status"])
             shown = self._keys if self._keys is not None else ordered_keys(points.present_keys())
             self.caption = _caption(summary, len(rewinds))
-            self.last_point = float(points.time.max()) if len(points) else 0.0
+            self.last_point = _last_metric_time(points)
             if shown != self._shown:
                 # new panels: the front end embeds the new spec, then says ready again
                 self._shown, self._points, self._rewinds = shown, points, rewinds
@@ -739,6 +790,15 @@ class RunChart(LiveWidget):
         with self._lock:
             rows: Points = chart_rows(self._points, self._budget(), self._domain)[0]
             return rows.to_frame()
+
+
+def _last_metric_time(points: Points) -> float:
+    """When the run last logged a metric (the machine's samples go on while training is stuck: not them)."""
+    import numpy as np
+
+    system = np.array([k.startswith(SYSTEM_PREFIX) for k in points.keys] or [False], dtype=bool)
+    times = points.time[~system[points.code]] if len(points) else points.time
+    return float(times.max()) if len(times) else 0.0
 
 
 def _caption(summary: dict[str, Any], rewinds: int) -> str:

@@ -119,20 +119,20 @@ def chart_svg(spec: dict[str, Any], points: dict[str, Any], rewinds: list[dict[s
         return None
     static = copy.deepcopy(spec)
     keys = points.get("keys", [])
-    static["datasets"] = {
-        "points": [
-            {"key": keys[k], "step": s, "value": v, "attempt": a, "abandoned": d}
-            for k, s, v, a, d in zip(
-                points.get("k", []),
-                points.get("step", []),
-                points.get("value", []),
-                points.get("attempt", []),
-                points.get("abandoned", []),
-                strict=True,
-            )
-        ],
-        "rewinds": rewinds,
-    }
+    rows = [
+        {"key": keys[k], "step": s, "value": v, "attempt": a, "abandoned": d}
+        for k, s, v, a, d in zip(
+            points.get("k", []),
+            points.get("step", []),
+            points.get("value", []),
+            points.get("attempt", []),
+            points.get("abandoned", []),
+            strict=True,
+        )
+    ]
+    for row, t in zip(rows, points.get("time") or [], strict=False):
+        row["time"] = t  # the wall-time panels' x (ms), when there are any
+    static["datasets"] = {"points": rows, "rewinds": rewinds}
     # the zoom binds scales to the mouse: nothing to bind in a picture
     static["params"] = [p for p in static.get("params", []) if p.get("name") != "zoom"]
     try:

@@ -8,12 +8,29 @@ checkpoints, has its tunable changed, and is SIGKILLed: fast. The
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from widget_runs import StoppedRun, WidgetRuns, build_stopped_run, build_store, copy_runs
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_system_samples_unless_asked() -> Iterator[None]:
+    """Runs made by the widget tests (and the notebook servers' kernels) sample the machine only when a
+    test asks (``system_metrics=``): a sample 15 s into a long browser test would add the ``system``
+    section's panels mid-way, and these tests count panels and points."""
+    saved = os.environ.get("LAUNCHHELM_SYSTEM_METRICS")
+    os.environ["LAUNCHHELM_SYSTEM_METRICS"] = "off"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("LAUNCHHELM_SYSTEM_METRICS", None)
+        else:
+            os.environ["LAUNCHHELM_SYSTEM_METRICS"] = saved
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ without a kernel is hidden while the live widget draws.
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -153,3 +154,50 @@ def test_a_run_with_many_metrics_is_a_grid_of_sections_filterable_with_times_peo
         text = page.inner_text(".launchhelm-panel")
         assert not re.search(r"\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}", text), text  # no ISO timestamps
         assert not re.search(r"\b\d{10,}\b", text), text  # no epoch seconds or nanoseconds
+
+
+@pytest.fixture(scope="module")
+def sampled_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A run whose session sampled the machine every 0.2 s while it logged 30 steps, rewound once."""
+    store = str(tmp_path_factory.mktemp("system-store") / "store")
+    with lh.init("system", store=store, system_metrics=0.2, capture_console=False) as run:
+        for step in range(30):
+            run.log({"train/loss": 1.0 / (step + 1)}, step=step)
+            time.sleep(0.05)
+        run.flush()
+        run_id = run.id
+    return store, run_id
+
+
+@pytest.mark.parametrize("app", ["lab", "notebook"], ids=["jupyterlab", "notebook7"])
+def test_the_machines_samples_are_a_system_section_on_wall_time(
+    page: Any, server: JupyterServer, sampled_run: tuple[str, str], tmp_path: Path, app: str
+) -> None:
+    store, run_id = sampled_run
+    system = [k for k in lh.Api(store).run(run_id).history(stream="system").columns if k.startswith("system/")]
+    assert "system/cpu_percent" in system and "system/memory_rss_bytes" in system
+    name = f"system-{app}.ipynb"
+    write_notebook(
+        server.root / name, [f"from launchhelm.widgets import RunChart\nRunChart({run_id!r}, store={store!r})"]
+    )
+    open_notebook(page, server, name, app=app)
+    run_all(page)
+    page.wait_for_selector(f".lh-chart[data-panels='{1 + len(system)}'][data-messages]", timeout=WAIT_MS)
+    sections = page.locator(".lh-chart details.lh-section")
+    assert sections.evaluate_all("els => els.map(e => e.dataset.section)") == ["train", "system"]  # the machine last
+    panel = page.locator(".lh-panel[data-key='system/cpu_percent']")
+    panel.locator("svg text:text-is('wall time')").wait_for(timeout=WAIT_MS)  # its x axis: time, not step
+    assert page.locator(".lh-panel[data-key='train/loss'] svg text:text-is('step')").count() == 1
+    # every sample is a point of its line, and the axis reads clock times ("14:03:05"), not epoch numbers
+    samples = len(lh.Api(store).run(run_id).history(stream="system").dropna(subset=["system/cpu_percent"]))
+    dots = panel.locator("g.mark-symbol.role-mark path")
+    page.wait_for_function(
+        f"() => document.querySelectorAll(\".lh-panel[data-key='system/cpu_percent'] g.mark-symbol.role-mark path\")"
+        f".length === {samples}",
+        timeout=WAIT_MS,
+    )
+    assert dots.count() == samples >= 3
+    ticks = panel.locator("g.role-axis-label text").all_text_contents()
+    assert any(re.fullmatch(r"\d{1,2}:\d{2}(:\d{2})?( ?[AP]M)?", t) for t in ticks), ticks
+    page.locator(".lh-chart").screenshot(path=str(tmp_path / f"system-{app}.png"))
+    print("screenshot:", tmp_path / f"system-{app}.png")

@@ -139,13 +139,18 @@ def test_points_go_from_the_stores_arrow_table_to_numpy_as_history_would_show_th
             (2, 0, 12.5, "loss", 6.0),  # logged again at the same step and attempt: the last value wins
             (2, 1, 13.0, "lr", 0.2),
             (2, 1, 13.0, "loss", 0.8),
-            (3, 1, 14.0, "system/cpu_percent", 50.0),  # system samples live on their own axis
+            # the machine's samples, by wall time: two at one step are both kept, and one taken during the
+            # abandoned attempt is no abandoned value (the machine ran then)
+            (2, 0, 12.6, "system/cpu_percent", 50.0),
+            (2, 0, 12.7, "system/cpu_percent", 70.0),
             (3, 1, 14.0, "loss", float("nan")),  # a chart cannot place it
         ],
     )
     points = points_from_table(table, [{"attempt": 1, "to_step": 1}])
     frame = points.to_frame()
-    assert points.present_keys() == ["loss", "lr"]  # first-logged order
+    assert points.present_keys() == ["loss", "lr", "system/cpu_percent"]  # first-logged order
+    system = frame[frame["key"] == "system/cpu_percent"]
+    assert system["value"].tolist() == [50.0, 70.0] and not system["abandoned"].any()
     loss = frame[frame["key"] == "loss"]
     assert loss[["step", "attempt", "value"]].values.tolist() == [[0, 0, 1.0], [1, 0, 0.9], [2, 0, 6.0], [2, 1, 0.8]]
     assert loss["abandoned"].tolist() == [False, False, True, False]  # step 2 of attempt 0 was redone
@@ -154,8 +159,12 @@ def test_points_go_from_the_stores_arrow_table_to_numpy_as_history_would_show_th
     assert only.present_keys() == ["lr"] and len(only) == 2
     # the same rows reach the browser as from history()'s frame
     rows, counts = chart_rows(points, budget=100)
-    assert counts == {"loss": 3, "loss\x00abandoned 0": 1, "lr": 2}
-    assert encode_rows(rows)["keys"] == ["loss", "lr"]
+    assert counts == {"loss": 3, "loss\x00abandoned 0": 1, "lr": 2, "system/cpu_percent": 2}
+    encoded = encode_rows(rows)
+    assert encoded["keys"] == ["loss", "lr", "system/cpu_percent"]
+    # the wall-time panels' x, in ms: sent only when a system panel is drawn
+    assert encoded["time"][-2:] == [12600.0, 12700.0]
+    assert "time" not in encode_rows(chart_rows(points_from_table(table, [], keys=["loss"]), budget=100)[0])
 
 
 def test_a_poll_that_appended_sends_only_the_new_points_and_a_reordered_one_finds_them_all() -> None:

@@ -18,6 +18,7 @@ from launchhelm.widgets._chart import (
     EVAL_PREFIX,
     LINE_COLOR,
     REWIND_COLOR,
+    SYSTEM_COLOR,
     Y_AXIS_MIN_EXTENT,
     build_spec,
 )
@@ -49,6 +50,30 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
         axis = alt.Axis(format="~g", labelLimit=160, minExtent=Y_AXIS_MIN_EXTENT, labelFont="sans-serif")
         y = alt.Y("value:Q", title=key, scale=alt.Scale(zero=False), axis=axis)
         of_key = alt.FieldEqualPredicate(field="key", equal=key)
+        if key.startswith("system/"):  # the machine's samples: by wall time, no attempts, no rewinds
+            when = alt.X("time:T", title="wall time", axis=alt.Axis(format="%H:%M:%S"))
+            system_line = (
+                alt.Chart(points, name=f"line_{i}")
+                .transform_filter(of_key)
+                .mark_line(color=SYSTEM_COLOR, strokeWidth=1.5)
+                .encode(x=when, y=y)
+            )
+            system_dots = (
+                alt.Chart(points, name=f"points_{i}")
+                .transform_filter(of_key)
+                .mark_circle(color=SYSTEM_COLOR, size=10, opacity=0.6)
+                .encode(
+                    x=when,
+                    y=y,
+                    tooltip=[
+                        alt.Tooltip("time:T", title="time", format="%H:%M:%S"),
+                        alt.Tooltip("value:Q", title=key, format=".6g"),
+                        alt.Tooltip("step:Q", title="step"),
+                    ],
+                )
+            )
+            panels.append(alt.layer(system_line, system_dots).properties(width=width, height=height, title=key))
+            continue
         abandoned = (
             alt.Chart(points, name=f"abandoned_{i}")
             .transform_filter(of_key)
@@ -88,7 +113,7 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
         panels.append(alt.layer(abandoned, line, dots, rule, label).properties(width=width, height=height, title=key))
     chart = (
         alt.vconcat(*panels, spacing=18)
-        .resolve_scale(x="shared")
+        .resolve_scale(x="independent" if any(k.startswith("system/") for k in keys) else "shared")
         .add_params(show)
         .configure_view(stroke="#ddd")
         .configure_axis(labelFont="sans-serif", titleFont="sans-serif")
@@ -107,7 +132,7 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
 
 
 def test_the_spec_is_exactly_what_altair_builds() -> None:
-    for keys in ([], ["train/loss"], ["train/loss", "lr", "eval/accuracy"]):
+    for keys in ([], ["train/loss"], ["train/loss", "lr", "eval/accuracy"], ["loss", "system/cpu_percent"]):
         assert build_spec(keys) == altair_spec(keys), keys
 
 
