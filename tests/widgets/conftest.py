@@ -17,11 +17,12 @@ import pytest
 from widget_runs import StoppedRun, WidgetRuns, build_stopped_run, build_store, copy_runs
 
 
-@pytest.fixture(scope="session", autouse=True)
+@pytest.fixture(scope="module", autouse=True)
 def no_system_samples_unless_asked() -> Iterator[None]:
-    """Runs made by the widget tests (and the notebook servers' kernels) sample the machine only when a
-    test asks (``system_metrics=``): a sample 15 s into a long browser test would add the ``system``
-    section's panels mid-way, and these tests count panels and points."""
+    """Runs made by the widget tests (and the notebook servers' kernels, started after this per
+    module) sample the machine only when a test asks (``system_metrics=``): a sample 15 s into a
+    long browser test would add the ``system`` section's panels mid-way, and these tests count
+    panels and points."""
     saved = os.environ.get("LAUNCHHELM_SYSTEM_METRICS")
     os.environ["LAUNCHHELM_SYSTEM_METRICS"] = "off"
     try:
