@@ -199,19 +199,19 @@ class InPlaceLoad:
     # -- step 3 -------------------------------------------------------------
     def read_matched(self) -> int:
         """Read the matched tensors' bytes into them; return the whole file's CRC64NVME."""
+        matched = [(s.offset, s.nbytes, s.target) for s in self._storages if s.target is not None]
         jobs = [
-            (s.offset + start, s.target, start, min(_CHUNK, s.nbytes - start))
-            for s in self._storages
-            if s.target is not None
-            for start in range(0, s.nbytes, _CHUNK)
+            (offset + start, target, start, min(_CHUNK, nbytes - start))
+            for offset, nbytes, target in matched
+            for start in range(0, nbytes, _CHUNK)
         ]
         fd = os.open(self.path, os.O_RDONLY)
         staging = threading.local()
         try:
-            targets = [s.target for s in self._storages if s.target is not None]
-            if len(jobs) > 1 and all(t.device.type == "cpu" for t in targets) and not _cached(fd, jobs):
+            on_cpu = all(target.device.type == "cpu" for _, _, target in matched)
+            if len(jobs) > 1 and on_cpu and not _cached(fd, jobs):
                 self.streamed = True
-                self._crcs += _stream(fd, [(s.offset, s.target) for s in self._storages if s.target is not None])
+                self._crcs += _stream(fd, [(offset, target) for offset, _, target in matched])
                 return self._whole_crc()
 
             def run(job: tuple[int, torch.Tensor, int, int]) -> tuple[int, int, int]:

@@ -519,8 +519,8 @@ class TorchRun(Run):
             raise self._pending_error
         assert target is not None
         # a download's folder; a local store is read where it lies and needs none
-        scratch = contextlib.nullcontext("") if isinstance(self._store, LocalStore) else None
-        with scratch or tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
+        local = isinstance(self._store, LocalStore)
+        with contextlib.nullcontext("") if local else tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
             shared = self._download_once_per_node(target, Path(tmp))
             try:
                 bundle, plan, problem = None, None, None
