@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import codecs
 import os
+import select
 import sys
 import threading
 import time
@@ -78,6 +79,8 @@ _READ_BYTES = 65536
 #: A read smaller than this makes the fd reader wait _BATCH_WAIT seconds before the next.
 _SMALL_READ = 16384
 _BATCH_WAIT = 0.002
+#: How long the fd reader holds the start of a line for its rest before passing it on as it is.
+_HOLD_WAIT = 0.05
 #: Bytes of one stream gathered by a buffer before they are split into lines.
 _SPLIT_BYTES = 65536
 #: Python-level capture: how often the drainer hands queued writes on while output flows, and at most when idle.
@@ -562,31 +565,58 @@ class _StreamCapture:
         self._reader.start()
 
     def _pump(self, read_end: int, out: int) -> None:
-        """Reader thread: the pipe to the original fd and to every sink, until the pipe's writers are gone."""
+        """Reader thread: the pipe to the original fd and to every sink, until the pipe's writers are gone.
+
+        A read that ends mid-line (an unbuffered ``print("saving", 12)`` is four writes) passes on
+        what ends at its last newline and keeps the rest for the next read, waiting at most
+        :data:`_HOLD_WAIT` for it (a progress bar that never ends its line still shows): the
+        terminal gets whole lines, also when the process is SIGKILLed between two of its writes
+        and the rest of the line sits unread in the pipe.
+        """
         forward = True
+        held = b""  # the start of a line, not yet passed on to the terminal
         try:
             while True:
+                if held and not select.select([read_end], [], [], _HOLD_WAIT)[0]:
+                    forward = self._pass_on(out, held, forward)
+                    held = b""
                 try:
                     data = os.read(read_end, _READ_BYTES)
                 except OSError:
                     break
                 if not data:
                     break
-                if forward:
-                    try:
-                        _forward(out, data)
-                    except OSError:
-                        forward = False  # the terminal went away (a closed pipe): keep recording
                 if self._recording:
                     for sink in self._owner.sinks:
                         sink.feed(data, self.name)
-                if len(data) < _SMALL_READ:
+                whole = held + data if held else data
+                cut = whole.rfind(b"\n") + 1
+                if cut < len(whole) and len(whole) - cut <= _ATOMIC_WRITE:
+                    whole, held = whole[:cut], whole[cut:]
+                else:
+                    held = b""
+                if whole:
+                    forward = self._pass_on(out, whole, forward)
+                if len(data) < _SMALL_READ and not held:
                     # an unbuffered writer (PYTHONUNBUFFERED, a C printf) writes line by line: let a
                     # few lines gather in the pipe rather than wake up (and take the GIL) for each
                     time.sleep(_BATCH_WAIT)
+            if held:
+                self._pass_on(out, held, forward)
         finally:
             os.close(read_end)
             os.close(out)
+
+    @staticmethod
+    def _pass_on(out: int, data: bytes, forward: bool) -> bool:
+        """Forward ``data`` to the terminal; False once it went away (then keep recording only)."""
+        if not forward:
+            return False
+        try:
+            _forward(out, data)
+        except OSError:
+            return False  # the terminal went away (a closed pipe)
+        return True
 
     def _start_python(self, stream: Any) -> None:
         original = stream.write

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +113,7 @@ def test_a_sigkilled_process_keeps_its_output_up_to_its_last_flush(tmp_path: Pat
 
 FLOOD = """
 import sys
+import threading
 import launchhelm as lh
 
 def rss():
@@ -286,6 +289,7 @@ def test_only_rank_0_of_a_distributed_job_captures_by_default() -> None:
 
 RANKED = """
 import sys
+import threading
 import launchhelm as lh
 from launchhelm import _console
 run = lh.init("console", store=sys.argv[1])
@@ -467,6 +471,7 @@ def test_launchhelm_logs_prints_the_log_and_follows_a_live_run(tmp_path: Path) -
 
 CRASH = """
 import sys
+import threading
 import launchhelm as lh
 run = lh.init("console", store=sys.argv[1])
 print(run.id, flush=True)
@@ -655,3 +660,30 @@ def test_a_python_level_flood_whose_writes_release_the_gil_keeps_the_queue_bound
     kept = text.count("line ")
     dropped = sum(int(n.replace(",", "")) for n in re.findall(r"\[launchhelm: ([\d,]+) lines? \(", text))
     assert kept + dropped == 100_000
+
+
+def test_the_terminal_gets_a_line_written_in_pieces_whole_and_a_line_never_ended_soon() -> None:
+    """An unbuffered ``print("saving", 12)`` is four writes: the reader passes the line on in one write once
+    its newline came (a SIGKILL in between leaves no half line on the terminal); a progress bar that never
+    ends its line is passed on after a moment all the same."""
+    from launchhelm import _console
+
+    source_read, source_write = os.pipe()
+    terminal_read, terminal_write = os.pipe()
+    reader = threading.Thread(target=_console._StreamCapture("stdout", 1, _console._Capture())._pump,
+                              args=(source_read, terminal_write), daemon=True)  # fmt: skip
+    reader.start()
+    for piece in (b"saving", b" ", b"12"):
+        os.write(source_write, piece)
+        time.sleep(0.01)  # each its own read: the reader sees the line in pieces
+    assert select.select([terminal_read], [], [], 0.02)[0] == []  # nothing of the half line yet
+    os.write(source_write, b"\n")
+    assert os.read(terminal_read, 100) == b"saving 12\n"  # whole, in one write
+    os.write(source_write, b"progress 50%")
+    started = time.monotonic()
+    assert os.read(terminal_read, 100) == b"progress 50%"
+    assert time.monotonic() - started < 1.0
+    os.close(source_write)
+    reader.join(5)
+    assert not reader.is_alive()
+    os.close(terminal_read)
