@@ -244,6 +244,7 @@ class Run:
         self._beats = 0
         self._summary_deferred = 0  # inside _one_summary(): events owe one summary at its end
         self._summary_owed = False
+        self._summary_thread: threading.Thread | None = None  # a summary put after a load returned
         events.on_append = self._after_event
         self._step = global_step
         self._reached = global_step
@@ -557,9 +558,12 @@ class Run:
             self._store.put(summary_key(self.id), body)
 
     @contextlib.contextmanager
-    def _one_summary(self) -> Iterator[None]:
+    def _one_summary(self, *, later: bool = False) -> Iterator[None]:
         """Events appended inside share one summary put at the end (a load's rewind and restore:
-        one request and one fsync fewer on the path that blocks the training loop)."""
+        one request and one fsync fewer on the path that blocks the training loop).
+
+        ``later=True`` puts it from a short-lived thread (:meth:`_summary_soon`) instead of
+        before returning."""
         self._summary_deferred += 1
         try:
             yield
@@ -567,7 +571,28 @@ class Run:
             self._summary_deferred -= 1
             if not self._summary_deferred and self._summary_owed:
                 self._summary_owed = False
-                self._after_event({})
+                if later:
+                    self._summary_soon()
+                else:
+                    self._after_event({})
+
+    def _summary_soon(self) -> None:
+        """Put the summary on a thread of its own, so the caller (a checkpoint load, which blocks the
+        training loop) returns without waiting for that write and its fsync.
+
+        The events themselves are durable before the caller returns; a summary a moment behind
+        the log only makes a reader fold this run's last events (docs/storage.md, "Runs table").
+        The session's end waits for it (:meth:`_settle_summary`)."""
+        self._settle_summary()
+        thread = threading.Thread(target=self._after_event, args=({},), name="launchhelm-summary", daemon=True)
+        self._summary_thread = thread
+        thread.start()
+
+    def _settle_summary(self) -> None:
+        """Wait for a summary :meth:`_summary_soon` started."""
+        thread, self._summary_thread = self._summary_thread, None
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
 
     def _after_event(self, event: dict[str, Any]) -> None:
         """Each event this session appends is followed by a summary that reflects it."""
@@ -954,6 +979,7 @@ class Run:
             self._spool.close(remove=True)
             self._spool = None
         self._compact(only_if_due=False)
+        self._settle_summary()  # the final summary below is then the last one put
         self._events.append(
             SESSION_ENDED,
             {

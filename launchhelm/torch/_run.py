@@ -544,7 +544,8 @@ class TorchRun(Run):
         self._pending_error = None
         step = int(bundle["step"])
         rewind = None
-        with self._one_summary():  # the rewind and the restore: one summary after both
+        # the rewind and the restore: one summary after both, put while training goes on
+        with self._one_summary(later=True):
             if self._rank == 0:
                 rewind = self._record_rewind(step, target.get("checkpoint"), "load_checkpoint", self.reached)
                 if target.get("consume"):

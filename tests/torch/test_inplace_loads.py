@@ -7,7 +7,9 @@ loads, or a corrupted file trains on silently.
 
 from __future__ import annotations
 
+import json
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,7 @@ import torch
 
 import launchhelm as lh
 import launchhelm.torch as lht
+from launchhelm._sessions import summary_key
 from launchhelm.torch import _inplace
 
 
@@ -267,10 +270,15 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     path = _payload(store_url, tr, artifact)
 
-    monkeypatch.setattr(_inplace, "_cached", lambda fd, jobs: False)  # what the probe says of a cold file
+    monkeypatch.setattr(_inplace, "_cached", lambda fd, ranges: False)  # what the probe says of a cold file
     streams: list[int] = []
     stream = _inplace._stream
-    monkeypatch.setattr(_inplace, "_stream", lambda fd, targets: streams.append(len(targets)) or stream(fd, targets))
+
+    def counted(fd: int, pieces: list[_inplace._Piece]) -> list[tuple[int, int, int]]:
+        streams.append(sum(len(views) for _, views, _ in pieces))  # the buffers the reads fill
+        return stream(fd, pieces)
+
+    monkeypatch.setattr(_inplace, "_stream", counted)
 
     tr.load_checkpoint(artifact)
     assert _same(saved, _state(model, optimizer))
@@ -297,15 +305,44 @@ def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one() -> None:
         path.write_bytes(os.urandom(4 * 2**20))
         fd = os.open(path, os.O_RDONLY)
         try:
-            jobs = [(offset, None, 0, 2**20) for offset in range(0, 4 * 2**20, 2**20)]
-            assert _inplace._cached(fd, jobs)  # type: ignore[arg-type]
+            ranges = [(offset, 2**20) for offset in range(0, 4 * 2**20, 2**20)]
+            assert _inplace._cached(fd, ranges)
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            assert not _inplace._cached(fd, jobs)  # type: ignore[arg-type]
+            assert not _inplace._cached(fd, ranges)
             os.pread(fd, 4 * 2**20, 0)
-            assert _inplace._cached(fd, jobs)  # type: ignore[arg-type]
+            assert _inplace._cached(fd, ranges)
         finally:
             os.close(fd)
     finally:
         path.unlink(missing_ok=True)
         folder.rmdir()
+
+
+def test_a_load_returns_before_its_summary_is_put_and_readers_see_its_rewind_meanwhile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store_url, tr, model, optimizer, saved, _ = _saved_then_trained_on(tmp_path)
+    store, key = tr._store, summary_key(tr.id)
+    entered, gate = threading.Event(), threading.Event()
+    real_put = store.put
+
+    def put(k: str, data: bytes) -> None:
+        if k == key and threading.current_thread().name == "launchhelm-summary":
+            entered.set()
+            assert gate.wait(30)
+        real_put(k, data)
+
+    monkeypatch.setattr(store, "put", put)
+    try:
+        tr.load_checkpoint("latest")  # returns while its summary's put is held
+        assert entered.wait(10)
+        assert _same(saved, _state(model, optimizer))
+        assert json.loads(store.read(key))["rewinds"] == 0  # the summary is behind the log
+        assert lh.Api(store_url).run(tr.id).summary()["rewinds"] == 1  # readers fold the log's tail
+    finally:
+        gate.set()
+    tr._settle_summary()
+    assert json.loads(store.read(key))["rewinds"] == 1
+    tr.finish()
+    assert lh.Api(store_url).run(tr.id).status == "closed"
