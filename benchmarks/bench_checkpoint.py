@@ -3,7 +3,8 @@
 What is measured (all in one process; the state is built before any timing):
 
 State
-    ``N_LAYERS`` square ``nn.Linear`` layers and AdamW after one optimizer step, sized so the
+    ``--layers`` (default ``N_LAYERS``) square ``nn.Linear`` layers and AdamW after one optimizer
+    step, sized so the
     tensors hold about ``--size-mb`` MB (MB = 10^6 bytes): weights ~1/3, AdamW ``exp_avg`` and
     ``exp_avg_sq`` ~2/3. Loads go into a second model/optimizer of the same shape.
 
@@ -312,14 +313,14 @@ def touched_buffer(nbytes: int) -> bytearray:
 
 
 # -- state ------------------------------------------------------------------
-def build_state(size_mb: float, seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def build_state(size_mb: float, seed: int, layers: int = N_LAYERS) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Linear layers + AdamW after one step: weights ~1/3, optimizer state ~2/3 of the bytes."""
     import torch
 
     n_params = size_mb * MB / (3 * 4)  # float32 weight + exp_avg + exp_avg_sq per parameter
-    width = max(8, int(math.sqrt(n_params / N_LAYERS)))
+    width = max(8, int(math.sqrt(n_params / layers)))
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(N_LAYERS)])
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.randn_like(p).mul_(1e-3)
@@ -555,8 +556,8 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
 
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    model, optimizer = build_state(args.size_mb, seed=0)
-    model2, optimizer2 = build_state(args.size_mb, seed=1)
+    model, optimizer = build_state(args.size_mb, seed=0, layers=args.layers)
+    model2, optimizer2 = build_state(args.size_mb, seed=1, layers=args.layers)
     grads2 = [torch.randn_like(p).mul_(1e-3) for p in model2.parameters()]
     tensors = state_tensors(model, optimizer)
     views = [memoryview(t.detach().reshape(-1).numpy()).cast("B") for t in tensors]
@@ -826,6 +827,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--size-mb", type=float, default=1000, help="model + AdamW state, MB (default 1000)")
     parser.add_argument("--repeat", type=int, default=5, help="timed rounds after one warm-up (default 5)")
     parser.add_argument(
+        "--layers",
+        type=int,
+        default=N_LAYERS,
+        help=f"Linear layers the state is spread over (default {N_LAYERS}; 8 tensors each with AdamW)",
+    )
+    parser.add_argument(
         "--tries",
         type=int,
         default=3,
@@ -838,7 +845,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--check", action="store_true", help="exit with status 1 if a target is missed")
     args = parser.parse_args(argv)
-    if args.size_mb < 1 or args.repeat < 1 or args.tries < 1:
+    if args.size_mb < 1 or args.repeat < 1 or args.tries < 1 or args.layers < 1:
         parser.error("--size-mb must be >= 1 and --repeat >= 1")
     signal.signal(signal.SIGTERM, _on_sigterm)
 
@@ -876,7 +883,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     state_mb = out["state_bytes"] / MB
     print(
-        f"  {N_LAYERS} x Linear({out['width']}, {out['width']}) + AdamW after 1 step: {out['n_tensors']} tensors, "
+        f"  {args.layers} x Linear({out['width']}, {out['width']}) + AdamW after 1 step: {out['n_tensors']} tensors, "
         f"{state_mb:,.1f} MB ({out['weight_bytes'] / out['state_bytes']:.0%} weights); "
         f"bundle file {out['bundle_bytes'] / MB:,.1f} MB; built in {out['build_s']:,.1f} s"
     )

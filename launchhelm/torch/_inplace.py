@@ -35,7 +35,11 @@ poisons the next optimizer step.
 
 from __future__ import annotations
 
+import collections
+import io
 import os
+import pickle
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -47,7 +51,7 @@ import torch
 
 from launchhelm._checksum import combine_crc64nvme, crc64nvme
 
-__all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "plan_in_place"]
+__all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "meta_load", "plan_in_place"]
 
 #: Files smaller than this are read whole into fresh memory and verified before anything is
 #: applied, so a corrupted small checkpoint changes nothing; it costs milliseconds at this size.
@@ -68,6 +72,122 @@ _THREADS = 2
 _STREAM_PIECE = 64 * 2**20
 #: How many chunks :func:`_cached` looks at.
 _PROBES = 8
+
+
+# -- step 1: the plan, from the pickle alone ------------------------------------
+class _Refused(pickle.UnpicklingError):
+    """Something the planning unpickler does not take: the caller plans with torch.load instead."""
+
+
+class _Sealed:
+    """What the planning unpickler's ``find_class`` hands out: callable, but closed to ``BUILD``
+    (which would otherwise set attributes on it) and with no ``__dict__``."""
+
+    __slots__ = ()
+
+    def __setstate__(self, state: Any) -> None:
+        raise _Refused("BUILD on a global")
+
+
+class _Call(_Sealed):
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Callable[..., Any]) -> None:
+        self._fn = fn
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+
+class _StorageName(_Sealed):
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+
+class _MetaStorage(_Sealed):
+    """A storage record's meta storage and dtype, as persistent_load hands it to _rebuild."""
+
+    __slots__ = ("dtype", "untyped")
+
+    def __init__(self, untyped: torch.UntypedStorage, dtype: torch.dtype) -> None:
+        self.untyped, self.dtype = untyped, dtype
+
+
+def _ordered_dict(*args: Any) -> collections.OrderedDict[Any, Any]:
+    if args:
+        raise _Refused("OrderedDict with arguments")
+    return collections.OrderedDict()
+
+
+class _PlanningUnpickler(pickle.Unpickler):
+    """The C unpickler, given only the three globals a bundle's state dicts need, each one of
+    LaunchHelm's own harmless callables (never the real torch function): ``_rebuild_tensor_v2``
+    makes a meta tensor, ``OrderedDict`` an empty one, ``torch.<X>Storage`` names a dtype.
+    Anything else (any other global, ``BUILD`` on a global, out-of-band buffers, a tensor with
+    hooks or ``requires_grad``) is refused, and :func:`meta_load` says None: the caller then
+    plans with ``torch.load(map_location="meta", weights_only=True)`` as before, and its rules
+    decide. Nothing from the file is ever called but these."""
+
+    def __init__(self, data: bytes, offset_of: Callable[[str], int]) -> None:
+        super().__init__(io.BytesIO(data), encoding="utf-8")
+        self._offset_of = offset_of
+        self._storages: dict[str, _MetaStorage] = {}
+
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+            return _Call(self._rebuild)
+        if module == "collections" and name == "OrderedDict":
+            return _Call(_ordered_dict)
+        if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
+            try:
+                from torch.serialization import StorageType
+
+                return _StorageName(StorageType(name).dtype)
+            except Exception:
+                raise _Refused(f"storage type {name}") from None
+        raise _Refused(f"global {module}.{name}")
+
+    def persistent_load(self, pid: Any) -> Any:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise _Refused("persistent id")
+        _, kind, key, location, numel = pid
+        if not (isinstance(kind, _StorageName) and isinstance(key, str) and isinstance(location, str)):
+            raise _Refused("persistent id")
+        if type(numel) is not int or numel < 0:
+            raise _Refused("storage size")
+        storage = self._storages.get(key)
+        if storage is None:
+            untyped = torch.UntypedStorage(numel * kind.dtype.itemsize, device="meta")
+            untyped._checkpoint_offset = self._offset_of(f"data/{key}")  # type: ignore[attr-defined]
+            storage = self._storages[key] = _MetaStorage(untyped, kind.dtype)
+        elif storage.dtype != kind.dtype:
+            raise _Refused("one storage, two dtypes")
+        return storage
+
+    def _rebuild(
+        self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *metadata: Any
+    ) -> torch.Tensor:
+        if type(storage) is not _MetaStorage or requires_grad is not False or hooks or any(metadata):
+            raise _Refused("tensor")
+        if type(offset) is not int or not isinstance(size, tuple) or not isinstance(stride, tuple):
+            raise _Refused("tensor geometry")
+        return torch.empty((0,), dtype=storage.dtype, device="meta").set_(storage.untyped, offset, size, stride)
+
+
+def meta_load(path: Path) -> Any | None:
+    """What ``torch.load(path, map_location="meta", weights_only=True)`` gives for a LaunchHelm
+    bundle (meta tensors whose storages carry ``_checkpoint_offset``), about 5x faster per tensor
+    (the C unpickler, see :class:`_PlanningUnpickler`); None where it does not take the file,
+    and the caller asks torch.load."""
+    try:
+        reader = torch._C.PyTorchFileReader(str(path))
+        if not reader.has_record("byteorder") or reader.get_record("byteorder").decode() != sys.byteorder:
+            return None  # a byte-swapping load: torch's own path
+        return _PlanningUnpickler(reader.get_record("data.pkl"), reader.get_record_offset).load()
+    except Exception:  # refused, truncated, not a zip...: torch.load decides, with its own message
+        return None
 
 
 @dataclass
@@ -251,14 +371,19 @@ class InPlaceLoad:
         thread that read it, while its bytes are still in cache. So a load makes about one
         request per :data:`_PIECE` however many tensors the model has, not one per tensor."""
         parts = [(offset, _bytes_of(target.detach().view(-1).view(torch.uint8))) for offset, _, target in matched]
-        parts += [(offset, memoryview(bytearray(length))) for offset, length in self._deferred]
+        scratch = memoryview(bytearray(sum(length for _, length in self._deferred)))  # the headers' bytes
+        at = 0
+        for offset, length in self._deferred:
+            parts.append((offset, scratch[at : at + length]))
+            at += length
         parts.sort(key=lambda part: part[0])
-        streamed = _cut(parts, _STREAM_PIECE)
-        if len(streamed) > 1 and not _cached(fd, [(offset, length) for offset, _, length in streamed]):
-            self.streamed = True
-            self._crcs += _stream(fd, streamed)
-            return
         pieces = _cut(parts, _PIECE)
+        if not _cached(fd, [(offset, length) for offset, _, length in pieces]):
+            streamed = _cut(parts, _STREAM_PIECE)
+            if len(streamed) > 1:
+                self.streamed = True
+                self._crcs += _stream(fd, streamed)
+                return
         batches: list[list[_Piece]] = [[]]
         filled = 0
         for piece in pieces:  # a job for the pool per _CHUNK bytes, however many pieces that is

@@ -721,8 +721,12 @@ class TorchRun(Run):
         optimizer: torch.optim.Optimizer,
     ) -> tuple[dict[str, Any], InPlaceLoad | None]:
         """Plan with a meta load, read all but the in-place tensors, validate (see ``_inplace``)."""
+        # the C unpickler with three harmless globals of our own; for anything else (or a file it
+        # cannot read) torch's weights-only unpickler plans, and its rules and errors decide
+        meta = _inplace.meta_load(local)
         try:
-            meta = torch.load(local, map_location="meta", weights_only=True)
+            if meta is None:
+                meta = torch.load(local, map_location="meta", weights_only=True)
         except pickle.UnpicklingError as exc:
             self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
             raise CheckpointError(

@@ -346,3 +346,87 @@ def test_a_load_returns_before_its_summary_is_put_and_readers_see_its_rewind_mea
     assert json.loads(store.read(key))["rewinds"] == 1
     tr.finish()
     assert lh.Api(store_url).run(tr.id).status == "closed"
+
+
+def _layout(value: object, path: str = "") -> list[tuple[str, object]]:
+    """Every node of a (meta) bundle: containers by type and keys, tensors by geometry and file offset."""
+    if isinstance(value, torch.Tensor):
+        storage = value.untyped_storage()
+        geometry = (value.dtype, tuple(value.shape), value.stride(), value.storage_offset(), value.device.type)
+        return [(path, (*geometry, storage.nbytes(), storage._checkpoint_offset))]  # type: ignore[attr-defined]
+    if isinstance(value, dict):
+        out: list[tuple[str, object]] = [(path, (type(value).__name__, tuple(value)))]
+        for key, item in value.items():
+            out += _layout(item, f"{path}/{key}")
+        return out
+    if isinstance(value, (list, tuple)):
+        out = [(path, (type(value).__name__, len(value)))]
+        for index, item in enumerate(value):
+            out += _layout(item, f"{path}/{index}")
+        return out
+    return [(path, (type(value).__name__, value))]
+
+
+def test_the_planning_unpickler_gives_what_torch_load_gives_on_meta(tmp_path: Path) -> None:
+    """The plan's fast C unpickler makes exactly torch.load(map_location="meta")'s bundle: the same
+    containers and values, the same tensors (dtype, shape, stride, storage offset, file offset),
+    with a bf16 layer, tied weights, a scheduler and a nested extra."""
+    model, optimizer = _build()
+    tied = torch.nn.Linear(3, 3)
+    model.append(tied)
+    model.register_buffer("tied_view", tied.weight.detach()[1:])  # a view into another tensor's storage
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2)
+    tr = lht.init("plan", store=str(tmp_path / "store"))
+    tr.watch(model, optimizer, scheduler=scheduler)
+    _train(model, optimizer, 2)
+    artifact = tr.save_checkpoint(extra={"epoch": 3, "nested": [1, (2.5, "x"), {"a": None, "b": True}]})
+    assert artifact is not None
+    path = _payload(str(tmp_path / "store"), tr, artifact)
+    fast = _inplace.meta_load(path)
+    assert fast is not None
+    assert _layout(fast) == _layout(torch.load(path, map_location="meta", weights_only=True))
+    tr.finish()
+
+
+class _Exploit:
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, ("touch /tmp/launchhelm-plan-pwned-$PPID",))
+
+
+def test_the_planning_unpickler_calls_nothing_of_the_file_and_leaves_the_rest_to_torch(tmp_path: Path) -> None:
+    """Any global but its three, BUILD on one of them, or a tensor with hooks: the fast planner says
+    None (torch's weights-only unpickler then decides, as before). A bundle whose extra holds what
+    torch allows and the planner does not (a torch.Size, a dtype) loads all the same."""
+    marker = Path(f"/tmp/launchhelm-plan-pwned-{os.getpid()}")
+    marker.unlink(missing_ok=True)
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": lht.FORMAT_SINGLE, "model": _Exploit()}, evil)
+    assert _inplace.meta_load(evil) is None
+    assert not marker.exists(), "a pickled payload was executed"
+
+    def refused(data: bytes) -> bool:
+        try:
+            _inplace._PlanningUnpickler(data, lambda name: 0).load()
+        except Exception:  # _Refused, or the C unpickler's own error: meta_load then says None
+            return True
+        return False
+
+    # BUILD with a slot state {"_fn": 1}, which would setattr on the global handed out
+    assert refused(b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nN}X\x03\x00\x00\x00_fnK\x01s\x86b.")
+    assert refused(b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n}b.")  # BUILD with a dict state
+    assert refused(b"\x80\x02ccollections\nOrderedDict\n(K\x01tR.")  # OrderedDict(1)
+    assert refused(b"\x80\x02ctorch\nFloatStorage\n)R.")  # calling a storage name
+    assert refused(b"\x80\x02cbuiltins\neval\n.")
+    assert not refused(b"\x80\x02ccollections\nOrderedDict\n)R.")
+
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("plan", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 1)
+    extra = {"shape": torch.Size([2, 3]), "dtype": torch.float16}
+    artifact = tr.save_checkpoint(extra=extra)
+    assert artifact is not None
+    assert _inplace.meta_load(_payload(store_url, tr, artifact)) is None  # torch.Size: torch plans
+    assert tr.load_checkpoint(artifact) == extra
+    tr.finish()
