@@ -51,7 +51,7 @@ every timed writer refills pages freed a moment ago, as a checkpoint rotation wo
 rotates round by round. Other writers delete their own file of the previous round first. One
 untimed warm-up round, then ``--repeat`` timed rounds (default 5). The loads read the file of the
 non-blocking save (the latest checkpoint), each beside a raw read of that same file, cold then
-warm: ``--tries`` (default 3) pairs back to back in alternating order, and each side's fastest
+warm: ``--tries`` (default 5) pairs back to back in alternating order, and each side's fastest
 try is its time for the round. So a burst of load from other processes tends to hit both sides
 of a pair, and neither always comes first. Taking the fastest of a few tries matters most cold:
 this VM's disk serves a cold 1 GB read in either ~0.27 s or ~0.6-0.7 s, its own choice, more
@@ -835,8 +835,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--tries",
         type=int,
-        default=3,
-        help="loads: tries of each side per round, alternating; the fastest counts (default 3)",
+        default=5,
+        help="loads: tries of each side per round, alternating; the fastest counts (default 5)",
     )
     parser.add_argument("--s3", action="store_true", help="also measure an s3:// store on a local moto_server")
     parser.add_argument("--pretouch-gib", type=float, default=3.0, help="memory to pre-touch once, GiB (default 3)")

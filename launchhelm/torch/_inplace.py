@@ -432,19 +432,26 @@ def _reader_threads() -> ThreadPoolExecutor:
 
 
 def _cached(fd: int, ranges: list[tuple[int, int]]) -> bool:
-    """Whether the matched bytes look to be in the page cache: a page at the start of a few of
-    these (offset, length) ranges, spread over them, read with ``RWF_NOWAIT`` (which fails rather
-    than wait for the disk).
+    """Whether the matched bytes look to be in the page cache: the first pages of a few of these
+    (offset, length) ranges, spread over them, asked of the kernel without reading anything
+    (:func:`_resident`, ``mincore`` on a mapping of the file). Where that is not available, a page
+    of each is read with ``RWF_NOWAIT``, which fails rather than wait for the disk (but starts a
+    read-ahead there: measured here, that costs a cold load of 1 GB ~15 ms).
 
-    Where the flag is missing (not Linux, an old kernel, a file system without it) the answer is
-    yes: the two-thread path is right for a warm file and costs at most ~1.4x on a cold one.
+    Where neither works (not Linux or macOS, a file system without them) the answer is yes: the
+    two-thread path is right for a warm file and costs at most ~1.4x on a cold one.
     """
+    step = max(1, len(ranges) // _PROBES)
+    probes = ranges[::step]
+    try:
+        return _resident(fd, [offset for offset, _ in probes])
+    except (OSError, AttributeError, ValueError):
+        pass
     flag = getattr(os, "RWF_NOWAIT", None)
     if flag is None:
         return True
     scratch = memoryview(bytearray(4096))
-    step = max(1, len(ranges) // _PROBES)
-    for offset, length in ranges[::step]:
+    for offset, length in probes:
         want = min(len(scratch), length)
         try:
             if os.preadv(fd, [scratch[:want]], offset, flag) < want:
@@ -454,6 +461,45 @@ def _cached(fd: int, ranges: list[tuple[int, int]]) -> bool:
         except OSError:  # EOPNOTSUPP and kin: no way to tell
             return True
     return True
+
+
+_libc: Any = None
+
+
+def _resident(fd: int, offsets: list[int]) -> bool:
+    """Whether the page at each offset of the file is in the page cache, by ``mincore`` on a
+    read-only shared mapping of the file (which reads nothing; the mapping is dropped at once).
+
+    Linux answers for files this process owns or may write (else it reports pages as absent:
+    a cold-path read, still correct). Raises OSError where mapping or ``mincore`` fails."""
+    import ctypes
+    import mmap
+
+    global _libc
+    if _libc is None:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        _libc = libc
+    size = os.fstat(fd).st_size
+    if size == 0 or not offsets:
+        return True
+    address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address is None or address == ctypes.c_void_p(-1).value:
+        raise OSError(ctypes.get_errno(), "mmap failed")
+    try:
+        vector = (ctypes.c_ubyte * 1)()
+        for offset in offsets:
+            page = min(offset, size - 1) // mmap.PAGESIZE * mmap.PAGESIZE
+            if _libc.mincore(address + page, 1, vector) != 0:
+                raise OSError(ctypes.get_errno(), "mincore failed")
+            if not vector[0] & 1:
+                return False
+        return True
+    finally:
+        _libc.munmap(address, size)
 
 
 def _stream(fd: int, pieces: list[_Piece]) -> list[tuple[int, int, int]]:

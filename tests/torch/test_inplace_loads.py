@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -297,7 +298,8 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"), reason="Linux only")
 def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one() -> None:
     """On a real disk (the repository's, not a tmpfs): a file just written is cached; fsynced and
-    dropped with posix_fadvise(DONTNEED) it is not, until it is read again."""
+    dropped with posix_fadvise(DONTNEED) it is not, until it is read again. Asking reads nothing
+    (mincore): an evicted file stays evicted however often it is asked about."""
     folder = Path(__file__).resolve().parents[2] / ".pytest-probe"
     folder.mkdir(exist_ok=True)
     path = folder / f"probe-{os.getpid()}.bin"
@@ -310,7 +312,11 @@ def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one() -> None:
             os.fsync(fd)
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             assert not _inplace._cached(fd, ranges)
+            assert not _inplace._resident(fd, [0, 2**20, 3 * 2**20])
+            time.sleep(0.3)  # a probe that started a read-ahead would have its pages by now
+            assert not _inplace._cached(fd, ranges)
             os.pread(fd, 4 * 2**20, 0)
+            assert _inplace._resident(fd, [0, 2**20, 3 * 2**20])
             assert _inplace._cached(fd, ranges)
         finally:
             os.close(fd)
