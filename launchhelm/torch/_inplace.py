@@ -3,9 +3,11 @@
 ``torch.load`` fills fresh memory (3x a warm raw read here, before any
 checksum) and ``load_state_dict`` then copies it again. Instead:
 
-1. **Plan**: ``torch.load(map_location="meta", weights_only=True)`` reads only
-   the pickle (milliseconds) and gives every storage its byte offset in the
-   file (``_checkpoint_offset``, set by ``torch.serialization``). Each saved
+1. **Plan**: :func:`meta_load` reads only the pickle, with the C unpickler
+   given three sealed globals of our own (anything else: ``torch.load(
+   map_location="meta", weights_only=True)`` plans, as it did before), and
+   gives every storage its byte offset in the file (``_checkpoint_offset``,
+   as ``torch.serialization`` sets it). Each saved
    tensor that fills its storage is matched to the live tensor it will be
    loaded into: the model's parameter or buffer of the same key, the
    optimizer's state tensor of the same parameter index and name. A match
@@ -15,12 +17,13 @@ checksum) and ``load_state_dict`` then copies it again. Instead:
    unmatched tensors): read into fresh memory, each range's CRC64NVME kept.
    The bundle is then whole and real, so it is validated (format, world size,
    RNG records) before a single byte reaches the model.
-3. **Matched tensors**: ``os.preadv`` straight into their memory (CUDA
-   tensors through a reused pinned buffer), in chunks on two threads, each
-   chunk's CRC computed as it lands. The chunks' and step 2's CRCs are
+3. **Matched tensors**: ``os.preadv`` straight into their memory, scatter
+   reads of 4 MiB pieces that fill every tensor (and zip header) they span,
+   on two threads (CUDA tensors: per tensor, through a reused pinned
+   buffer), each piece's CRC computed as it lands. The chunks' and step 2's CRCs are
    combined in file order into the whole file's CRC64NVME, compared with the
    record: one pass over the bytes, at the disk's speed. A file that is not
-   in the page cache (``RWF_NOWAIT`` probes, :func:`_cached`) is read as one
+   in the page cache (``mincore`` probes, :func:`_cached`) is read as one
    stream of big requests instead, each piece's CRC taken on the other
    thread while the next is read (:func:`_stream`): what the disk's
    read-ahead wants.
@@ -144,7 +147,7 @@ class _PlanningUnpickler(pickle.Unpickler):
             try:
                 from torch.serialization import StorageType
 
-                return _StorageName(StorageType(name).dtype)
+                return _StorageName(StorageType(name).dtype)  # type: ignore[no-untyped-call]
             except Exception:
                 raise _Refused(f"storage type {name}") from None
         raise _Refused(f"global {module}.{name}")
@@ -159,8 +162,8 @@ class _PlanningUnpickler(pickle.Unpickler):
             raise _Refused("storage size")
         storage = self._storages.get(key)
         if storage is None:
-            untyped = torch.UntypedStorage(numel * kind.dtype.itemsize, device="meta")
-            untyped._checkpoint_offset = self._offset_of(f"data/{key}")  # type: ignore[attr-defined]
+            untyped: Any = torch.UntypedStorage(numel * kind.dtype.itemsize, device="meta")  # type: ignore[no-untyped-call]
+            untyped._checkpoint_offset = self._offset_of(f"data/{key}")
             storage = self._storages[key] = _MetaStorage(untyped, kind.dtype)
         elif storage.dtype != kind.dtype:
             raise _Refused("one storage, two dtypes")
@@ -182,7 +185,7 @@ def meta_load(path: Path) -> Any | None:
     (the C unpickler, see :class:`_PlanningUnpickler`); None where it does not take the file,
     and the caller asks torch.load."""
     try:
-        reader = torch._C.PyTorchFileReader(str(path))
+        reader: Any = torch._C.PyTorchFileReader(str(path))
         if not reader.has_record("byteorder") or reader.get_record("byteorder").decode() != sys.byteorder:
             return None  # a byte-swapping load: torch's own path
         return _PlanningUnpickler(reader.get_record("data.pkl"), reader.get_record_offset).load()
@@ -533,7 +536,8 @@ def _cut(parts: list[tuple[int, memoryview]], size: int) -> list[_Piece]:
     """Cut (offset, bytes) parts, sorted by offset, into scatter reads of at most ``size`` bytes
     and :data:`_IOV_MAX` buffers, each over one contiguous range of the file."""
     pieces: list[_Piece] = []
-    start, views, length = 0, [], 0
+    start, length = 0, 0
+    views: list[memoryview] = []
     for offset, view in parts:
         view = view.cast("B") if view.format != "B" else view
         pos = 0
