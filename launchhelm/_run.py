@@ -585,8 +585,12 @@ class Run:
         The session's end waits for it (:meth:`_settle_summary`)."""
         self._settle_summary()
         thread = threading.Thread(target=self._after_event, args=({},), name="launchhelm-summary", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # no thread to be had (interpreter shutting down): put it here
+            self._after_event({})
+            return
         self._summary_thread = thread
-        thread.start()
 
     def _settle_summary(self) -> None:
         """Wait for a summary :meth:`_summary_soon` started."""

@@ -448,7 +448,7 @@ def _cached(fd: int, ranges: list[tuple[int, int]]) -> bool:
     probes = ranges[::step]
     try:
         return _resident(fd, [offset for offset, _ in probes])
-    except (OSError, AttributeError, ValueError):
+    except Exception:  # no mincore or mmap here (Windows, a file system that cannot map): ask another way
         pass
     flag = getattr(os, "RWF_NOWAIT", None)
     if flag is None:
@@ -469,12 +469,16 @@ def _cached(fd: int, ranges: list[tuple[int, int]]) -> bool:
 _libc: Any = None
 
 
+class _NoProbe(Exception):
+    """mmap or mincore failed: :func:`_cached` asks another way."""
+
+
 def _resident(fd: int, offsets: list[int]) -> bool:
     """Whether the page at each offset of the file is in the page cache, by ``mincore`` on a
     read-only shared mapping of the file (which reads nothing; the mapping is dropped at once).
 
     Linux answers for files this process owns or may write (else it reports pages as absent:
-    a cold-path read, still correct). Raises OSError where mapping or ``mincore`` fails."""
+    a cold-path read, still correct). Raises :class:`_NoProbe` where mapping or ``mincore`` fails."""
     import ctypes
     import mmap
 
@@ -491,13 +495,13 @@ def _resident(fd: int, offsets: list[int]) -> bool:
         return True
     address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
     if address is None or address == ctypes.c_void_p(-1).value:
-        raise OSError(ctypes.get_errno(), "mmap failed")
+        raise _NoProbe(f"mmap: errno {ctypes.get_errno()}")
     try:
         vector = (ctypes.c_ubyte * 1)()
         for offset in offsets:
             page = min(offset, size - 1) // mmap.PAGESIZE * mmap.PAGESIZE
             if _libc.mincore(address + page, 1, vector) != 0:
-                raise OSError(ctypes.get_errno(), "mincore failed")
+                raise _NoProbe(f"mincore: errno {ctypes.get_errno()}")
             if not vector[0] & 1:
                 return False
         return True
