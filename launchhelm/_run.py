@@ -558,12 +558,10 @@ class Run:
             self._store.put(summary_key(self.id), body)
 
     @contextlib.contextmanager
-    def _one_summary(self, *, later: bool = False) -> Iterator[None]:
-        """Events appended inside share one summary put at the end (a load's rewind and restore:
-        one request and one fsync fewer on the path that blocks the training loop).
-
-        ``later=True`` puts it from a short-lived thread (:meth:`_summary_soon`) instead of
-        before returning."""
+    def _one_summary(self) -> Iterator[None]:
+        """Events appended inside share one summary, put at the end from a short-lived thread
+        (:meth:`_summary_soon`): a load's rewind and restore, on the path that blocks the training
+        loop, wait for neither that request nor its fsync."""
         self._summary_deferred += 1
         try:
             yield
@@ -571,10 +569,7 @@ class Run:
             self._summary_deferred -= 1
             if not self._summary_deferred and self._summary_owed:
                 self._summary_owed = False
-                if later:
-                    self._summary_soon()
-                else:
-                    self._after_event({})
+                self._summary_soon()
 
     def _summary_soon(self) -> None:
         """Put the summary on a thread of its own, so the caller (a checkpoint load, which blocks the

@@ -336,17 +336,17 @@ class InPlaceLoad:
     def read_matched(self) -> int:
         """Read the matched tensors' bytes into them; return the whole file's CRC64NVME."""
         matched = [(s.offset, s.nbytes, s.target) for s in self._storages if s.target is not None]
-        jobs = [
-            (offset + start, target, start, min(_CHUNK, nbytes - start))
-            for offset, nbytes, target in matched
-            for start in range(0, nbytes, _CHUNK)
-        ]
         fd = os.open(self.path, os.O_RDONLY)
         staging = threading.local()
         try:
             if self._scatter:
                 self._read_scattered(fd, matched)
                 return self._whole_crc()
+            jobs = [  # a tensor on CUDA among them: per tensor, in chunks through a pinned buffer
+                (offset + start, target, start, min(_CHUNK, nbytes - start))
+                for offset, nbytes, target in matched
+                for start in range(0, nbytes, _CHUNK)
+            ]
 
             def run(job: tuple[int, torch.Tensor, int, int]) -> tuple[int, int, int]:
                 offset, target, start, length = job
@@ -584,16 +584,6 @@ def _crc_views(views: list[memoryview]) -> int:
     return crc
 
 
-def _fill(fd: int, view: memoryview, offset: int) -> None:
-    """Fill ``view`` from the file at ``offset`` with ``preadv`` (no copy), however many calls it takes."""
-    got = 0
-    while got < len(view):
-        n = os.preadv(fd, [view[got:]], offset + got)
-        if n <= 0:
-            raise EOFError(f"the file ended {len(view) - got} bytes early at offset {offset + got}")
-        got += n
-
-
 def _bytes_of(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU uint8 tensor, writable, without a copy."""
     array: Any = t.numpy()
@@ -611,7 +601,7 @@ def _read_crc(fd: int, view: memoryview, offset: int) -> int:
     done = 0
     while done < len(view):
         piece = view[done : done + _PIECE]
-        _fill(fd, piece, offset + done)
+        _fill_views(fd, [piece], offset + done)
         crc = crc64nvme(piece, crc)
         done += len(piece)
     return crc

@@ -545,7 +545,7 @@ class TorchRun(Run):
         step = int(bundle["step"])
         rewind = None
         # the rewind and the restore: one summary after both, put while training goes on
-        with self._one_summary(later=True):
+        with self._one_summary():
             if self._rank == 0:
                 rewind = self._record_rewind(step, target.get("checkpoint"), "load_checkpoint", self.reached)
                 if target.get("consume"):
