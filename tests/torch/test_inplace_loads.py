@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import struct
 import threading
 import time
 from pathlib import Path
@@ -436,3 +437,103 @@ def test_the_planning_unpickler_calls_nothing_of_the_file_and_leaves_the_rest_to
     assert _inplace.meta_load(_payload(store_url, tr, artifact)) is None  # torch.Size: torch plans
     assert tr.load_checkpoint(artifact) == extra
     tr.finish()
+
+
+def test_the_header_prefetch_reads_every_entry_of_a_zip_and_of_a_zip64(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plan asks for every record's local header at once (one WILLNEED each, from the central
+    directory) instead of one cold random read per tensor. Its parser finds the same header offsets
+    as the standard library's, for a torch bundle and for a zip64 directory (offsets and sizes in the
+    zip64 extra field); what it does not follow raises, and the prefetch then quietly does nothing."""
+    import zipfile
+
+    def header_offsets(path: Path) -> list[int]:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return _inplace._header_offsets(fd)
+        finally:
+            os.close(fd)
+
+    def stdlib(path: Path) -> list[int]:
+        with zipfile.ZipFile(path) as archive:
+            return [info.header_offset for info in archive.infolist()]
+
+    model, optimizer = _build()
+    _train(model, optimizer, 1)
+    bundle = tmp_path / "bundle.pt"
+    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, bundle)
+    assert len(stdlib(bundle)) > 10
+    assert header_offsets(bundle) == stdlib(bundle)
+
+    zip64 = tmp_path / "zip64.zip"
+    monkeypatch.setattr(zipfile, "ZIP64_LIMIT", 64)  # every offset and size past 64 goes to zip64
+    with zipfile.ZipFile(zip64, "w", zipfile.ZIP_STORED) as archive:
+        for index in range(5):
+            archive.writestr(f"data/{index}", os.urandom(100 + index))
+    monkeypatch.undo()
+    raw = zip64.read_bytes()
+    assert b"PK\x06\x06" in raw and b"\xff\xff\xff\xff" in raw  # a zip64 directory, offsets moved out
+    assert header_offsets(zip64) == stdlib(zip64)
+    assert len(set(header_offsets(zip64))) == 5
+
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a zip" * 100)
+    with pytest.raises(_inplace._Unparsed, match="no end of central directory"):
+        header_offsets(junk)
+    with _inplace._headers_prefetched(junk):  # only a hint: nothing raised
+        pass
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(bundle.read_bytes()[: bundle.stat().st_size - 200])  # the directory's end survives, not its start
+    cut.write_bytes(cut.read_bytes() + bundle.read_bytes()[-22:])
+    with pytest.raises((_inplace._Unparsed, struct.error)):
+        header_offsets(cut)
+    with _inplace._headers_prefetched(cut):
+        pass
+
+
+@pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="Linux only")
+def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_cold_as_it_was() -> None:
+    """On a real disk: while a bundle dropped from the page cache is planned, every record's local
+    header is resident (asked for at once, not read one by one) and no tensor's middle is; after
+    the plan those header pages are gone again (left cached, they would break the read-ahead of the
+    cold stream that follows), while pages cached before the plan stay cached."""
+    folder = Path(__file__).resolve().parents[2] / ".pytest-probe"
+    folder.mkdir(exist_ok=True)
+    path = folder / f"headers-{os.getpid()}.pt"
+    try:
+        torch.save({f"w{index}": torch.randn(2**18) for index in range(6)}, path)  # 1 MiB each
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            headers = _inplace._header_offsets(fd)
+            middle = [int(offset) + 2**19 for offset in _tensor_offsets(path)]
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            assert not any(_inplace._residency(fd, headers))
+            with _inplace._headers_prefetched(path):
+                deadline = time.monotonic() + 5
+                while not _inplace._resident(fd, headers) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                assert _inplace._resident(fd, headers)
+                assert not any(_inplace._residency(fd, middle))
+            # the tensors' headers, not those sharing a page with data.pkl or the central directory
+            inner = [h for h in headers if 4096 <= h < os.fstat(fd).st_size - 8192]
+            assert len(inner) >= 4
+            assert not any(_inplace._residency(fd, inner))
+            assert _inplace.meta_load(path) is not None
+            assert not any(_inplace._residency(fd, inner))  # the plan itself leaves them out too
+
+            os.pread(fd, 64, inner[1])  # cached before: stays cached
+            with _inplace._headers_prefetched(path):
+                pass
+            assert _inplace._residency(fd, inner[:3]) == [False, True, False]
+        finally:
+            os.close(fd)
+    finally:
+        path.unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def _tensor_offsets(path: Path) -> list[int]:
+    reader = torch._C.PyTorchFileReader(str(path))
+    return [reader.get_record_offset(name) for name in reader.get_all_records() if name.startswith("data/")]
