@@ -523,10 +523,16 @@ def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_c
             assert _inplace.meta_load(path) is not None
             assert not any(_inplace._residency(fd, inner))  # the plan itself leaves them out too
 
-            os.pread(fd, 64, inner[1])  # cached before: stays cached
+            os.pread(fd, 64, inner[1])  # cached before (with what the kernel read ahead): stays cached
+            before = _inplace._residency(fd, inner)
+            assert before[1] and not all(before)
             with _inplace._headers_prefetched(path):
                 pass
-            assert _inplace._residency(fd, inner[:3]) == [False, True, False]
+            assert _inplace._residency(fd, inner) == before
+            os.pread(fd, os.fstat(fd).st_size, 0)  # all cached: all stay
+            with _inplace._headers_prefetched(path):
+                pass
+            assert _inplace._resident(fd, headers)
         finally:
             os.close(fd)
     finally:
