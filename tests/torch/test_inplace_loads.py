@@ -7,11 +7,14 @@ loads, or a corrupted file trains on silently.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
 import struct
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -69,6 +72,19 @@ def _saved_then_trained_on(
     _train(model, optimizer, 1)
     assert not _same(saved, _state(model, optimizer))
     return store_url, tr, model, optimizer, saved, artifact
+
+
+@pytest.fixture
+def disk_dir() -> Iterator[Path]:
+    """A folder on the repository's disk (not a tmpfs, which nothing can evict), removed afterwards."""
+    folder = Path(__file__).resolve().parents[2] / ".pytest-probe" / f"{os.getpid()}-{os.urandom(4).hex()}"
+    folder.mkdir(parents=True)
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            folder.parent.rmdir()
 
 
 @pytest.fixture
@@ -297,33 +313,27 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
 
 
 @pytest.mark.skipif(not hasattr(os, "RWF_NOWAIT") or not hasattr(os, "posix_fadvise"), reason="Linux only")
-def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one() -> None:
+def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one(disk_dir: Path) -> None:
     """On a real disk (the repository's, not a tmpfs): a file just written is cached; fsynced and
     dropped with posix_fadvise(DONTNEED) it is not, until it is read again. Asking reads nothing
     (mincore): an evicted file stays evicted however often it is asked about."""
-    folder = Path(__file__).resolve().parents[2] / ".pytest-probe"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"probe-{os.getpid()}.bin"
+    path = disk_dir / "probe.bin"
+    path.write_bytes(os.urandom(4 * 2**20))
+    fd = os.open(path, os.O_RDONLY)
     try:
-        path.write_bytes(os.urandom(4 * 2**20))
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            ranges = [(offset, 2**20) for offset in range(0, 4 * 2**20, 2**20)]
-            assert _inplace._cached(fd, ranges)
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            assert not _inplace._cached(fd, ranges)
-            assert not _inplace._resident(fd, [0, 2**20, 3 * 2**20])
-            time.sleep(0.3)  # a probe that started a read-ahead would have its pages by now
-            assert not _inplace._cached(fd, ranges)
-            os.pread(fd, 4 * 2**20, 0)
-            assert _inplace._resident(fd, [0, 2**20, 3 * 2**20])
-            assert _inplace._cached(fd, ranges)
-        finally:
-            os.close(fd)
+        ranges = [(offset, 2**20) for offset in range(0, 4 * 2**20, 2**20)]
+        assert _inplace._cached(fd, ranges)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not _inplace._cached(fd, ranges)
+        assert not _inplace._resident(fd, [0, 2**20, 3 * 2**20])
+        time.sleep(0.3)  # a probe that started a read-ahead would have its pages by now
+        assert not _inplace._cached(fd, ranges)
+        os.pread(fd, 4 * 2**20, 0)
+        assert _inplace._resident(fd, [0, 2**20, 3 * 2**20])
+        assert _inplace._cached(fd, ranges)
     finally:
-        path.unlink(missing_ok=True)
-        folder.rmdir()
+        os.close(fd)
 
 
 def test_a_load_returns_before_its_summary_is_put_and_readers_see_its_rewind_meanwhile(
@@ -493,51 +503,47 @@ def test_the_header_prefetch_reads_every_entry_of_a_zip_and_of_a_zip64(
 
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="Linux only")
-def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_cold_as_it_was() -> None:
+def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_cold_as_it_was(
+    disk_dir: Path,
+) -> None:
     """On a real disk: while a bundle dropped from the page cache is planned, every record's local
     header is resident (asked for at once, not read one by one) and no tensor's middle is; after
     the plan those header pages are gone again (left cached, they would break the read-ahead of the
     cold stream that follows), while pages cached before the plan stay cached."""
-    folder = Path(__file__).resolve().parents[2] / ".pytest-probe"
-    folder.mkdir(exist_ok=True)
-    path = folder / f"headers-{os.getpid()}.pt"
+    path = disk_dir / "headers.pt"
+    torch.save({f"w{index}": torch.randn(2**18) for index in range(6)}, path)  # 1 MiB each
+    fd = os.open(path, os.O_RDONLY)
     try:
-        torch.save({f"w{index}": torch.randn(2**18) for index in range(6)}, path)  # 1 MiB each
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            headers = _inplace._header_offsets(fd)
-            middle = [int(offset) + 2**19 for offset in _tensor_offsets(path)]
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            assert not any(_inplace._residency(fd, headers))
-            with _inplace._headers_prefetched(path):
-                deadline = time.monotonic() + 5
-                while not _inplace._resident(fd, headers) and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                assert _inplace._resident(fd, headers)
-                assert not any(_inplace._residency(fd, middle))
-            # the tensors' headers, not those sharing a page with data.pkl or the central directory
-            inner = [h for h in headers if 4096 <= h < os.fstat(fd).st_size - 8192]
-            assert len(inner) >= 4
-            assert not any(_inplace._residency(fd, inner))
-            assert _inplace.meta_load(path) is not None
-            assert not any(_inplace._residency(fd, inner))  # the plan itself leaves them out too
-
-            os.pread(fd, 64, inner[1])  # cached before (with what the kernel read ahead): stays cached
-            before = _inplace._residency(fd, inner)
-            assert before[1] and not all(before)
-            with _inplace._headers_prefetched(path):
-                pass
-            assert _inplace._residency(fd, inner) == before
-            os.pread(fd, os.fstat(fd).st_size, 0)  # all cached: all stay
-            with _inplace._headers_prefetched(path):
-                pass
+        headers = _inplace._header_offsets(fd)
+        middle = [int(offset) + 2**19 for offset in _tensor_offsets(path)]
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        assert not any(_inplace._residency(fd, headers))
+        with _inplace._headers_prefetched(path):
+            deadline = time.monotonic() + 5
+            while not _inplace._resident(fd, headers) and time.monotonic() < deadline:
+                time.sleep(0.01)
             assert _inplace._resident(fd, headers)
-        finally:
-            os.close(fd)
+            assert not any(_inplace._residency(fd, middle))
+        # the tensors' headers, not those sharing a page with data.pkl or the central directory
+        inner = [h for h in headers if 4096 <= h < os.fstat(fd).st_size - 8192]
+        assert len(inner) >= 4
+        assert not any(_inplace._residency(fd, inner))
+        assert _inplace.meta_load(path) is not None
+        assert not any(_inplace._residency(fd, inner))  # the plan itself leaves them out too
+
+        os.pread(fd, 64, inner[1])  # cached before (with what the kernel read ahead): stays cached
+        before = _inplace._residency(fd, inner)
+        assert before[1] and not all(before)
+        with _inplace._headers_prefetched(path):
+            pass
+        assert _inplace._residency(fd, inner) == before
+        os.pread(fd, os.fstat(fd).st_size, 0)  # all cached: all stay
+        with _inplace._headers_prefetched(path):
+            pass
+        assert _inplace._resident(fd, headers)
     finally:
-        path.unlink(missing_ok=True)
-        folder.rmdir()
+        os.close(fd)
 
 
 def _tensor_offsets(path: Path) -> list[int]:
