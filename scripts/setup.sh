@@ -11,6 +11,9 @@ if [ ! -x .venv/bin/python ]; then
 fi
 # shellcheck disable=SC1091
 source .venv/bin/activate
+# no wheel cache: a fresh machine installs once, and the cache would double what the install
+# takes on disk (a CI machine once ran out of space mid-install)
+export PIP_NO_CACHE_DIR=1
 python -m pip install --quiet --upgrade pip
 extras=${1:-torch}
 # torch 2.13.0: its CPU wheel lies on these machines' disk (the demo trains a

@@ -26,15 +26,15 @@ class SnapshotBuffers:
     def __init__(self) -> None:
         self._buffers: list[torch.Tensor] = []
         self._next = 0
-        self._cuda = False
+        self._devices: set[int] = set()  # the CUDA devices the current snapshot copies from
 
     def snapshot(self, value: Any) -> Any:
         """A copy of ``value`` whose tensors live in this object's host buffers (containers rebuilt)."""
         self._next = 0
-        self._cuda = False
+        self._devices = set()
         copied = self._copy(value)
-        if self._cuda:
-            torch.cuda.synchronize()  # the one wait: every non-blocking copy has landed
+        for device in sorted(self._devices):  # the one wait per device: every non-blocking copy has landed
+            torch.cuda.synchronize(device)
         del self._buffers[self._next :]  # buffers of tensors no longer saved
         return copied
 
@@ -60,7 +60,7 @@ class SnapshotBuffers:
                 return t.to("cpu", copy=True)  # sparse, meta, other devices: a plain copy
             buffer = self._buffer_for(t)
             if t.device.type == "cuda":
-                self._cuda = True
+                self._devices.add(t.device.index if t.device.index is not None else torch.cuda.current_device())
                 buffer.copy_(t, non_blocking=True)
             else:
                 buffer.copy_(t)

@@ -549,3 +549,63 @@ def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_c
 def _tensor_offsets(path: Path) -> list[int]:
     reader = torch._C.PyTorchFileReader(str(path))
     return [reader.get_record_offset(name) for name in reader.get_all_records() if name.startswith("data/")]
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_load_runs_with_the_cyclic_collector_paused_and_leaves_it_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a collection due at every allocation, a load triggers none (a full one walks all of
+    torch's objects: ~0.1 s here), succeeds bitwise, and leaves the collector on, or off where the
+    caller had turned it off, whether the load succeeds or raises."""
+    import gc
+
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
+    collections: list[str] = []
+    loading = threading.Event()  # set while the load does its work (checks done, collector paused)
+    load = type(tr)._load
+
+    def watched_load(*args: object) -> object:
+        loading.set()
+        try:
+            return load(*args)  # type: ignore[arg-type]
+        finally:
+            loading.clear()
+
+    monkeypatch.setattr(type(tr), "_load", watched_load)
+
+    def seen(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            collections.append(f"generation {info['generation']}{' during the load' if loading.is_set() else ''}")
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(seen)
+    try:
+        gc.set_threshold(1, 1, 1)  # any allocation of a tracked object would collect
+        tr.load_checkpoint(artifact)
+        during = [c for c in collections if c.endswith("during the load")]
+        before = len(collections)
+        kept = [[] for _ in range(1000)]  # the collector is on again: these allocations collect
+        after = len(collections) - before
+        del kept
+        gc.disable()
+        tr.load_checkpoint(artifact)
+        still_off = not gc.isenabled()
+        gc.enable()
+        path = _payload(store_url, tr, artifact)
+        path.chmod(0o644)
+        path.write_bytes(b"not a checkpoint")
+        with pytest.raises(lh.CheckpointError):
+            tr.load_checkpoint(artifact)
+        on_after_error = gc.isenabled()
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(seen)
+        gc.enable()
+    assert not during, f"{len(during)} collections during the load, e.g. {during[:3]}"
+    assert after > 0, "the collector did not come back on after the load"
+    assert still_off, "a load turned on a collector the caller had turned off"
+    assert on_after_error, "a load that raised left the collector off"
+    assert _same(saved, _state(model, optimizer))
+    tr.clear_checkpoint_error()
+    tr.finish()
