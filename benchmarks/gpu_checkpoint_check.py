@@ -10,6 +10,9 @@ Checks, on every visible CUDA device:
   bitwise (bf16 included);
 * the CUDA RNG of every device is restored.
 
+With two or more devices the model's layers alternate between ``cuda:0`` and
+``cuda:1``, so a snapshot waits for the copies of each device it copied from.
+
 Without CUDA it prints ``SKIP`` and exits 0. Exit status 1 on any failed check.
 
 Run it from the repository root::
@@ -50,9 +53,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     _inplace.IN_PLACE_MIN_BYTES = 0
     devices = torch.cuda.device_count()
     width = max(64, int((args.size_mb * 1e6 / 12 / 4) ** 0.5))
-    print(f"torch {torch.__version__}; {devices} CUDA device(s): {torch.cuda.get_device_name(0)}; width {width}")
+    print(
+        f"torch {torch.__version__}; {devices} CUDA device(s): {torch.cuda.get_device_name(0)}; width {width}"
+        + ("; layers alternate between cuda:0 and cuda:1" if devices > 1 else "")
+    )
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)]).cuda()
+    for i, layer in enumerate(model):  # with several devices, the layers alternate between the first two
+        layer.to(f"cuda:{i % min(devices, 2)}")
     model[3].to(torch.bfloat16)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 
@@ -60,9 +68,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         optimizer.zero_grad()
         x = torch.randn(16, width, device="cuda")
         for layer in model:
-            x = layer(x.to(layer.weight.dtype))
+            x = layer(x.to(layer.weight.device, layer.weight.dtype))
         x.float().pow(2).mean().backward()
         optimizer.step()
+
+    def sync() -> None:
+        for d in range(devices):
+            torch.cuda.synchronize(d)
 
     failures: list[str] = []
     with tempfile.TemporaryDirectory(prefix="launchhelm-gpu-check-") as store:
@@ -72,18 +84,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         for d in range(devices):  # a distinct stream per device
             with torch.cuda.device(d):
                 torch.cuda.manual_seed(1000 + d)
-        torch.cuda.synchronize()
+        sync()
         tensors = list(model.state_dict().values())
         tensors += [t for st in optimizer.state.values() for t in st.values() if isinstance(t, torch.Tensor)]
         t0 = time.perf_counter()
         _ = [t.to("cpu") for t in tensors]
-        torch.cuda.synchronize()
+        sync()
         plain_copy = time.perf_counter() - t0
 
         tr.save_checkpoint(blocking=False)  # first one allocates the pinned buffers
         tr.wait_for_checkpoint()
         step()
-        torch.cuda.synchronize()
+        sync()
         saved = _state(model, optimizer)
         rng_at_save = [s.clone() for s in torch.cuda.get_rng_state_all()]
         t0 = time.perf_counter()
@@ -109,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             torch.randn(3, device=f"cuda:{d}")
         t0 = time.perf_counter()
         tr.load_checkpoint(artifact)
-        torch.cuda.synchronize()
+        sync()
         load_s = time.perf_counter() - t0
         loaded = _state(model, optimizer)
         bitwise = len(loaded) == len(saved) and all(

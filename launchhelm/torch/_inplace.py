@@ -4,10 +4,13 @@
 checksum) and ``load_state_dict`` then copies it again. Instead:
 
 1. **Plan**: :func:`meta_load` reads only the pickle, with the C unpickler
-   given three sealed globals of our own (anything else: ``torch.load(
-   map_location="meta", weights_only=True)`` plans, as it did before), and
-   gives every storage its byte offset in the file (``_checkpoint_offset``,
-   as ``torch.serialization`` sets it). Each saved
+   given three sealed globals of our own, and makes each tensor a plain
+   record (:class:`_Planned`: dtype, geometry, and its storage's byte offset
+   in the file), no torch object per tensor. Anything else: ``torch.load(
+   map_location="meta", weights_only=True)`` plans, as it did before, and
+   :func:`planned_from_meta` turns its meta tensors into the same records
+   (offsets from ``_checkpoint_offset``, as ``torch.serialization`` sets
+   it). Each saved
    tensor that fills its storage is matched to the live tensor it will be
    loaded into: the model's parameter or buffer of the same key, the
    optimizer's state tensor of the same parameter index and name. A match
@@ -31,7 +34,9 @@ checksum) and ``load_state_dict`` then copies it again. Instead:
 Unmatched tensors (different shape, dtype or layout, tied weights, a fresh
 optimizer without state yet) fall back to today's path for that tensor:
 fresh memory, then ``load_state_dict`` copies it (and reports a mismatch as
-it always has). A CRC mismatch found in step 3 means corrupted bytes may now
+it always has). When every entry of the model's state dict went in place
+and the model loads the stock way, ``load_state_dict`` (which would copy
+each tensor onto itself) is skipped. A CRC mismatch found in step 3 means corrupted bytes may now
 sit in the model: the caller raises a :class:`CheckpointError` that also
 poisons the next optimizer step.
 """
@@ -40,6 +45,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import ctypes
 import io
 import os
 import pickle
@@ -112,13 +118,61 @@ class _StorageName(_Sealed):
         self.dtype = dtype
 
 
-class _MetaStorage(_Sealed):
-    """A storage record's meta storage and dtype, as persistent_load hands it to _rebuild."""
+class _PlannedStorage(_Sealed):
+    """A storage record of the file as the plan sees it: its dtype, its size in bytes and where
+    its bytes lie in the file (no torch object is made for it)."""
 
-    __slots__ = ("dtype", "untyped")
+    __slots__ = ("dtype", "nbytes", "offset")
 
-    def __init__(self, untyped: torch.UntypedStorage, dtype: torch.dtype) -> None:
-        self.untyped, self.dtype = untyped, dtype
+    def __init__(self, dtype: torch.dtype, nbytes: int, offset: int) -> None:
+        self.dtype, self.nbytes, self.offset = dtype, nbytes, offset
+
+
+class _Planned(_Sealed):
+    """A saved tensor as the plan sees it: a view (element offset, shape, stride) of a
+    :class:`_PlannedStorage`. What ``torch.load(map_location="meta")`` makes costs ~4 µs a tensor
+    in torch calls (a meta storage, an empty tensor, ``set_``) and as much again to inspect and
+    free; this is a plain object, and a plan walks hundreds of them."""
+
+    __slots__ = ("dtype", "offset", "shape", "storage", "stride")
+
+    def __init__(self, storage: _PlannedStorage, offset: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+        self.storage, self.dtype, self.offset, self.shape, self.stride = storage, storage.dtype, offset, shape, stride
+
+    def numel(self) -> int:
+        n = 1
+        for size in self.shape:
+            n *= size
+        return n
+
+    def is_contiguous(self) -> bool:
+        """As ``torch.Tensor.is_contiguous``: dimensions of size 1 may have any stride."""
+        expected = 1
+        for size, stride in zip(reversed(self.shape), reversed(self.stride), strict=True):
+            if size == 0:
+                return True
+            if size != 1 and stride != expected:
+                return False
+            expected *= size
+        return True
+
+
+def _geometry_fits(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool:
+    """Whether a tensor's geometry from the pickle is well formed and lies inside its storage
+    (what ``set_`` checks on a real tensor)."""
+    if type(offset) is not int or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride):
+        return False
+    if offset < 0:
+        return False
+    last, empty = offset, False
+    for n, step in zip(size, stride, strict=True):
+        if type(n) is not int or type(step) is not int or n < 0 or step < 0:
+            return False
+        if n == 0:
+            empty = True
+        else:
+            last += (n - 1) * step
+    return empty or (last + 1) * storage.dtype.itemsize <= storage.nbytes
 
 
 def _ordered_dict(*args: Any) -> collections.OrderedDict[Any, Any]:
@@ -139,7 +193,7 @@ class _PlanningUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes, offset_of: Callable[[str], int]) -> None:
         super().__init__(io.BytesIO(data), encoding="utf-8")
         self._offset_of = offset_of
-        self._storages: dict[str, _MetaStorage] = {}
+        self._storages: dict[str, _PlannedStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch._utils" and name == "_rebuild_tensor_v2":
@@ -165,28 +219,28 @@ class _PlanningUnpickler(pickle.Unpickler):
             raise _Refused("storage size")
         storage = self._storages.get(key)
         if storage is None:
-            untyped: Any = torch.UntypedStorage(numel * kind.dtype.itemsize, device="meta")  # type: ignore[no-untyped-call]
-            untyped._checkpoint_offset = self._offset_of(f"data/{key}")
-            storage = self._storages[key] = _MetaStorage(untyped, kind.dtype)
+            offset = self._offset_of(f"data/{key}")
+            storage = self._storages[key] = _PlannedStorage(kind.dtype, numel * kind.dtype.itemsize, offset)
         elif storage.dtype != kind.dtype:
             raise _Refused("one storage, two dtypes")
         return storage
 
     def _rebuild(
         self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *metadata: Any
-    ) -> torch.Tensor:
-        if type(storage) is not _MetaStorage or requires_grad is not False or hooks or any(metadata):
+    ) -> _Planned:
+        if type(storage) is not _PlannedStorage or requires_grad is not False or hooks or any(metadata):
             raise _Refused("tensor")
-        if type(offset) is not int or not isinstance(size, tuple) or not isinstance(stride, tuple):
+        if not _geometry_fits(storage, offset, size, stride):
             raise _Refused("tensor geometry")
-        return torch.empty((0,), dtype=storage.dtype, device="meta").set_(storage.untyped, offset, size, stride)
+        return _Planned(storage, offset, size, stride)
 
 
 def meta_load(path: Path) -> Any | None:
     """What ``torch.load(path, map_location="meta", weights_only=True)`` gives for a LaunchHelm
-    bundle (meta tensors whose storages carry ``_checkpoint_offset``), about 5x faster per tensor
-    (the C unpickler, see :class:`_PlanningUnpickler`); None where it does not take the file,
-    and the caller asks torch.load."""
+    bundle, each tensor a :class:`_Planned` (its geometry, dtype and file offset) instead of a
+    meta tensor: many times faster per tensor (the C unpickler, see :class:`_PlanningUnpickler`,
+    and no torch object per tensor); None where it does not take the file, and the caller asks
+    torch.load, then :func:`planned_from_meta`."""
     try:
         reader: Any = torch._C.PyTorchFileReader(str(path))
         if not reader.has_record("byteorder") or reader.get_record("byteorder").decode() != sys.byteorder:
@@ -299,18 +353,36 @@ def _header_offsets(fd: int) -> list[int]:
 class _Storage:
     offset: int
     nbytes: int
-    tensors: list[torch.Tensor] = field(default_factory=list)  # the meta tensors that view it
+    tensors: list[_Planned] = field(default_factory=list)  # the saved tensors that view it
     target: torch.Tensor | None = None  # the live tensor its bytes go into, when matched
     fresh: torch.UntypedStorage | None = None  # else: fresh CPU memory
 
 
-def _storage_offset(t: torch.Tensor) -> int | None:
-    offset = getattr(t.untyped_storage(), "_checkpoint_offset", None)
-    return int(offset) if isinstance(offset, int) else None
+def planned_from_meta(meta: Any) -> Any | None:
+    """``torch.load(map_location="meta")``'s bundle with each meta tensor as a :class:`_Planned`
+    (tensors sharing a storage share one :class:`_PlannedStorage`); None if this torch gives no
+    storage offsets (``_checkpoint_offset``)."""
+    storages: dict[int, _PlannedStorage] = {}
+    missing = False
+
+    def planned(t: torch.Tensor) -> Any:
+        nonlocal missing
+        untyped = t.untyped_storage()
+        offset = getattr(untyped, "_checkpoint_offset", None)
+        if not isinstance(offset, int):
+            missing = True
+            return t
+        storage = storages.get(offset)
+        if storage is None:
+            storage = storages[offset] = _PlannedStorage(t.dtype, int(untyped.nbytes()), offset)
+        return _Planned(storage, int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
+
+    converted = _rebuild(meta, planned)
+    return None if missing else converted
 
 
-def _walk(value: Any) -> Iterator[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
+def _walk(value: Any) -> Iterator[_Planned]:
+    if isinstance(value, _Planned):
         yield value
     elif isinstance(value, dict):
         for item in value.values():
@@ -320,8 +392,9 @@ def _walk(value: Any) -> Iterator[torch.Tensor]:
             yield from _walk(item)
 
 
-def _rebuild(value: Any, replace: Callable[[torch.Tensor], torch.Tensor]) -> Any:
-    if isinstance(value, torch.Tensor):
+def _rebuild(value: Any, replace: Callable[[Any], Any]) -> Any:
+    """``value`` with each tensor (a :class:`_Planned` or a ``torch.Tensor``) replaced."""
+    if isinstance(value, (_Planned, torch.Tensor)):
         return replace(value)
     if isinstance(value, dict):
         rebuilt = {k: _rebuild(v, replace) for k, v in value.items()}
@@ -335,26 +408,30 @@ def _rebuild(value: Any, replace: Callable[[torch.Tensor], torch.Tensor]) -> Any
     return value
 
 
-def _fits(saved: torch.Tensor, live: Any, storage: _Storage) -> bool:
+def _fits(saved: _Planned, live: Any, storage: _Storage) -> bool:
     """Whether the live tensor can take the saved tensor's bytes as they lie in the file."""
     return (
         isinstance(live, torch.Tensor)
+        and saved.offset == 0
+        and saved.numel() * saved.dtype.itemsize == storage.nbytes
+        and saved.is_contiguous()
+        and live.dtype == saved.dtype
+        and live.shape == saved.shape
         and live.layout == torch.strided
         and live.device.type in ("cpu", "cuda")
-        and live.shape == saved.shape
-        and live.dtype == saved.dtype
         and live.is_contiguous()
-        and saved.is_contiguous()
-        and saved.storage_offset() == 0
-        and saved.numel() * saved.element_size() == storage.nbytes
         and live.numel() * live.element_size() == storage.nbytes
     )
 
 
-def _pairs(meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[tuple[Any, Any]]:
-    """(saved meta tensor, live tensor) for the model's keys and the optimizer's state entries."""
+def _pairs(
+    meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[list[tuple[Any, Any]], dict[str, Any]]:
+    """(saved tensor, live tensor) for the model's keys and the optimizer's state entries; and the
+    model's live state dict (its own tensors, ``keep_vars``)."""
     pairs: list[tuple[Any, Any]] = []
     saved_model = meta.get("model")
+    live_model: dict[str, Any] = {}
     if isinstance(saved_model, dict):
         live_model = model.state_dict(keep_vars=True)
         pairs += [(t, live_model.get(k)) for k, t in saved_model.items()]
@@ -365,7 +442,7 @@ def _pairs(meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.
             live_entries = live_state.get(index)
             if isinstance(entries, dict) and isinstance(live_entries, dict):
                 pairs += [(t, live_entries.get(name)) for name, t in entries.items()]
-    return pairs
+    return pairs, live_model
 
 
 class InPlaceLoad:
@@ -380,6 +457,8 @@ class InPlaceLoad:
         self.matched_bytes = sum(s.nbytes for s in self._storages if s.target is not None)
         self.where = str(path)  # how errors name the checkpoint
         self.streamed = False  # step 3 read the file from disk as one stream (it was not in the page cache)
+        #: every entry of the model's state dict (and no other) is read into the live tensor of its key
+        self.model_in_place = False
         self.expected: dict[str, str] = {}  # the recorded checksums
         # every matched tensor on the CPU: step 3 reads contiguous runs of the file with scatter
         # reads (one preadv fills several tensors and the zip headers between them), and the zip
@@ -413,17 +492,17 @@ class InPlaceLoad:
                 self._read_gap(fd, pos, self.size)
         finally:
             os.close(fd)
-        by_meta: dict[int, tuple[_Storage, torch.Tensor]] = {}
+        by_planned: dict[int, _Storage] = {}
         for storage in self._storages:
             for t in storage.tensors:
-                by_meta[id(t)] = (storage, t)
+                by_planned[id(t)] = storage
 
-        def replace(t: torch.Tensor) -> torch.Tensor:
-            storage, _ = by_meta[id(t)]
+        def replace(t: _Planned) -> torch.Tensor:
+            storage = by_planned[id(t)]
             if storage.target is not None:
                 return storage.target
             assert storage.fresh is not None
-            real = torch.empty(0, dtype=t.dtype).set_(storage.fresh, t.storage_offset(), t.shape, t.stride())
+            real = torch.empty(0, dtype=t.dtype).set_(storage.fresh, t.offset, t.shape, t.stride)
             return real if map_location in (None, "cpu") else real.to(map_location)
 
         bundle: dict[str, Any] = _rebuild(self.meta, replace)
@@ -475,7 +554,7 @@ class InPlaceLoad:
         read in pieces, each ``preadv`` filling the tensors it spans, each piece's CRC taken on the
         thread that read it, while its bytes are still in cache. So a load makes about one
         request per :data:`_PIECE` however many tensors the model has, not one per tensor."""
-        parts = [(offset, _bytes_of(target.detach().view(-1).view(torch.uint8))) for offset, _, target in matched]
+        parts = [(offset, _memory_of(target, nbytes)) for offset, nbytes, target in matched]
         scratch = memoryview(bytearray(sum(length for _, length in self._deferred)))  # the headers' bytes
         at = 0
         for offset, length in self._deferred:
@@ -588,7 +667,6 @@ def _residency(fd: int, offsets: list[int], *, stop_at_absent: bool = False) -> 
 
     Linux answers for files this process owns or may write (else it reports pages as absent:
     a cold-path read, still correct). Raises :class:`_NoProbe` where mapping or ``mincore`` fails."""
-    import ctypes
     import mmap
 
     global _libc
@@ -695,6 +773,15 @@ def _crc_views(views: list[memoryview]) -> int:
     return crc
 
 
+def _memory_of(t: torch.Tensor, nbytes: int) -> memoryview:
+    """The ``nbytes`` bytes of memory of a contiguous CPU tensor, writable, without a copy: a view
+    of the address itself (one torch call, against five to reach it through ``.numpy()``). It does
+    not keep the tensor alive: the caller holds it while the view is used."""
+    if nbytes == 0:
+        return memoryview(bytearray())
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(t.data_ptr())).cast("B")
+
+
 def _bytes_of(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU uint8 tensor, writable, without a copy."""
     array: Any = t.numpy()
@@ -720,29 +807,27 @@ def _read_crc(fd: int, view: memoryview, offset: int) -> int:
 
 def plan_in_place(
     path: Path, meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, match: bool = True
-) -> InPlaceLoad | None:
-    """Match the bundle's tensors (from a ``map_location="meta"`` load) to live ones.
+) -> InPlaceLoad:
+    """Match the bundle's tensors (from :func:`meta_load`, or :func:`planned_from_meta` of a
+    ``map_location="meta"`` load) to live ones.
 
     ``match=False`` plans every tensor into fresh memory (verified before
-    anything is applied). None if this torch gives no storage offsets.
+    anything is applied).
     """
     storages: dict[int, _Storage] = {}
     for t in _walk(meta):
-        offset = _storage_offset(t)
-        if offset is None:
-            return None  # a torch without _checkpoint_offset: load the usual way
-        storage = storages.get(offset)
+        storage = storages.get(t.storage.offset)
         if storage is None:
-            storage = storages[offset] = _Storage(offset, int(t.untyped_storage().nbytes()))
+            storage = storages[t.storage.offset] = _Storage(t.storage.offset, t.storage.nbytes)
         if not any(existing is t for existing in storage.tensors):
             storage.tensors.append(t)
     targets_seen: set[int] = set()
-    for saved, live in _pairs(meta, model, optimizer) if match else []:
-        if not isinstance(saved, torch.Tensor):
+    pairs, live_model = _pairs(meta, model, optimizer) if match else ([], {})
+    for saved, live in pairs:
+        if not isinstance(saved, _Planned):
             continue
-        offset = _storage_offset(saved)
-        storage = storages.get(offset) if offset is not None else None
-        if storage is None or len(storage.tensors) != 1 or storage.target is not None:
+        storage = storages[saved.storage.offset]
+        if len(storage.tensors) != 1 or storage.target is not None:
             continue  # shared storage (tied weights, views): load it fresh, load_state_dict copies
         if not _fits(saved, live, storage):
             continue
@@ -752,4 +837,15 @@ def plan_in_place(
             continue  # two saved tensors into one live storage: keep the copy path's semantics
         targets_seen.add(key)
         storage.target = live
-    return InPlaceLoad(path, meta, storages, path.stat().st_size)
+    plan = InPlaceLoad(path, meta, storages, path.stat().st_size)
+    saved_model = meta.get("model")
+    plan.model_in_place = (
+        bool(live_model)
+        and isinstance(saved_model, dict)
+        and saved_model.keys() == live_model.keys()
+        and all(
+            isinstance(t, _Planned) and storages[t.storage.offset].target is live_model[k]
+            for k, t in saved_model.items()
+        )
+    )
+    return plan

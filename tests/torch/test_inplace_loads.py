@@ -7,9 +7,12 @@ loads, or a corrupted file trains on silently.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import io
 import json
 import os
+import pickle
 import shutil
 import struct
 import threading
@@ -366,11 +369,16 @@ def test_a_load_returns_before_its_summary_is_put_and_readers_see_its_rewind_mea
 
 
 def _layout(value: object, path: str = "") -> list[tuple[str, object]]:
-    """Every node of a (meta) bundle: containers by type and keys, tensors by geometry and file offset."""
+    """Every node of a planned bundle (meta tensors, or the plan's records of them): containers by type
+    and keys, tensors by dtype, geometry, storage size and file offset."""
     if isinstance(value, torch.Tensor):
+        assert value.device.type == "meta"
         storage = value.untyped_storage()
-        geometry = (value.dtype, tuple(value.shape), value.stride(), value.storage_offset(), value.device.type)
-        return [(path, (*geometry, storage.nbytes(), storage._checkpoint_offset))]  # type: ignore[attr-defined]
+        geometry = (value.dtype, tuple(value.shape), value.stride(), value.storage_offset())
+        return [(path, ("tensor", *geometry, storage.nbytes(), storage._checkpoint_offset))]  # type: ignore[attr-defined]
+    if isinstance(value, _inplace._Planned):
+        geometry = (value.dtype, value.shape, value.stride, value.offset)
+        return [(path, ("tensor", *geometry, value.storage.nbytes, value.storage.offset))]
     if isinstance(value, dict):
         out: list[tuple[str, object]] = [(path, (type(value).__name__, tuple(value)))]
         for key, item in value.items():
@@ -401,7 +409,44 @@ def test_the_planning_unpickler_gives_what_torch_load_gives_on_meta(tmp_path: Pa
     path = _payload(str(tmp_path / "store"), tr, artifact)
     fast = _inplace.meta_load(path)
     assert fast is not None
-    assert _layout(fast) == _layout(torch.load(path, map_location="meta", weights_only=True))
+    meta = torch.load(path, map_location="meta", weights_only=True)
+    assert _layout(fast) == _layout(meta)
+    assert _layout(_inplace.planned_from_meta(meta)) == _layout(meta)  # torch's plan, as records
+    for planned in (fast, _inplace.planned_from_meta(meta)):  # one storage record for the view and its base
+        assert planned["model"]["tied_view"].storage is planned["model"]["3.weight"].storage
+        assert planned["model"]["tied_view"].offset == 3
+    tr.finish()
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_bundle_torch_plans_loads_in_place_all_the_same(tmp_path: Path) -> None:
+    """A bundle the fast planner leaves to torch (its extra holds a torch.Size) is planned from
+    torch's meta load and still read straight into the model and optimizer, bitwise; a flipped
+    byte in a tensor is still caught."""
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("plan", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    saved = _state(model, optimizer)
+    extra = {"shape": torch.Size([2, 3])}
+    artifact = tr.save_checkpoint(extra=extra)
+    assert artifact is not None
+    path = _payload(store_url, tr, artifact)
+    assert _inplace.meta_load(path) is None  # torch plans this one
+    _train(model, optimizer, 1)
+    weight = model[0].weight
+    assert tr.load_checkpoint(artifact) == extra
+    assert model[0].weight is weight
+    assert tr._loaded_in_place > 0
+    assert _same(saved, _state(model, optimizer))
+    data = bytearray(path.read_bytes())
+    data[_tensor_offset(path, "0.weight") + 5] ^= 0x10
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
+        tr.load_checkpoint(artifact)
+    tr.clear_checkpoint_error()
     tr.finish()
 
 
@@ -609,3 +654,104 @@ def test_a_load_runs_with_the_cyclic_collector_paused_and_leaves_it_as_it_was(
     assert _same(saved, _state(model, optimizer))
     tr.clear_checkpoint_error()
     tr.finish()
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_load_state_dict_is_skipped_only_where_it_would_copy_each_tensor_onto_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stock model read wholly in place: ``load_state_dict`` would copy each tensor onto itself,
+    so it is not called, and the state is bitwise the saved one. A load hook, a module that loads
+    its own way (batch norm) or an entry that could not go in place: torch's ``load_state_dict``
+    runs as before (the hook sees the state dict)."""
+    calls: list[str] = []
+    load = torch.nn.Module.load_state_dict
+
+    def counted(self: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        calls.append(type(self).__name__)
+        return load(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch.nn.Module, "load_state_dict", counted)
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
+    tr.load_checkpoint(artifact)
+    assert calls == [] and _same(saved, _state(model, optimizer))
+    assert _inplace.IN_PLACE_MIN_BYTES == 0
+
+    hooked: list[list[str]] = []
+    handle = model[0].register_load_state_dict_pre_hook(lambda _m, sd, prefix, *_: hooked.append(sorted(sd)))
+    _train(model, optimizer, 1)
+    tr.load_checkpoint(artifact)
+    assert calls == ["Sequential"] and hooked and "0.weight" in hooked[0]
+    assert _same(saved, _state(model, optimizer))
+    handle.remove()
+    tr.finish()
+
+    calls.clear()
+    torch.manual_seed(1)
+    norm = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4))
+    opt = torch.optim.SGD(norm.parameters(), lr=0.1)
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(norm, opt)
+    norm(torch.randn(8, 4)).sum().backward()
+    opt.step()
+    before = [t.clone() for t in norm.state_dict().values()]
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    norm(torch.randn(8, 4)).sum().backward()  # running stats and weights move on
+    opt.step()
+    tr.load_checkpoint(artifact)
+    assert calls == ["Sequential"], "batch norm loads its own way: torch's load_state_dict must run"
+    assert _same(before, list(norm.state_dict().values()))
+    tr.finish()
+
+
+class _StorageMarker:
+    """Pickled as a persistent id: a float storage of 4 elements, as torch.save writes one."""
+
+
+class _TensorRecord:
+    def __init__(self, offset: object, size: object, stride: object) -> None:
+        self.args = (_StorageMarker(), offset, size, stride, False, collections.OrderedDict())
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (torch._utils._rebuild_tensor_v2, self.args)
+
+
+def _tensor_pickle(offset: object, size: object, stride: object) -> bytes:
+    class Writer(pickle.Pickler):
+        def persistent_id(self, obj: object) -> object:
+            return ("storage", torch.FloatStorage, "0", "cpu", 4) if isinstance(obj, _StorageMarker) else None
+
+    out = io.BytesIO()
+    Writer(out, protocol=2).dump(_TensorRecord(offset, size, stride))
+    return out.getvalue()
+
+
+def test_the_planner_takes_a_tensor_only_where_it_lies_inside_its_storage() -> None:
+    """A tensor whose view reaches past its storage, or whose geometry is not made of
+    non-negative ints, is refused by the fast planner (torch.load then decides and refuses it too)."""
+
+    def plan(data: bytes) -> object:
+        try:
+            return _inplace._PlanningUnpickler(data, lambda name: 128).load()
+        except Exception:
+            return None
+
+    fits = plan(_tensor_pickle(1, (3,), (1,)))
+    assert isinstance(fits, _inplace._Planned)
+    assert (fits.offset, fits.shape, fits.stride, fits.dtype) == (1, (3,), (1,), torch.float32)
+    assert (fits.storage.nbytes, fits.storage.offset) == (16, 128)
+    assert isinstance(plan(_tensor_pickle(0, (2, 2), (2, 1))), _inplace._Planned)
+    assert isinstance(plan(_tensor_pickle(4, (0, 7), (7, 1))), _inplace._Planned)  # empty: anywhere
+    for offset, size, stride in [
+        (2, (3,), (1,)),  # ends one element past the storage
+        (0, (2, 3), (3, 1)),  # 6 elements of 4
+        (0, (3,), (2,)),  # strided past the end
+        (-1, (1,), (1,)),
+        (0, (-1,), (1,)),
+        (0, (2,), (-1,)),
+        (0, (2.0,), (1,)),
+        (0, (2,), (1, 1)),
+        (0, [2], [1]),
+    ]:
+        assert plan(_tensor_pickle(offset, size, stride)) is None, (offset, size, stride)
