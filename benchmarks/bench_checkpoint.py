@@ -4,7 +4,7 @@ What is measured (all in one process; the state is built before any timing):
 
 State
     ``--layers`` (default ``N_LAYERS``) square ``nn.Linear`` layers and AdamW after one optimizer
-    step, sized so the
+    step (or, with ``--arch gpt2``, GPT-2's tensors and names in ``--layers`` blocks), sized so the
     tensors hold about ``--size-mb`` MB (MB = 10^6 bytes): weights ~1/3, AdamW ``exp_avg`` and
     ``exp_avg_sq`` ~2/3. Loads go into a second model/optimizer of the same shape.
 
@@ -313,14 +313,20 @@ def touched_buffer(nbytes: int) -> bytearray:
 
 
 # -- state ------------------------------------------------------------------
-def build_state(size_mb: float, seed: int, layers: int = N_LAYERS) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """Linear layers + AdamW after one step: weights ~1/3, optimizer state ~2/3 of the bytes."""
+def build_state(
+    size_mb: float, seed: int, layers: int = N_LAYERS, arch: str = "linear"
+) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Linear layers (or a GPT-2-shaped model) + AdamW after one step: weights ~1/3, optimizer
+    state ~2/3 of the bytes."""
     import torch
 
     n_params = size_mb * MB / (3 * 4)  # float32 weight + exp_avg + exp_avg_sq per parameter
-    width = max(8, int(math.sqrt(n_params / layers)))
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    if arch == "gpt2":
+        model = gpt2_shaped(n_params, layers)
+    else:
+        width = max(8, int(math.sqrt(n_params / layers)))
+        model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     for p in model.parameters():
         p.grad = torch.randn_like(p).mul_(1e-3)
@@ -328,6 +334,45 @@ def build_state(size_mb: float, seed: int, layers: int = N_LAYERS) -> tuple[torc
     for p in model.parameters():
         p.grad = None
     return model, optimizer
+
+
+GPT2_VOCAB, GPT2_POSITIONS = 50257, 1024
+
+
+def gpt2_shaped(n_params: float, layers: int) -> torch.nn.Module:
+    """A module with GPT-2's parameters and names (token and position embeddings, ``layers``
+    blocks of two layer norms, the attention's ``c_attn``/``c_proj`` and the MLP's
+    ``c_fc``/``c_proj``, a final layer norm; 12 tensors a block), its width chosen so it holds
+    about ``n_params`` parameters. No forward: only its state is saved and loaded. GPT-2 small
+    is width 768 with 12 blocks (124M parameters, 1.49 GB with AdamW)."""
+    import torch
+    from torch import nn
+
+    # per block 12 d^2 + 13 d; embeddings (vocab + positions) d; final norm 2 d
+    a, b = 12 * layers, 13 * layers + GPT2_VOCAB + GPT2_POSITIONS + 2
+    width = max(8, int((-b + math.sqrt(b * b + 4 * a * n_params)) / (2 * a)))
+
+    def block() -> nn.Module:
+        return nn.ModuleDict(
+            {
+                "ln_1": nn.LayerNorm(width),
+                "attn": nn.ModuleDict({"c_attn": nn.Linear(width, 3 * width), "c_proj": nn.Linear(width, width)}),
+                "ln_2": nn.LayerNorm(width),
+                "mlp": nn.ModuleDict({"c_fc": nn.Linear(width, 4 * width), "c_proj": nn.Linear(4 * width, width)}),
+            }
+        )
+
+    model = nn.ModuleDict(
+        {
+            "wte": nn.Embedding(GPT2_VOCAB, width),
+            "wpe": nn.Embedding(GPT2_POSITIONS, width),
+            "h": nn.ModuleList([block() for _ in range(layers)]),
+            "ln_f": nn.LayerNorm(width),
+        }
+    )
+    model.width = width  # type: ignore[assignment]
+    assert isinstance(model, torch.nn.Module)
+    return model
 
 
 def state_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
@@ -556,8 +601,8 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
 
     out: dict[str, Any] = {}
     t0 = time.perf_counter()
-    model, optimizer = build_state(args.size_mb, seed=0, layers=args.layers)
-    model2, optimizer2 = build_state(args.size_mb, seed=1, layers=args.layers)
+    model, optimizer = build_state(args.size_mb, seed=0, layers=args.layers, arch=args.arch)
+    model2, optimizer2 = build_state(args.size_mb, seed=1, layers=args.layers, arch=args.arch)
     grads2 = [torch.randn_like(p).mul_(1e-3) for p in model2.parameters()]
     tensors = state_tensors(model, optimizer)
     views = [memoryview(t.detach().reshape(-1).numpy()).cast("B") for t in tensors]
@@ -566,7 +611,7 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
     out["build_s"] = time.perf_counter() - t0
     out["state_bytes"] = state_bytes
     out["weight_bytes"] = weight_bytes
-    out["width"] = model[0].in_features
+    out["width"] = model.width if args.arch == "gpt2" else model[0].in_features
     out["n_tensors"] = len(tensors)
 
     out["pretouch_s"] = pretouch(args.pretouch_gib)
@@ -833,6 +878,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help=f"Linear layers the state is spread over (default {N_LAYERS}; 8 tensors each with AdamW)",
     )
     parser.add_argument(
+        "--arch",
+        choices=("linear", "gpt2"),
+        default="linear",
+        help="linear: --layers square Linear layers; gpt2: GPT-2's tensors and names with --layers blocks "
+        "(12 tensors a block, 36 with AdamW), width sized to --size-mb (default linear)",
+    )
+    parser.add_argument(
         "--tries",
         type=int,
         default=5,
@@ -883,7 +935,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     state_mb = out["state_bytes"] / MB
     print(
-        f"  {args.layers} x Linear({out['width']}, {out['width']}) + AdamW after 1 step: {out['n_tensors']} tensors, "
+        (
+            f"  GPT-2-shaped, {args.layers} blocks of width {out['width']}"
+            if args.arch == "gpt2"
+            else f"  {args.layers} x Linear({out['width']}, {out['width']})"
+        )
+        + f" + AdamW after 1 step: {out['n_tensors']} tensors, "
         f"{state_mb:,.1f} MB ({out['weight_bytes'] / out['state_bytes']:.0%} weights); "
         f"bundle file {out['bundle_bytes'] / MB:,.1f} MB; built in {out['build_s']:,.1f} s"
     )
