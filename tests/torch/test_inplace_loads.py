@@ -755,3 +755,67 @@ def test_the_planner_takes_a_tensor_only_where_it_lies_inside_its_storage() -> N
         (0, [2], [1]),
     ]:
         assert plan(_tensor_pickle(offset, size, stride)) is None, (offset, size, stride)
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_transformer_shaped_model_loads_wholly_in_place_and_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nested modules as a GPT-2 has them (embeddings, layer norms, attention and MLP linears in
+    ModuleDicts, a tied output head): every tensor but the tied one goes in place, the state is
+    bitwise the saved one, and with the tie the model is loaded by torch (a shared storage)."""
+    nn = torch.nn
+
+    def build(tie: bool) -> tuple[nn.Module, torch.optim.Optimizer]:
+        torch.manual_seed(0)
+        width = 8
+        model = nn.ModuleDict(
+            {
+                "wte": nn.Embedding(50, width),
+                "wpe": nn.Embedding(16, width),
+                "h": nn.ModuleList(
+                    nn.ModuleDict(
+                        {
+                            "ln_1": nn.LayerNorm(width),
+                            "attn": nn.ModuleDict({"c_attn": nn.Linear(width, 3 * width)}),
+                            "mlp": nn.ModuleDict({"c_fc": nn.Linear(width, 4 * width)}),
+                        }
+                    )
+                    for _ in range(3)
+                ),
+                "ln_f": nn.LayerNorm(width),
+                "head": nn.Linear(width, 50, bias=False),
+            }
+        )
+        if tie:
+            model["head"].weight = model["wte"].weight
+        return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+    def step(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        for p in model.parameters():
+            p.grad = torch.randn_like(p)
+        optimizer.step()
+
+    calls: list[str] = []
+    load = torch.nn.Module.load_state_dict
+    monkeypatch.setattr(
+        torch.nn.Module, "load_state_dict", lambda self, *a, **k: calls.append("load") or load(self, *a, **k)
+    )
+    for tie in (False, True):
+        model, optimizer = build(tie)
+        tr = lht.init("gpt", store=str(tmp_path / f"store-{tie}"))
+        tr.watch(model, optimizer)
+        step(model, optimizer)
+        saved = _state(model, optimizer)
+        artifact = tr.save_checkpoint()
+        assert artifact is not None
+        step(model, optimizer)
+        calls.clear()
+        tr.load_checkpoint(artifact)
+        assert _same(saved, _state(model, optimizer)), f"tied={tie}"
+        assert calls == (["load"] if tie else []), f"tied={tie}"
+        n_tensors = len(saved)
+        tensor_bytes = sum(t.numel() * t.element_size() for t in saved)
+        shared = model["wte"].weight.numel() * 4 if tie else 0  # the tied weight is saved once, loaded fresh
+        assert tr._loaded_in_place == tensor_bytes - (2 * shared if tie else 0), (tie, n_tensors)
+        tr.finish()
