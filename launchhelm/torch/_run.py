@@ -939,8 +939,8 @@ def _stock_loading(model: torch.nn.Module) -> bool:
         if (
             kind._load_from_state_dict is not base._load_from_state_dict
             or kind.set_extra_state is not base.set_extra_state
-            or module._load_state_dict_pre_hooks
-            or module._load_state_dict_post_hooks
+            or getattr(module, "_load_state_dict_pre_hooks", True)  # absent: not torch's Module as we know it
+            or getattr(module, "_load_state_dict_post_hooks", True)
         ):
             return False
     return True
