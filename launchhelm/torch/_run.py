@@ -740,11 +740,6 @@ class TorchRun(Run):
         try:
             if meta is None:
                 meta = _inplace.planned_from_meta(torch.load(local, map_location="meta", weights_only=True))
-                if meta is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
-                    self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
-                    bundle = torch.load(local, map_location=map_location, weights_only=True)
-                    self._validate(bundle, where)
-                    return dict(bundle), None
         except pickle.UnpicklingError as exc:
             self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
             raise CheckpointError(
@@ -759,6 +754,11 @@ class TorchRun(Run):
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
                 run_id=self.id,
             ) from None
+        if meta is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
+            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
+            bundle = torch.load(local, map_location=map_location, weights_only=True)
+            self._validate(bundle, where)
+            return dict(bundle), None
         if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
             self._validate(meta, where)  # the usual refusal for a file that is no bundle
         # Small checkpoints are read whole and checked before anything is applied (a

@@ -819,3 +819,40 @@ def test_a_transformer_shaped_model_loads_wholly_in_place_and_bitwise(
         shared = model["wte"].weight.numel() * 4 if tie else 0  # the tied weight is saved once, loaded fresh
         assert tr._loaded_in_place == tensor_bytes - (2 * shared if tie else 0), (tie, n_tensors)
         tr.finish()
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verified(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where neither planner gives file offsets (the fast one refused, and torch's meta load carries
+    no ``_checkpoint_offset``), the bundle loads with torch.load after its CRC64NVME is checked:
+    bitwise, nothing in place, and a flipped byte refused before anything is applied."""
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
+    original = _inplace.planned_from_meta
+
+    def without_offsets(meta: object) -> object:
+        for value in meta["model"].values():  # type: ignore[index]
+            storage = value.untyped_storage()
+            if hasattr(storage, "_checkpoint_offset"):
+                del storage._checkpoint_offset
+        return original(meta)
+
+    monkeypatch.setattr(_inplace, "meta_load", lambda path: None)
+    monkeypatch.setattr(_inplace, "planned_from_meta", without_offsets)
+    tr._loaded_in_place = -1
+    tr.load_checkpoint(artifact)
+    assert tr._loaded_in_place == -1, "nothing goes through the in-place path"
+    assert _same(saved, _state(model, optimizer))
+    _train(model, optimizer, 1)
+    trained = _state(model, optimizer)
+    path = _payload(store_url, tr, artifact)
+    data = bytearray(path.read_bytes())
+    data[_tensor_offset(path, "0.weight") + 3] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
+        tr.load_checkpoint(artifact)
+    assert _same(trained, _state(model, optimizer)), "a corrupted file changed the model"
+    tr.clear_checkpoint_error()
+    tr.finish()
