@@ -60,17 +60,17 @@ def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 
 
 def _saved_then_trained_on(
-    tmp_path: Path,
+    tmp_path: Path, extra: object = None
 ) -> tuple[str, lht.TorchRun, torch.nn.Module, torch.optim.Optimizer, list[torch.Tensor], str]:
-    """A run on a local store that saved a checkpoint after 2 steps and trained a third: (store, run,
-    model, optimizer, the state saved, the checkpoint's id)."""
+    """A run on a local store that saved a checkpoint (with ``extra``) after 2 steps and trained a
+    third: (store, run, model, optimizer, the state saved, the checkpoint's id)."""
     store_url = str(tmp_path / "store")
     model, optimizer = _build()
     tr = lht.init("inplace", store=store_url)
     tr.watch(model, optimizer)
     _train(model, optimizer, 2)
     saved = _state(model, optimizer)
-    artifact = tr.save_checkpoint()
+    artifact = tr.save_checkpoint(extra=extra)
     assert artifact is not None
     _train(model, optimizer, 1)
     assert not _same(saved, _state(model, optimizer))
@@ -162,6 +162,14 @@ def _tensor_offset(path: Path, key: str) -> int:
     return int(meta["model"][key].untyped_storage()._checkpoint_offset)
 
 
+def _flip(path: Path, key: str, at: int, bit: int) -> None:
+    """Flip ``bit`` of the byte ``at`` bytes into the model tensor ``key``'s bytes in the bundle file."""
+    data = bytearray(path.read_bytes())
+    data[_tensor_offset(path, key) + at] ^= bit
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+
+
 @pytest.mark.usefixtures("in_place_always")
 def test_a_flipped_byte_in_tensor_bytes_read_in_place_poisons_the_next_step(tmp_path: Path) -> None:
     store_url = str(tmp_path / "store")
@@ -171,11 +179,7 @@ def test_a_flipped_byte_in_tensor_bytes_read_in_place_poisons_the_next_step(tmp_
     _train(model, optimizer, 2)
     artifact = tr.save_checkpoint()
     assert artifact is not None
-    path = _payload(store_url, tr, artifact)
-    data = bytearray(path.read_bytes())
-    data[_tensor_offset(path, "0.weight") + 10] ^= 0x04
-    path.chmod(0o644)
-    path.write_bytes(bytes(data))
+    _flip(_payload(store_url, tr, artifact), "0.weight", 10, 0x04)
     step = tr.global_step
     with pytest.raises(lh.CheckpointError, match=r"does not match its crc64nvme.*next optimizer step"):
         tr.load_checkpoint(artifact)
@@ -423,27 +427,16 @@ def test_a_bundle_torch_plans_loads_in_place_all_the_same(tmp_path: Path) -> Non
     """A bundle the fast planner leaves to torch (its extra holds a torch.Size) is planned from
     torch's meta load and still read straight into the model and optimizer, bitwise; a flipped
     byte in a tensor is still caught."""
-    store_url = str(tmp_path / "store")
-    model, optimizer = _build()
-    tr = lht.init("plan", store=store_url)
-    tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
-    saved = _state(model, optimizer)
     extra = {"shape": torch.Size([2, 3])}
-    artifact = tr.save_checkpoint(extra=extra)
-    assert artifact is not None
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path, extra)
     path = _payload(store_url, tr, artifact)
     assert _inplace.meta_load(path) is None  # torch plans this one
-    _train(model, optimizer, 1)
     weight = model[0].weight
     assert tr.load_checkpoint(artifact) == extra
     assert model[0].weight is weight
     assert tr._loaded_in_place > 0
     assert _same(saved, _state(model, optimizer))
-    data = bytearray(path.read_bytes())
-    data[_tensor_offset(path, "0.weight") + 5] ^= 0x10
-    path.chmod(0o644)
-    path.write_bytes(bytes(data))
+    _flip(path, "0.weight", 5, 0x10)
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
     tr.clear_checkpoint_error()
@@ -846,11 +839,7 @@ def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verifie
     assert _same(saved, _state(model, optimizer))
     _train(model, optimizer, 1)
     trained = _state(model, optimizer)
-    path = _payload(store_url, tr, artifact)
-    data = bytearray(path.read_bytes())
-    data[_tensor_offset(path, "0.weight") + 3] ^= 0x01
-    path.chmod(0o644)
-    path.write_bytes(bytes(data))
+    _flip(_payload(store_url, tr, artifact), "0.weight", 3, 0x01)
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
     assert _same(trained, _state(model, optimizer)), "a corrupted file changed the model"
