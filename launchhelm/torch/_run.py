@@ -872,8 +872,14 @@ class TorchRun(Run):
         """Restore what the bundle holds. ``model_in_place``: every tensor of the model's state dict
         (and no other key) was read into the live tensor of its key, and the model loads the stock
         way (:func:`_stock_loading`), so ``load_state_dict`` would only copy each tensor onto itself:
-        it is skipped (~5 µs a tensor)."""
-        if not model_in_place:
+        it is skipped (~5 µs a tensor). Each tensor is still copied onto itself (no bytes move), as
+        ``load_state_dict`` would: that bumps its autograd version, so a graph built before the load
+        refuses to backpropagate through the new values."""
+        if model_in_place:
+            with torch.no_grad():
+                for tensor in bundle["model"].values():
+                    tensor.copy_(tensor)
+        else:
             model.load_state_dict(bundle["model"])
         optimizer.load_state_dict(bundle["optimizer"])
         if self._scheduler is not None:

@@ -654,7 +654,8 @@ def test_load_state_dict_is_skipped_only_where_it_would_copy_each_tensor_onto_it
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A stock model read wholly in place: ``load_state_dict`` would copy each tensor onto itself,
-    so it is not called, and the state is bitwise the saved one. A load hook, a module that loads
+    so it is not called, the state is bitwise the saved one, and a graph built before the load
+    refuses to backpropagate (each tensor's version moved on, as torch's copy does). A load hook, a module that loads
     its own way (batch norm) or an entry that could not go in place: torch's ``load_state_dict``
     runs as before (the hook sees the state dict)."""
     calls: list[str] = []
@@ -666,8 +667,11 @@ def test_load_state_dict_is_skipped_only_where_it_would_copy_each_tensor_onto_it
 
     monkeypatch.setattr(torch.nn.Module, "load_state_dict", counted)
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
+    pending = model[0].weight.pow(2).sum()  # a graph that saved 0.weight before the load
     tr.load_checkpoint(artifact)
     assert calls == [] and _same(saved, _state(model, optimizer))
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        pending.backward()  # as after torch's load_state_dict: the weights' versions moved on
     assert _inplace.IN_PLACE_MIN_BYTES == 0
 
     hooked: list[list[str]] = []
