@@ -655,9 +655,9 @@ def test_load_state_dict_is_skipped_only_where_it_would_copy_each_tensor_onto_it
 ) -> None:
     """A stock model read wholly in place: ``load_state_dict`` would copy each tensor onto itself,
     so it is not called, the state is bitwise the saved one, and a graph built before the load
-    refuses to backpropagate (each tensor's version moved on, as torch's copy does). A load hook, a module that loads
-    its own way (batch norm) or an entry that could not go in place: torch's ``load_state_dict``
-    runs as before (the hook sees the state dict)."""
+    refuses to backpropagate (each tensor's version moved on, as torch's copy does). A load hook,
+    a module that loads its own way (batch norm) or an entry that could not go in place: torch's
+    ``load_state_dict`` runs as before (the hook sees the state dict)."""
     calls: list[str] = []
     load = torch.nn.Module.load_state_dict
 
