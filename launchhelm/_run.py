@@ -244,7 +244,12 @@ class Run:
         self._beats = 0
         self._summary_deferred = 0  # inside _one_summary(): events owe one summary at its end
         self._summary_owed = False
-        self._summary_thread: threading.Thread | None = None  # a summary put after a load returned
+        # summaries put after a load returned, by one thread kept for them (see _summary_soon)
+        self._summary_thread: threading.Thread | None = None
+        self._summary_cv = threading.Condition()
+        self._summaries_asked = 0  # of that thread
+        self._summaries_done = 0  # by it: a summary put (or given up) covers every ask before it began
+        self._summaries_end = False
         events.on_append = self._after_event
         self._step = global_step
         self._reached = global_step
@@ -572,25 +577,64 @@ class Run:
                 self._summary_soon()
 
     def _summary_soon(self) -> None:
-        """Put the summary on a thread of its own, so the caller (a checkpoint load, which blocks the
-        training loop) returns without waiting for that write and its fsync.
+        """Have the summary thread put the summary, so the caller (a checkpoint load, which blocks
+        the training loop) returns without waiting for that write and its fsync.
 
         The events themselves are durable before the caller returns; a summary a moment behind
         the log only makes a reader fold this run's last events (docs/storage.md, "Runs table").
-        The session's end waits for it (:meth:`_settle_summary`)."""
-        self._settle_summary()
-        thread = threading.Thread(target=self._after_event, args=({},), name="launchhelm-summary", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:  # no thread to be had (interpreter shutting down): put it here
+        The thread is kept for the next load (starting one cost a load ~0.5 ms here: it took the
+        GIL from the load's last steps); asks made while it is busy are covered by its next put.
+        The session's end waits for it and ends it (:meth:`_settle_summary`)."""
+        with self._summary_cv:
+            self._summaries_asked += 1
+            thread = self._summary_thread
+            if thread is None or not thread.is_alive():  # the first ask, or after a fork or an idle end
+                thread = threading.Thread(target=self._summaries, name="launchhelm-summary", daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:  # no thread to be had (interpreter shutting down): put it here
+                    thread = None
+                self._summary_thread = thread
+                self._summaries_end = False
+            self._summary_cv.notify_all()
+        if thread is None:
             self._after_event({})
-            return
-        self._summary_thread = thread
+            with self._summary_cv:
+                self._summaries_done = self._summaries_asked
 
-    def _settle_summary(self) -> None:
-        """Wait for a summary :meth:`_summary_soon` started."""
-        thread, self._summary_thread = self._summary_thread, None
-        if thread is not None and thread is not threading.current_thread():
+    def _summaries(self) -> None:
+        """The summary thread: put one summary for all asks so far, wait for the next; end after a
+        minute idle (a later ask starts another) or when the session ends."""
+        while True:
+            with self._summary_cv:
+                while self._summaries_done >= self._summaries_asked and not self._summaries_end:
+                    if not self._summary_cv.wait(60) and self._summaries_done >= self._summaries_asked:
+                        self._summaries_end = True
+                if self._summaries_done >= self._summaries_asked:  # ended, nothing owed
+                    if self._summary_thread is threading.current_thread():
+                        self._summary_thread = None
+                    self._summary_cv.notify_all()
+                    return
+                asked = self._summaries_asked
+            try:
+                self._after_event({})
+            finally:
+                with self._summary_cv:
+                    self._summaries_done = max(self._summaries_done, asked)
+                    self._summary_cv.notify_all()
+
+    def _settle_summary(self, end: bool = False) -> None:
+        """Wait until every summary asked of :meth:`_summary_soon` is put; ``end``: and end its thread."""
+        with self._summary_cv:
+            thread = self._summary_thread
+            if thread is None or thread is threading.current_thread():
+                return
+            while self._summaries_done < self._summaries_asked and thread.is_alive():
+                self._summary_cv.wait(0.5)
+            if end:
+                self._summaries_end = True
+                self._summary_cv.notify_all()
+        if end:
             thread.join()
 
     def _after_event(self, event: dict[str, Any]) -> None:
@@ -978,7 +1022,7 @@ class Run:
             self._spool.close(remove=True)
             self._spool = None
         self._compact(only_if_due=False)
-        self._settle_summary()  # the final summary below is then the last one put
+        self._settle_summary(end=True)  # the final summary below is then the last one put
         self._events.append(
             SESSION_ENDED,
             {

@@ -54,7 +54,6 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -101,16 +100,6 @@ class _Sealed:
         raise _Refused("BUILD on a global")
 
 
-class _Call(_Sealed):
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn: Callable[..., Any]) -> None:
-        self._fn = fn
-
-    def __call__(self, *args: Any) -> Any:
-        return self._fn(*args)
-
-
 class _StorageName(_Sealed):
     __slots__ = ("dtype",)
 
@@ -120,24 +109,34 @@ class _StorageName(_Sealed):
 
 class _PlannedStorage(_Sealed):
     """A storage record of the file as the plan sees it: its dtype, its size in bytes and where
-    its bytes lie in the file (no torch object is made for it)."""
+    its bytes lie in the file (no torch object is made for it); once planned
+    (:func:`plan_in_place`), where its bytes go: a live tensor, or fresh memory."""
 
-    __slots__ = ("dtype", "nbytes", "offset")
+    __slots__ = ("dtype", "fresh", "nbytes", "offset", "target", "views")
 
     def __init__(self, dtype: torch.dtype, nbytes: int, offset: int) -> None:
         self.dtype, self.nbytes, self.offset = dtype, nbytes, offset
+        #: saved tensors made on it: more than one (tied weights, views) never goes in place
+        self.views = 0
+        self.target: torch.Tensor | None = None  # the live tensor its bytes go into, when matched
+        self.fresh: torch.UntypedStorage | None = None  # else: fresh CPU memory (read_rest)
 
 
 class _Planned(_Sealed):
     """A saved tensor as the plan sees it: a view (element offset, shape, stride) of a
     :class:`_PlannedStorage`. What ``torch.load(map_location="meta")`` makes costs ~4 µs a tensor
     in torch calls (a meta storage, an empty tensor, ``set_``) and as much again to inspect and
-    free; this is a plain object, and a plan walks hundreds of them."""
+    free; this is a plain object, and a plan handles hundreds of them. ``whole``: it is its
+    storage's bytes in order (offset 0, contiguous, every byte), which a load in place needs."""
 
-    __slots__ = ("dtype", "offset", "shape", "storage", "stride")
+    __slots__ = ("dtype", "offset", "shape", "storage", "stride", "whole")
 
-    def __init__(self, storage: _PlannedStorage, offset: int, shape: tuple[int, ...], stride: tuple[int, ...]) -> None:
+    def __init__(
+        self, storage: _PlannedStorage, offset: int, shape: tuple[int, ...], stride: tuple[int, ...], whole: bool
+    ) -> None:
         self.storage, self.dtype, self.offset, self.shape, self.stride = storage, storage.dtype, offset, shape, stride
+        self.whole = whole
+        storage.views += 1
 
     def numel(self) -> int:
         n = 1
@@ -157,34 +156,64 @@ class _Planned(_Sealed):
         return True
 
 
-def _geometry_fits(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool:
-    """Whether a tensor's geometry from the pickle is well formed and lies inside its storage
-    (what ``set_`` checks on a real tensor)."""
+def _geometry(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool | None:
+    """None where a tensor's geometry from the pickle is malformed or reaches past its storage
+    (what ``set_`` refuses on a real tensor); else whether the tensor is the whole storage's bytes
+    in order (offset 0, contiguous as ``torch.Tensor.is_contiguous`` says, every byte)."""
     if type(offset) is not int or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride):
-        return False
+        return None
     if offset < 0:
-        return False
-    last, empty = offset, False
-    for n, step in zip(size, stride, strict=True):
+        return None
+    last, numel = offset, 1
+    for n, step in zip(size, stride):  # noqa: B905 (lengths checked above)
         if type(n) is not int or type(step) is not int or n < 0 or step < 0:
+            return None
+        last += (n - 1) * step
+        numel *= n
+    if numel == 0:  # empty: it fits anywhere, and is whole only of an empty storage
+        return offset == 0 and storage.nbytes == 0
+    itemsize = storage.dtype.itemsize
+    if (last + 1) * itemsize > storage.nbytes:
+        return None
+    if offset or numel * itemsize != storage.nbytes:
+        return False
+    expected = 1
+    for n, step in zip(reversed(size), reversed(stride)):  # noqa: B905
+        if n != 1 and step != expected:
             return False
-        if n == 0:
-            empty = True
-        else:
-            last += (n - 1) * step
-    return empty or (last + 1) * storage.dtype.itemsize <= storage.nbytes
+        expected *= n
+    return True
 
 
-def _ordered_dict(*args: Any) -> collections.OrderedDict[Any, Any]:
-    if args:
-        raise _Refused("OrderedDict with arguments")
-    return collections.OrderedDict()
+def _geometry_fits(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool:
+    """Whether a tensor's geometry from the pickle is well formed and lies inside its storage."""
+    return _geometry(storage, offset, size, stride) is not None
+
+
+class _TensorRecord(_Sealed):
+    """``torch._utils._rebuild_tensor_v2`` as the planning unpickler hands it out: it makes a
+    :class:`_Planned` (one Python call a tensor, the checks inline)."""
+
+    __slots__ = ()
+
+    def __call__(
+        self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *metadata: Any
+    ) -> _Planned:
+        if type(storage) is not _PlannedStorage or requires_grad is not False or hooks or any(metadata):
+            raise _Refused("tensor")
+        whole = _geometry(storage, offset, size, stride)
+        if whole is None:
+            raise _Refused("tensor geometry")
+        return _Planned(storage, offset, size, stride, whole)
+
+
+_TENSOR_RECORD = _TensorRecord()
 
 
 class _PlanningUnpickler(pickle.Unpickler):
     """The C unpickler, given only the three globals a bundle's state dicts need, each one of
     LaunchHelm's own harmless callables (never the real torch function): ``_rebuild_tensor_v2``
-    makes a meta tensor, ``OrderedDict`` an empty one, ``torch.<X>Storage`` names a dtype.
+    makes a :class:`_Planned`, ``OrderedDict`` is itself, ``torch.<X>Storage`` names a dtype.
     Anything else (any other global, ``BUILD`` on a global, out-of-band buffers, a tensor with
     hooks or ``requires_grad``) is refused, and :func:`meta_load` says None: the caller then
     plans with ``torch.load(map_location="meta", weights_only=True)`` as before, and its rules
@@ -193,13 +222,16 @@ class _PlanningUnpickler(pickle.Unpickler):
     def __init__(self, data: bytes, offset_of: Callable[[str], int]) -> None:
         super().__init__(io.BytesIO(data), encoding="utf-8")
         self._offset_of = offset_of
-        self._storages: dict[str, _PlannedStorage] = {}
+        self.storages: dict[str, _PlannedStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
         if module == "torch._utils" and name == "_rebuild_tensor_v2":
-            return _Call(self._rebuild)
+            return _TENSOR_RECORD
         if module == "collections" and name == "OrderedDict":
-            return _Call(_ordered_dict)
+            # the real class: it only ever makes a dict of what the pickle holds, and BUILD on the
+            # class itself fails (an immutable type); each tensor's empty hooks are one, so a
+            # wrapper of ours would cost a Python call a tensor
+            return collections.OrderedDict
         if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
             try:
                 from torch.serialization import StorageType
@@ -210,29 +242,20 @@ class _PlanningUnpickler(pickle.Unpickler):
         raise _Refused(f"global {module}.{name}")
 
     def persistent_load(self, pid: Any) -> Any:
-        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+        if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise _Refused("persistent id")
         _, kind, key, location, numel = pid
-        if not (isinstance(kind, _StorageName) and isinstance(key, str) and isinstance(location, str)):
+        if type(kind) is not _StorageName or type(key) is not str or type(location) is not str:
             raise _Refused("persistent id")
-        if type(numel) is not int or numel < 0:
-            raise _Refused("storage size")
-        storage = self._storages.get(key)
+        storage = self.storages.get(key)
         if storage is None:
+            if type(numel) is not int or numel < 0:
+                raise _Refused("storage size")
             offset = self._offset_of(f"data/{key}")
-            storage = self._storages[key] = _PlannedStorage(kind.dtype, numel * kind.dtype.itemsize, offset)
-        elif storage.dtype != kind.dtype:
+            storage = self.storages[key] = _PlannedStorage(kind.dtype, numel * kind.dtype.itemsize, offset)
+        elif storage.dtype is not kind.dtype:
             raise _Refused("one storage, two dtypes")
         return storage
-
-    def _rebuild(
-        self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *metadata: Any
-    ) -> _Planned:
-        if type(storage) is not _PlannedStorage or requires_grad is not False or hooks or any(metadata):
-            raise _Refused("tensor")
-        if not _geometry_fits(storage, offset, size, stride):
-            raise _Refused("tensor geometry")
-        return _Planned(storage, offset, size, stride)
 
 
 def meta_load(path: Path) -> Any | None:
@@ -241,12 +264,19 @@ def meta_load(path: Path) -> Any | None:
     meta tensor: many times faster per tensor (the C unpickler, see :class:`_PlanningUnpickler`,
     and no torch object per tensor); None where it does not take the file, and the caller asks
     torch.load, then :func:`planned_from_meta`."""
+    planned = load_plan(path)
+    return None if planned is None else planned[0]
+
+
+def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
+    """:func:`meta_load`'s bundle, and its storage records (for :func:`plan_in_place`)."""
     try:
         reader: Any = torch._C.PyTorchFileReader(str(path))
         if not reader.has_record("byteorder") or reader.get_record("byteorder").decode() != sys.byteorder:
             return None  # a byte-swapping load: torch's own path
         with _headers_prefetched(path):
-            return _PlanningUnpickler(reader.get_record("data.pkl"), reader.get_record_offset).load()
+            unpickler = _PlanningUnpickler(reader.get_record("data.pkl"), reader.get_record_offset)
+            return unpickler.load(), list(unpickler.storages.values())
     except Exception:  # refused, truncated, not a zip...: torch.load decides, with its own message
         return None
 
@@ -349,19 +379,16 @@ def _header_offsets(fd: int) -> list[int]:
     return offsets
 
 
-@dataclass
-class _Storage:
-    offset: int
-    nbytes: int
-    tensors: list[_Planned] = field(default_factory=list)  # the saved tensors that view it
-    target: torch.Tensor | None = None  # the live tensor its bytes go into, when matched
-    fresh: torch.UntypedStorage | None = None  # else: fresh CPU memory
-
-
 def planned_from_meta(meta: Any) -> Any | None:
     """``torch.load(map_location="meta")``'s bundle with each meta tensor as a :class:`_Planned`
     (tensors sharing a storage share one :class:`_PlannedStorage`); None if this torch gives no
     storage offsets (``_checkpoint_offset``)."""
+    planned = plan_from_meta(meta)
+    return None if planned is None else planned[0]
+
+
+def plan_from_meta(meta: Any) -> tuple[Any, list[_PlannedStorage]] | None:
+    """:func:`planned_from_meta`'s bundle, and its storage records (for :func:`plan_in_place`)."""
     storages: dict[int, _PlannedStorage] = {}
     missing = False
 
@@ -375,10 +402,11 @@ def planned_from_meta(meta: Any) -> Any | None:
         storage = storages.get(offset)
         if storage is None:
             storage = storages[offset] = _PlannedStorage(t.dtype, int(untyped.nbytes()), offset)
-        return _Planned(storage, int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
+        shape, stride, at = tuple(t.shape), tuple(t.stride()), int(t.storage_offset())
+        return _Planned(storage, at, shape, stride, bool(_geometry(storage, at, shape, stride)))
 
     converted = _rebuild(meta, planned)
-    return None if missing else converted
+    return None if missing else (converted, list(storages.values()))
 
 
 def _walk(value: Any) -> Iterator[_Planned]:
@@ -393,12 +421,20 @@ def _walk(value: Any) -> Iterator[_Planned]:
 
 
 def _rebuild(value: Any, replace: Callable[[Any], Any]) -> Any:
-    """``value`` with each tensor (a :class:`_Planned` or a ``torch.Tensor``) replaced."""
+    """``value`` with each tensor (a :class:`_Planned` or a ``torch.Tensor``) replaced. A dict
+    subclass keeps its attributes: a state dict's ``_metadata`` (each module's version, which
+    ``load_state_dict`` hands to ``_load_from_state_dict``) is one."""
     if isinstance(value, (_Planned, torch.Tensor)):
         return replace(value)
     if isinstance(value, dict):
         rebuilt = {k: _rebuild(v, replace) for k, v in value.items()}
-        return rebuilt if type(value) is dict else type(value)(rebuilt)
+        if type(value) is dict:
+            return rebuilt
+        out = type(value)(rebuilt)
+        attributes = getattr(value, "__dict__", None)
+        if attributes:
+            out.__dict__.update(attributes)
+        return out
     if isinstance(value, list):
         return [_rebuild(v, replace) for v in value]
     if isinstance(value, tuple):
@@ -408,51 +444,106 @@ def _rebuild(value: Any, replace: Callable[[Any], Any]) -> Any:
     return value
 
 
-def _fits(saved: _Planned, live: Any, storage: _Storage) -> bool:
-    """Whether the live tensor can take the saved tensor's bytes as they lie in the file."""
-    return (
-        isinstance(live, torch.Tensor)
-        and saved.offset == 0
-        and saved.numel() * saved.dtype.itemsize == storage.nbytes
-        and saved.is_contiguous()
-        and live.dtype == saved.dtype
-        and live.shape == saved.shape
-        and live.layout == torch.strided
-        and live.device.type in ("cpu", "cuda")
-        and live.is_contiguous()
-        and live.numel() * live.element_size() == storage.nbytes
-    )
+#: The live tensors a load writes into: plain tensors and parameters. A tensor subclass (a DTensor,
+#: a quantized parameter) may keep its bytes elsewhere than ``data_ptr`` says: it loads the usual way.
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _pairs(
-    meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[list[tuple[Any, Any]], dict[str, Any]]:
-    """(saved tensor, live tensor) for the model's keys and the optimizer's state entries; and the
-    model's live state dict (its own tensors, ``keep_vars``)."""
-    pairs: list[tuple[Any, Any]] = []
+def _take(saved: Any, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) -> None:
+    """Plan the saved tensor's bytes into the live one where they can go as they lie in the file:
+    the saved tensor is its storage's bytes in order and the only tensor on it, and the live one
+    a plain contiguous tensor on the CPU or CUDA with the same shape and dtype."""
+    if type(saved) is not _Planned or not saved.whole:
+        return
+    storage = saved.storage
+    if storage.views != 1 or storage.target is not None:
+        return  # shared storage (tied weights, views): load it fresh, load_state_dict copies
+    if (
+        type(live) not in _PLAIN
+        or live.dtype is not saved.dtype
+        or live.shape != saved.shape
+        or live.layout is not torch.strided
+        or not live.is_contiguous()
+        or live.device.type not in ("cpu", "cuda")
+    ):
+        return
+    storage.target = live
+    if storage.nbytes:
+        taken.append((live.data_ptr(), storage.nbytes, storage))
+
+
+def _match(meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Set each saved storage's ``target`` (:func:`_take`): the model's tensor of the same key, the
+    optimizer's state tensor of the same name of the parameter its saved index stands for (as
+    ``Optimizer.load_state_dict`` maps them: the saved groups' indices, in order, onto the live
+    groups' parameters). Returns the model's live state dict (its own tensors, ``keep_vars``)."""
+    taken: list[tuple[int, int, _PlannedStorage]] = []
     saved_model = meta.get("model")
     live_model: dict[str, Any] = {}
     if isinstance(saved_model, dict):
         live_model = model.state_dict(keep_vars=True)
-        pairs += [(t, live_model.get(k)) for k, t in saved_model.items()]
-    saved_state = meta["optimizer"].get("state") if isinstance(meta.get("optimizer"), dict) else None
-    if isinstance(saved_state, dict):
-        live_state = optimizer.state_dict()["state"]  # the optimizer's own state tensors, not copies
-        for index, entries in saved_state.items():
-            live_entries = live_state.get(index)
-            if isinstance(entries, dict) and isinstance(live_entries, dict):
-                pairs += [(t, live_entries.get(name)) for name, t in entries.items()]
-    return pairs, live_model
+        get = live_model.get
+        for key, saved in saved_model.items():
+            _take(saved, get(key), taken)
+    saved_optimizer = meta.get("optimizer")
+    if (
+        isinstance(saved_optimizer, dict)
+        and type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict
+        and not getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", True)
+        and isinstance(getattr(optimizer, "state", None), dict)
+    ):
+        saved_state, saved_groups = saved_optimizer.get("state"), saved_optimizer.get("param_groups")
+        live_groups = optimizer.param_groups
+        if (
+            isinstance(saved_state, dict)
+            and isinstance(saved_groups, list)
+            and len(saved_groups) == len(live_groups)
+            and all(
+                isinstance(saved, dict)
+                and isinstance(saved.get("params"), list)
+                and len(saved["params"]) == len(live["params"])
+                for saved, live in zip(saved_groups, live_groups)  # noqa: B905 (lengths checked)
+            )
+        ):
+            try:
+                by_index: dict[Any, Any] = {}
+                for saved, live in zip(saved_groups, live_groups):  # noqa: B905
+                    by_index.update(zip(saved["params"], live["params"]))  # noqa: B905
+                live_state = optimizer.state
+                for index, entries in saved_state.items():
+                    param = by_index.get(index)
+                    live_entries = live_state.get(param) if param is not None else None
+                    if isinstance(entries, dict) and isinstance(live_entries, dict):
+                        for name, saved in entries.items():
+                            _take(saved, live_entries.get(name), taken)
+            except TypeError:  # an unhashable index: load_state_dict says what is wrong
+                pass
+    # Live tensors whose memory overlaps (views of one buffer) would see the file's bytes in an
+    # order load_state_dict does not promise: those load the usual way.
+    taken.sort(key=_address)
+    end, last = 0, None
+    for start, nbytes, storage in taken:
+        if start < end:
+            storage.target = None
+            if last is not None:
+                last.target = None
+        if start + nbytes > end:
+            end, last = start + nbytes, storage
+    return live_model
+
+
+def _address(entry: tuple[int, int, _PlannedStorage]) -> int:
+    return entry[0]
 
 
 class InPlaceLoad:
     """A planned load of one bundle file; see the module docstring for the steps."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], storages: dict[int, _Storage], size: int) -> None:
+    def __init__(self, path: Path, meta: dict[str, Any], storages: list[_PlannedStorage], size: int) -> None:
         self.path = path
         self.meta = meta
         self.size = size
-        self._storages = sorted(storages.values(), key=lambda s: s.offset)
+        self._storages = sorted(storages, key=_file_order)
         self._crcs: list[tuple[int, int, int]] = []  # (file offset, length, CRC64NVME) of every range read
         self.matched_bytes = sum(s.nbytes for s in self._storages if s.target is not None)
         self.where = str(path)  # how errors name the checkpoint
@@ -463,8 +554,7 @@ class InPlaceLoad:
         # every matched tensor on the CPU: step 3 reads contiguous runs of the file with scatter
         # reads (one preadv fills several tensors and the zip headers between them), and the zip
         # headers between two matched tensors wait for step 3 (nothing before it needs them)
-        targets = [s.target for s in self._storages if s.target is not None]
-        self._scatter = all(t.device.type == "cpu" for t in targets)
+        self._scatter = not any(s.target is not None and s.target.is_cuda for s in self._storages)
         self._deferred: list[tuple[int, int]] = []  # (offset, length) of those headers
 
     # -- step 2 -------------------------------------------------------------
@@ -492,13 +582,9 @@ class InPlaceLoad:
                 self._read_gap(fd, pos, self.size)
         finally:
             os.close(fd)
-        by_planned: dict[int, _Storage] = {}
-        for storage in self._storages:
-            for t in storage.tensors:
-                by_planned[id(t)] = storage
 
         def replace(t: _Planned) -> torch.Tensor:
-            storage = by_planned[id(t)]
+            storage = t.storage
             if storage.target is not None:
                 return storage.target
             assert storage.fresh is not None
@@ -806,46 +892,36 @@ def _read_crc(fd: int, view: memoryview, offset: int) -> int:
 
 
 def plan_in_place(
-    path: Path, meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, match: bool = True
+    path: Path,
+    meta: dict[str, Any],
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    match: bool = True,
+    storages: list[_PlannedStorage] | None = None,
 ) -> InPlaceLoad:
-    """Match the bundle's tensors (from :func:`meta_load`, or :func:`planned_from_meta` of a
-    ``map_location="meta"`` load) to live ones.
+    """Match the bundle's tensors (from :func:`load_plan`, or :func:`plan_from_meta` of a
+    ``map_location="meta"`` load; ``storages``: its storage records, else found in ``meta``) to
+    live ones.
 
     ``match=False`` plans every tensor into fresh memory (verified before
     anything is applied).
     """
-    storages: dict[int, _Storage] = {}
-    for t in _walk(meta):
-        storage = storages.get(t.storage.offset)
-        if storage is None:
-            storage = storages[t.storage.offset] = _Storage(t.storage.offset, t.storage.nbytes)
-        if not any(existing is t for existing in storage.tensors):
-            storage.tensors.append(t)
-    targets_seen: set[int] = set()
-    pairs, live_model = _pairs(meta, model, optimizer) if match else ([], {})
-    for saved, live in pairs:
-        if not isinstance(saved, _Planned):
-            continue
-        storage = storages[saved.storage.offset]
-        if len(storage.tensors) != 1 or storage.target is not None:
-            continue  # shared storage (tied weights, views): load it fresh, load_state_dict copies
-        if not _fits(saved, live, storage):
-            continue
-        assert isinstance(live, torch.Tensor)
-        key = live.untyped_storage().data_ptr()
-        if key in targets_seen:
-            continue  # two saved tensors into one live storage: keep the copy path's semantics
-        targets_seen.add(key)
-        storage.target = live
+    if storages is None:
+        storages = list({id(t.storage): t.storage for t in _walk(meta)}.values())
+    for storage in storages:  # a plan of its own, whatever planned these records before
+        storage.target = storage.fresh = None
+    live_model = _match(meta, model, optimizer) if match else {}
     plan = InPlaceLoad(path, meta, storages, path.stat().st_size)
     saved_model = meta.get("model")
     plan.model_in_place = (
         bool(live_model)
         and isinstance(saved_model, dict)
         and saved_model.keys() == live_model.keys()
-        and all(
-            isinstance(t, _Planned) and storages[t.storage.offset].target is live_model[k]
-            for k, t in saved_model.items()
-        )
+        and all(type(t) is _Planned and t.storage.target is live_model[k] for k, t in saved_model.items())
     )
     return plan
+
+
+def _file_order(storage: _PlannedStorage) -> int:
+    return storage.offset

@@ -736,10 +736,10 @@ class TorchRun(Run):
         """Plan with a meta load, read all but the in-place tensors, validate (see ``_inplace``)."""
         # the C unpickler with three harmless globals of our own; for anything else (or a file it
         # cannot read) torch's weights-only unpickler plans, and its rules and errors decide
-        meta = _inplace.meta_load(local)
+        planned = _inplace.load_plan(local)
         try:
-            if meta is None:
-                meta = _inplace.planned_from_meta(torch.load(local, map_location="meta", weights_only=True))
+            if planned is None:
+                planned = _inplace.plan_from_meta(torch.load(local, map_location="meta", weights_only=True))
         except pickle.UnpicklingError as exc:
             self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
             raise CheckpointError(
@@ -754,17 +754,18 @@ class TorchRun(Run):
                 f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
                 run_id=self.id,
             ) from None
-        if meta is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
+        if planned is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
             self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
             bundle = torch.load(local, map_location=map_location, weights_only=True)
             self._validate(bundle, where)
             return dict(bundle), None
+        meta, storages = planned
         if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
             self._validate(meta, where)  # the usual refusal for a file that is no bundle
         # Small checkpoints are read whole and checked before anything is applied (a
         # corrupted one then changes nothing); large ones go straight into the model.
         in_place = local.stat().st_size >= _inplace.IN_PLACE_MIN_BYTES
-        plan = plan_in_place(local, meta, model, optimizer, match=in_place)
+        plan = plan_in_place(local, meta, model, optimizer, match=in_place, storages=storages)
         try:
             bundle = plan.read_rest(map_location)
         except OSError as exc:

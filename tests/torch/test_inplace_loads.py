@@ -469,7 +469,9 @@ def test_the_planning_unpickler_calls_nothing_of_the_file_and_leaves_the_rest_to
     # BUILD with a slot state {"_fn": 1}, which would setattr on the global handed out
     assert refused(b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\nN}X\x03\x00\x00\x00_fnK\x01s\x86b.")
     assert refused(b"\x80\x02ctorch._utils\n_rebuild_tensor_v2\n}b.")  # BUILD with a dict state
-    assert refused(b"\x80\x02ccollections\nOrderedDict\n(K\x01tR.")  # OrderedDict(1)
+    assert refused(b"\x80\x02ccollections\nOrderedDict\n(K\x01tR.")  # OrderedDict(1): not iterable
+    assert refused(b"\x80\x02ccollections\nOrderedDict\n}X\x01\x00\x00\x00aK\x01sb.")  # BUILD on the class
+    assert refused(b"\x80\x02ccollections\nOrderedDict\nN}X\x01\x00\x00\x00aK\x01s\x86b.")  # ... with slots
     assert refused(b"\x80\x02ctorch\nFloatStorage\n)R.")  # calling a storage name
     assert refused(b"\x80\x02cbuiltins\neval\n.")
     assert not refused(b"\x80\x02ccollections\nOrderedDict\n)R.")
@@ -826,7 +828,7 @@ def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verifie
     no ``_checkpoint_offset``), the bundle loads with torch.load after its CRC64NVME is checked:
     bitwise, nothing in place, and a flipped byte refused before anything is applied."""
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
-    original = _inplace.planned_from_meta
+    original = _inplace.plan_from_meta
 
     def without_offsets(meta: object) -> object:
         for value in meta["model"].values():  # type: ignore[index]
@@ -835,8 +837,8 @@ def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verifie
                 del storage._checkpoint_offset
         return original(meta)
 
-    monkeypatch.setattr(_inplace, "meta_load", lambda path: None)
-    monkeypatch.setattr(_inplace, "planned_from_meta", without_offsets)
+    monkeypatch.setattr(_inplace, "load_plan", lambda path: None)
+    monkeypatch.setattr(_inplace, "plan_from_meta", without_offsets)
     tr._loaded_in_place = -1
     tr.load_checkpoint(artifact)
     assert tr._loaded_in_place == -1, "nothing goes through the in-place path"
@@ -849,3 +851,147 @@ def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verifie
     assert _same(trained, _state(model, optimizer)), "a corrupted file changed the model"
     tr.clear_checkpoint_error()
     tr.finish()
+
+
+class _Versioned(torch.nn.Linear):
+    """A layer that says which version of its state it was handed on load (``_metadata``)."""
+
+    _version = 3
+
+    def _load_from_state_dict(
+        self, state_dict: dict[str, object], prefix: str, local_metadata: dict[str, object], *args: object
+    ) -> None:
+        self.loaded_version = local_metadata.get("version")
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, *args)  # type: ignore[arg-type]
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_the_state_dict_keeps_its_module_versions_through_a_planned_load(tmp_path: Path) -> None:
+    """``load_state_dict`` hands each module the version it was saved with (the state dict's
+    ``_metadata``, as torch.load keeps it); a plan that rebuilt the dict without it would make
+    every module see an old, unversioned state."""
+    store_url = str(tmp_path / "store")
+    model = torch.nn.Sequential(_Versioned(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.AdamW(model.parameters())
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    assert torch.load(_payload(store_url, tr, artifact), weights_only=True)["model"]._metadata["0"]["version"] == 3
+    tr.load_checkpoint(artifact)
+    assert model[0].loaded_version == 3
+    assert tr._loaded_in_place > 0
+    tr.finish()
+
+
+class _Windows(torch.nn.Module):
+    """Two buffers that are views of one flat buffer, side by side: ``p`` (0:4) and ``r`` (6:10)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.flat = torch.zeros(12)
+        self.register_buffer("p", self.flat[0:4])
+        self.register_buffer("r", self.flat[6:10])
+        self.weight = torch.nn.Parameter(torch.ones(3))
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_live_tensors_that_share_memory_go_in_place_only_where_they_do_not_overlap(tmp_path: Path) -> None:
+    """Views of one buffer side by side each take their own bytes in place. Where live tensors
+    overlap (here the optimizer's momentum is a view over ``p``'s memory, and the file holds its
+    bytes after ``p``'s), both load the usual way: ``p`` is copied in, the momentum is a tensor of
+    its own, exactly as torch's load gives it."""
+    store_url = str(tmp_path / "store")
+    model = _Windows()
+    optimizer = torch.optim.SGD([model.weight], lr=0.1, momentum=0.9)
+    tr = lht.init("inplace", store=store_url)
+    tr.watch(model, optimizer)
+    model.weight.grad = torch.ones(3)
+    optimizer.step()
+    saved_p, saved_r, saved_momentum = torch.arange(4.0), torch.arange(4.0) + 10, torch.arange(3.0) + 20
+    model._buffers["p"], model._buffers["r"] = saved_p.clone(), saved_r.clone()  # saved as tensors of their own
+    optimizer.state[model.weight]["momentum_buffer"] = saved_momentum.clone()
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    model._buffers["p"], model._buffers["r"] = model.flat[0:4], model.flat[6:10]
+    optimizer.state[model.weight]["momentum_buffer"] = model.flat[2:5]  # overlaps p
+    model.flat.fill_(-1)
+    tr.load_checkpoint(artifact)
+
+    assert torch.equal(model.flat[0:4], saved_p) and torch.equal(model.flat[6:10], saved_r)
+    momentum = optimizer.state[model.weight]["momentum_buffer"]
+    assert torch.equal(momentum, saved_momentum)
+    assert model.r.data_ptr() == model.flat[6:10].data_ptr()  # r: read in place into its window
+    assert tr._loaded_in_place == saved_r.nbytes + model.weight.nbytes  # r and the weight; not p nor momentum
+    tr.finish()
+
+
+class _OwnLoading(torch.optim.SGD):
+    """An optimizer that loads its state its own way."""
+
+    def load_state_dict(self, state_dict: dict[str, object]) -> None:
+        self.loaded_by_hand = True
+        super().load_state_dict(state_dict)
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_optimizer_state_goes_in_place_by_the_saved_groups_and_only_for_the_stock_loader(tmp_path: Path) -> None:
+    """The optimizer's state tensors are matched as ``Optimizer.load_state_dict`` maps them (each
+    group's saved indices onto its live parameters, here two groups, one parameter without state);
+    an optimizer that loads its own way gets none of them in place, and both end bitwise."""
+    store_url = str(tmp_path / "store")
+    tr = lht.init("inplace", store=store_url)
+    for kind in (torch.optim.SGD, _OwnLoading):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+        groups = [{"params": list(model[2].parameters())}, {"params": list(model[0].parameters())}]
+        groups.append({"params": list(model[1].parameters()), "lr": 0.5})
+        optimizer = kind(groups, lr=0.1, momentum=0.9)
+        tr.watch(model, optimizer)
+        for _ in range(2):
+            optimizer.zero_grad()
+            model(torch.randn(4, 8)).sum().backward()
+            model[1].bias.grad = None  # one parameter never gets momentum
+            optimizer.step()
+        saved = _state(model, optimizer)
+        artifact = tr.save_checkpoint()
+        assert artifact is not None
+        model(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+        assert not _same(saved, _state(model, optimizer))
+        momentum = [optimizer.state[p]["momentum_buffer"].data_ptr() for p in model[2].parameters()]
+        tr.load_checkpoint(artifact)
+        assert _same(saved, _state(model, optimizer))
+        weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        if kind is _OwnLoading:
+            assert optimizer.loaded_by_hand
+            assert tr._loaded_in_place == weights  # the model only
+        else:
+            assert tr._loaded_in_place == weights + sum(p.numel() * 4 for p in model.parameters()) - 8 * 4
+            assert momentum == [optimizer.state[p]["momentum_buffer"].data_ptr() for p in model[2].parameters()]
+    tr.finish()
+
+
+def test_loads_reuse_one_summary_thread_and_the_session_end_joins_it(tmp_path: Path) -> None:
+    """A load asks a thread kept for it to put the summary (starting one each time cost a load
+    ~0.5 ms); every load's summary is put, and finish() leaves no such thread behind."""
+    store_url, tr, model, optimizer, _saved, artifact = _saved_then_trained_on(tmp_path)
+
+    def summary_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "launchhelm-summary"]
+
+    tr.load_checkpoint(artifact)
+    first = summary_threads()
+    assert len(first) == 1
+    for _ in range(3):
+        _train(model, optimizer, 1)
+        tr.load_checkpoint(artifact)
+    assert summary_threads() == first
+    tr._settle_summary()
+    summary = json.loads(tr._store.read(summary_key(tr.id)))
+    assert summary["rewinds"] == 4
+    tr.finish()
+    assert summary_threads() == []
+    assert lh.Api(store_url).run(tr.id).summary()["rewinds"] == 4
