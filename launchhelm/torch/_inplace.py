@@ -464,7 +464,7 @@ def _take(saved: Any, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) 
         or live.shape != saved.shape
         or live.layout is not torch.strided
         or not live.is_contiguous()
-        or live.device.type not in ("cpu", "cuda")
+        or not (live.is_cpu or live.is_cuda)
     ):
         return
     storage.target = live

@@ -10,6 +10,7 @@ import datetime
 import os
 import pickle
 import random
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,6 +77,39 @@ def test_save_then_load_restores_everything(store_url: str) -> None:
     assert torch.equal(torch.rand(3), after_save[2])
     assert dict(tr.tunables) == {"lr": 1e-2}
     tr.finish()
+
+
+def test_a_load_records_its_restore_only_where_it_changes_the_tunables_in_force(tmp_path: Path) -> None:
+    """A load that brings back the tunables and control state already in force appends no
+    control_applied event (it would fold to the same state); one that changes them does, and a
+    resumed session starts from what it restored."""
+    store_url = str(tmp_path / "store")
+    model, optimizer, scheduler, scaler = _build()
+    tr = lht.init("ckpt", store=store_url, tunables={"lr": 1e-2}, control_interval=0.05)
+    tr.watch(model, optimizer, scheduler, scaler)
+    _train(tr, model, optimizer, scheduler, 2)
+    artifact = tr.save_checkpoint()
+    handle = lh.Api(store_url).run(tr.id)
+
+    def restores() -> list[dict[str, object]]:
+        return [e for e in handle.events() if e["type"] == "control_applied" and e["cause"] == "restore"]
+
+    tr.load_checkpoint(artifact)
+    assert restores() == []
+    handle.set_tunables(lr=0.5)
+    deadline = time.monotonic() + 10
+    while tr.tunables["lr"] != 0.5 and time.monotonic() < deadline:
+        _train(tr, model, optimizer, scheduler, 1)  # the change applies at a step boundary
+        time.sleep(0.02)
+    assert tr.tunables["lr"] == 0.5
+    tr.load_checkpoint(artifact)
+    (restore,) = restores()
+    assert restore["tunables"] == {"lr": 1e-2} and restore["step"] == 2
+    assert dict(tr.tunables) == {"lr": 1e-2}
+    tr.finish(close_run=False)
+    resumed = lht.init("ckpt", store=store_url, resume=tr.id, tunables={"lr": 1e-2})
+    assert dict(resumed.tunables) == {"lr": 1e-2}
+    resumed.finish()
 
 
 def test_the_bundle_is_weights_only_safe_and_its_record_verifies(tmp_path: Path) -> None:
