@@ -61,7 +61,7 @@ import torch
 
 from launchhelm._checksum import combine_crc64nvme, crc64nvme
 
-__all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "meta_load", "plan_in_place"]
+__all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "load_optimizer_in_place", "meta_load", "plan_in_place"]
 
 #: Files smaller than this are read whole into fresh memory and verified before anything is
 #: applied, so a corrupted small checkpoint changes nothing; it costs milliseconds at this size.
@@ -220,7 +220,10 @@ class _PlanningUnpickler(pickle.Unpickler):
     decide. Nothing from the file is ever called but these."""
 
     def __init__(self, data: bytes, offset_of: Callable[[str], int]) -> None:
-        super().__init__(io.BytesIO(data), encoding="utf-8")
+        # A stream with ``peek``: the C unpickler then takes the pickle in one prefetch and reads
+        # its opcodes from its own buffer; from a bare BytesIO it calls ``read`` for each opcode
+        # (measured here, 595 tensors: 2.2 ms against 3.2 ms).
+        super().__init__(io.BufferedReader(io.BytesIO(data), buffer_size=max(1, len(data))), encoding="utf-8")
         self._offset_of = offset_of
         self.storages: dict[str, _PlannedStorage] = {}
 
@@ -534,6 +537,82 @@ def _match(meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.
 
 def _address(entry: tuple[int, int, _PlannedStorage]) -> int:
     return entry[0]
+
+
+def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
+    """Do what ``optimizer.load_state_dict(saved)`` does, where each of the saved state tensors
+    already is the live one it would become (read in place into it); return False, having
+    changed nothing, where that is not so or the optimizer does not load the stock way: the
+    caller then calls ``load_state_dict``.
+
+    ``Optimizer.load_state_dict`` deep-copies the saved groups and passes each state value
+    through ``_process_value_according_to_param_policy``, which looks its parameter up by a scan
+    of every group and returns the tensor itself when its dtype and device already are the
+    ones it would cast to: ~2.5 µs a value here, 1.1 ms for GPT-2's 444. Here the same
+    conditions are checked (each ``.to()`` would return the tensor itself), then the same
+    ``__setstate__`` is called with the state (the saved per-parameter dicts) and the saved
+    groups holding the live parameters."""
+    base = torch.optim.Optimizer
+    if (
+        type(optimizer).load_state_dict is not base.load_state_dict
+        or getattr(optimizer, "_optimizer_load_state_dict_pre_hooks", True)
+        or getattr(optimizer, "_optimizer_load_state_dict_post_hooks", True)
+        or not isinstance(saved, dict)
+    ):
+        return False
+    saved_groups, saved_state = saved.get("param_groups"), saved.get("state")
+    groups = optimizer.param_groups
+    if not (isinstance(saved_groups, list) and isinstance(saved_state, dict) and len(saved_groups) == len(groups)):
+        return False
+    by_index: dict[Any, tuple[torch.Tensor, bool]] = {}
+    count = 0
+    try:
+        for group, saved_group in zip(groups, saved_groups):  # noqa: B905 (lengths checked)
+            indices = saved_group.get("params") if isinstance(saved_group, dict) else None
+            if not isinstance(indices, list) or len(indices) != len(group["params"]):
+                return False
+            # fused or capturable: torch moves "step" to the parameter's device as float32
+            special = bool(saved_group.get("fused", False) or saved_group.get("capturable", False))
+            by_index.update((index, (param, special)) for index, param in zip(indices, group["params"]))  # noqa: B905
+            count += len(indices)
+        if len(by_index) != count:
+            return False  # an index in two groups (torch's scan would take the first): malformed, let torch say
+        live_state = optimizer.state
+        state: collections.defaultdict[torch.Tensor, dict[Any, Any]] = collections.defaultdict(dict)
+        for index, entries in saved_state.items():
+            found = by_index.get(index)
+            if found is None or type(entries) is not dict:
+                return False  # an entry of no parameter: torch keeps it as it is
+            param, special = found
+            live = live_state.get(param)
+            if not isinstance(live, dict) or live.keys() != entries.keys():
+                return False
+            if not (param.is_cpu or param.is_cuda):
+                return False
+            floating, device = param.is_floating_point(), param.get_device()  # -1: the CPU
+            for key, value in entries.items():
+                if isinstance(value, torch.Tensor):
+                    if value is not live[key]:  # so it is on the CPU or CUDA (plan_in_place takes no other)
+                        return False
+                    if key == "step":
+                        if special and (value.dtype is not torch.float32 or value.get_device() != device):
+                            return False
+                    elif value.get_device() != device or (floating and value.dtype is not param.dtype):
+                        return False
+                elif value is not None and type(value) not in (int, float, bool):
+                    return False  # torch would copy it piece by piece: let it
+            state[param] = entries
+    except TypeError:  # an unhashable index: load_state_dict says what is wrong
+        return False
+    param_groups = []
+    for group, saved_group in zip(groups, saved_groups):  # noqa: B905
+        new_group = dict(saved_group)  # the bundle's own: nothing else holds it
+        new_group["params"] = group["params"]
+        if "param_names" in group and "param_names" not in new_group:
+            new_group["param_names"] = group["param_names"]
+        param_groups.append(new_group)
+    optimizer.__setstate__({"state": state, "param_groups": param_groups})
+    return True
 
 
 class InPlaceLoad:

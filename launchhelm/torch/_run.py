@@ -84,6 +84,7 @@ class TorchRun(Run):
         self._save_error: CheckpointError | None = None
         #: Bytes the last load_checkpoint read straight into live tensors (0: all through fresh memory).
         self._loaded_in_place = 0
+        self._optimizer_in_place = False  # the last load did load_state_dict's work itself (tests)
         self._snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
 
     # -- DDP followers ------------------------------------------------------
@@ -547,7 +548,9 @@ class TorchRun(Run):
                     if plan is not None:  # tensor bytes straight into the model, checked as they land
                         self._read_in_place(plan, target)
                     in_place = plan is not None and plan.model_in_place and _stock_loading(model)
-                    extra = self._apply(bundle, model, optimizer, model_in_place=in_place)
+                    extra = self._apply(
+                        bundle, model, optimizer, model_in_place=in_place, optimizer_in_place=plan is not None
+                    )
                 except Exception as exc:
                     problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
                 self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
@@ -869,20 +872,28 @@ class TorchRun(Run):
         optimizer: torch.optim.Optimizer,
         *,
         model_in_place: bool = False,
+        optimizer_in_place: bool = False,
     ) -> Any:
         """Restore what the bundle holds. ``model_in_place``: every tensor of the model's state dict
         (and no other key) was read into the live tensor of its key, and the model loads the stock
         way (:func:`_stock_loading`), so ``load_state_dict`` would only copy each tensor onto itself:
         it is skipped (~5 µs a tensor). Each tensor is still copied onto itself (no bytes move), as
         ``load_state_dict`` would: that bumps its autograd version, so a graph built before the load
-        refuses to backpropagate through the new values."""
+        refuses to backpropagate through the new values. ``optimizer_in_place``: tensors were read in
+        place, so the optimizer's may all be its live ones already, and
+        :func:`~launchhelm.torch._inplace.load_optimizer_in_place` does ``load_state_dict``'s work
+        without its per-value casts (where it cannot, ``load_state_dict`` runs)."""
         if model_in_place:
             with torch.no_grad():
                 for tensor in bundle["model"].values():
                     tensor.copy_(tensor)
         else:
             model.load_state_dict(bundle["model"])
-        optimizer.load_state_dict(bundle["optimizer"])
+        self._optimizer_in_place = optimizer_in_place and _inplace.load_optimizer_in_place(
+            optimizer, bundle["optimizer"]
+        )
+        if not self._optimizer_in_place:
+            optimizer.load_state_dict(bundle["optimizer"])
         if self._scheduler is not None:
             self._scheduler.load_state_dict(bundle["scheduler"])
         if self._scaler is not None:

@@ -995,3 +995,113 @@ def test_loads_reuse_one_summary_thread_and_the_session_end_joins_it(tmp_path: P
     tr.finish()
     assert summary_threads() == []
     assert lh.Api(store_url).run(tr.id).summary()["rewinds"] == 4
+
+
+_OPTIMIZERS = {
+    "sgd-momentum": lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, nesterov=True),
+    "adam-amsgrad": lambda groups: torch.optim.Adam(groups, lr=1e-2, amsgrad=True),
+    "adamw": lambda groups: torch.optim.AdamW(groups, lr=1e-2, weight_decay=0.1, betas=(0.8, 0.95)),
+    "adamw-tensor-lr": lambda groups: torch.optim.AdamW(groups, lr=torch.tensor(1e-2)),
+    "rmsprop-centered": lambda groups: torch.optim.RMSprop(groups, lr=1e-2, momentum=0.5, centered=True),
+    "adagrad": lambda groups: torch.optim.Adagrad(groups, lr=0.1),
+}
+
+
+def _two_groups(model: torch.nn.Module) -> list[dict[str, object]]:
+    """Layers 0 and 2 in one group, layer 1 in another with a learning rate of its own."""
+    return [
+        {"params": [*model[0].parameters(), *model[2].parameters()]},
+        {"params": list(model[1].parameters()), "lr": 0.05},
+    ]
+
+
+def _step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, seed: int) -> None:
+    torch.manual_seed(seed)
+    optimizer.zero_grad()
+    model(torch.randn(4, 8)).pow(2).sum().backward()
+    model[1].bias.grad = None  # one parameter never gets state
+    optimizer.step()
+
+
+def _optimizer_equal(a: torch.optim.Optimizer, b: torch.optim.Optimizer) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+
+    def same(x: object, y: object) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.device == y.device and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(same(x[k], y[k]) for k in x)
+        if isinstance(x, (list, tuple)):
+            return type(x) is type(y) and len(x) == len(y) and all(same(u, v) for u, v in zip(x, y, strict=True))
+        return type(x) is type(y) and x == y
+
+    return same(sa, sb) and type(a.state) is type(b.state)
+
+
+@pytest.mark.usefixtures("in_place_always")
+@pytest.mark.parametrize("kind", sorted(_OPTIMIZERS))
+def test_the_optimizer_loaded_in_place_is_the_one_load_state_dict_makes(tmp_path: Path, kind: str) -> None:
+    """Where every state tensor was read into the live one, the load does load_state_dict's work
+    itself: the optimizer ends exactly as torch's load_state_dict leaves one (state, dtypes, the
+    saved groups' hyperparameters over live ones changed since), and its next step is bitwise
+    the same. With a load hook registered, torch's load_state_dict runs (and calls it)."""
+    make = _OPTIMIZERS[kind]
+    store_url = str(tmp_path / "store")
+    tr = lht.init("inplace", store=store_url)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    optimizer = make(_two_groups(model))
+    tr.watch(model, optimizer)
+    for seed in (1, 2):
+        _step(model, optimizer, seed)
+    del optimizer.param_groups[0]["maximize"]  # as an older torch saved it: the optimizer's __setstate__ fills it in
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    optimizer.param_groups[0]["maximize"] = False
+    _step(model, optimizer, 3)
+    optimizer.param_groups[1]["lr"] = 123.0  # restored from the checkpoint
+    tr.load_checkpoint(artifact)
+    assert tr._optimizer_in_place
+
+    bundle = torch.load(_payload(store_url, tr, artifact), weights_only=True)
+    torch.manual_seed(5)
+    reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    reference_optimizer = make(_two_groups(reference))
+    reference.load_state_dict(bundle["model"])
+    reference_optimizer.load_state_dict(bundle["optimizer"])
+    assert _optimizer_equal(optimizer, reference_optimizer)
+    assert optimizer.param_groups[1]["lr"] == 0.05 and optimizer.param_groups[0]["maximize"] is False
+    live_params = [[id(p) for p in group["params"]] for group in optimizer.param_groups]
+    assert live_params == [[id(p) for p in group["params"]] for group in _two_groups(model)]
+    for live, ref in zip(optimizer.param_groups, reference_optimizer.param_groups, strict=True):
+        assert live.keys() == ref.keys()
+    _step(model, optimizer, 4)
+    _step(reference, reference_optimizer, 4)
+    assert all(
+        torch.equal(a, b) for a, b in zip(model.state_dict().values(), reference.state_dict().values(), strict=True)
+    )
+    assert _optimizer_equal(optimizer, reference_optimizer)
+
+    seen: list[object] = []
+    optimizer.register_load_state_dict_pre_hook(lambda opt, state: seen.append(state))
+    tr.load_checkpoint(artifact)
+    assert len(seen) == 1 and not tr._optimizer_in_place
+    tr.finish()
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_optimizer_state_that_torch_would_cast_goes_through_load_state_dict(tmp_path: Path) -> None:
+    """A live optimizer state tensor in another dtype than its parameter: load_state_dict casts the
+    saved one to the parameter's dtype (a new tensor), so the load leaves it that work."""
+    _store_url, tr, model, optimizer, _saved, artifact = _saved_then_trained_on(tmp_path)
+    tr.load_checkpoint(artifact)
+    assert tr._optimizer_in_place
+    param = model[2].weight  # bf16
+    state = optimizer.state[param]
+    state["exp_avg"] = state["exp_avg"].float()  # saved so: the checkpoint holds float32 moments for a bf16 weight
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    tr.load_checkpoint(artifact)
+    assert not tr._optimizer_in_place
+    assert optimizer.state[param]["exp_avg"].dtype == torch.bfloat16  # as load_state_dict casts it
+    tr.finish()
