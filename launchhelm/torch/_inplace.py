@@ -112,10 +112,10 @@ class _PlannedStorage(_Sealed):
     its bytes lie in the file (no torch object is made for it); once planned
     (:func:`plan_in_place`), where its bytes go: a live tensor, or fresh memory."""
 
-    __slots__ = ("dtype", "fresh", "nbytes", "offset", "target", "views")
+    __slots__ = ("dtype", "fresh", "itemsize", "nbytes", "offset", "target", "views")
 
     def __init__(self, dtype: torch.dtype, nbytes: int, offset: int) -> None:
-        self.dtype, self.nbytes, self.offset = dtype, nbytes, offset
+        self.dtype, self.nbytes, self.offset, self.itemsize = dtype, nbytes, offset, dtype.itemsize
         #: saved tensors made on it: more than one (tied weights, views) never goes in place
         self.views = 0
         self.target: torch.Tensor | None = None  # the live tensor its bytes go into, when matched
@@ -159,30 +159,47 @@ class _Planned(_Sealed):
 def _geometry(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool | None:
     """None where a tensor's geometry from the pickle is malformed or reaches past its storage
     (what ``set_`` refuses on a real tensor); else whether the tensor is the whole storage's bytes
-    in order (offset 0, contiguous as ``torch.Tensor.is_contiguous`` says, every byte)."""
-    if type(offset) is not int or type(size) is not tuple or type(stride) is not tuple or len(size) != len(stride):
+    in order (offset 0, contiguous as ``torch.Tensor.is_contiguous`` says, every byte).
+
+    Scalars, vectors and matrices (nearly every tensor of a model and its optimizer) are checked
+    without a loop: ~0.3 µs against ~0.7 µs a tensor here."""
+    if type(offset) is not int or type(size) is not tuple or type(stride) is not tuple or offset < 0:
         return None
-    if offset < 0:
+    dims = len(size)
+    if dims != len(stride):
         return None
-    last, numel = offset, 1
-    for n, step in zip(size, stride):  # noqa: B905 (lengths checked above)
-        if type(n) is not int or type(step) is not int or n < 0 or step < 0:
+    if dims == 2:
+        n0, n1 = size
+        s0, s1 = stride
+        if type(n0) is not int or type(n1) is not int or type(s0) is not int or type(s1) is not int:
             return None
-        last += (n - 1) * step
-        numel *= n
+        if n0 < 0 or n1 < 0 or s0 < 0 or s1 < 0:
+            return None
+        numel, last = n0 * n1, offset + (n0 - 1) * s0 + (n1 - 1) * s1
+        contiguous = (n1 == 1 or s1 == 1) and (n0 == 1 or s0 == n1)
+    elif dims == 1:
+        (n0,), (s0,) = size, stride
+        if type(n0) is not int or type(s0) is not int or n0 < 0 or s0 < 0:
+            return None
+        numel, last, contiguous = n0, offset + (n0 - 1) * s0, n0 == 1 or s0 == 1
+    elif dims == 0:
+        numel, last, contiguous = 1, offset, True
+    else:
+        last, numel, expected, contiguous = offset, 1, 1, True
+        for n, step in zip(reversed(size), reversed(stride)):  # noqa: B905 (lengths checked above)
+            if type(n) is not int or type(step) is not int or n < 0 or step < 0:
+                return None
+            last += (n - 1) * step
+            numel *= n
+            if n != 1 and step != expected:
+                contiguous = False
+            expected *= n
     if numel == 0:  # empty: it fits anywhere, and is whole only of an empty storage
         return offset == 0 and storage.nbytes == 0
-    itemsize = storage.dtype.itemsize
+    itemsize = storage.itemsize
     if (last + 1) * itemsize > storage.nbytes:
         return None
-    if offset or numel * itemsize != storage.nbytes:
-        return False
-    expected = 1
-    for n, step in zip(reversed(size), reversed(stride)):  # noqa: B905
-        if n != 1 and step != expected:
-            return False
-        expected *= n
-    return True
+    return contiguous and offset == 0 and numel * itemsize == storage.nbytes
 
 
 def _geometry_fits(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool:
@@ -303,6 +320,8 @@ def _headers_prefetched(path: Path) -> Iterator[None]:
     stream that follows. Measured here, a cold 1 GB read of a 384-tensor bundle: 0.33 s with no
     islands, 0.49 s with them, 0.31 s with them dropped. Pages that were cached before stay.
 
+    A file whose pages are cached all over (:data:`_SPREAD` probes) is left as it is.
+
     Only a hint: where fadvise, ``mincore`` or the directory parse fail, the reads are as they were
     (and where only ``mincore`` fails, the headers are prefetched and stay)."""
     advise = getattr(os, "posix_fadvise", None)
@@ -311,6 +330,10 @@ def _headers_prefetched(path: Path) -> Iterator[None]:
     try:
         if advise is not None:
             fd = os.open(path, os.O_RDONLY)
+            size = os.fstat(fd).st_size
+            with contextlib.suppress(_NoProbe):
+                if _resident(fd, [size * i // _SPREAD for i in range(_SPREAD)]):
+                    raise _Warm  # pages all over the file are cached: so are its headers, as a rule
             pages = sorted({at // _PAGE * _PAGE for h in _header_offsets(fd) for at in (h, h + _HEADER_SPAN - 1)})
             try:
                 if not _resident(fd, pages[:: max(1, len(pages) // _PROBES)]):  # else cached, as is usual
@@ -320,7 +343,7 @@ def _headers_prefetched(path: Path) -> Iterator[None]:
                 asked = pages
             for page in asked:
                 advise(fd, page, _PAGE, os.POSIX_FADV_WILLNEED)
-    except (OSError, _Unparsed, struct.error):
+    except (OSError, _Unparsed, struct.error, _Warm):
         brought = []
     try:
         yield
@@ -333,6 +356,15 @@ def _headers_prefetched(path: Path) -> Iterator[None]:
             except OSError:
                 pass
             os.close(fd)
+
+
+class _Warm(Exception):
+    """The file looks cached: :func:`_headers_prefetched` asks nothing of the kernel."""
+
+
+#: Pages spread over the whole file that :func:`_headers_prefetched` looks at first: all cached, and
+#: the file is taken as warm (no directory parse, no advice: ~0.25 ms of a warm load here).
+_SPREAD = 16
 
 
 class _Unparsed(Exception):

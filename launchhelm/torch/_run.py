@@ -559,6 +559,8 @@ class TorchRun(Run):
                     shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
         self._pending_error = None
         step = int(bundle["step"])
+        tunables = bundle.get("tunables")
+        saved = bundle.get("control")
         rewind = None
         # the rewind and the restore: one summary after both, put while training goes on
         with self._one_summary():
@@ -571,8 +573,6 @@ class TorchRun(Run):
                 self._attempt = rewind.attempt
             self._step = step  # not a step boundary: requests wait for the next optimizer step
             self._reached = max(self._reached, step)
-            tunables = bundle.get("tunables")
-            saved = bundle.get("control")
             control: dict[str, Any] = saved if isinstance(saved, dict) else {}
             self._restore_control(
                 dict(tunables) if isinstance(tunables, dict) else None,

@@ -544,7 +544,7 @@ def test_the_header_prefetch_reads_every_entry_of_a_zip_and_of_a_zip64(
 
 @pytest.mark.skipif(not hasattr(os, "posix_fadvise"), reason="Linux only")
 def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_cold_as_it_was(
-    disk_dir: Path,
+    disk_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """On a real disk: while a bundle dropped from the page cache is planned, every record's local
     header is resident (asked for at once, not read one by one) and no tensor's middle is; after
@@ -578,10 +578,18 @@ def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_c
         with _inplace._headers_prefetched(path):
             pass
         assert _inplace._residency(fd, inner) == before
-        os.pread(fd, os.fstat(fd).st_size, 0)  # all cached: all stay
+        os.pread(fd, os.fstat(fd).st_size, 0)  # all cached: all stay, and the directory is not even read
+        parsed: list[int] = []
+        real = _inplace._header_offsets
+        monkeypatch.setattr(_inplace, "_header_offsets", lambda fd: parsed.append(fd) or real(fd))
         with _inplace._headers_prefetched(path):
             pass
         assert _inplace._resident(fd, headers)
+        assert parsed == []
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold again: parsed and prefetched
+        with _inplace._headers_prefetched(path):
+            pass
+        assert len(parsed) == 1
     finally:
         os.close(fd)
 
@@ -1105,3 +1113,39 @@ def test_optimizer_state_that_torch_would_cast_goes_through_load_state_dict(tmp_
     assert not tr._optimizer_in_place
     assert optimizer.state[param]["exp_avg"].dtype == torch.bfloat16  # as load_state_dict casts it
     tr.finish()
+
+
+def test_the_planners_geometry_check_agrees_with_torch_on_random_views() -> None:
+    """For random views (0 to 4 dimensions, offsets and strides that may reach past the storage):
+    the planner refuses exactly what ``set_`` refuses, and calls a view whole exactly where torch
+    says it is contiguous, starts at 0 and covers its storage."""
+    import random
+
+    rng = random.Random(7)
+    storage_elements = 24
+    storage = _inplace._PlannedStorage(torch.float32, storage_elements * 4, 0)
+    seen = {True: 0, False: 0, None: 0}
+    for _ in range(4000):
+        dims = rng.randint(0, 4)
+        size = tuple(rng.choice([0, 1, 1, 2, 3, 4, 6, 12, 24]) for _ in range(dims))
+        if rng.random() < 0.2:  # a shape of all 24 elements, often
+            size = rng.choice([(24,), (2, 12), (4, 6), (24, 1), (2, 3, 4), (1, 4, 6), (2, 3, 2, 2)])
+        stride = tuple(rng.choice([0, 1, 2, 3, 4, 6, 12, 24]) for _ in range(len(size)))
+        if rng.random() < 0.5:  # the contiguous strides of the size, often
+            running, contiguous = 1, []
+            for n in reversed(size):
+                contiguous.append(running)
+                running *= n
+            stride = tuple(reversed(contiguous))
+        offset = rng.choice([0, 0, 0, 0, 1, 5, 23, 24])
+        got = _inplace._geometry(storage, offset, size, stride)
+        try:
+            fixed = torch.frombuffer(bytearray(storage_elements * 4), dtype=torch.uint8).untyped_storage()
+            real = torch.empty(0).set_(fixed, offset, size, stride)  # a storage set_ cannot grow
+        except RuntimeError:
+            assert got is None, (offset, size, stride)
+        else:
+            whole = real.is_contiguous() and offset == 0 and real.numel() * 4 == storage_elements * 4
+            assert got is whole, (offset, size, stride)
+        seen[got] += 1
+    assert min(seen.values()) > 100, seen  # every outcome was met many times
