@@ -773,6 +773,10 @@ class TorchRun(Run):
             bundle = plan.read_rest(map_location)
         except OSError as exc:
             raise CheckpointError(f"checkpoint {where} could not be read: {exc}", run_id=self.id) from None
+        except _inplace.LayoutMismatch as exc:
+            raise CheckpointError(
+                f"checkpoint {where} is corrupted: {exc}; nothing was applied", run_id=self.id
+            ) from None
         plan.where, plan.expected = where, dict(expected)
         if plan.matched_bytes == 0:
             self._read_in_place(plan, {})  # nothing goes in place: the whole CRC is known now
@@ -787,6 +791,13 @@ class TorchRun(Run):
             whole = plan.read_matched()
         except OSError as exc:
             raise CheckpointError(f"checkpoint {plan.where} could not be read: {exc}", run_id=self.id) from None
+        except _inplace.LayoutMismatch as exc:
+            raise CheckpointError(
+                f"checkpoint {plan.where} is corrupted: {exc}; its tensors were read straight into the model and "
+                "optimizer, which may now hold damaged values; the next optimizer step raises this error: load "
+                "another checkpoint (or call clear_checkpoint_error() to train on deliberately)",
+                run_id=self.id,
+            ) from None
         found = {CRC64NVME: f"{whole:016x}"}
         if plan.matched_bytes == 0:
             self._check_checksums(plan.where, plan.expected, found)

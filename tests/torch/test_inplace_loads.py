@@ -1149,3 +1149,111 @@ def test_the_planners_geometry_check_agrees_with_torch_on_random_views() -> None
             assert got is whole, (offset, size, stride)
         seen[got] += 1
     assert min(seen.values()) > 100, seen  # every outcome was met many times
+
+
+def test_the_layout_read_from_the_central_directory_is_where_torch_finds_each_record(tmp_path: Path) -> None:
+    """For a bundle torch wrote, each record's data offset follows from the central directory alone
+    (its next record's header, its size, its data descriptor, 64-byte alignment) and is exactly
+    where torch's reader finds it; a zip laid out otherwise (compressed, unaligned) gets no layout,
+    and its headers are read one by one as before."""
+    import zipfile
+
+    _, tr, _, _, _, artifact = _saved_then_trained_on(tmp_path)
+    path = _payload(str(tmp_path / "store"), tr, artifact)
+
+    def layout(path: Path) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            return _inplace._sequential_layout(fd)
+        finally:
+            os.close(fd)
+
+    found = layout(path)
+    assert found is not None
+    folder, records = found
+    reader = torch._C.PyTorchFileReader(str(path))
+    assert sorted(records) == sorted(reader.get_all_records())
+    assert all(records[name][1] == reader.get_record_offset(name) for name in records)
+    with zipfile.ZipFile(path) as archive:
+        assert {folder.decode() + name: header for name, (header, _) in records.items()} == {
+            info.filename: info.header_offset for info in archive.infolist()
+        }
+    assert sum(name.startswith("data/") for name in records) > 10
+    tr.finish()
+
+    for compression in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):  # no 64-byte alignment; compressed
+        other = tmp_path / f"other-{compression}.zip"
+        with zipfile.ZipFile(other, "w", compression) as archive:
+            for index in range(4):
+                archive.writestr(f"archive/data/{index}", os.urandom(100 + index))
+        assert layout(other) is None
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"not a zip" * 100)
+    assert layout(junk) is None
+
+
+@pytest.mark.usefixtures("in_place_always")
+def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every storage's local header is checked as the load reads it (its record's name, and its data
+    where the layout put it). A layout that put two same-sized records' data in each other's place
+    passes the CRC (every byte of the file is still read once) and is caught by those checks: the
+    load fails, the next step refuses to train, and with the true layout it loads bitwise."""
+    store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
+    path = _payload(store_url, tr, artifact)
+    checked: list[tuple[int, int]] = []
+    real_whole_crc = _inplace.InPlaceLoad._whole_crc
+
+    def whole_crc(self: _inplace.InPlaceLoad) -> int:
+        checked.append((self._checked, len(self._headers)))
+        return real_whole_crc(self)
+
+    monkeypatch.setattr(_inplace.InPlaceLoad, "_whole_crc", whole_crc)
+    tr.load_checkpoint(artifact)
+    assert _same(saved, _state(model, optimizer))
+    meta = _inplace.meta_load(path)
+    assert meta is not None
+    storages = {id(t.storage) for t in _inplace._walk(meta)}
+    assert checked == [(len(storages), len(storages))]  # every storage's header, once
+
+    real_layout = _inplace._sequential_layout
+
+    def swapped(fd: int) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
+        found = real_layout(fd)
+        assert found is not None
+        folder, records = found
+        moments = meta["optimizer"]["state"][0]  # type: ignore[index]
+        by_offset = {data: name for name, (_, data) in records.items()}
+        first, second = by_offset[moments["exp_avg"].storage.offset], by_offset[moments["exp_avg_sq"].storage.offset]
+        records = dict(records)
+        records[first], records[second] = records[second], records[first]
+        return folder, records
+
+    _train(model, optimizer, 1)
+    monkeypatch.setattr(_inplace, "_sequential_layout", swapped)
+    with pytest.raises(lh.CheckpointError, match="is corrupted: the local zip header"):
+        tr.load_checkpoint(artifact)
+    with pytest.raises(lh.CheckpointError, match="local zip header"):
+        optimizer.step()
+    tr.clear_checkpoint_error()
+
+    def misplaced(fd: int) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
+        """The data where it is, the header said to lie inside another record's data: never read as a header."""
+        found = real_layout(fd)
+        assert found is not None
+        folder, records = found
+        moments = meta["optimizer"]["state"][0]  # type: ignore[index]
+        by_offset = {data: name for name, (_, data) in records.items()}
+        name = by_offset[moments["exp_avg"].storage.offset]
+        records = {**records, name: (moments["exp_avg_sq"].storage.offset + 64, records[name][1])}
+        return folder, records
+
+    monkeypatch.setattr(_inplace, "_sequential_layout", misplaced)
+    with pytest.raises(lh.CheckpointError, match="is corrupted: 1 of the storages' local zip headers"):
+        tr.load_checkpoint(artifact)
+    tr.clear_checkpoint_error()
+    monkeypatch.setattr(_inplace, "_sequential_layout", real_layout)
+    tr.load_checkpoint(artifact)  # the file itself was never wrong
+    assert _same(saved, _state(model, optimizer))
+    tr.finish()
