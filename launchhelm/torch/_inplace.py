@@ -6,16 +6,23 @@ checksum) and ``load_state_dict`` then copies it again. Instead:
 1. **Plan**: :func:`meta_load` reads only the pickle, with the C unpickler
    given three sealed globals of our own, and makes each tensor a plain
    record (:class:`_Planned`: dtype, geometry, and its storage's byte offset
-   in the file), no torch object per tensor. Anything else: ``torch.load(
-   map_location="meta", weights_only=True)`` plans, as it did before, and
-   :func:`planned_from_meta` turns its meta tensors into the same records
-   (offsets from ``_checkpoint_offset``, as ``torch.serialization`` sets
-   it). Each saved
+   in the file), no torch object per tensor. The offsets follow from the zip's
+   central directory where the file is laid out as torch writes one
+   (:func:`_sequential_layout`), so no local header is read to plan; each
+   storage's local header is checked (its record's name, where its data
+   starts) when steps 2 and 3 read its bytes anyway. Other zips: one
+   ``get_record_offset`` a storage, headers prefetched when cold. Anything
+   the planner does not take: ``torch.load(map_location="meta",
+   weights_only=True)`` plans, as it did before, and :func:`planned_from_meta`
+   turns its meta tensors into the same records (offsets from
+   ``_checkpoint_offset``, as ``torch.serialization`` sets it). Each saved
    tensor that fills its storage is matched to the live tensor it will be
    loaded into: the model's parameter or buffer of the same key, the
-   optimizer's state tensor of the same parameter index and name. A match
-   needs the same shape and dtype, a contiguous live tensor on CPU or CUDA,
-   and a storage no other saved tensor shares.
+   optimizer's state tensor of the parameter its saved index stands for (as
+   ``Optimizer.load_state_dict`` maps them) and the same name. A match needs
+   the same shape and dtype, a plain contiguous live tensor on CPU or CUDA
+   whose memory no other match overlaps, and a storage no other saved tensor
+   shares.
 2. **Everything else first** (the pickle, zip headers, RNG states, ``extra``,
    unmatched tensors): read into fresh memory, each range's CRC64NVME kept.
    The bundle is then whole and real, so it is validated (format, world size,
@@ -36,7 +43,9 @@ optimizer without state yet) fall back to today's path for that tensor:
 fresh memory, then ``load_state_dict`` copies it (and reports a mismatch as
 it always has). When every entry of the model's state dict went in place
 and the model loads the stock way, ``load_state_dict`` (which would copy
-each tensor onto itself) is skipped. A CRC mismatch found in step 3 means corrupted bytes may now
+each tensor onto itself) is skipped; where every optimizer state tensor went
+in place, :func:`load_optimizer_in_place` does ``Optimizer.load_state_dict``'s
+work without its per-value casts. A CRC mismatch found in step 3 means corrupted bytes may now
 sit in the model: the caller raises a :class:`CheckpointError` that also
 poisons the next optimizer step.
 """
