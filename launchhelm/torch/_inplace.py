@@ -57,6 +57,7 @@ import collections
 import contextlib
 import ctypes
 import io
+import operator
 import os
 import pickle
 import struct
@@ -412,6 +413,9 @@ def _header_offsets(fd: int) -> list[int]:
 
 #: A central directory entry: (name, local header offset, compressed size, flags, method).
 _Entry = tuple[bytes, int, int, int, int]
+#: A central directory entry's fixed part: flags, method, compressed and uncompressed sizes, the
+#: lengths of its name, extra field and comment, its local header's offset.
+_CENTRAL = struct.Struct("<8xHH8xIIHHH8xI")
 
 
 def _directory(fd: int) -> tuple[list[_Entry], int]:
@@ -438,12 +442,13 @@ def _directory(fd: int) -> tuple[list[_Entry], int]:
     directory = os.pread(fd, cd_size, cd_offset)
     entries: list[_Entry] = []
     at = 0
+    unpack = _CENTRAL.unpack_from
     for _ in range(count):
-        if directory[at : at + 4] != b"PK\x01\x02":
+        if not directory.startswith(b"PK\x01\x02", at):
             raise _Unparsed("bad central directory entry")
-        flags, method = struct.unpack_from("<8xHH", directory, at)
-        csize, usize, name_len, extra_len, comment_len, offset = struct.unpack_from("<20xIIHHH8xI", directory, at)
-        if 0xFFFFFFFF in (csize, usize, offset):  # in the zip64 extra field, in this order, those that overflowed
+        flags, method, csize, usize, name_len, extra_len, comment_len, offset = unpack(directory, at)
+        # sizes or offset past 32 bits: in the zip64 extra field, in this order, those that overflowed
+        if csize == 0xFFFFFFFF or usize == 0xFFFFFFFF or offset == 0xFFFFFFFF:
             extra = directory[at + 46 + name_len : at + 46 + name_len + extra_len]
             pos = 0
             while pos + 4 <= len(extra):
@@ -469,6 +474,9 @@ def _directory(fd: int) -> tuple[list[_Entry], int]:
 
 #: torch's writer starts every record's data at a multiple of this many bytes (``kFieldAlignment``).
 _ALIGNMENT = 64
+#: A data descriptor's possible lengths (with or without its signature, 32- or 64-bit sizes): all
+#: under 64 bytes and 4 apart, so the alignment tells which one follows a record's data.
+_DESCRIPTORS = frozenset((12, 16, 20, 24))
 
 
 def _sequential_layout(fd: int) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
@@ -488,29 +496,31 @@ def _sequential_layout(fd: int) -> tuple[bytes, dict[str, tuple[int, int]]] | No
         if not entries:
             return None
         folder = entries[0][0].split(b"/", 1)[0] + b"/"  # torch names the archive by its first entry
+        skip = len(folder)
         entries.sort(key=_header_order)
         layout: dict[str, tuple[int, int]] = {}
-        for index, (name, header, csize, flags, method) in enumerate(entries):
-            end = entries[index + 1][1] if index + 1 < len(entries) else cd_offset
-            if method != 0 or flags & 0x1 or not name.startswith(folder):
+        ends = [entry[1] for entry in entries[1:]]
+        ends.append(cd_offset)
+        for (name, header, csize, flags, method), end in zip(entries, ends):  # noqa: B905 (same length)
+            if method or flags & 0x1 or not name.startswith(folder):
                 return None  # compressed, encrypted, another archive's
+            data = end - csize
             if flags & 0x8:  # a data descriptor follows the data: 12 to 24 bytes, which alignment tells
-                starts = [end - csize - size for size in (12, 16, 20, 24) if (end - csize - size) % _ALIGNMENT == 0]
-                if len(starts) != 1:
+                descriptor = data % _ALIGNMENT
+                if descriptor not in _DESCRIPTORS:
                     return None
-                data = starts[0]
-            else:
-                data = end - csize
-            if data % _ALIGNMENT or not 30 + len(name) <= data - header <= 30 + len(name) + 0xFFFF:
-                return None  # a gap, or a header too short
-            layout[name[len(folder) :].decode()] = (header, data)
+                data -= descriptor
+            elif data % _ALIGNMENT:
+                return None  # a gap
+            if not 30 + len(name) <= data - header <= 30 + len(name) + 0xFFFF:
+                return None  # a header too short, or one no header could be
+            layout[name[skip:].decode()] = (header, data)
     except (OSError, _Unparsed, struct.error, UnicodeDecodeError):
         return None
     return (folder, layout) if len(layout) == len(entries) else None
 
 
-def _header_order(entry: _Entry) -> int:
-    return entry[1]
+_header_order = operator.itemgetter(1)
 
 
 class LayoutMismatch(Exception):
