@@ -621,16 +621,58 @@ def _take(saved: Any, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) 
         taken.append((live.data_ptr(), storage.nbytes, storage))
 
 
-def _match(meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+def stock_targets(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """Where ``model.load_state_dict`` copies each key's tensor, when that is all it does: every
+    module loads the stock way (``torch.nn.Module``'s own ``load_state_dict``,
+    ``_load_from_state_dict`` and ``set_extra_state``, no load hooks, no swapping of tensors on
+    load through ``torch.__future__``), so the key ``prefix + name`` goes into the module's
+    parameter or persistent buffer ``name``, as ``_load_from_state_dict`` finds it. None where
+    any module loads otherwise (batch norm's old versions, quantized modules, hooks). One walk of
+    the modules, as ``load_state_dict``'s own (a module reached twice is loaded under both names),
+    instead of ``state_dict(keep_vars=True)`` and a second walk to check the modules."""
+    base = torch.nn.Module
+    if type(model).load_state_dict is not base.load_state_dict:
+        return None
+    if torch.__future__.get_swap_module_params_on_conversion():
+        return None
+    targets: dict[str, torch.Tensor] = {}
+    stack: list[tuple[str, torch.nn.Module]] = [("", model)]
+    while stack:
+        prefix, module = stack.pop()
+        kind = type(module)
+        if (
+            kind._load_from_state_dict is not base._load_from_state_dict
+            or kind.set_extra_state is not base.set_extra_state
+            or getattr(module, "_load_state_dict_pre_hooks", True)  # absent: not torch's Module as we know it
+            or getattr(module, "_load_state_dict_post_hooks", True)
+        ):
+            return None
+        for name, param in module._parameters.items():
+            if param is not None:
+                targets[prefix + name] = param
+        transient = module._non_persistent_buffers_set
+        for name, buffer in module._buffers.items():
+            if buffer is not None and name not in transient:
+                targets[prefix + name] = buffer
+        stack.extend((f"{prefix}{name}.", child) for name, child in module._modules.items() if child is not None)
+    return targets
+
+
+def _match(
+    meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, Any], bool]:
     """Set each saved storage's ``target`` (:func:`_take`): the model's tensor of the same key, the
     optimizer's state tensor of the same name of the parameter its saved index stands for (as
     ``Optimizer.load_state_dict`` maps them: the saved groups' indices, in order, onto the live
-    groups' parameters). Returns the model's live state dict (its own tensors, ``keep_vars``)."""
+    groups' parameters). Returns the live tensors by key (:func:`stock_targets` where the model
+    loads the stock way, else its state dict: its own tensors, ``keep_vars``) and whether it does."""
     taken: list[tuple[int, int, _PlannedStorage]] = []
     saved_model = meta.get("model")
     live_model: dict[str, Any] = {}
+    stock = None
     if isinstance(saved_model, dict):
-        live_model = model.state_dict(keep_vars=True)
+        stock = stock_targets(model)
+        live_model = model.state_dict(keep_vars=True) if stock is None else stock
         get = live_model.get
         for key, saved in saved_model.items():
             _take(saved, get(key), taken)
@@ -678,7 +720,7 @@ def _match(meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.
                 last.target = None
         if start + nbytes > end:
             end, last = start + nbytes, storage
-    return live_model
+    return live_model, stock is not None
 
 
 def _address(entry: tuple[int, int, _PlannedStorage]) -> int:
@@ -1183,11 +1225,12 @@ def plan_in_place(
         storages = list({id(t.storage): t.storage for t in _walk(meta)}.values())
     for storage in storages:  # a plan of its own, whatever planned these records before
         storage.target = storage.fresh = None
-    live_model = _match(meta, model, optimizer) if match else {}
+    live_model, stock = _match(meta, model, optimizer) if match else ({}, False)
     plan = InPlaceLoad(path, meta, storages, path.stat().st_size)
     saved_model = meta.get("model")
     plan.model_in_place = (
-        bool(live_model)
+        stock
+        and bool(live_model)
         and isinstance(saved_model, dict)
         and saved_model.keys() == live_model.keys()
         and all(type(t) is _Planned and t.storage.target is live_model[k] for k, t in saved_model.items())

@@ -547,7 +547,7 @@ class TorchRun(Run):
                 try:
                     if plan is not None:  # tensor bytes straight into the model, checked as they land
                         self._read_in_place(plan, target)
-                    in_place = plan is not None and plan.model_in_place and _stock_loading(model)
+                    in_place = plan is not None and plan.model_in_place  # the plan checked the modules
                     extra = self._apply(
                         bundle, model, optimizer, model_in_place=in_place, optimizer_in_place=plan is not None
                     )
@@ -887,8 +887,9 @@ class TorchRun(Run):
     ) -> Any:
         """Restore what the bundle holds. ``model_in_place``: every tensor of the model's state dict
         (and no other key) was read into the live tensor of its key, and the model loads the stock
-        way (:func:`_stock_loading`), so ``load_state_dict`` would only copy each tensor onto itself:
-        it is skipped (~5 µs a tensor). Each tensor is still copied onto itself (no bytes move), as
+        way (:func:`~launchhelm.torch._inplace.stock_targets`), so ``load_state_dict`` would only
+        copy each tensor onto itself: it is skipped (~5 µs a tensor). Each tensor is still copied
+        onto itself (no bytes move), as
         ``load_state_dict`` would: that bumps its autograd version, so a graph built before the load
         refuses to backpropagate through the new values. ``optimizer_in_place``: tensors were read in
         place, so the optimizer's may all be its live ones already, and
@@ -950,29 +951,6 @@ def _unpickler_reason(exc: BaseException) -> str:
         if "WeightsUnpickler error" in line:
             return line.strip()
     return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-def _stock_loading(model: torch.nn.Module) -> bool:
-    """Whether ``model.load_state_dict`` does nothing but copy each entry into the tensor of its
-    key: ``torch.nn.Module``'s own ``load_state_dict``, ``_load_from_state_dict`` and
-    ``set_extra_state`` in every module, no load hooks, and no swapping of tensors on load
-    (``torch.__future__``). Modules that convert on load (batch norm's old versions, quantized
-    modules) override ``_load_from_state_dict`` and so are loaded by torch as usual."""
-    base = torch.nn.Module
-    if type(model).load_state_dict is not base.load_state_dict:
-        return False
-    if torch.__future__.get_swap_module_params_on_conversion():
-        return False
-    for module in model.modules():
-        kind = type(module)
-        if (
-            kind._load_from_state_dict is not base._load_from_state_dict
-            or kind.set_extra_state is not base.set_extra_state
-            or getattr(module, "_load_state_dict_pre_hooks", True)  # absent: not torch's Module as we know it
-            or getattr(module, "_load_state_dict_post_hooks", True)
-        ):
-            return False
-    return True
 
 
 @contextlib.contextmanager

@@ -1257,3 +1257,34 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
     tr.load_checkpoint(artifact)  # the file itself was never wrong
     assert _same(saved, _state(model, optimizer))
     tr.finish()
+
+
+def test_the_stock_load_targets_are_the_state_dicts_own_tensors() -> None:
+    """Where every module loads the stock way, the targets found in one walk of the modules are
+    exactly the state dict's own tensors, key for key: nested containers, a submodule reached
+    under two names, a missing bias, a non-persistent buffer, tied weights. Batch norm (its own
+    ``_load_from_state_dict``) or a load hook anywhere: no stock targets."""
+    shared = torch.nn.Linear(4, 4)
+    model = torch.nn.ModuleDict(
+        {
+            "blocks": torch.nn.ModuleList([torch.nn.Linear(4, 4, bias=False), torch.nn.LayerNorm(4)]),
+            "a": shared,
+            "b": torch.nn.Sequential(shared),
+            "head": torch.nn.Linear(4, 4),
+        }
+    )
+    model["head"].weight = model["a"].weight  # tied
+    model.register_buffer("steps", torch.zeros(()))
+    model.register_buffer("cache", torch.zeros(3), persistent=False)
+    targets = _inplace.stock_targets(model)
+    live = model.state_dict(keep_vars=True)
+    assert targets is not None
+    assert sorted(targets) == sorted(live)
+    assert all(targets[key] is live[key] for key in live)
+    assert "b.0.weight" in targets and "cache" not in targets and "blocks.0.bias" not in targets
+
+    assert _inplace.stock_targets(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.BatchNorm1d(2))) is None
+    hooked = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    assert _inplace.stock_targets(hooked) is not None
+    hooked[1][0].register_load_state_dict_pre_hook(lambda *args: None)
+    assert _inplace.stock_targets(hooked) is None
