@@ -1161,7 +1161,7 @@ def test_the_layout_read_from_the_central_directory_is_where_torch_finds_each_re
     _, tr, _, _, _, artifact = _saved_then_trained_on(tmp_path)
     path = _payload(str(tmp_path / "store"), tr, artifact)
 
-    def layout(path: Path) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
+    def layout(path: Path) -> tuple[bytes, dict[str, tuple[int, int, int]]] | None:
         fd = os.open(path, os.O_RDONLY)
         try:
             return _inplace._sequential_layout(fd)
@@ -1175,7 +1175,7 @@ def test_the_layout_read_from_the_central_directory_is_where_torch_finds_each_re
     assert sorted(records) == sorted(reader.get_all_records())
     assert all(records[name][1] == reader.get_record_offset(name) for name in records)
     with zipfile.ZipFile(path) as archive:
-        assert {folder.decode() + name: header for name, (header, _) in records.items()} == {
+        assert {folder.decode() + name: header for name, (header, _, _) in records.items()} == {
             info.filename: info.header_offset for info in archive.infolist()
         }
     assert sum(name.startswith("data/") for name in records) > 10
@@ -1190,6 +1190,48 @@ def test_the_layout_read_from_the_central_directory_is_where_torch_finds_each_re
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a zip" * 100)
     assert layout(junk) is None
+
+
+def test_a_bundle_torch_laid_out_is_planned_without_torchs_reader_and_any_other_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bundle laid out as torch writes one is planned from its own records (byteorder, version,
+    pickle read where the central directory puts them): torch's zip reader is never opened, and the
+    plan is the one torch's own meta load gives. An archive version this torch does not read goes
+    to torch's reader, which refuses it: no plan, and the load is torch's (and so is its error)."""
+    _, tr, _, _, _, artifact = _saved_then_trained_on(tmp_path)
+    path = _payload(str(tmp_path / "store"), tr, artifact)
+    tr.finish()
+    opened: list[str] = []
+    real_reader = torch._C.PyTorchFileReader
+
+    def reader(name: str) -> object:
+        opened.append(name)
+        return real_reader(name)
+
+    monkeypatch.setattr(torch._C, "PyTorchFileReader", reader)
+    planned = _inplace.load_plan(path)
+    assert planned is not None and opened == []
+    meta = torch.load(path, map_location="meta", weights_only=True)
+    assert _layout(planned[0]) == _layout(meta)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        found = _inplace._sequential_layout(fd)
+    finally:
+        os.close(fd)
+    assert found is not None
+    _, version_at, length = found[1]["version"]
+    data = bytearray(path.read_bytes())
+    assert data[version_at : version_at + length].strip() in (b"1", b"2", b"3")
+    data[version_at : version_at + length] = b"11".ljust(length, b"\n")  # past what this torch reads
+    future = tmp_path / "future.pt"
+    future.write_bytes(bytes(data))
+    opened.clear()
+    assert _inplace.load_plan(future) is None
+    assert opened == [str(future)]  # torch's reader was asked, and refused it
+    with pytest.raises(RuntimeError, match="version"):
+        real_reader(str(future))
 
 
 @pytest.mark.usefixtures("in_place_always")
@@ -1219,12 +1261,12 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
 
     real_layout = _inplace._sequential_layout
 
-    def swapped(fd: int) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
+    def swapped(fd: int) -> tuple[bytes, dict[str, tuple[int, int, int]]] | None:
         found = real_layout(fd)
         assert found is not None
         folder, records = found
         moments = meta["optimizer"]["state"][0]  # type: ignore[index]
-        by_offset = {data: name for name, (_, data) in records.items()}
+        by_offset = {data: name for name, (_, data, _) in records.items()}
         first, second = by_offset[moments["exp_avg"].storage.offset], by_offset[moments["exp_avg_sq"].storage.offset]
         records = dict(records)
         records[first], records[second] = records[second], records[first]
@@ -1238,15 +1280,15 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
         optimizer.step()
     tr.clear_checkpoint_error()
 
-    def misplaced(fd: int) -> tuple[bytes, dict[str, tuple[int, int]]] | None:
+    def misplaced(fd: int) -> tuple[bytes, dict[str, tuple[int, int, int]]] | None:
         """The data where it is, the header said to lie inside another record's data: never read as a header."""
         found = real_layout(fd)
         assert found is not None
         folder, records = found
         moments = meta["optimizer"]["state"][0]  # type: ignore[index]
-        by_offset = {data: name for name, (_, data) in records.items()}
+        by_offset = {data: name for name, (_, data, _) in records.items()}
         name = by_offset[moments["exp_avg"].storage.offset]
-        records = {**records, name: (moments["exp_avg_sq"].storage.offset + 64, records[name][1])}
+        records = {**records, name: (moments["exp_avg_sq"].storage.offset + 64, *records[name][1:])}
         return folder, records
 
     monkeypatch.setattr(_inplace, "_sequential_layout", misplaced)
