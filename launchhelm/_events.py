@@ -237,13 +237,15 @@ class EventLog:
 
         The first call reads the newest snapshot and the events after it in
         one ``read_many`` (after one listing); later calls fold only new
-        events. ``refresh=False`` skips the listing and folds what this log
+        events (on a local store, a log already folded is listed again only
+        if its next event exists). ``refresh=False`` skips the listing and folds what this log
         knows (what it appended or fetched), with no request unless another
         writer's events came in between: the live session's summary.
         Callers must not modify the state returned.
         """
         with self._lock:
-            if refresh or self._top == 0:
+            # a log already folded skips the listing where a probe finds no next event
+            if self._top == 0 or (refresh and (self._state is None or not self._nothing_new())):
                 self._list()
             state = self._state
             if state is None:
@@ -254,6 +256,13 @@ class EventLog:
             self._state = state
             self._maybe_snapshot(state)
             return state
+
+    def _nothing_new(self) -> bool:
+        """On a store whose ``exists`` is cheap (:attr:`Store.probe_before_listing`): whether the
+        next event is absent, so a listing would find the same contiguous log (a snapshot another
+        reader made meanwhile is only a cache). A local log's listing walks its directory: ~0.3 ms
+        for 60 events here, growing with the log, against one ``stat``."""
+        return self.store.probe_before_listing and not self.store.exists(self._key(self._top + 1))
 
     @property
     def last_seq(self) -> int:

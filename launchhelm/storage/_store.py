@@ -202,6 +202,11 @@ class Store:
     progress: bool | None = None
     #: Requests :meth:`read_many` keeps in flight (``LAUNCHHELM_READ_CONCURRENCY``).
     read_concurrency: int = DEFAULT_READ_CONCURRENCY
+    #: :meth:`exists` costs far less than a listing that grows with the objects listed (a
+    #: ``stat`` against a directory walk): a reader that already knows a log asks whether its
+    #: next object is there before listing it again. False on object stores, where both are one
+    #: request and a listing of a changed log would then cost two.
+    probe_before_listing: bool = False
 
     # -- public surface -------------------------------------------------
     def create(self, key: str, data: bytes) -> None:
@@ -462,6 +467,7 @@ class LocalStore(Store):
     """
 
     protocol = "file"
+    probe_before_listing = True
 
     def __init__(self, root: str | os.PathLike[str], url: str | None = None, progress: bool | None = None) -> None:
         self.root = Path(root).expanduser().absolute()

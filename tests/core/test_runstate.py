@@ -200,6 +200,39 @@ def test_a_log_of_200_events_opens_in_a_listing_and_one_round_of_gets_on_s3(moto
         proxy.close()
 
 
+def test_a_folded_local_log_is_listed_again_only_when_its_next_event_exists(tmp_path: Any, monkeypatch: Any) -> None:
+    """On a local store a log already folded checks for its next event (one stat) instead of
+    walking its folder again; an event another writer appended is still found, and so is one
+    appended after a gap was filled (a writer mid-create). Object stores list as before."""
+    store = LocalStore(tmp_path / "store")
+    run_id, events = _long_log(store, 70)
+    reader, other = EventLog(store, run_id), EventLog(store, run_id)
+    listings: list[str] = []
+    real_list = LocalStore.list
+
+    def counting(self: LocalStore, prefix: str) -> list[str]:
+        listings.append(prefix)
+        return real_list(self, prefix)
+
+    monkeypatch.setattr(LocalStore, "list", counting)
+    assert reader.state() == fold(events) and len(listings) == 1  # opening a log lists it
+    assert reader.state() == fold(events) and len(listings) == 1  # nothing new: a probe, no listing
+    other.state()
+    listings.clear()
+    added = other.append(CONTROL_TUNABLES, {"changes": {"lr": 7.0}, "by": None})
+    state = reader.state()
+    assert state.last_seq == added["seq"] and state.controls[-1]["changes"] == {"lr": 7.0} and len(listings) == 1
+    # a writer mid-create: event N+2 stored, N+1 not yet; the log stays at N until N+1 lands
+    body = {"seq": added["seq"] + 2, "type": CONTROL_TUNABLES, "time": 1.0, "changes": {"lr": 9.0}, "by": None}
+    store.create(reader._key(added["seq"] + 2), json.dumps(body).encode())
+    assert reader.state().last_seq == added["seq"]
+    assert other.append(CONTROL_TUNABLES, {"changes": {"lr": 8.0}, "by": None})["seq"] == added["seq"] + 1
+    state = reader.state()
+    assert state.last_seq == added["seq"] + 2 and state.controls[-1]["changes"] == {"lr": 9.0}
+    assert reader.state(refresh=False) is state
+    assert not open_store(f"memory://probe-{os.urandom(3).hex()}").probe_before_listing
+
+
 def test_a_summary_behind_the_log_still_gives_the_right_row(store_url: str) -> None:
     run = lh.init("behind", config={"lr": 0.5}, store=store_url, heartbeat_interval=60, heartbeat_timeout=120)
     run.log({"loss": 2.0}, step=3)
