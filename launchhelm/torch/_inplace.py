@@ -8,7 +8,9 @@ checksum) and ``load_state_dict`` then copies it again. Instead:
    record (:class:`_Planned`: dtype, geometry, and its storage's byte offset
    in the file), no torch object per tensor. The offsets follow from the zip's
    central directory where the file is laid out as torch writes one
-   (:func:`_sequential_layout`), so no local header is read to plan; each
+   (:func:`_sequential_layout`), so no local header is read to plan (and the
+   pickle is read where the directory puts it: torch's zip reader is not
+   opened, see :func:`load_plan`); each
    storage's local header is checked (its record's name, where its data
    starts) when steps 2 and 3 read its bytes anyway. Other zips: one
    ``get_record_offset`` a storage, headers prefetched when cold. Anything
