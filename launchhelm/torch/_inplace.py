@@ -337,7 +337,7 @@ def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
             reader = torch._C.PyTorchFileReader(str(path))
             if not reader.has_record("byteorder"):
                 return None
-            records = {"byteorder": reader.get_record("byteorder")}
+            records = {"byteorder": reader.get_record("byteorder"), "data.pkl": reader.get_record("data.pkl")}
         if records["byteorder"].decode() != sys.byteorder:
             return None  # a byte-swapping load: torch's own path
 
@@ -347,8 +347,6 @@ def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
                 reader = torch._C.PyTorchFileReader(str(path))
             return int(reader.get_record_offset(name))
 
-        if "data.pkl" not in records:
-            records["data.pkl"] = reader.get_record("data.pkl")
         # laid out as torch writes: no local header is read before the data (nothing to prefetch)
         with _headers_prefetched(path) if layout is None else contextlib.nullcontext():
             unpickler = _PlanningUnpickler(records["data.pkl"], offset_of, layout)
