@@ -7,18 +7,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._checkpoints import checkpoint_record
 from launchhelm._console import ConsoleFollower, list_console, read_console, sessions_of
-from launchhelm._control import ACTIONS, check_tunable_changes, in_force
-from launchhelm._events import (
-    CONTROL_ACTION,
-    CONTROL_TUNABLES,
-    RESUME_CHOICE,
-    EventLog,
-    RunState,
-    SequenceTaken,
-    validate_project,
-)
 from launchhelm._exceptions import (
     CheckpointError,
     InvalidArgumentError,
@@ -27,11 +16,6 @@ from launchhelm._exceptions import (
     RunClosedError,
     RunNotFoundError,
 )
-from launchhelm._liveness import requester
-from launchhelm._runinfo import furthest_step, read_run_record
-from launchhelm._runs_table import project_rows
-from launchhelm._sessions import Liveness, liveness, run_status
-from launchhelm._summary import run_rows
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
@@ -39,6 +23,22 @@ from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
 from launchhelm.metrics._spool import recover_run, recover_runs
 from launchhelm.metrics._system import STREAMS, default_points, system_frame
+from launchhelm.runlog._checkpoints import checkpoint_record
+from launchhelm.runlog._control import ACTIONS, check_tunable_changes, in_force
+from launchhelm.runlog._events import (
+    CONTROL_ACTION,
+    CONTROL_TUNABLES,
+    RESUME_CHOICE,
+    EventLog,
+    RunState,
+    SequenceTaken,
+    validate_project,
+)
+from launchhelm.runlog._liveness import requester
+from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._sessions import Liveness, liveness, run_status
+from launchhelm.runlog._summary import run_rows
+from launchhelm.runlog._table import project_rows
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:

@@ -26,8 +26,8 @@ import os
 import shlex
 from typing import Any, NoReturn
 
-from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm.runlog._events import validate_project
 
 __all__ = ["USAGE", "launchhelm_magic", "load_ipython_extension"]
 

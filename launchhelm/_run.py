@@ -24,9 +24,26 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from launchhelm import _console
-from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
-from launchhelm._control import check_plain, in_force
-from launchhelm._events import (
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    InvalidMetricError,
+    InvalidTypeError,
+    PathNotFoundError,
+    RunClosedError,
+    RunFinishedError,
+    RunInUseError,
+    RunStopped,
+)
+from launchhelm._types import Rewind
+from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
+from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
+from launchhelm.metrics._spool import Spool, recover_run
+from launchhelm.metrics._system import SystemSampler, system_interval
+from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm.runlog._control import check_plain, in_force
+from launchhelm.runlog._events import (
     CHECKPOINT,
     CONTROL_ACTION,
     CONTROL_APPLIED,
@@ -43,21 +60,9 @@ from launchhelm._events import (
     run_prefix,
     validate_project,
 )
-from launchhelm._exceptions import (
-    AlreadyExistsError,
-    InvalidArgumentError,
-    InvalidMetricError,
-    InvalidTypeError,
-    PathNotFoundError,
-    RunClosedError,
-    RunFinishedError,
-    RunInUseError,
-    RunStopped,
-)
-from launchhelm._liveness import process_identity
-from launchhelm._runinfo import furthest_step, read_run_record
-from launchhelm._runs_table import mark_row
-from launchhelm._sessions import (
+from launchhelm.runlog._liveness import process_identity
+from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
     encode_heartbeat,
@@ -66,13 +71,8 @@ from launchhelm._sessions import (
     liveness,
     summary_key,
 )
-from launchhelm._summary import encode_summary, parse_summary
-from launchhelm._types import Rewind
-from launchhelm.evaluation._queue import on_checkpoint_published
-from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
-from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
-from launchhelm.metrics._spool import Spool, recover_run
-from launchhelm.metrics._system import SystemSampler, system_interval
+from launchhelm.runlog._summary import encode_summary, parse_summary
+from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
 
 __all__ = ["Run", "init"]
@@ -1409,5 +1409,5 @@ def _reopen_run(
 
 
 def _control_state(tunables: Mapping[str, Any], control_seq: int, paused: bool) -> str:
-    """Tunables and control state as the log folds them (``launchhelm._control.in_force``), exactly."""
+    """Tunables and control state as the log folds them (``launchhelm.runlog._control.in_force``), exactly."""
     return json.dumps([dict(tunables), control_seq, paused], sort_keys=True)

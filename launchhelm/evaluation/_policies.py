@@ -24,8 +24,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm.runlog._events import validate_project
 
 __all__ = ["azure_worker_policy", "gcs_worker_policy", "worker_scopes"]
 

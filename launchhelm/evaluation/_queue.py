@@ -67,7 +67,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm._exceptions import (
     AlreadyExistsError,
     CheckpointError,
@@ -77,9 +76,10 @@ from launchhelm._exceptions import (
     InvalidTypeError,
     ObjectNotFoundError,
 )
-from launchhelm._liveness import process_identity, process_state, requester
-from launchhelm._runinfo import read_run_record
 from launchhelm._types import Evaluation
+from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
+from launchhelm.runlog._liveness import process_identity, process_state, requester
+from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import Store
 
 __all__ = [

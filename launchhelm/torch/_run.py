@@ -31,12 +31,12 @@ from typing import Any
 
 import torch
 
-from launchhelm._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
-from launchhelm._control import in_force
 from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
-from launchhelm._runinfo import read_run_record
+from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
+from launchhelm.runlog._control import in_force
+from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import LocalStore, Store, open_store
 from launchhelm.torch import _dist, _inplace
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
@@ -91,7 +91,7 @@ class TorchRun(Run):
     @classmethod
     def _join(cls, store: Store, record: dict[str, Any], rank: int, world: int) -> TorchRun:
         """A rank > 0 view of rank 0's run: no session of its own, logs nothing."""
-        from launchhelm._events import EventLog
+        from launchhelm.runlog._events import EventLog
 
         run = cls(
             store=store,
@@ -209,7 +209,7 @@ class TorchRun(Run):
         if self._world > 1 and not self._finished and _dist.broadcast_flag(self._control_flag, self._world):
             Run._step_boundary(self)
 
-    # -- tunables and control (see launchhelm._control) ---------------------
+    # -- tunables and control (see launchhelm.runlog._control) ---------------------
     @property
     def _records_events(self) -> bool:
         return self._rank == 0

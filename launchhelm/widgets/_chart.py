@@ -25,9 +25,9 @@ import traitlets
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
-from launchhelm._sessions import run_status
 from launchhelm._types import Rewind
 from launchhelm.metrics._system import SYSTEM_PREFIX
+from launchhelm.runlog._sessions import run_status
 from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._static import STATIC_POINTS, chart_svg

@@ -25,7 +25,7 @@ import torch
 
 import launchhelm as lh
 import launchhelm.torch as lht
-from launchhelm._sessions import summary_key
+from launchhelm.runlog._sessions import summary_key
 from launchhelm.torch import _inplace
 
 

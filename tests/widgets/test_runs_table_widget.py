@@ -208,7 +208,7 @@ def test_the_tables_poll_reads_the_row_index_not_every_run(moto_endpoint: str) -
     from http_proxy import RequestCounter
     from lhtest import BUCKET
 
-    from launchhelm._runs_table import INDEX_AFTER
+    from launchhelm.runlog._table import INDEX_AFTER
     from launchhelm.storage import open_store
 
     prefix = f"runs-widget-{os.urandom(3).hex()}"

@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from launchhelm._events import RunState, SessionRecord, run_prefix
 from launchhelm._exceptions import InvalidArgumentError, ObjectNotFoundError
-from launchhelm._liveness import process_state
+from launchhelm.runlog._events import RunState, SessionRecord, run_prefix
+from launchhelm.runlog._liveness import process_state
 from launchhelm.storage import Store
 
 __all__ = [

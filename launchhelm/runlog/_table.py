@@ -95,7 +95,7 @@ def _settled(row: dict[str, Any]) -> bool:
 
 def project_rows(store: Store, project: str, run_ids: list[str]) -> list[dict[str, Any]]:
     """The rows of ``run_ids`` (in order): index rows where still exact, the rest from summaries and logs."""
-    from launchhelm._summary import run_rows
+    from launchhelm.runlog._summary import run_rows
 
     markers, indexes = _listing(store, project)
     index = _read_index(store, project, indexes[-1] if indexes else None)

@@ -24,8 +24,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from launchhelm._events import RunState
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, TunableNotFoundError
+from launchhelm.runlog._events import RunState
 
 __all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 

@@ -19,10 +19,10 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from launchhelm._control import in_force
-from launchhelm._events import RunState, SessionRecord, event_key, read_state
-from launchhelm._runinfo import metrics_last_step, read_run_record
-from launchhelm._sessions import (
+from launchhelm.runlog._control import in_force
+from launchhelm.runlog._events import RunState, SessionRecord, event_key, read_state
+from launchhelm.runlog._runinfo import metrics_last_step, read_run_record
+from launchhelm.runlog._sessions import (
     fresher_beat,
     heartbeat_key,
     liveness,

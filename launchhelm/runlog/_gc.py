@@ -40,8 +40,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._events import CHECKPOINT, CHECKPOINT_DELETED, EventLog, RunState, SequenceTaken, fold, run_prefix
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
+from launchhelm.runlog._events import (
+    CHECKPOINT,
+    CHECKPOINT_DELETED,
+    EventLog,
+    RunState,
+    SequenceTaken,
+    fold,
+    run_prefix,
+)
 from launchhelm.storage import ObjectInfo, Store, open_store
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
@@ -158,7 +166,7 @@ def _evaluations_of(store: Store, project: str, run_id: str) -> dict[str, str]:
 
 
 def _project_of(store: Store, run_id: str) -> str | None:
-    from launchhelm._runinfo import read_run_record
+    from launchhelm.runlog._runinfo import read_run_record
 
     try:
         return str(read_run_record(store, run_id)["project"])
@@ -366,7 +374,7 @@ def collect_garbage(
 
     Examples
     --------
-    >>> from launchhelm._gc import collect_garbage
+    >>> from launchhelm.runlog._gc import collect_garbage
     >>> report = collect_garbage("memory://gc-doc", keep_last=3, dry_run=True)
     >>> report.actions
     []

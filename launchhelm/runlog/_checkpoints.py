@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from launchhelm._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
-from launchhelm._events import RunState, run_prefix
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
+from launchhelm.runlog._events import RunState, run_prefix
 
 __all__ = [
     "ChecksumWriter",

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from launchhelm._events import RunState, run_prefix, validate_run_id
 from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
-from launchhelm._sessions import liveness, read_beats
 from launchhelm.metrics._read import furthest_logged_step
+from launchhelm.runlog._events import RunState, run_prefix, validate_run_id
+from launchhelm.runlog._sessions import liveness, read_beats
 from launchhelm.storage import Store
 
 __all__ = ["furthest_step", "metrics_last_step", "read_run_record"]
