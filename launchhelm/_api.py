@@ -7,7 +7,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._console import ConsoleFollower, list_console, read_console, sessions_of
 from launchhelm._exceptions import (
     CheckpointError,
     InvalidArgumentError,
@@ -17,6 +16,7 @@ from launchhelm._exceptions import (
     RunNotFoundError,
 )
 from launchhelm._types import Checkpoint, Evaluation, Rewind
+from launchhelm.console._capture import ConsoleFollower, list_console, read_console, sessions_of
 from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader

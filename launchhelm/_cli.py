@@ -32,7 +32,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 0
     import pandas as pd
 
-    from launchhelm._runs_view import readable_runs
+    from launchhelm.views._runs import readable_runs
 
     with pd.option_context("display.max_columns", None, "display.width", 200):
         # local time and "3 min ago", durations: as the runs table in a notebook says it
@@ -186,7 +186,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from launchhelm._runs_view import compare_text
+    from launchhelm.views._runs import compare_text
 
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     print(compare_text(Api(args.store), args.run, keys))

@@ -201,7 +201,7 @@ def _runs(api: Any, project: str, store: str | None) -> Any:
             pass
         else:
             return RunsTable(project, store=store)
-    from launchhelm._runs_view import readable_runs
+    from launchhelm.views._runs import readable_runs
 
     return readable_runs(api.runs(project))
 

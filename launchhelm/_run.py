@@ -23,7 +23,6 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from launchhelm import _console
 from launchhelm._exceptions import (
     AlreadyExistsError,
     InvalidArgumentError,
@@ -36,6 +35,7 @@ from launchhelm._exceptions import (
     RunStopped,
 )
 from launchhelm._types import Rewind
+from launchhelm.console import _capture as _console
 from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key

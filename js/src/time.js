@@ -1,5 +1,5 @@
 // Times as a person reads them, in the browser's time zone: the twin of
-// launchhelm/_humanize.py (same rules, so the kernel's static tables and the
+// launchhelm/views/_humanize.py (same rules, so the kernel's static tables and the
 // live widgets read alike). Times are epoch seconds (numbers), as the
 // kernel sends them; null or NaN means "no time".
 

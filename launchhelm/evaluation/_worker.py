@@ -238,8 +238,8 @@ class EvaluationContext:
         CheckpointError
             A file is missing from the store or differs from what was saved.
         """
-        from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
         from launchhelm.runlog._checkpoints import DIRECTORY_FORMAT
+        from launchhelm.storage._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 
         base = Path(tempfile.mkdtemp(prefix="launchhelm-eval-")) if directory is None else Path(directory)
         target = (base / self.checkpoint_id).absolute()

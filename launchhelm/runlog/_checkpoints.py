@@ -2,7 +2,7 @@
 
 A checkpoint exists only once its event does. The payload is uploaded first
 under a fresh, unique key (invisible to readers until complete), its size and
-whole-file CRC64NVME are recorded (see ``launchhelm._checksum``), and only
+whole-file CRC64NVME are recorded (see ``launchhelm.storage._checksum``), and only
 then is the event appended. A crash mid-upload
 leaves an orphan for garbage collection, never a half checkpoint. The core
 does not know what is inside a payload; ``launchhelm.torch`` does.
@@ -18,10 +18,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from launchhelm._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
 from launchhelm.runlog._events import RunState, run_prefix
+from launchhelm.storage._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
 
 __all__ = [
     "ChecksumWriter",

@@ -72,7 +72,7 @@ from typing import Any
 
 import torch
 
-from launchhelm._checksum import combine_crc64nvme, crc64nvme
+from launchhelm.storage._checksum import combine_crc64nvme, crc64nvme
 
 __all__ = ["IN_PLACE_MIN_BYTES", "InPlaceLoad", "load_optimizer_in_place", "meta_load", "plan_in_place"]
 

@@ -31,13 +31,13 @@ from typing import Any
 
 import torch
 
-from launchhelm._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import LocalStore, Store, open_store
+from launchhelm.storage._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm.torch import _dist, _inplace
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
 from launchhelm.torch._payload import check_payload

@@ -28,10 +28,10 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
-from launchhelm._humanize import duration, local_time
-from launchhelm._runs_view import _epoch, config_diff
 from launchhelm._types import Rewind
 from launchhelm.runlog._events import validate_project
+from launchhelm.views._humanize import duration, local_time
+from launchhelm.views._runs import _epoch, config_diff
 from launchhelm.widgets._base import LiveWidget, front_end
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._static import table_html

@@ -17,9 +17,9 @@ from typing import Any
 import traitlets
 
 from launchhelm._api import RunHandle
-from launchhelm._console import last_lines
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
+from launchhelm.console._capture import last_lines
 from launchhelm.widgets._base import RunWidget, format_time, time_labels
 from launchhelm.widgets._picker import status_sentence
 from launchhelm.widgets._static import details_html

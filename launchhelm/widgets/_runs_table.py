@@ -26,8 +26,9 @@ import traitlets
 
 from launchhelm._api import Api
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm._humanize import ago, duration, local_time
-from launchhelm._runs_view import (
+from launchhelm.runlog._events import validate_project
+from launchhelm.views._humanize import ago, duration, local_time
+from launchhelm.views._runs import (
     DEFAULT_EXTRA_COLUMNS,
     STATUSES,
     cell_text,
@@ -37,7 +38,6 @@ from launchhelm._runs_view import (
     table_columns,
     table_rows,
 )
-from launchhelm.runlog._events import validate_project
 from launchhelm.widgets._base import LiveWidget, Reusable, front_end
 from launchhelm.widgets._compare import CompareChart
 from launchhelm.widgets._static import table_html

@@ -610,9 +610,9 @@ def test_the_checksum_writer_checksums_every_byte_across_write_out_windows(
     """Large writes cut into write-out windows on a local file (none on an upload): same bytes, same CRC."""
     import sys
 
-    from launchhelm._checksum import CRC64NVME, crc64nvme
     from launchhelm.runlog import _checkpoints
     from launchhelm.storage import open_store
+    from launchhelm.storage._checksum import CRC64NVME, crc64nvme
 
     monkeypatch.setattr(_checkpoints._Writeback, "WINDOW", 4096)
     monkeypatch.setattr(_checkpoints.ChecksumWriter, "_MIN_THREADED", 1000)

@@ -222,8 +222,8 @@ def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> 
     """S3 keeps the full-object CRC64NVME the record holds; GCS the CRC32C recorded beside it."""
     from awscrt.checksums import crc32c, crc64nvme
 
-    from launchhelm._checksum import CRC32C, CRC64NVME, header_value
     from launchhelm.storage import ObjectStore, open_store
+    from launchhelm.storage._checksum import CRC32C, CRC64NVME, header_value
 
     model, optimizer = _build()
     tr = lht.init("sums", store=store_url)

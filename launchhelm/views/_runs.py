@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._humanize import ago, duration, local_time, status_sentence
+from launchhelm.views._humanize import ago, duration, local_time, status_sentence
 
 if TYPE_CHECKING:
     import pandas as pd
