@@ -119,15 +119,15 @@ class RunHandle:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
         """In a notebook, a handle left as a cell's last expression shows its run panel."""
-        from launchhelm.widgets._display import run_mimebundle
+        from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
     def _display_(self) -> Any:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
-        from launchhelm.widgets._panel import RunPanel
+        from launchhelm._display import marimo_display
 
-        return RunPanel(self)._display_()
+        return marimo_display(self)
 
     # state
     def _recover(self) -> None:

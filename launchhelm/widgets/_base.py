@@ -28,7 +28,7 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
-from launchhelm._run import Run
+from launchhelm._types import RunLike
 
 __all__ = [
     "STATIC",
@@ -102,7 +102,7 @@ def front_end(bundle: str) -> tuple[str, str, str]:
     return _MISSING_ESM % json.dumps(missing), "", missing
 
 
-def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Api, RunHandle]:
+def resolve_run(run_or_id: RunLike | str, store: Any = None) -> tuple[Api, RunHandle]:
     """An :class:`Api` on the run's store and a handle on the run of the widget's own.
 
     Each widget polls from its own thread, so it never shares a handle with
@@ -117,7 +117,7 @@ def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Ap
         Store URL or path for a run id; default ``$LAUNCHHELM_STORE``, else
         ``~/.launchhelm``. Ignored for a run or handle, which know their store.
     """
-    if isinstance(run_or_id, (RunHandle, Run)):
+    if isinstance(run_or_id, RunLike):
         api = Api(run_or_id.store)
         return api, api.run(run_or_id.id)
     if isinstance(run_or_id, str):
@@ -351,7 +351,7 @@ class RunWidget(LiveWidget):
     _bundle: ClassVar[str] = ""
 
     @classmethod
-    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(cls, run_or_id: RunLike | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
         api, handle = resolve_run(run_or_id, store)
         return run_key(cls, api, handle), (api, handle)
 

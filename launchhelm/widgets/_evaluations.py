@@ -19,8 +19,7 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
-from launchhelm._run import Run
-from launchhelm._types import Evaluation
+from launchhelm._types import Evaluation, RunLike
 from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key, time_labels
 from launchhelm.widgets._static import evaluations_html
 
@@ -113,9 +112,7 @@ class EvaluationTable(LiveWidget):
     _actions = {"retry": "retry", "evaluate": "evaluate", "set_rule": "set_rule"}  # noqa: RUF012
 
     @classmethod
-    def _reuse_key(
-        cls, project_or_run: Run | RunHandle | str, store: Any = None, **_: Any
-    ) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(cls, project_or_run: RunLike | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
         if isinstance(project_or_run, str):
             api = Api(store)
             if project_or_run in api.projects():
@@ -131,7 +128,7 @@ class EvaluationTable(LiveWidget):
             api, handle = resolve_run(project_or_run, store)
         return run_key(cls, api, handle), (api, handle, handle.project)
 
-    def __init__(self, project_or_run: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, project_or_run: RunLike | str, store: Any = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._esm, self._css, self.missing_front_end = front_end("evaluations.js")

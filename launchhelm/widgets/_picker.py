@@ -15,7 +15,7 @@ from typing import Any
 import traitlets
 
 from launchhelm._api import RunHandle
-from launchhelm._run import Run
+from launchhelm._types import RunLike
 from launchhelm.widgets._base import RunWidget, format_time, time_labels
 from launchhelm.widgets._static import picker_html
 
@@ -118,7 +118,7 @@ class ResumePicker(RunWidget):
     state = traitlets.Dict().tag(sync=True)
     _actions = {"choose": "choose"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: Any = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
