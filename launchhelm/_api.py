@@ -40,6 +40,7 @@ from launchhelm.runlog._sessions import Liveness, liveness, run_status
 from launchhelm.runlog._summary import run_rows
 from launchhelm.runlog._table import project_rows
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._keys import PROJECTS, parse_project_listing, project_runs_prefix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -662,13 +663,17 @@ class Api:
 
     def projects(self) -> list[str]:
         """Names of the projects in the store, sorted."""
-        names = {name.split("/")[0] for name in self.store.list("projects") if name.endswith("/project.json")}
+        names = set()
+        for name in self.store.list(PROJECTS):
+            parsed = parse_project_listing(name)
+            if parsed is not None and parsed[0] == "project":
+                names.add(parsed[1])
         return sorted(names)
 
     def run_ids(self, project: str) -> list[str]:
         """Ids of the project's runs."""
         validate_project(project)
-        return [name for name in self.store.list(f"projects/{project}/runs") if "/" not in name]
+        return [name for name in self.store.list(project_runs_prefix(project)) if "/" not in name]
 
     def runs(self, project: str) -> pd.DataFrame:
         """One row per run of ``project``, newest first.
