@@ -11,9 +11,9 @@ from typing import Any
 
 from launchhelm._api import Api
 from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
+from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
 from launchhelm.evaluation._cli import print_evaluations
-from launchhelm.runlog._gc import add_commands as add_gc_commands
 
 __all__ = ["main"]
 

@@ -326,7 +326,7 @@ def test_a_long_runs_history_and_live_poll_cost_a_few_requests_on_s3(moto_endpoi
 
 
 def test_gc_compacts_what_a_dead_session_left_and_says_so(tmp_path: Path) -> None:
-    from launchhelm.runlog._gc import collect_garbage
+    from launchhelm._gc import collect_garbage
 
     store = open_store(tmp_path / "store")
     run = lh.init("compaction", store=store, flush_interval=3600)

@@ -20,10 +20,10 @@ from gcs_finalize_proxy import GcsFinalizeProxy
 from lhtest import BUCKET, make_store_url, proc_io, spawn
 
 import launchhelm as lh
+from launchhelm import _gc
 from launchhelm._cli import main as cli
-from launchhelm.runlog import _gc
+from launchhelm._gc import collect_garbage, parse_duration
 from launchhelm.runlog._events import CHECKPOINT_DELETED, EventLog
-from launchhelm.runlog._gc import collect_garbage, parse_duration
 from launchhelm.storage import ObjectStore, Store, open_store
 
 DAY = 24 * 3600.0

@@ -372,7 +372,7 @@ def collect_garbage(
 
     Examples
     --------
-    >>> from launchhelm.runlog._gc import collect_garbage
+    >>> from launchhelm._gc import collect_garbage
     >>> report = collect_garbage("memory://gc-doc", keep_last=3, dry_run=True)
     >>> report.actions
     []
