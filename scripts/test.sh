@@ -13,6 +13,8 @@ ruff check launchhelm tests benchmarks examples
 ruff format --check launchhelm tests benchmarks examples
 echo "== mypy"
 mypy
+echo "== lint-imports (the layers contract in pyproject.toml)"
+lint-imports
 # the front end is checked like the Python: JSDoc types by tsc (strict, --checkJs) and Biome's linter and
 # formatter, both from js/package-lock.json's dev dependencies
 echo "== tsc, biome (js/)"
