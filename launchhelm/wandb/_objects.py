@@ -105,7 +105,7 @@ class Table(Media):
     def add_column(self, name: str, data: list[Any], optional: bool = False) -> None:
         """Append a column, as W&B's table does."""
         self.columns.append(name)
-        for row, value in zip(self.data, data):
+        for row, value in zip(self.data, data, strict=False):
             row.append(value)
 
 

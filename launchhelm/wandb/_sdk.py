@@ -32,19 +32,20 @@ from pathlib import Path
 from typing import Any
 
 import launchhelm as lh
+from launchhelm._compat import CompatSession as _Session
+from launchhelm._compat import compat_key as _compat_key
+from launchhelm._compat import read_compat
 from launchhelm._events import validate_project
 from launchhelm._exceptions import (
     InvalidArgumentError,
     InvalidMetricError,
     InvalidTypeError,
     LaunchHelmError,
-    ObjectNotFoundError,
     RunNotFoundError,
 )
 from launchhelm._integration import plain_config, record_restore
-from launchhelm._run import Run as _LhRun
-from launchhelm._run import _install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm._run import _default_name, _new_run_id, start_run
+from launchhelm._run import _install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.storage import Store, open_store
 from launchhelm.wandb._objects import Media, Settings, WandbUsageError, refuse
@@ -75,7 +76,7 @@ _STEP_RE = re.compile(r"^([^?]+)\?_step=(\d+)$")
 
 def compat_key(run_id: str) -> str:
     """The key of a run's W&B record (config changes, summary, metric definitions, tags, notes, exit code)."""
-    return f"runs/{run_id}/compat/wandb.json"
+    return _compat_key(run_id, "wandb")
 
 
 class ConfigError(InvalidArgumentError):
@@ -379,18 +380,6 @@ class _Aggregate:
         return float(getattr(self, "last" if mode == "copy" else mode))
 
 
-class _Session(_LhRun):
-    """The LaunchHelm run under a W&B run: puts the W&B record with each metric flush."""
-
-    _wandb: Run | None = None
-
-    def _flush(self) -> None:
-        super()._flush()
-        owner = self._wandb
-        if owner is not None:
-            owner._put_record()
-
-
 # -- the run ---------------------------------------------------------------------
 _current_lock = threading.Lock()
 _on_current: list[Callable[[Run | None], None]] = []
@@ -530,7 +519,7 @@ class Run:
 
     def _attach(self, run: _Session, created_config: Mapping[str, Any]) -> None:
         self._created_config = dict(created_config)
-        run._wandb = self
+        run.after_flush = self._put_record
         self._lh = run
         self._dirty = True
         _install_exit_hook()  # after LaunchHelm's own (installed by start_run): ours then runs first
@@ -917,13 +906,7 @@ def _exists(store: Store, run_id: str) -> str | None:
 
 
 def _read_record(store: Store, run_id: str) -> dict[str, Any]:
-    try:
-        body = json.loads(store.read(compat_key(run_id)))
-    except (ObjectNotFoundError, FileNotFoundError):
-        return {}
-    except ValueError:  # a damaged record: start from the run's own config
-        return {}
-    return body if isinstance(body, dict) and body.get("format") == COMPAT_FORMAT else {}
+    return read_compat(store, run_id, "wandb", COMPAT_FORMAT)
 
 
 def _mode(mode: str | None) -> str:
@@ -942,11 +925,11 @@ def init(
     project: str | None = None,
     name: str | None = None,
     config: Any = None,
-    id: str | None = None,  # noqa: A002  W&B's own name
+    id: str | None = None,
     resume: bool | str | None = None,
     tags: list[str] | tuple[str, ...] | None = None,
     notes: str | None = None,
-    dir: str | os.PathLike[str] | None = None,  # noqa: A002  W&B's own name
+    dir: str | os.PathLike[str] | None = None,
     mode: str | None = None,
     settings: Settings | Mapping[str, Any] | None = None,
     resume_from: str | None = None,
