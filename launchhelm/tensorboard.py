@@ -139,6 +139,7 @@ class SummaryWriter:
             previous = read_compat(self._store, run.id, "tensorboard", COMPAT_FORMAT)
             self._texts = [t for t in previous.get("texts") or [] if int(t.get("step", 0)) < purge_step]
             self._text_chars = sum(len(str(t.get("text", ""))) for t in self._texts)
+            self._dirty = len(self._texts) != len(previous.get("texts") or [])  # TensorBoard purges them too
             record_restore(run, max(purge_step - 1, 0), None, "SummaryWriter(purge_step)")
         run.after_flush = self._put_record
         return run

@@ -142,9 +142,9 @@ summary: Summary | Any = _PreInit("summary")
 def _follow(current_run: Run | None) -> None:
     module = sys.modules[__name__]
     module.run = current_run
-    if current_run is not None:
-        module.config = current_run.config
-        module.summary = current_run.summary
+    # after finish(), as in W&B, wandb.config and wandb.summary are those of no run again
+    module.config = current_run.config if current_run is not None else _PreInit("config")
+    module.summary = current_run.summary if current_run is not None else _PreInit("summary")
 
 
 _on_current.append(_follow)
