@@ -119,6 +119,8 @@ Error = LaunchHelmError
 class _PreInit:
     """What ``wandb.config`` and ``wandb.summary`` are before ``init``: any use says to call ``init`` first."""
 
+    _name: str
+
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "_name", name)
 
@@ -140,11 +142,11 @@ summary: Summary | Any = _PreInit("summary")
 
 
 def _follow(current_run: Run | None) -> None:
-    module = sys.modules[__name__]
-    module.run = current_run
+    global run, config, summary
+    run = current_run
     # after finish(), as in W&B, wandb.config and wandb.summary are those of no run again
-    module.config = current_run.config if current_run is not None else _PreInit("config")
-    module.summary = current_run.summary if current_run is not None else _PreInit("summary")
+    config = current_run.config if current_run is not None else _PreInit("config")
+    summary = current_run.summary if current_run is not None else _PreInit("summary")
 
 
 _on_current.append(_follow)

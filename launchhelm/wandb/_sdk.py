@@ -238,7 +238,7 @@ class Config:
         self._set(key, value, None)
         self._changed()
 
-    __setattr__ = __setitem__  # type: ignore[assignment]
+    __setattr__ = __setitem__
 
     def __contains__(self, key: object) -> bool:
         return key in self._items
@@ -260,6 +260,8 @@ class Summary:
     replaces it, as in W&B. A metric given ``define_metric(summary="max")``
     keeps ``{"max": ...}`` instead of its last value.
     """
+
+    _owner: Run
 
     def __init__(self, owner: Run) -> None:
         object.__setattr__(self, "_owner", owner)
@@ -287,7 +289,7 @@ class Summary:
             self._items[key] = plain
             self._owner._dirty = True
 
-    __setattr__ = __setitem__  # type: ignore[assignment]
+    __setattr__ = __setitem__
 
     def __delitem__(self, key: str) -> None:
         with self._owner._lock:
@@ -1018,7 +1020,9 @@ def init(
     if resume == "must" and wandb_id is None:
         raise InvalidArgumentError("resume='must' needs the run's id: init(id=..., resume='must')")
     run_id = launchhelm_run_id(wandb_id) if wandb_id is not None else _new_run_id()
-    options = {k: ignored[k] for k in ("system_metrics", "capture_console", "flush_interval") if k in ignored}
+    options: dict[str, Any] = {
+        k: ignored[k] for k in ("system_metrics", "capture_console", "flush_interval") if k in ignored
+    }
 
     def make(store_obj: Store | None, project_: str, config_: Mapping[str, Any], disabled: bool) -> Run:
         return Run(

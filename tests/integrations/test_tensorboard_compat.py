@@ -103,7 +103,9 @@ def test_the_tutorial_script_stores_exactly_what_it_logged(
     assert hp.status == "closed"
 
 
-def test_steps_default_to_zero_and_project_and_name_follow_log_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_default_to_zero_and_project_and_name_follow_log_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     store = str(tmp_path / "store")
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("LAUNCHHELM_PROJECT", raising=False)
