@@ -127,7 +127,12 @@ class _PreInit:
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise WandbUsageError(f"call launchhelm.wandb.init() before using wandb.{self._name}")
 
-    __getattr__ = __getitem__ = __setattr__ = __setitem__ = __contains__ = __iter__ = _refuse
+    __getitem__ = __setattr__ = __setitem__ = __contains__ = __iter__ = _refuse
+
+    def __getattr__(self, key: str) -> Any:
+        if key.startswith("__"):  # introspection (hasattr, inspect, doctest) is not a use
+            raise ConfigKeyError(key)
+        return self._refuse()
 
     def __repr__(self) -> str:
         return f"<wandb.{self._name} before init()>"
