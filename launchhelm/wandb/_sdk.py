@@ -144,16 +144,20 @@ def _summary_value(value: Any) -> Any:
     return coerce_value("summary", value)
 
 
-def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
-    # W&B shows a nested dict's leaves as "outer.inner"
+def _flatten(
+    data: Mapping[str, Any], path: tuple[str, ...], out: dict[str, Any], paths: dict[str, tuple[str, ...]]
+) -> None:
+    # history shows a nested dict's leaves as "outer.inner"; the summary keeps them nested, as W&B's
     for key, value in data.items():
         if not isinstance(key, str):
             raise InvalidTypeError(f"log() keys are strings; got {type(key).__name__} {key!r}")
-        name = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            _flatten(value, f"{name}.", out)
+            _flatten(value, (*path, key), out, paths)
         else:
+            name = ".".join((*path, key))
             out[name] = value
+            if path:
+                paths[name] = (*path, key)
 
 
 # -- config and summary ---------------------------------------------------------
@@ -447,6 +451,7 @@ class Run:
         self._resolved: dict[str, Metric | None] = {}  # metric key -> its definition (globs resolved once)
         self._aggregates: dict[str, _Aggregate] = {}
         self._keys: dict[str, str | None] = {}  # W&B key -> LaunchHelm metric key (None: not storable)
+        self._paths: dict[str, tuple[str, ...]] = {}  # "outer.inner" -> where the summary keeps it
         self._step = 0
         self._pending: dict[str, Any] = {}
         self._dirty = True
@@ -587,7 +592,7 @@ class Run:
         if not isinstance(data, Mapping):
             raise InvalidTypeError(f"log() takes a dict of values, not {type(data).__name__}")
         flat: dict[str, Any] = {}
-        _flatten(data, "", flat)
+        _flatten(data, (), flat, self._paths)
         if step is not None:
             if isinstance(step, bool) or not hasattr(step, "__index__") or int(step) < 0:
                 raise InvalidMetricError(f"step={step!r}: steps are non-negative integers")
@@ -698,22 +703,29 @@ class Run:
                     plain = _summary_value(value)
                 except (InvalidTypeError, TypeError, ValueError):
                     continue
+                path = self._paths.get(key)
+                where, leaf = self._summary, key
+                if path is not None:
+                    for part in path[:-1]:
+                        inner = where.get(part)
+                        if not isinstance(inner, dict):
+                            inner = where[part] = {}
+                        where = inner
+                    leaf = path[-1]
                 metric = self._definition(key) if self._metrics else None
                 if metric is None or not metric.summary or metric.summary == ["last"]:
-                    self._summary[key] = plain
-                    continue
-                if "none" in metric.summary:
-                    self._summary.pop(key, None)
-                    continue
-                if isinstance(plain, bool) or not isinstance(plain, (int, float)):
-                    self._summary[key] = plain
-                    continue
-                aggregate = self._aggregates.get(key)
-                if aggregate is None:
-                    aggregate = self._aggregates[key] = _Aggregate(float(plain))
+                    where[leaf] = plain
+                elif "none" in metric.summary:
+                    where.pop(leaf, None)
+                elif isinstance(plain, bool) or not isinstance(plain, (int, float)):
+                    where[leaf] = plain
                 else:
-                    aggregate.add(float(plain))
-                self._summary[key] = {mode: aggregate.value(mode, metric.goal) for mode in metric.summary}
+                    aggregate = self._aggregates.get(key)
+                    if aggregate is None:
+                        aggregate = self._aggregates[key] = _Aggregate(float(plain))
+                    else:
+                        aggregate.add(float(plain))
+                    where[leaf] = {mode: aggregate.value(mode, metric.goal) for mode in metric.summary}
 
     def define_metric(
         self,

@@ -23,7 +23,9 @@ import launchhelm.wandb as wandb
 #: A training script in W&B's style: implicit and explicit steps, commit=False, define_metric, summary.
 WANDB_SCRIPT = """
 import wandb
+import json
 import math
+import numpy as np
 
 run = wandb.init(project="compat-demo", config={"lr": 0.01, "epochs": 2}, tags=["baseline"], notes="first try")
 wandb.config.update({"batch_size": 32})
@@ -40,10 +42,18 @@ for i in range(4):                                      # implicit steps 0..3
 wandb.log({"val/acc": 0.7, "epoch": 1}, step=10)         # explicit step: waits for more at step 10
 wandb.log({"train/loss": 0.125})                        # ... and joins it, committing step 10
 wandb.log({"train/loss": 99.0}, step=5)                 # behind the current step: dropped, as W&B does
-wandb.log({"val/acc": 0.6, "epoch": 2, "samples": wandb.Image(None)}, step=20, commit=True)
+image = wandb.Image(np.zeros((4, 4, 3), dtype=np.uint8))
+wandb.log({"val/acc": 0.6, "epoch": 2, "samples": image}, step=20, commit=True)
 wandb.log({"train/loss": 0.0625, "examples": wandb.Table(columns=["a"], data=[[1]])})
 run.summary["best_val"] = 0.7
 print("RUN", run.id, wandb.run.id, run.step)
+
+
+def as_plain(x):
+    return {k: as_plain(v) for k, v in dict(x).items()} if hasattr(x, "keys") else x
+
+
+print("SUMMARY", json.dumps(as_plain(run.summary), default=str))
 wandb.finish()
 assert wandb.run is None
 """
@@ -57,6 +67,22 @@ EXPECTED_ROWS = {
     20: {"val/acc": 0.6, "epoch": 2.0},
     21: {"train/loss": 0.0625},
 }
+
+
+#: W&B's summary of that script: last values, define_metric's max, the explicit set; nested logs stay nested.
+EXPECTED_SUMMARY = {
+    "train/loss": 0.0625,
+    "train/lr": 0.0025,
+    "nested": {"grad_norm": math.sqrt(3)},
+    "val/acc": {"max": 0.7},
+    "epoch": 2,
+    "best_val": 0.7,
+}
+
+
+def printed(stdout: str, tag: str) -> str:
+    """What the script printed after ``tag``."""
+    return next(x for x in stdout.splitlines() if x.startswith(f"{tag} ")).split(" ", 1)[1]
 
 
 def swap_import(script: str) -> str:
@@ -84,8 +110,7 @@ def test_a_wandb_script_stores_exactly_what_it_logged(
     store = make_store_url(backend, tmp_path, request)
     done = run_python(swap_import(WANDB_SCRIPT), LAUNCHHELM_STORE=store, LAUNCHHELM_SYSTEM_METRICS="false")
     assert done.returncode == 0, done.stderr
-    line = next(x for x in done.stdout.splitlines() if x.startswith("RUN "))
-    _, run_id, current_id, step = line.split()
+    run_id, current_id, step = printed(done.stdout, "RUN").split()
     assert current_id == run_id and step == "22"
     # one warning per skipped type, and the dropped step named
     assert done.stderr.count("skipped Image") == 1 and done.stderr.count("skipped Table") == 1
@@ -109,20 +134,26 @@ def test_a_wandb_script_stores_exactly_what_it_logged(
     assert got == EXPECTED_ROWS
 
     saved = wandb.stored(run_id, store=store)
-    assert saved.summary == {
-        "train/loss": 0.0625,
-        "train/lr": 0.0025,
-        "nested.grad_norm": math.sqrt(3),
-        "val/acc": {"max": 0.7},
-        "epoch": 2,
-        "best_val": 0.7,
-    }
+    assert saved.summary == EXPECTED_SUMMARY
+    assert json.loads(printed(done.stdout, "SUMMARY")) == EXPECTED_SUMMARY  # what the script saw
     assert saved.metrics["val/*"]["step_metric"] == "epoch"
     assert saved.metrics["val/acc"]["summary"] == ["max"]
     assert saved.config == dict(handle.config)
     assert (saved.tags, saved.notes, saved.exit_code, saved.step) == (["baseline"], "first try", 0, 22)
     # W&B's default summary is LaunchHelm's latest value of each metric
     assert handle.summary()["metric.train/loss"] == 0.0625
+
+
+@pytest.mark.slow
+def test_the_same_script_under_real_wandb_offline_sees_the_same_steps_and_summary(tmp_path: Path) -> None:
+    # the cross-check: W&B's own package, offline, runs the unchanged script to the same step and summary
+    done = run_python(WANDB_SCRIPT, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_CONSOLE="off")
+    assert done.returncode == 0, done.stderr
+    assert printed(done.stdout, "RUN").split()[2] == "22"
+    assert "less than the current step 11" in done.stderr
+    summary = json.loads(printed(done.stdout, "SUMMARY"))
+    media = {"samples", "examples"}  # W&B keeps file references to them; launchhelm.wandb skips them
+    assert {k: v for k, v in summary.items() if not k.startswith("_") and k not in media} == EXPECTED_SUMMARY
 
 
 def test_a_script_that_raises_keeps_its_last_row_and_stays_resumable(tmp_path: Path) -> None:
