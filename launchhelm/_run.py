@@ -1193,6 +1193,8 @@ def init(
         ``TypeError``). Nothing is stored.
     RunNotFoundError, RunClosedError, RunInUseError
         See ``resume``.
+    AlreadyExistsError
+        ``run_id`` names a run that exists (also a ``FileExistsError``).
 
     Examples
     --------
