@@ -4,8 +4,9 @@ Their runs are ordinary LaunchHelm runs. What another tracker's API records
 and a LaunchHelm run has no place for (W&B's summary and ``define_metric``,
 TensorBoard's text) is one JSON object per run and API,
 ``runs/<id>/compat/<api>.json``: put by the run's live session (its single
-writer, as the run's summary) from the background flush whenever it
-changed, and at the session's end. See docs/compat.md.
+writer, as the run's summary) from the background flush when it changed,
+at most every :data:`RECORD_INTERVAL` seconds, and by the API at its
+``finish()`` / ``close()``. See docs/compat.md.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ from launchhelm._exceptions import ObjectNotFoundError
 from launchhelm._run import Run
 from launchhelm.storage import Store
 
-__all__ = ["CompatSession", "compat_key", "read_compat"]
+__all__ = ["RECORD_INTERVAL", "CompatSession", "compat_key", "read_compat"]
+
+#: Seconds between puts of a changed record while the session lives (it changes with every ``log()``);
+#: the session's end puts it at once. A live session then adds about one request per this many seconds.
+RECORD_INTERVAL = 10.0
 
 
 def compat_key(run_id: str, api: str) -> str:

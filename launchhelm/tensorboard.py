@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -33,7 +34,7 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from launchhelm._compat import CompatSession, compat_key, read_compat
+from launchhelm._compat import RECORD_INTERVAL, CompatSession, compat_key, read_compat
 from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidTypeError, RunFinishedError
 from launchhelm._integration import plain_config, record_restore
@@ -119,6 +120,7 @@ class SummaryWriter:
         self._texts: list[dict[str, Any]] = []
         self._text_chars = 0
         self._dirty = False
+        self._last_put = -math.inf
         self._warned: set[str] = set()
         self._closed = False
         if "://" not in self.log_dir:
@@ -280,9 +282,13 @@ class SummaryWriter:
             self._text_chars += len(text)
             self._dirty = True
 
-    def _put_record(self) -> None:
-        """Put the TensorBoard record if it changed (the session's flush thread, and the session's end)."""
+    def _put_record(self, force: bool = False) -> None:
+        """Put the TensorBoard record if it changed: from the session's flush thread at most every
+        ``RECORD_INTERVAL`` seconds, and at ``flush()`` and ``close()`` (``force``)."""
         if not self._dirty:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_put < RECORD_INTERVAL:
             return
         with self._lock:
             self._dirty = False
@@ -294,6 +300,7 @@ class SummaryWriter:
             }
         try:
             self._store.put(compat_key(self._run.id, "tensorboard"), json.dumps(body).encode())
+            self._last_put = now
         except BaseException:
             self._dirty = True
             raise
@@ -400,6 +407,7 @@ class SummaryWriter:
         """Write every buffered point (and text) to the store now."""
         if not self._closed:
             self._run.flush()
+            self._put_record(force=True)
 
     def close(self) -> None:
         """Write what is buffered and close the run (``finish()``); calling it again does nothing."""
@@ -407,6 +415,7 @@ class SummaryWriter:
             return
         self._closed = True
         self._run.finish()
+        self._put_record(force=True)
 
     def __enter__(self) -> SummaryWriter:
         return self
@@ -417,6 +426,7 @@ class SummaryWriter:
         else:  # as a LaunchHelm run does: the session ends, the run stays resumable
             self._closed = True
             self._run.__exit__(exc_type, exc, tb)
+            self._put_record(force=True)
 
     def __repr__(self) -> str:
         return f"<launchhelm.tensorboard.SummaryWriter {self.log_dir!r} -> {self._project}/{self._run.id}>"

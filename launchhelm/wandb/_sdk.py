@@ -12,8 +12,9 @@ What maps where (see docs/compat.md for the user-facing table):
 - What LaunchHelm's run has no place for (config changed after the run
   started, the W&B summary, ``define_metric`` records, tags, notes, the exit
   code) is one JSON object per run, ``runs/<id>/compat/wandb.json``, put by
-  the live session with its metric flushes (single writer, as the run's
-  summary) and read back with :func:`stored`.
+  the live session from its metric flushes (at most every 10 s) and at
+  ``finish()`` (single writer, as the run's summary), read back with
+  :func:`stored`.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import fnmatch
 import hashlib
 import json
 import logging
+import math
 import os
 import re
 import sys
@@ -32,9 +34,9 @@ from pathlib import Path
 from typing import Any
 
 import launchhelm as lh
+from launchhelm._compat import RECORD_INTERVAL, read_compat
 from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import compat_key as _compat_key
-from launchhelm._compat import read_compat
 from launchhelm._events import validate_project
 from launchhelm._exceptions import (
     InvalidArgumentError,
@@ -455,6 +457,7 @@ class Run:
         self._step = 0
         self._pending: dict[str, Any] = {}
         self._dirty = True
+        self._last_put = -math.inf  # monotonic time of the last put of the W&B record
         self._exit_code: int | None = None
         self._finished = False
         self._warned: set[str] = set()
@@ -553,14 +556,19 @@ class Run:
                 "time": time.time(),
             }
 
-    def _put_record(self) -> None:
-        """Put the W&B record if anything changed (the session's flush thread, and the end of the session)."""
+    def _put_record(self, force: bool = False) -> None:
+        """Put the W&B record if anything changed: from the session's flush thread at most every
+        :data:`~launchhelm._compat.RECORD_INTERVAL` seconds, and at ``finish()`` (``force``)."""
         if not self._dirty or self._lh is None or self._store is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_put < RECORD_INTERVAL:
             return
         self._dirty = False
         try:
             body = json.dumps(self._record(), separators=(",", ":"), allow_nan=True).encode()
             self._store.put(compat_key(self.id), body)
+            self._last_put = now
         except BaseException:
             self._dirty = True
             raise
@@ -848,8 +856,8 @@ class Run:
         try:
             if not self.disabled:
                 run = self._start()
-                run.finish(close_run=self._exit_code == 0)  # its last flush puts the W&B record
-                self._put_record()
+                run.finish(close_run=self._exit_code == 0)
+                self._put_record(force=True)
         finally:
             _set_current_if(self, None)
 
