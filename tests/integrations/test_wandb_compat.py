@@ -213,6 +213,11 @@ def test_resume_must_allow_never(in_process_store: str) -> None:
     with pytest.raises(lh.RunClosedError, match="closed"):
         _init(store, project="p", id="My-Run_7", resume="allow")
 
+    auto = _init(store, project="p", id="auto-run", resume=True)  # W&B's True/"auto" with an id: as "allow"
+    auto.finish(exit_code=2)
+    assert _init(store, project="p", id="auto-run", resume="auto").resumed
+    wandb.finish()
+
 
 def test_resume_from_rewinds_and_keeps_the_abandoned_points(in_process_store: str) -> None:
     store = in_process_store
@@ -240,7 +245,9 @@ def test_resume_from_rewinds_and_keeps_the_abandoned_points(in_process_store: st
 
 def test_disabled_mode_stores_nothing_and_breaks_nothing(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
-    run = wandb.init(project="p", mode="disabled", config={"a": 1}, store=store)
+    settings = wandb.Settings(start_method="thread", _disable_stats=True)
+    run = wandb.init(project="p", mode="disabled", config={"a": 1}, store=store, settings=settings, entity="me")
+    assert run.settings.start_method == "thread" and run.disabled
     assert wandb.run is run and wandb.config.a == 1
     wandb.log({"loss": 1.0})
     wandb.summary["x"] = 2
