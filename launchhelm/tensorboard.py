@@ -35,10 +35,10 @@ from datetime import datetime
 from typing import Any
 
 from launchhelm._compat import RECORD_INTERVAL, CompatSession, compat_key, read_compat
-from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidTypeError, RunFinishedError
 from launchhelm._integration import plain_config, record_restore
 from launchhelm._run import start_run
+from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 
 __all__ = ["COMPAT_FORMAT", "SummaryWriter", "stored_texts"]

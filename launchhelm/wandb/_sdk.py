@@ -37,7 +37,6 @@ import launchhelm as lh
 from launchhelm._compat import RECORD_INTERVAL, read_compat
 from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import compat_key as _compat_key
-from launchhelm._events import validate_project
 from launchhelm._exceptions import (
     InvalidArgumentError,
     InvalidMetricError,
@@ -49,6 +48,7 @@ from launchhelm._integration import plain_config, record_restore
 from launchhelm._run import _default_name, _new_run_id, start_run
 from launchhelm._run import _install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm.metrics._points import coerce_value, validate_key
+from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 from launchhelm.wandb._objects import Media, Settings, WandbUsageError, refuse
 
