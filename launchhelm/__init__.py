@@ -39,6 +39,7 @@ from launchhelm._exceptions import (
     StoreAccessDeniedError,
     StoreUnreachableError,
     TunableNotFoundError,
+    UnsupportedFeatureError,
 )
 from launchhelm._run import Run, init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
@@ -78,6 +79,7 @@ __all__ = [
     "StoreAccessDeniedError",
     "StoreUnreachableError",
     "TunableNotFoundError",
+    "UnsupportedFeatureError",
     "__version__",
     "evaluate",
     "init",

@@ -23,7 +23,8 @@ inherits the built-in exception a caller would naturally catch, so
     ├── InvalidTypeError (TypeError)
     ├── TunableNotFoundError (KeyError)
     ├── PathNotFoundError (FileNotFoundError)
-    └── CheckpointError (RuntimeError)
+    ├── CheckpointError (RuntimeError)
+    └── UnsupportedFeatureError (NotImplementedError)
 
 Each carries the context needed to act on it (``url``, ``run_id``, ``step``)
 and a message that says what happened and what to do next.
@@ -53,6 +54,7 @@ __all__ = [
     "StoreAccessDeniedError",
     "StoreUnreachableError",
     "TunableNotFoundError",
+    "UnsupportedFeatureError",
 ]
 
 
@@ -231,3 +233,20 @@ class CheckpointError(LaunchHelmError, RuntimeError):
         super().__init__(message)
         self.run_id = run_id
         self.step = step
+
+
+class UnsupportedFeatureError(LaunchHelmError, NotImplementedError):
+    """A feature of another tracker's API that LaunchHelm does not offer (``launchhelm.wandb``'s ``Artifact``...).
+
+    The message names what to use instead. ``except NotImplementedError``
+    keeps catching it.
+
+    Attributes
+    ----------
+    feature:
+        What was asked for, as the caller wrote it (``"wandb.Artifact"``).
+    """
+
+    def __init__(self, message: str, *, feature: str | None = None) -> None:
+        super().__init__(message)
+        self.feature = feature

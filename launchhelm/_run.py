@@ -57,6 +57,7 @@ from launchhelm.runlog._events import (
     SequenceTaken,
     fold,
     validate_project,
+    validate_run_id,
 )
 from launchhelm.runlog._liveness import process_identity
 from launchhelm.runlog._runinfo import furthest_step, read_run_record
@@ -1121,6 +1122,7 @@ def init(
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
+    run_id: str | None = None,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -1171,6 +1173,11 @@ def init(
         Under DDP only rank 0 captures. Output faster than the store takes
         it, beyond 4 MiB between flushes, is dropped and counted in the log,
         and lines past 64 KiB are cut (see ``docs/storage.md``). False: none.
+    run_id:
+        Create the new run under this id (4-64 lowercase letters and digits)
+        instead of a random one: for tools that map another tracker's run ids
+        (``launchhelm.wandb``'s ``id=``). Refused with
+        :class:`AlreadyExistsError` if a run has it. Not with ``resume``.
 
     Raises
     ------
@@ -1185,6 +1192,8 @@ def init(
         ``TypeError``). Nothing is stored.
     RunNotFoundError, RunClosedError, RunInUseError
         See ``resume``.
+    AlreadyExistsError
+        ``run_id`` names a run that exists (also a ``FileExistsError``).
 
     Examples
     --------
@@ -1210,6 +1219,7 @@ def init(
         control_interval=control_interval,
         system_metrics=system_metrics,
         capture_console=capture_console,
+        run_id=run_id,
     )
 
 
@@ -1233,9 +1243,16 @@ def start_run(
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
+    run_id: str | None = None,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
+    if run_id is not None:
+        validate_run_id(run_id)
+        if resume is not None:
+            raise InvalidArgumentError(
+                f"run_id={run_id!r} names the id of a new run; to reopen a run, pass resume={run_id!r} alone"
+            )
     system_s = system_interval(system_metrics)
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     _check_flag("capture_console", capture_console)
@@ -1276,7 +1293,7 @@ def start_run(
         "heartbeat_timeout": timeout_s,
     }
     if resume is None:
-        record, events = _create_run(st, project, name, config, tunables)
+        record, events = _create_run(st, project, name, config, tunables, run_id)
         mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
         started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
         step, attempt, state = 0, 0, None
@@ -1323,9 +1340,10 @@ def _create_run(
     name: str | None,
     config: Mapping[str, Any] | None,
     tunables: Mapping[str, Any] | None,
+    given_id: str | None = None,
 ) -> tuple[dict[str, Any], EventLog]:
     while True:
-        run_id = _new_run_id()
+        run_id = given_id or _new_run_id()
         record = {
             "format": "launchhelm.run/1",
             "id": run_id,
@@ -1339,6 +1357,12 @@ def _create_run(
             store.create(run_record_key(run_id), json.dumps(record).encode())
             break
         except AlreadyExistsError:
+            if given_id is not None:
+                raise AlreadyExistsError(
+                    f"a run with id {given_id!r} already exists in this store; resume it with "
+                    f"init(project, resume={given_id!r}) or choose another id",
+                    url=store.url,
+                ) from None
             continue  # an id collision: draw another
     for key, body in (
         (project_record_key(project), {"project": project, "created": record["created"]}),

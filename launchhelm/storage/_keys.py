@@ -30,6 +30,7 @@ __all__ = [
     "attempt_prefix",
     "chunk_key",
     "claim_key",
+    "compat_key",
     "console_key",
     "console_prefix",
     "evaluation_prefix",
@@ -293,6 +294,11 @@ def parse_console_name(name: str) -> tuple[str, int] | None:
         return None
 
 
+def compat_key(run_id: str, api: str) -> str:
+    """``runs/<run>/compat/<api>.json``: what a drop-in API (``"wandb"``, ``"tensorboard"``) records."""
+    return f"{run_prefix(run_id)}/compat/{api}{_JSON}"
+
+
 # -- checkpoints (artifacts) -----------------------------------------------------
 def artifacts_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}/artifacts"
@@ -409,6 +415,7 @@ ROWS: dict[str, Callable[[], str]] = {
     "runs/<run>/metrics/segments/L<level>-<token>.parquet": lambda: f"{metrics_prefix('run')}/{new_segment_name(2)}",
     "runs/<run>/metrics/manifest-<seq:020d>.json": lambda: manifest_key("run", 7),
     "runs/<run>/console/<session>/<n:08d>.txt": lambda: console_key("run", "session", 3),
+    "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
     "runs/<run>/artifacts/<id>/...": lambda: f"{artifact_prefix('run', 'id')}/model.pt",
     "projects/<p>/rules/evaluate_every_checkpoint/<seq:020d>.json": lambda: rule_key("p", 7),
     "projects/<p>/evaluations/<run>/<ckpt>/request.json": lambda: request_key(evaluation_prefix("p", "run", "ckpt")),

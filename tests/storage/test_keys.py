@@ -18,8 +18,8 @@ DOC = ROOT / "docs" / "storage.md"
 
 #: Path-like fragments of the layout: a folder name between slashes, or a file name part.
 FRAGMENT = re.compile(
-    r"(?:^|/)(?:runs|projects|events|sessions|metrics|table|console|artifacts|rules|evaluations|segments)/"
-    r"|/(?:runs|events|sessions|metrics|table|console|artifacts|rules|evaluations|segments)(?:$|/)"
+    r"(?:^|/)(?:runs|projects|events|sessions|metrics|table|console|artifacts|rules|evaluations|segments|compat)/"
+    r"|/(?:runs|events|sessions|metrics|table|console|artifacts|rules|evaluations|segments|compat)(?:$|/)"
     r"|(?:run|project|summary|request|retry|logged)\.json|manifest-|snapshot-|index-|-renew-|\.arrow\b|\.parquet\b"
 )
 
