@@ -1,11 +1,11 @@
-"""Import runs from TensorBoard, MLflow and W&B: ``launchhelm import SOURCE ...`` or these functions.
+"""Import runs from TensorBoard, MLflow, W&B and Neptune exports: ``launchhelm import SOURCE ...`` or these functions.
 
 Each source run becomes one LaunchHelm run, under an id derived from the
 source's own ids: importing the same source again adds nothing. A run
 appears only once it is complete; one that fails leaves nothing behind. The
 sources' readers are optional extras, imported only when an import runs
 (``pip install 'launchhelm[import-mlflow]'``, ``[import-wandb]``); TensorBoard's
-event files need none. See docs/importers.md.
+event files and Neptune's Parquet exports need none. See docs/importers.md.
 
 Examples
 --------
@@ -17,6 +17,7 @@ Examples
 from launchhelm._exceptions import ImportFailedError, MissingExtraError, SourceReadError
 from launchhelm.importers._common import ImportedRun, ImportResult
 from launchhelm.importers._mlflow import import_mlflow
+from launchhelm.importers._neptune import import_neptune
 from launchhelm.importers._tensorboard import import_tensorboard
 from launchhelm.importers._wandb import import_wandb
 
@@ -27,6 +28,7 @@ __all__ = [
     "MissingExtraError",
     "SourceReadError",
     "import_mlflow",
+    "import_neptune",
     "import_tensorboard",
     "import_wandb",
 ]

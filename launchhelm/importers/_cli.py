@@ -95,13 +95,44 @@ def _wandb(sources: Any) -> None:
     parser.set_defaults(func=run)
 
 
+def _neptune(sources: Any) -> None:
+    def run(args: argparse.Namespace) -> int:
+        from launchhelm.importers import import_neptune
+
+        return _done(
+            import_neptune(
+                args.path,
+                args.project,
+                step_multiplier=args.step_multiplier,
+                store=args.store,
+                progress=not args.no_progress,
+                report=print,
+            )
+        )
+
+    parser = sources.add_parser(
+        "neptune",
+        help="Neptune runs exported by neptune-exporter (Parquet): parameters, float series",
+        description="Import the Parquet files `neptune-exporter export` wrote (its --data-path): parameters as "
+        "config, float series as metrics. Importing again adds nothing.",
+    )
+    parser.add_argument("path", metavar="PATH", help="the exporter's data folder (default ./exports/data)")
+    parser.add_argument(
+        "--step-multiplier", type=int, default=1, help="Neptune steps are decimals: multiply them into integers"
+    )
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
 #: One function per source: each adds its subcommand to ``launchhelm import``.
-SOURCES: list[Callable[[Any], None]] = [_tensorboard, _mlflow, _wandb]
+SOURCES: list[Callable[[Any], None]] = [_tensorboard, _mlflow, _wandb, _neptune]
 
 
 def add_commands(sub: Any) -> None:
     """Add ``import`` (and under it one subcommand per source) to the ``launchhelm`` command's subparsers."""
-    parser = sub.add_parser("import", help="import runs from TensorBoard, MLflow or W&B (importing again adds nothing)")
+    parser = sub.add_parser(
+        "import", help="import runs from TensorBoard, MLflow, W&B or a Neptune export (importing again adds nothing)"
+    )
     sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for add in SOURCES:
         add(sources)

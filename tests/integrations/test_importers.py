@@ -372,3 +372,125 @@ def test_importing_the_importers_loads_no_reader() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "none"
+
+
+# -- Neptune exports ----------------------------------------------------------------------------------
+def _neptune_schema() -> Any:
+    """neptune-exporter's published schema (its README's table, ``model.py``'s ``SCHEMA``)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("project_id", pa.string()),
+            ("run_id", pa.string()),
+            ("attribute_path", pa.string()),
+            ("attribute_type", pa.string()),
+            ("step", pa.decimal128(18, 6)),
+            ("timestamp", pa.timestamp("ms", tz="UTC")),
+            ("int_value", pa.int64()),
+            ("float_value", pa.float64()),
+            ("string_value", pa.string()),
+            ("bool_value", pa.bool_()),
+            ("datetime_value", pa.timestamp("ms", tz="UTC")),
+            ("string_set_value", pa.list_(pa.string())),
+            ("file_value", pa.struct([("path", pa.string())])),
+            (
+                "histogram_value",
+                pa.struct(
+                    [("type", pa.string()), ("edges", pa.list_(pa.float64())), ("values", pa.list_(pa.float64()))]
+                ),
+            ),
+        ]
+    )
+
+
+def _neptune_rows(run_id: str, rows: list[dict[str, Any]]) -> Any:
+    import pyarrow as pa
+
+    schema = _neptune_schema()
+    full = [
+        {name: row.get(name) for name in schema.names} | {"project_id": "ws/proj", "run_id": run_id} for row in rows
+    ]
+    return pa.Table.from_pylist(full, schema=schema)
+
+
+def test_a_neptune_export_imports_parameters_and_float_series(tmp_path: Path) -> None:
+    import datetime
+    from decimal import Decimal
+
+    import pyarrow.parquet as pq
+
+    from launchhelm.importers import import_neptune
+
+    data = tmp_path / "exports" / "data" / "ws_proj-1a2b3c"
+    data.mkdir(parents=True)
+    t0 = datetime.datetime(2025, 6, 1, tzinfo=datetime.timezone.utc)
+    params = [
+        {"attribute_path": "parameters/lr", "attribute_type": "float", "float_value": 3e-4},
+        {"attribute_path": "parameters/epochs", "attribute_type": "int", "int_value": 12},
+        {"attribute_path": "parameters/model", "attribute_type": "string", "string_value": "resnet"},
+        {"attribute_path": "parameters/amp", "attribute_type": "bool", "bool_value": True},
+        {"attribute_path": "parameters/tags", "attribute_type": "string_set", "string_set_value": ["b", "a"]},
+        {"attribute_path": "sys/custom_run_id", "attribute_type": "string", "string_value": "resnet-7"},
+        {"attribute_path": "sys/name", "attribute_type": "string", "string_value": "baselines"},
+        {"attribute_path": "sys/creation_time", "attribute_type": "datetime", "datetime_value": t0},
+    ]
+    loss = [
+        {
+            "attribute_path": "metrics/loss",
+            "attribute_type": "float_series",
+            "step": Decimal(s),
+            "timestamp": t0 + datetime.timedelta(seconds=s),
+            "float_value": 1.0 / (s + 1),
+        }
+        for s in range(20)
+    ]
+    logs = [{"attribute_path": "logs/out", "attribute_type": "string_series", "step": Decimal(0), "string_value": "hi"}]
+    pq.write_table(_neptune_rows("RES-7", params + loss[:10]), data / "RES-7_part_0.parquet")
+    pq.write_table(_neptune_rows("RES-7", loss[10:] + logs), data / "RES-7_part_1.parquet")
+    # an export still being written (part_0 not renamed into place yet) is left out
+    pq.write_table(_neptune_rows("RES-8", loss), data / "RES-8_part_1.parquet")
+    fraction = [dict(loss[0], step=Decimal("0.5"))]
+    pq.write_table(_neptune_rows("RES-9", fraction), data / "RES-9_part_0.parquet")
+    store = str(tmp_path / "store")
+    with pytest.raises(ImportFailedError, match=r"step with a fraction \(0.500000\).*step_multiplier") as caught:
+        import_neptune(tmp_path / "exports" / "data", "np", store=store, progress=False)
+    assert list(caught.value.failures) == ["ws_proj-1a2b3c/RES-9"]
+    (run,) = (lh.Api(store).run(r) for r in lh.Api(store).run_ids("np"))
+    assert run.name == "resnet-7" and run.created == t0.timestamp()
+    assert run.config == {
+        "parameters/lr": 3e-4,
+        "parameters/epochs": 12,
+        "parameters/model": "resnet",
+        "parameters/amp": True,
+        "parameters/tags": ["a", "b"],
+    }
+    frame = run.history()
+    assert frame["step"].tolist() == list(range(20)) and frame["metrics/loss"].tolist() == [
+        1 / (s + 1) for s in range(20)
+    ]
+    assert frame["time"].iloc[5].timestamp() == t0.timestamp() + 5
+    imported = run.events()[0]["imported"]
+    assert imported["run_id"] == "RES-7" and imported["experiment"] == "baselines" and imported["source"] == "neptune"
+    assert imported["skipped"] == {"string_series values ('logs/out'...)": 1}
+    # the fractional run with a multiplier; the one imported before is skipped
+    assert (
+        cli_main(
+            [
+                "--store",
+                store,
+                "import",
+                "neptune",
+                str(tmp_path / "exports" / "data"),
+                "-p",
+                "np",
+                "--step-multiplier",
+                "10",
+            ]
+        )
+        == 0
+    )
+    names = sorted(lh.Api(store).run(r).name for r in lh.Api(store).run_ids("np"))
+    assert names == ["RES-9", "resnet-7"]
+    half = next(lh.Api(store).run(r) for r in lh.Api(store).run_ids("np") if lh.Api(store).run(r).name == "RES-9")
+    assert half.history()["step"].tolist() == [5]
