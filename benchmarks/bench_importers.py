@@ -53,10 +53,11 @@ def _timed(fn):  # type: ignore[no-untyped-def]
 
 
 def bench_mlflow(tmp: Path, runs: int, steps: int) -> None:
-    import launchhelm as lh
-    from launchhelm.importers import import_mlflow
     from mlflow.entities import Metric, Param, RunTag
     from mlflow.tracking import MlflowClient
+
+    import launchhelm as lh
+    from launchhelm.importers import import_mlflow
 
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -79,7 +80,8 @@ def bench_mlflow(tmp: Path, runs: int, steps: int) -> None:
             )
         client.set_terminated(run_id, end_time=t0 + 1000 * steps)
     points = runs * steps * 3
-    print(f"MLflow store: {runs} runs x 3 metrics x {steps} steps = {points:,} points ({time.perf_counter() - made:.1f}s to make)")
+    made = time.perf_counter() - made
+    print(f"MLflow store: {runs} runs x 3 metrics x {steps} steps = {points:,} points ({made:.1f}s to make)")
 
     def read_with_mlflow() -> int:
         fresh = MlflowClient(tracking_uri=uri)
@@ -131,9 +133,10 @@ def _write_event_file(folder: Path, points: int) -> None:
 
 
 def bench_tensorboard(tmp: Path, points: int) -> None:
+    from tensorboard.backend.event_processing import event_accumulator
+
     import launchhelm as lh
     from launchhelm.importers import import_tensorboard
-    from tensorboard.backend.event_processing import event_accumulator
 
     logdir = tmp / "tb"
     made, _ = _timed(lambda: _write_event_file(logdir / "run", points))
@@ -168,7 +171,9 @@ def main() -> None:
     logging.getLogger("mlflow").setLevel(logging.WARNING)
     os.environ.setdefault("LAUNCHHELM_SPOOL", "off")
     started, _ = _timed(lambda: (__import__("mlflow.tracking"), __import__("tensorboard.compat.proto.event_pb2")))
-    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs; importing mlflow and tensorboard: {started:.1f}s")
+    print(
+        f"python {platform.python_version()}, {os.cpu_count()} CPUs; importing mlflow and tensorboard: {started:.1f}s"
+    )
     with tempfile.TemporaryDirectory() as tmp:
         bench_mlflow(Path(tmp), args.mlflow_runs, args.mlflow_steps)
         bench_tensorboard(Path(tmp), args.tb_points)

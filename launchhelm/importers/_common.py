@@ -26,6 +26,7 @@ import sys
 import time
 from array import array
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -71,8 +72,10 @@ __all__ = [
 
 _log = logging.getLogger("launchhelm")
 
-#: Points buffered before they are written as one segment (about 64 MiB of arrays).
-SEGMENT_POINTS = 1 << 21
+#: Points buffered before they are written as one segment (about 32 MiB of arrays).
+SEGMENT_POINTS = 1 << 20
+#: Runs imported at once.
+WORKERS = 8
 _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _ID_LENGTH = 12
 
@@ -490,10 +493,12 @@ def import_runs(
     storage_options: dict[str, Any] | None,
     progress: bool,
     report: Callable[[str], None] | None = None,
+    workers: int = WORKERS,
 ) -> ImportResult:
     """Import each source run not imported yet; raise :class:`ImportFailedError` at the end if any failed.
 
-    ``report``: called with one line per run (the CLI prints them above the progress bar).
+    ``report``: called with one line per run, in the source's order (the CLI prints them above the
+    progress bar). ``workers`` runs are imported at once.
     """
     validate_project(project)
     st = open_store(store, storage_options)
@@ -511,26 +516,33 @@ def import_runs(
         else:
             report(line)
 
-    try:
-        for source in sources:
-            bar.set_postfix_str(source.label[-48:], refresh=False)
-            run_id = derive_run_id(kind, project, source.key)
-            try:
-                done, skipped = _import_one(st, project, run_id, source, listed)
-            except Exception as exc:
-                failures[source.label] = exc
-                say(f"failed            {source.label}: {exc}")
-            else:
-                result._add(done, skipped)
-                if skipped:
-                    say(f"already imported  {source.label} -> run {run_id}")
+    def one(source: SourceRun) -> tuple[SourceRun, str, tuple[ImportedRun, bool] | BaseException]:
+        run_id = derive_run_id(kind, project, source.key)
+        try:
+            return source, run_id, _import_one(st, project, run_id, source, listed)
+        except Exception as exc:
+            return source, run_id, exc
+
+    # runs are independent: several at once, so one run's reads overlap another's writes (and fsyncs)
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(sources) or 1))) as pool:
+        try:
+            for source, run_id, outcome in pool.map(one, sources) if workers > 1 else map(one, sources):
+                bar.set_postfix_str(source.label[-48:], refresh=False)
+                if isinstance(outcome, BaseException):
+                    failures[source.label] = outcome
+                    say(f"failed            {source.label}: {outcome}")
                 else:
-                    left = ", ".join(f"{n:,} x {what}" for what, n in sorted(done.left_out.items()))
-                    left = f"; not imported: {left}" if left else ""
-                    say(f"imported          {source.label} -> run {run_id} ({done.points:,} points{left})")
-            bar.update(1)
-    finally:
-        bar.close()
+                    done, skipped = outcome
+                    result._add(done, skipped)
+                    if skipped:
+                        say(f"already imported  {source.label} -> run {run_id}")
+                    else:
+                        left = ", ".join(f"{n:,} x {what}" for what, n in sorted(done.left_out.items()))
+                        left = f"; not imported: {left}" if left else ""
+                        say(f"imported          {source.label} -> run {run_id} ({done.points:,} points{left})")
+                bar.update(1)
+        finally:
+            bar.close()
     if failures:
         lines = "; ".join(f"{label}: {exc}" for label, exc in failures.items())
         total = len(failures) + len(result.imported) + len(result.skipped)

@@ -135,6 +135,10 @@ def _sources(path: str | os.PathLike[str], step_multiplier: int) -> list[SourceR
             f"no exported Neptune runs (<run>_part_0.parquet files) under {os.fspath(path)!r}",
             path=os.fspath(path),
         )
+
+    def reader(ordered: list[Path]) -> Callable[[Recorder], None]:
+        return lambda recorder: _read_parts(ordered, recorder, step_multiplier)
+
     sources = []
     for (folder, prefix), parts in sorted(complete.items()):
         rel = f"{folder.relative_to(root).as_posix()}/{prefix}"
@@ -144,7 +148,7 @@ def _sources(path: str | os.PathLike[str], step_multiplier: int) -> list[SourceR
                 kind="neptune",
                 key=rel,  # the exporter's folder (a digest of the project) and the run's file prefix
                 label=rel,
-                read=lambda recorder, ordered=ordered: _read_parts(ordered, recorder, step_multiplier),
+                read=reader(ordered),
                 name=prefix,
                 imported={"uri": os.fspath(path), "parts": [p.name for p in ordered]},
             )

@@ -111,7 +111,7 @@ def test_tensorboard_scalars_steps_names_and_hparams_import_exactly(tb_logdir: P
     assert mnist.events()[0]["imported"]["source"] == "tensorboard"
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.slow)])
 def test_importing_tensorboard_again_adds_nothing_through_the_command_line(
     tb_logdir: Path, tmp_path: Path, backend: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
 ) -> None:
