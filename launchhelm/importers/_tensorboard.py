@@ -45,6 +45,10 @@ _BLOCK = 8 << 20
 
 
 # -- protocol buffer wire format: just what an Event needs ------------------------------
+class _Malformed(Exception):
+    """A record that passes its checksum but is no protocol buffer (turned into a SourceReadError)."""
+
+
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
     result = 0
     shift = 0
@@ -56,7 +60,7 @@ def _varint(buf: bytes, pos: int) -> tuple[int, int]:
             return result, pos
         shift += 7
         if shift > 63:
-            raise ValueError("varint too long")
+            raise _Malformed("varint too long")
 
 
 def _skip(buf: bytes, pos: int, wire: int) -> int:
@@ -69,7 +73,7 @@ def _skip(buf: bytes, pos: int, wire: int) -> int:
         return pos + size
     if wire == 5:
         return pos + 4
-    raise ValueError(f"wire type {wire}")
+    raise _Malformed(f"wire type {wire}")
 
 
 def _fields(buf: bytes, start: int = 0, end: int | None = None) -> Iterator[tuple[int, int, int, int]]:
@@ -93,9 +97,9 @@ def _fields(buf: bytes, start: int = 0, end: int | None = None) -> Iterator[tupl
             yield number, wire, pos, pos + 4
             pos += 4
         else:
-            raise ValueError(f"wire type {wire} at byte {pos}")
+            raise _Malformed(f"wire type {wire} at byte {pos}")
     if pos != end:
-        raise ValueError("a field runs past its message")
+        raise _Malformed("a field runs past its message")
 
 
 def _signed(value: int) -> int:
@@ -343,7 +347,7 @@ def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: di
                     recorder.skip(f"tensor summaries that are not scalars ({name!r}...)")
             elif other or plugin:
                 recorder.skip(f"{plugin or other} summaries ({name!r}...)")
-    except (ValueError, IndexError, struct.error) as exc:
+    except (_Malformed, ValueError, IndexError, struct.error) as exc:
         raise SourceReadError(
             f"{path}: the record at byte {at:,} passes its checksum but is not a TensorBoard event ({exc}); "
             "move the file out of the log folder to import the rest",
