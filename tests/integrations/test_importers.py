@@ -142,7 +142,7 @@ def _copy_run(tb_logdir: Path, tmp_path: Path) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupt"])
 def test_a_truncated_or_corrupt_event_file_gives_a_clear_error_and_no_run(
-    tb_logdir: Path, tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch
+    tb_logdir: Path, tmp_path: Path, damage: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import launchhelm.importers._common as common
 
@@ -164,6 +164,10 @@ def test_a_truncated_or_corrupt_event_file_gives_a_clear_error_and_no_run(
     assert "Nothing of a failed run was stored" in str(caught.value)
     # nothing of the run: not listed, no record, and no object left under runs/
     assert lh.Api(store).run_ids("tb") == [] and lh.Api(store).store.list("runs") == []
+    args = ["--store", store, "import", "tensorboard", str(tmp_path / "logs"), "-p", "tb", "--no-progress"]
+    assert cli_main(args) == 2
+    out, err = capsys.readouterr()
+    assert f"failed            mnist: {second}" in out and "launchhelm: error: 1 of 1 tensorboard runs" in err
     second.write_bytes(good)
     result = import_tensorboard(tmp_path / "logs", "tb", store=store, progress=False)
     assert [r.points for r in result.imported] == [150]
