@@ -7,7 +7,9 @@ MLflow (``--mlflow-runs`` runs, default 100, in a sqlite tracking store made her
     * baseline: MLflow's client reading everything an export needs: ``search_runs`` (paged) and
       ``get_metric_history`` of every metric of every run (s);
     * ``launchhelm.importers.import_mlflow`` into a fresh store: the same reads plus writing each
-      run (segments, events, summary, record) (s), and the ratio import / baseline;
+      run (segments, events, summary, record) (s), and the ratio import / baseline. The import
+      works on 8 runs at once (its reads overlap other runs' writes); the baseline is the plain
+      loop over the client a script would write;
     * reading every imported run back with ``Api().history(project)`` (s), against the baseline.
 
 TensorBoard (``--tb-points`` scalars, default 1,000,000: 10 tags, one event per scalar, as

@@ -82,7 +82,14 @@ def test_tensorboard_scalars_steps_names_and_hparams_import_exactly(tb_logdir: P
     runs = _by_name(store, "tb")
     assert sorted(runs) == ["cifar/seed1", "mnist", "mnist/sweep"]
     mnist = runs["mnist"]
-    assert mnist.config == HPARAMS | {"batch": 64.0, "amp": True}  # as the hparams plugin stores them
+    # as torch's hparams summary stores them: numbers (bools too) as doubles, strings as strings
+    assert mnist.config == {"lr": 0.00031, "batch": 64.0, "optimizer": "adamw", "amp": 1.0}
+    assert {k: type(v) for k, v in mnist.config.items()} == {
+        "lr": float,
+        "batch": float,
+        "optimizer": str,
+        "amp": float,
+    }
     frame = mnist.history(duplicates="all")
     loss = frame.dropna(subset=["train/loss"])
     first = loss[loss["attempt"] == 0]
