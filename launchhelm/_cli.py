@@ -14,6 +14,7 @@ from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
 from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
 from launchhelm.evaluation._cli import print_evaluations
+from launchhelm.importers._cli import add_commands as add_import_commands
 
 __all__ = ["main"]
 
@@ -264,6 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(func=_cmd_logs)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
+    add_import_commands(sub)
     return parser
 
 

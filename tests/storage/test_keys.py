@@ -109,6 +109,8 @@ def _code_strings(tree: ast.AST) -> list[tuple[int, str]]:
 
 #: Strings that look like keys but are not store keys.
 NOT_KEYS = {("launchhelm/evaluation/_policies.py", "projects/_/buckets/")}  # a GCS IAM resource name
+#: Modules that name files of other tools (an importer's source), never store keys.
+NOT_STORE_MODULES = {"launchhelm/importers/_neptune.py"}
 
 
 def test_no_other_module_spells_a_key_fragment() -> None:
@@ -116,6 +118,8 @@ def test_no_other_module_spells_a_key_fragment() -> None:
     found = []
     for path in sorted((ROOT / "launchhelm").rglob("*.py")):
         if path == owner:
+            continue
+        if str(path.relative_to(ROOT)) in NOT_STORE_MODULES:
             continue
         for line, value in _code_strings(ast.parse(path.read_text(encoding="utf-8"))):
             if FRAGMENT.search(value) and (str(path.relative_to(ROOT)), value) not in NOT_KEYS:
