@@ -153,6 +153,7 @@ def test_the_pages_code_blocks_run(page: Path, tmp_path: Path) -> None:
         text=True,
         timeout=240,
     )
+    print(done.stdout)  # what the examples printed: compare with the page's comments (pytest -s)
     assert done.returncode == 0, f"{page.name}'s examples failed:\n{done.stdout[-4000:]}\n{done.stderr[-6000:]}"
     # every block ran, the last one too
     assert f"--- {page.relative_to(ROOT)}:{runnable[-1].line} " in done.stdout
