@@ -45,7 +45,16 @@ FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
 FILE = re.compile(r"^\s*<!--\s*file:\s*(?P<name>[\w./-]+)\s*-->\s*$")
 # pages whose examples train with torch or a framework's Trainer: a few seconds each
-SLOW = {"getting-started.md", "README.md", "checkpoints.md", "rewinds.md", "frameworks.md", "distributed.md", "steering.md", "evaluation.md"}
+SLOW = {
+    "getting-started.md",
+    "README.md",
+    "checkpoints.md",
+    "rewinds.md",
+    "frameworks.md",
+    "distributed.md",
+    "steering.md",
+    "evaluation.md",
+}
 
 
 @dataclass
