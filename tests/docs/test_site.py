@@ -72,6 +72,7 @@ def test_every_public_name_has_a_reference_entry(site: Path) -> None:
         text = html.unescape(re.sub(r"<[^>]+>", " ", page.read_text()))
         private = set(re.findall(r"launchhelm(?:\.\w+)*\._(?!_version__)\w+", text))
         assert not private, f"{page}: {sorted(private)}"
+        assert not re.search(r":(class|func|meth|attr|exc):", text), f"{page}: a Sphinx role shown as text"
     # the members come along: a class's methods are entries too
     assert {"launchhelm.Run.log", "launchhelm.RunHandle.history", "launchhelm.torch.TorchRun.save_checkpoint"} <= set(
         names

@@ -1,17 +1,21 @@
-"""MkDocs hook: the command line reference page, written from the ``launchhelm`` argparse parser at build time.
+"""MkDocs hooks of the reference pages.
 
-``docs/reference/cli.md`` holds a marker; this hook replaces it with ``launchhelm --help`` and
-each subcommand's ``--help``, so the page always says what the installed parser says.
+- ``docs/reference/cli.md`` holds a marker; it is replaced with ``launchhelm --help`` and each
+  subcommand's ``--help``, so the page always says what the parser says.
+- Docstrings name other objects with Sphinx roles (:class:`RunHandle`), which mkdocstrings renders
+  as a literal ``:class:`` before the name: the role is dropped, the name's code kept.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 from typing import Any
 
 MARKER = "<!-- launchhelm-cli-help -->"
 WIDTH = "100"  # argparse wraps at $COLUMNS: a fixed width keeps the page the same on every machine
+SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod|exc|data|obj|py:\w+):(?=<code>)")
 
 
 def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -44,3 +48,7 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     if MARKER in markdown:
         return markdown.replace(MARKER, cli_reference())
     return markdown
+
+
+def on_page_content(html: str, page: Any, **kwargs: Any) -> str:
+    return SPHINX_ROLE.sub("", html)
