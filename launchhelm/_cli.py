@@ -230,8 +230,8 @@ class _HelpWithExample(argparse.RawDescriptionHelpFormatter):
 # every help ends with an example (tests/core/test_cli_help.py parses each one with this parser)
 _EXAMPLES = {
     "launchhelm": """examples:
-  launchhelm runs quickstart                        # the project's runs, newest first
-  launchhelm show 1o5sxsjc                          # one run: status, rewinds, checkpoints, metrics
+  launchhelm runs quickstart     # the project's runs, newest first
+  launchhelm show 1o5sxsjc       # one run: status, rewinds, checkpoints, metrics
   launchhelm --store s3://bucket/prefix runs quickstart""",
     "demo": "examples:\n  launchhelm demo --steps 300",
     "runs": "examples:\n  launchhelm runs quickstart\n  launchhelm --store s3://bucket/prefix runs quickstart",

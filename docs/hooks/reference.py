@@ -14,7 +14,7 @@ import re
 from typing import Any
 
 MARKER = "<!-- launchhelm-cli-help -->"
-WIDTH = "100"  # argparse wraps at $COLUMNS: a fixed width keeps the page the same on every machine
+WIDTH = "80"  # argparse wraps at $COLUMNS: a fixed width keeps the page the same on every machine
 SPHINX_ROLE = re.compile(r":(?:class|func|meth|attr|mod|exc|data|obj|py:\w+):(?=<code>)")
 
 
