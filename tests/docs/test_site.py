@@ -11,6 +11,7 @@ from the command line reference, a broken link in the site, a README that buries
 
 from __future__ import annotations
 
+import ast
 import html
 import os
 import re
@@ -57,12 +58,23 @@ def inventory(site: Path) -> dict[str, str]:
     return names
 
 
+def static_all(package: Path) -> list[str]:
+    """A package's ``__all__`` as its ``__init__.py`` spells it."""
+    tree = ast.parse((package / "__init__.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+            return [str(ast.literal_eval(e)) for e in node.value.elts]  # type: ignore[attr-defined]
+    raise AssertionError(f"{package} has no __all__")
+
+
 @pytest.mark.slow
 def test_every_public_name_has_a_reference_entry(site: Path) -> None:
     names = inventory(site)
     public = [f"launchhelm.{n}" for n in launchhelm.__all__]
     public += [f"launchhelm.torch.{n}" for n in launchhelm.torch.__all__]
     public += [f"launchhelm.widgets.{n}" for n in launchhelm.widgets.__all__]
+    for integration in ("lightning", "transformers"):  # read, not imported: importing them imports the framework
+        public += [f"launchhelm.{integration}.{n}" for n in static_all(ROOT / "launchhelm" / integration)]
     missing = [n for n in public if n not in names]
     assert not missing, f"no reference entry (add a `::: name` line to docs/reference/*.md): {missing}"
     assert all(names[n].startswith("reference/") for n in public)
