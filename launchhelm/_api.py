@@ -16,7 +16,7 @@ from launchhelm._exceptions import (
     RunNotFoundError,
 )
 from launchhelm._types import Checkpoint, Evaluation, Rewind
-from launchhelm.console._capture import ConsoleFollower, list_console, read_console, sessions_of
+from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
 from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader

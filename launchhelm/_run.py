@@ -73,7 +73,7 @@ from launchhelm.runlog._sessions import (
 from launchhelm.runlog._summary import encode_summary, parse_summary
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
-from launchhelm.storage._keys import project_record_key, project_run_marker, run_record_key
+from launchhelm.storage._keys import console_key, project_record_key, project_run_marker, run_record_key
 
 __all__ = ["Run", "init"]
 
@@ -460,7 +460,7 @@ class Run:
                 return
             try:
                 while True:
-                    key = _console.console_key(self.id, self.session_id, self._console_number)
+                    key = console_key(self.id, self.session_id, self._console_number)
                     self._console_number += 1
                     try:
                         self._store.create(key, data)

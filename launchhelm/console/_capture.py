@@ -28,53 +28,32 @@ Both are undone exactly by :func:`detach` (the last session detaching): the
 same fd 1 and 2 (``os.dup2`` from the saved copies), the same ``sys.stdout``
 and ``sys.stderr`` objects, and no wrapper left on them.
 
-Never blocking the training loop, never growing without bound: each session
-has a :class:`ConsoleBuffer` of at most :data:`BUFFER_BYTES` (4 MiB) not yet
-written. Output arriving when it is full is dropped and counted, and the
-next object says so (``[launchhelm: 12,345 lines (3.2 MiB) dropped: output
-faster than the store takes it]``). A line longer than :data:`LINE_BYTES`
-(64 KiB) keeps its first 64 KiB and a marker saying how much was cut.
-
-Store layout: ``runs/<run>/console/<session>/<n:08d>.txt``, UTF-8 text as
-written, each object created (put-if-absent) by the session's background
-flush, with the metric chunks (same cadence; nothing written when nothing was
-printed). Session ids begin with their start time, so sessions sort in order.
-A SIGKILLed process keeps its output up to its last flush.
+Each session writes into its own :class:`~launchhelm.console._buffer.ConsoleBuffer`.
 """
 
 from __future__ import annotations
 
-import codecs
 import os
 import select
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from launchhelm.storage import Store
-from launchhelm.storage._keys import console_key, console_prefix, parse_console_name
+from launchhelm.console._buffer import BUFFER_BYTES, LINE_BYTES, ConsoleBuffer
 
 __all__ = [
     "BUFFER_BYTES",
     "LINE_BYTES",
     "ConsoleBuffer",
-    "ConsoleFollower",
     "attach",
+    "capture_modes",
     "capture_wanted",
-    "console_key",
-    "console_prefix",
     "detach",
-    "list_console",
-    "read_console",
+    "drain",
 ]
 
-#: Bytes of output a session keeps in memory until its next flush; beyond it output is dropped and counted.
-BUFFER_BYTES = 4 * 2**20
-#: A line longer than this is cut (its first LINE_BYTES kept) with a marker.
-LINE_BYTES = 64 * 2**10
 #: How much the fd reader takes per read: at most one pipe's worth.
 _READ_BYTES = 65536
 #: A read smaller than this makes the fd reader wait _BATCH_WAIT seconds before the next.
@@ -82,8 +61,6 @@ _SMALL_READ = 16384
 _BATCH_WAIT = 0.002
 #: How long the fd reader holds the start of a line for its rest before passing it on as it is.
 _HOLD_WAIT = 0.05
-#: Bytes of one stream gathered by a buffer before they are split into lines.
-_SPLIT_BYTES = 65536
 #: Python-level capture: how often the drainer hands queued writes on while output flows, and at most when idle.
 _QUEUE_DRAIN = 0.002
 _QUEUE_IDLE = 0.025
@@ -91,220 +68,6 @@ _QUEUE_IDLE = 0.025
 _QUEUE_ITEMS = 8192
 #: Pipe capacity asked for (Linux): a burst this big goes in without the writer waiting for the reader.
 _PIPE_BYTES = 2**20
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} B"
-
-
-class _Line:
-    """The line a stream is writing: bytes kept but not yet handed on, and how long it is so far."""
-
-    __slots__ = ("cut", "cutting", "held", "length", "skip", "waited")
-
-    def __init__(self) -> None:
-        self.held = bytearray()  # at most the line limit
-        self.length = 0  # bytes of this line kept so far (held, or handed to a take before its newline)
-        self.cutting = False  # past the limit: the rest of the line is dropped
-        self.cut = 0  # bytes of it dropped so far
-        self.skip = False  # its start was dropped with a flood: drop the rest, up to its newline
-        self.waited = False  # it was open at the last take already: the next one hands it on as it is
-
-
-def _lines_within(data: bytes, start: int, end: int, limit: int) -> bool:
-    """Whether every line of ``data[start:end]`` (whole lines) is at most ``limit`` bytes: a few C-level scans."""
-    pos = start
-    while end - pos > limit:
-        nl = data.rfind(b"\n", pos, pos + limit + 1)
-        if nl < 0:
-            return False
-        pos = nl + 1
-    return True
-
-
-class ConsoleBuffer:
-    """One session's captured output until its next flush: bounded, never blocking.
-
-    :meth:`feed` runs on the writer's path (the fd reader thread, or a
-    ``write`` call), so it only appends under a lock; :meth:`take` hands the
-    background flush everything since the last one. Each stream's line is
-    assembled apart, so stdout and stderr interleave by whole lines, never
-    mid-line (a line still open at a flush is handed on as it is).
-
-    Attributes
-    ----------
-    dropped_lines, dropped_bytes:
-        Totals dropped because the buffer was full (for tests and the marker).
-    cut_lines:
-        Lines cut at :data:`LINE_BYTES`.
-    """
-
-    def __init__(self, limit: int = BUFFER_BYTES, line_limit: int = LINE_BYTES) -> None:
-        self.limit = limit
-        self.line_limit = line_limit
-        self._out = bytearray()  # kept, in order, for the next take
-        self._raw: list[bytes] = []  # writes of one stream not yet split into lines (a batch)
-        self._raw_size = 0
-        self._raw_stream = ""
-        self._lines: dict[str, _Line] = {}
-        self._pending_lines = 0  # dropped since the last take (for the marker)
-        self._pending_bytes = 0
-        self._ends_line = True  # what was handed on so far ends with a newline
-        self._dropping = False  # full since the last take
-        self.dropped_lines = 0
-        self.dropped_bytes = 0
-        self.cut_lines = 0
-        self._lock = threading.Lock()
-
-    def feed(self, data: bytes, stream: str = "stdout") -> None:
-        """Keep ``data`` (bytes as ``stream`` wrote them), or count it dropped when the buffer is full.
-
-        The hot path of a Python-level capture (two calls per ``print``):
-        consecutive writes of one stream are only appended, and split into
-        lines a batch (:data:`_SPLIT_BYTES`) at a time, or when the other
-        stream writes, or at the take.
-        """
-        if not data:
-            return
-        with self._lock:
-            if stream != self._raw_stream:
-                if self._raw:
-                    self._split()
-                self._raw_stream = stream
-            self._raw.append(data)
-            self._raw_size += len(data)
-            if self._raw_size >= _SPLIT_BYTES:
-                self._split()
-
-    def _split(self) -> None:
-        raw = self._raw
-        data = raw[0] if len(raw) == 1 else b"".join(raw)
-        raw.clear()
-        self._raw_size = 0
-        self._lines_of(data, self._raw_stream)
-
-    def _lines_of(self, data: bytes, stream: str) -> None:
-        """Split a batch into lines: keep them (cut past the line limit) or drop them when full."""
-        if self._dropping or len(self._out) + len(data) > self.limit:
-            if not self._dropping:
-                # full: drop everything until the next take, and the lines open now with it,
-                # so what is kept stays whole lines and the marker marks the one gap
-                self._dropping = True
-                for open_line in self._lines.values():
-                    if open_line.length or open_line.cutting:
-                        self._drop(bytes(open_line.held))
-                        open_line.held.clear()
-                        open_line.length, open_line.cutting, open_line.cut = 0, False, 0
-                        open_line.skip = True
-            self._drop(data)
-            dropped = self._lines.get(stream)
-            if dropped is None:
-                dropped = self._lines[stream] = _Line()
-            dropped.skip = not data.endswith(b"\n")  # mid-line: what follows the gap is no line's start
-            return
-        line = self._lines.get(stream)
-        if line is None:
-            line = self._lines[stream] = _Line()
-        if line.skip:
-            end = data.find(b"\n")
-            self._drop(data if end < 0 else data[: end + 1])
-            if end < 0:
-                return
-            line.skip = False
-            data = data[end + 1 :]
-            if not data:
-                return
-        last = data.rfind(b"\n")
-        if last < 0:
-            self._extend(line, data)
-            return
-        first = data.find(b"\n")
-        self._extend(line, data[:first])
-        self._end(line)
-        if last > first:
-            middle = data[first + 1 : last + 1]
-            if _lines_within(data, first + 1, last + 1, self.line_limit):  # whole (the usual case)
-                self._emit(middle)
-            else:
-                for piece in middle.split(b"\n")[:-1]:
-                    self._extend(line, piece)
-                    self._end(line)
-        if last + 1 < len(data):
-            self._extend(line, data[last + 1 :])
-
-    def _drop(self, data: bytes) -> None:
-        lines = data.count(b"\n")
-        self._pending_lines += lines
-        self._pending_bytes += len(data)
-        self.dropped_lines += lines
-        self.dropped_bytes += len(data)
-
-    def _emit(self, data: bytes) -> None:
-        self._out += data
-
-    def _extend(self, line: _Line, piece: bytes) -> None:
-        if line.cutting:
-            line.cut += len(piece)
-            return
-        room = self.line_limit - line.length
-        if len(piece) <= room:
-            line.held += piece
-            line.length += len(piece)
-            return
-        line.held += piece[:room]
-        line.length = self.line_limit
-        line.cutting, line.cut = True, len(piece) - room
-        self.cut_lines += 1
-
-    def _end(self, line: _Line) -> None:
-        out = bytes(line.held)
-        if line.cutting:
-            out += f" [launchhelm: line cut at {_size(self.line_limit)}, {line.cut:,} bytes dropped]".encode()
-        self._emit(out + b"\n")
-        line.held.clear()
-        line.length, line.cutting, line.cut, line.waited = 0, False, 0, False
-
-    def take(self, final: bool = False) -> bytes | None:
-        """Everything kept since the last take (with a marker for what was dropped), or None.
-
-        A line still open waits for its newline until the next take (then,
-        or when ``final``, it is handed on as far as it goes: a progress bar
-        that never ends its line still shows).
-        """
-        with self._lock:
-            if self._raw:
-                self._split()
-            for line in self._lines.values():
-                if line.held:
-                    if final or line.waited:  # hand on what it has (its length counts on)
-                        self._emit(bytes(line.held))
-                        line.held.clear()
-                        line.waited = False
-                    else:
-                        line.waited = True
-            self._dropping = False
-            if self._pending_lines or self._pending_bytes:
-                ends_line = self._out.endswith(b"\n") if self._out else self._ends_line
-                self._out += (
-                    ("" if ends_line else "\n")
-                    + f"[launchhelm: {self._pending_lines:,} line{'' if self._pending_lines == 1 else 's'} "
-                    f"({_size(self._pending_bytes)}) dropped: output faster than the store takes it]\n"
-                ).encode()
-                self._pending_lines = self._pending_bytes = 0
-            if not self._out:
-                return None
-            data, self._out = bytes(self._out), bytearray()  # the one copy (create takes bytes as they are)
-            self._ends_line = data.endswith(b"\n")
-            return data
-
-    def put_back(self, data: bytes) -> None:
-        """A take the store refused: keep it first in line for the next flush."""
-        with self._lock:
-            self._out[0:0] = data
-
 
 # -- capture -----------------------------------------------------------------------
 
@@ -820,149 +583,3 @@ def capture_wanted(requested: bool, environ: Mapping[str, str] | None = None) ->
             pass
     text = (os.environ if environ is None else environ).get("RANK", "").strip()
     return not text.isdigit() or int(text) == 0
-
-
-# -- reading -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, order=True)
-class ConsolePart:
-    """One console object: sessions in start order, then in the order the session wrote them."""
-
-    session: str
-    number: int
-    key: str
-
-
-def list_console(store: Store, run_id: str) -> list[ConsolePart]:
-    """One listing of ``runs/<id>/console/``: every object, in order."""
-    prefix = console_prefix(run_id)
-    parts = []
-    for name in store.list(prefix):
-        parsed = parse_console_name(name)
-        if parsed is None:
-            continue
-        session, number = parsed
-        parts.append(ConsolePart(session, number, f"{prefix}/{name}"))
-    parts.sort()
-    return parts
-
-
-def sessions_of(parts: Iterable[ConsolePart]) -> list[str]:
-    return sorted({p.session for p in parts})
-
-
-def _join(parts: list[ConsolePart], found: Mapping[str, bytes | None]) -> str:
-    """The text of ``parts`` (read into ``found``), a newline between sessions that did not end a line."""
-    texts: list[str] = []
-    session: str | None = None
-    decoder: Any = None
-    ends_line = True
-    for part in parts:
-        data = found.get(part.key)
-        if data is None:
-            continue
-        if part.session != session:
-            if decoder is not None:
-                texts.append(decoder.decode(b"", final=True))
-            if not ends_line:
-                texts.append("\n")
-            session = part.session
-            decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        if data:
-            texts.append(decoder.decode(data))
-            ends_line = data.endswith(b"\n")
-    if decoder is not None:
-        texts.append(decoder.decode(b"", final=True))
-    return "".join(texts)
-
-
-def last_lines(text: str, n: int) -> str:
-    """The last ``n`` lines of ``text`` (a final line without newline counts)."""
-    if n <= 0:
-        return ""
-    end = len(text) - 1 if text.endswith("\n") else len(text)
-    start = end
-    for _ in range(n):
-        start = text.rfind("\n", 0, start)
-        if start < 0:
-            return text
-    return text[start + 1 :]
-
-
-def _tail(store: Store, parts: list[ConsolePart], n: int) -> str:
-    """The last ``n`` lines, reading objects from the end in growing concurrent batches."""
-    if n <= 0 or not parts:
-        return ""
-    found: dict[str, bytes | None] = {}
-    taken = 0
-    while True:
-        more = min(len(parts), max(4, 2 * taken))
-        found.update(store.read_many([p.key for p in parts[len(parts) - more : len(parts) - taken]]))
-        taken = more
-        text = _join(parts[len(parts) - taken :], found)
-        if text.count("\n") > n or taken == len(parts):
-            return last_lines(text, n)
-
-
-def read_console(store: Store, run_id: str, session: str | None = None, tail: int | None = None) -> str:
-    """What the run's sessions printed (``session``: only that one), or its last ``tail`` lines."""
-    parts = list_console(store, run_id)
-    if session is not None:
-        parts = [p for p in parts if p.session == session]
-    if tail is not None:
-        return _tail(store, parts, tail)
-    return _join(parts, store.read_many([p.key for p in parts]))
-
-
-class ConsoleFollower:
-    """Reads a run's console as it grows: each :meth:`poll` returns only what is new.
-
-    A poll costs one listing plus one concurrent read of the objects not yet
-    seen (none when nothing was printed). The first poll returns the last
-    ``tail`` lines (all with ``tail=None``).
-    """
-
-    def __init__(self, store: Store, run_id: str, tail: int | None = None) -> None:
-        self._store = store
-        self._run_id = run_id
-        self._tail = tail
-        self._seen: set[str] = set()
-        self._session: str | None = None
-        self._decoder: Any = None
-        self._ends_line = True
-        self._first = True
-
-    def poll(self) -> str:
-        """The text written since the last poll ("" when nothing new)."""
-        parts = [p for p in list_console(self._store, self._run_id) if p.key not in self._seen]
-        if not parts:
-            return ""
-        if self._first and self._tail is not None:
-            self._first = False
-            text = _tail(self._store, parts, self._tail)
-            self._seen.update(p.key for p in parts)
-            self._session = parts[-1].session
-            self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            self._ends_line = not text or text.endswith("\n")
-            return text
-        self._first = False
-        found = self._store.read_many([p.key for p in parts])
-        out: list[str] = []
-        for part in parts:
-            data = found.get(part.key)
-            if data is None:
-                break  # not readable yet (it was listed): take it and what follows next time
-            self._seen.add(part.key)
-            if part.session != self._session:
-                if self._decoder is not None:
-                    out.append(self._decoder.decode(b"", final=True))
-                if not self._ends_line:
-                    out.append("\n")
-                self._session = part.session
-                self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-            piece = self._decoder.decode(data)
-            out.append(piece)
-            if piece:
-                self._ends_line = piece.endswith("\n")
-        return "".join(out)

@@ -19,7 +19,7 @@ import traitlets
 from launchhelm._api import RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._types import RunLike
-from launchhelm.console._capture import last_lines
+from launchhelm.console._read import last_lines
 from launchhelm.widgets._base import RunWidget, format_time, time_labels
 from launchhelm.widgets._picker import status_sentence
 from launchhelm.widgets._static import details_html

@@ -27,8 +27,9 @@ from lhtest import BUCKET, ROOT, child_env, run_python, spawn
 import launchhelm as lh
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm.console import _capture as _console
-from launchhelm.console._capture import ConsoleBuffer, capture_modes, capture_wanted, console_key
+from launchhelm.console._capture import ConsoleBuffer, capture_modes, capture_wanted
 from launchhelm.storage import open_store
+from launchhelm.storage._keys import console_key
 
 SCRIPT = """
 import os, subprocess, sys
