@@ -3,7 +3,8 @@
 // "Evaluate every checkpoint…" switch. And RunLogs' (the Logs tab, the
 // widget's `view` trait "logs"): the run's console, followed live.
 import { act, h, mount } from "./dom.js";
-import { duration, timeElement, withTimes } from "./human.js";
+import { timeElement, withTimes } from "./human.js";
+import { duration } from "./time.js";
 import { ruleSwitch } from "./evaluations.js";
 
 /**

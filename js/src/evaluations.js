@@ -2,7 +2,8 @@
 // state; "Try again", "Evaluate this checkpoint" and the project's
 // "Evaluate every checkpoint…" switch ask the kernel to act.
 import { act, h, mount } from "./dom.js";
-import { duration, withTimes } from "./human.js";
+import { withTimes } from "./human.js";
+import { duration } from "./time.js";
 
 /**
  * The project's "Evaluate every checkpoint…" switch (null where the state has no rule).

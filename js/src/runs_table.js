@@ -6,7 +6,7 @@
 // knows what is shown. Times arrive as epoch seconds and are written here,
 // in the browser's time zone, and kept true ("3 min ago") as time passes.
 import { h } from "./dom.js";
-import { ago, duration, localTime, ticking } from "./time.js";
+import { ago, duration, localTime, statusSentence, ticking } from "./time.js";
 
 /** @typedef {import("./types.js").Model} Model */
 /** @typedef {{ id: string, label: string, kind: string }} Column */
@@ -211,13 +211,16 @@ function render({ model, el }) {
     switch (column.id) {
       case "name":
         return h("td", { class: "lh-name" }, h("b", {}, row.name), " ", h("code", {}, row.id));
-      case "status":
+      case "status": {
+        // written here, not the kernel's `sentence`: "last heartbeat 3 min ago" stays true between reads
+        const sentence = statusSentence(row.status, row.last_heartbeat, now);
         return h(
           "td",
-          { class: "lh-status-cell", title: row.sentence },
+          { class: "lh-status-cell", title: sentence },
           h("span", { class: `lh-badge lh-status lh-status-${row.status}` }, row.status),
-          h("span", { class: "lh-sentence" }, row.sentence),
+          h("span", { class: "lh-sentence" }, sentence),
         );
+      }
       case "created":
         return h("td", { class: "lh-created", title: localTime(row.created) }, ago(row.created, now));
       case "duration":
