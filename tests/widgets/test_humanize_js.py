@@ -103,7 +103,9 @@ def zone_of_python() -> Iterator[None]:
 
 def _compare(cases: list[tuple[str, list[Any]]], expected: list[str], zone: str) -> None:
     got = _node(cases, zone)
-    wrong = [(name, args, want, have) for (name, args), want, have in zip(cases, expected, got, strict=True) if want != have]
+    wrong = [
+        (name, args, want, have) for (name, args), want, have in zip(cases, expected, got, strict=True) if want != have
+    ]
     assert not wrong, f"{len(wrong)} of {len(cases)} differ in {zone} (function, args, Python, JS): {wrong[:10]}"
 
 
