@@ -29,6 +29,14 @@ import traitlets
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._run import Run
+from launchhelm.widgets._messages import (
+    MSG_ACTION,
+    MSG_READY,
+    ActionMessage,
+    ToFrontEnd,
+    ZoomMessage,
+    read_message,
+)
 
 __all__ = [
     "STATIC",
@@ -43,10 +51,6 @@ __all__ = [
 
 #: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
 STATIC = Path(__file__).with_name("static")
-
-#: Message types, front end -> kernel.
-MSG_READY = "ready"
-MSG_ACTION = "action"
 
 #: Polling slows by this factor while the run is not running (nothing streams then).
 IDLE_SLOWDOWN = 5.0
@@ -244,7 +248,7 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         """A front end has said it listens: custom messages now reach it."""
         return self._ready
 
-    def send_when_ready(self, content: dict[str, Any], buffers: Sequence[bytes] | None = None) -> bool:
+    def send_when_ready(self, content: ToFrontEnd, buffers: Sequence[bytes] | None = None) -> bool:
         """Send a custom message if a front end listens; otherwise keep it for the next ``ready``.
 
         Returns whether it was sent. Until ``ready`` nothing leaves the
@@ -257,39 +261,39 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             self.send(content, list(buffers) if buffers else None)
             return True
 
-    def snapshot_messages(self) -> list[dict[str, Any]]:
+    def snapshot_messages(self) -> Sequence[ToFrontEnd]:
         """Messages that bring a newly ready front end up to date."""
         return []
 
-    def _on_front_end_message(self, _widget: Any, content: Any, buffers: Sequence[bytes]) -> None:
-        if not isinstance(content, dict):
+    def _on_front_end_message(self, _widget: object, content: object, buffers: Sequence[bytes]) -> None:
+        message = read_message(content)
+        if message is None:
             return
-        kind = content.get("type")
-        if kind == MSG_READY:
+        if message["type"] == MSG_READY:
             from launchhelm.widgets._static import live_message
 
             with self._lock:
                 self._ready = True
                 self.send(live_message([self.model_id]))
-                for message in self.snapshot_messages():
-                    self.send(message)
+                for snapshot in self.snapshot_messages():
+                    self.send(snapshot)
             self._start_polling()
-        elif kind == MSG_ACTION:
-            self._run_action(content)
+        elif message["type"] == MSG_ACTION:
+            self._run_action(message)
         else:
-            self.handle_message(content)
+            self.handle_message(message)
 
-    def handle_message(self, content: dict[str, Any]) -> None:
+    def handle_message(self, message: ZoomMessage) -> None:
         """Other front-end messages (the chart's zoom)."""
 
-    def _run_action(self, content: dict[str, Any]) -> None:
-        name = str(content.get("name", ""))
-        method: Callable[..., Any] | None = getattr(self, self._actions.get(name, ""), None)
+    def _run_action(self, message: ActionMessage) -> None:
+        name = message["name"]
+        method: Callable[..., object] | None = getattr(self, self._actions.get(name, ""), None)
         if method is None:
             self.error = f"unknown action {name!r}"
             return
         try:
-            method(**dict(content.get("args") or {}))
+            method(**message["args"])
         except Exception as exc:  # shown in the widget: a click must never kill the comm
             self.error = f"{type(exc).__name__}: {exc}"
         else:

@@ -30,6 +30,15 @@ from launchhelm.metrics._system import SYSTEM_PREFIX
 from launchhelm.runlog._sessions import run_status
 from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
+from launchhelm.widgets._messages import (
+    MSG_INSERT,
+    MSG_SNAPSHOT,
+    MSG_ZOOM,
+    ChartColumns,
+    ChartRewind,
+    ChartSnapshot,
+    ZoomMessage,
+)
 from launchhelm.widgets._static import STATIC_POINTS, chart_svg
 
 if TYPE_CHECKING:
@@ -43,10 +52,6 @@ __all__ = ["Points", "RunChart", "build_spec", "chart_rows", "long_points", "poi
 META_COLUMNS = frozenset({"step", "attempt", "time", "abandoned"})
 #: Metric keys under this prefix are evaluation scores, drawn as points at their checkpoints' steps.
 EVAL_PREFIX = "eval/"
-#: Message types, kernel -> front end.
-MSG_SNAPSHOT = "snapshot"
-MSG_INSERT = "insert"
-MSG_ZOOM = "zoom"
 
 DEFAULT_MAX_POINTS = 2000
 PANEL_WIDTH = 560
@@ -380,7 +385,7 @@ def chart_rows(
     return points.take(chosen[order]), counts
 
 
-def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
+def encode_rows(rows: Points | pd.DataFrame) -> ChartColumns:
     """Rows as compact columns for a custom message (the front end expands them)."""
     import numpy as np
 
@@ -389,7 +394,7 @@ def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
     used = list(dict.fromkeys(rows.code.tolist()))
     recode = np.zeros(max(len(rows.keys), 1), dtype=np.int64)
     recode[used] = np.arange(len(used))
-    encoded: dict[str, Any] = {
+    encoded: ChartColumns = {
         "keys": [rows.keys[c] for c in used],
         "k": recode[rows.code].tolist(),
         "step": rows.step.tolist(),
@@ -403,7 +408,7 @@ def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
     return encoded
 
 
-def encode_rewinds(rewinds: Sequence[Rewind]) -> list[dict[str, Any]]:
+def encode_rewinds(rewinds: Sequence[Rewind]) -> list[ChartRewind]:
     """The ``rewinds`` dataset: one rule and label per rewind."""
     return [
         {
@@ -741,7 +746,7 @@ class RunChart(LiveWidget):
         # a running run's series keep room to grow before they are resampled
         return self.max_points // 2 if self._status == "running" else self.max_points
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> ChartSnapshot:
         rows, counts = chart_rows(self._points, self._budget(), self._domain)
         self._counts = counts
         return {
@@ -756,16 +761,14 @@ class RunChart(LiveWidget):
             if self._ready:
                 self.send(self._snapshot())
 
-    def snapshot_messages(self) -> list[dict[str, Any]]:
+    def snapshot_messages(self) -> list[ChartSnapshot]:
         return [self._snapshot()]
 
-    def handle_message(self, content: dict[str, Any]) -> None:
-        if content.get("type") != MSG_ZOOM:
-            return
-        domain = content.get("domain")
+    def handle_message(self, message: ZoomMessage) -> None:
+        domain = message["domain"]
         with self._lock:
-            if isinstance(domain, list) and len(domain) == 2 and all(isinstance(v, (int, float)) for v in domain):
-                low, high = sorted(float(v) for v in domain)
+            if domain is not None and len(domain) == 2:
+                low, high = sorted(domain)
                 self._domain = (low, high)
             else:
                 self._domain = None
@@ -773,7 +776,8 @@ class RunChart(LiveWidget):
 
     def zoom(self, low: float | None = None, high: float | None = None) -> None:
         """Resample for the step range ``[low, high]`` (both None: the whole run), as zooming does."""
-        self.handle_message({"type": MSG_ZOOM, "domain": None if low is None or high is None else [low, high]})
+        domain = None if low is None or high is None else [float(low), float(high)]
+        self.handle_message({"type": MSG_ZOOM, "domain": domain})
 
     def static_svg(self) -> str | None:
         """The chart as it stands, as SVG (fewer points than the live view); None without vl-convert."""

@@ -15,13 +15,12 @@ import time
 from collections.abc import Iterable
 from typing import Any
 
-import traitlets
-
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
 from launchhelm._run import Run
 from launchhelm._types import Evaluation
 from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key, time_labels
+from launchhelm.widgets._messages import EvaluationRow, EvaluationsState, synced_dict
 from launchhelm.widgets._static import evaluations_html
 
 __all__ = ["EvaluationTable", "describe_evaluation", "evaluation_rows"]
@@ -57,9 +56,9 @@ def _took(evaluation: Evaluation | None) -> float | None:
     return max(0.0, evaluation.finished_at - evaluation.started_at)
 
 
-def evaluation_rows(handles: Iterable[RunHandle]) -> list[dict[str, Any]]:
+def evaluation_rows(handles: Iterable[RunHandle]) -> list[EvaluationRow]:
     """One row per checkpoint of each run (newest first): its evaluation's state, or "not evaluated"."""
-    rows: list[dict[str, Any]] = []
+    rows: list[EvaluationRow] = []
     for handle in handles:
         by_checkpoint = {e.checkpoint: e for e in handle.evaluations()}
         for checkpoint in reversed(handle.checkpoints()):
@@ -109,7 +108,7 @@ class EvaluationTable(LiveWidget):
     >>> EvaluationTable("quickstart")     # doctest: +SKIP
     """
 
-    state = traitlets.Dict().tag(sync=True)
+    state = synced_dict(EvaluationsState)
     _actions = {"retry": "retry", "evaluate": "evaluate", "set_rule": "set_rule"}  # noqa: RUF012
 
     @classmethod
@@ -168,7 +167,7 @@ class EvaluationTable(LiveWidget):
     def refresh(self) -> None:
         """Re-read the checkpoints, their evaluations and the project's rule."""
         with self._lock:
-            state = {
+            state: EvaluationsState = {
                 "scope": "run" if self._handle is not None else "project",
                 "project": self.project,
                 "run": {"id": self._handle.id, "name": self._handle.name} if self._handle is not None else None,
@@ -182,7 +181,7 @@ class EvaluationTable(LiveWidget):
     def static_mimebundle(self) -> dict[str, Any]:
         return {"text/html": evaluations_html(self.state)}
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[EvaluationRow]:
         """The rows shown now (one per checkpoint, newest first)."""
         return list(self.state.get("rows", []))
 
