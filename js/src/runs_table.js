@@ -5,24 +5,14 @@
 // (sort_by, descending, query, statuses, hidden, selected), so the kernel
 // knows what is shown. Times arrive as epoch seconds and are written here,
 // in the browser's time zone, and kept true ("3 min ago") as time passes.
-import { h } from "./dom.js";
+import { h, send } from "./dom.js";
+import { MSG } from "./messages.js";
 import { ago, duration, localTime, statusSentence, ticking } from "./time.js";
 
-/** @typedef {import("./types.js").Model} Model */
-/** @typedef {{ id: string, label: string, kind: string }} Column */
-/**
- * @typedef {object} Row
- * @property {string} id
- * @property {string} name
- * @property {string} status
- * @property {string} sentence
- * @property {number | null} step
- * @property {number | null} created
- * @property {number | null} last_heartbeat
- * @property {number | null} duration
- * @property {number | null} rewinds
- * @property {Record<string, any>} values
- */
+/** @typedef {import("./messages.js").RunsTableTraits} Traits */
+/** @typedef {import("@anywidget/types").AnyModel<Traits>} Model */
+/** @typedef {import("./messages.js").TableColumn} Column */
+/** @typedef {import("./messages.js").TableRow} Row */
 
 const STATUSES = ["running", "stopped", "resumable", "closed"];
 /** @type {Record<string, string>} */
@@ -99,16 +89,17 @@ export function sortRows(rows, column, descending) {
 
 /**
  * Set a trait from the browser and send it to the kernel.
+ * @template {keyof Traits} K
  * @param {Model} model
- * @param {string} name
- * @param {any} value
+ * @param {K} name
+ * @param {Traits[K]} value
  */
 function save(model, name, value) {
   model.set(name, value);
   model.save_changes();
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<Traits>} */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-runs-table");
   const filter = h("input", {
@@ -373,7 +364,7 @@ function render({ model, el }) {
   const stopTicking = ticking(draw);
   showError();
   draw();
-  model.send({ type: "ready" });
+  send(model, { type: MSG.READY });
   return () => {
     stopTicking();
     filter.removeEventListener("input", onFilter);
