@@ -9,8 +9,8 @@ import { h, send } from "./dom.js";
 import { MSG } from "./messages.js";
 import { ago, duration, localTime, statusSentence, ticking } from "./time.js";
 
-/** @typedef {import("./messages.js").RunsTableTraits} Traits */
-/** @typedef {import("@anywidget/types").AnyModel<Traits>} Model */
+/** @typedef {import("./messages.js").RunsTableTraits} RunsTableTraits */
+/** @typedef {import("@anywidget/types").AnyModel<RunsTableTraits>} Model */
 /** @typedef {import("./messages.js").TableColumn} Column */
 /** @typedef {import("./messages.js").TableRow} Row */
 
@@ -89,17 +89,17 @@ export function sortRows(rows, column, descending) {
 
 /**
  * Set a trait from the browser and send it to the kernel.
- * @template {keyof Traits} K
+ * @template {keyof RunsTableTraits} K
  * @param {Model} model
  * @param {K} name
- * @param {Traits[K]} value
+ * @param {RunsTableTraits[K]} value
  */
 function save(model, name, value) {
   model.set(name, value);
   model.save_changes();
 }
 
-/** @type {import("@anywidget/types").Render<Traits>} */
+/** @type {import("@anywidget/types").Render<RunsTableTraits>} */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-runs-table");
   const filter = h("input", {
