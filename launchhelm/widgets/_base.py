@@ -17,11 +17,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeAlias
 
 import anywidget
 import traitlets
@@ -29,6 +30,7 @@ import traitlets
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._run import Run
+from launchhelm.storage import Store
 from launchhelm.widgets._messages import (
     MSG_ACTION,
     MSG_READY,
@@ -51,6 +53,10 @@ __all__ = [
 
 #: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
 STATIC = Path(__file__).with_name("static")
+
+#: Where a widget reads a run id or project: a store URL or path (default ``$LAUNCHHELM_STORE``, else
+#: ``~/.launchhelm``), or a store.
+StoreArg: TypeAlias = "str | os.PathLike[str] | Store | None"
 
 #: Polling slows by this factor while the run is not running (nothing streams then).
 IDLE_SLOWDOWN = 5.0
@@ -106,7 +112,7 @@ def front_end(bundle: str) -> tuple[str, str, str]:
     return _MISSING_ESM % json.dumps(missing), "", missing
 
 
-def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Api, RunHandle]:
+def resolve_run(run_or_id: Run | RunHandle | str, store: StoreArg = None) -> tuple[Api, RunHandle]:
     """An :class:`Api` on the run's store and a handle on the run of the widget's own.
 
     Each widget polls from its own thread, so it never shares a handle with
@@ -146,7 +152,7 @@ def time_labels(*stamps: float | None) -> dict[str, float]:
     return {format_time(ts): float(ts) for ts in stamps if ts is not None}
 
 
-_registry: dict[tuple[Any, ...], Any] = {}
+_registry: dict[tuple[Hashable, ...], Reusable] = {}
 _registry_lock = threading.Lock()
 
 
@@ -158,7 +164,7 @@ class Reusable:
     :meth:`_reused`.
     """
 
-    _reuse_as: tuple[Any, ...] | None = None
+    _reuse_as: tuple[Hashable, ...] | None = None
     _resolved: Any = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -175,7 +181,7 @@ class Reusable:
             return obj
 
     @classmethod
-    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Hashable, ...], Any]:
         raise NotImplementedError
 
     def _reused(self) -> bool:
@@ -191,7 +197,7 @@ class Reusable:
                 del _registry[self._reuse_as]
 
 
-def run_key(cls: type, api: Api, handle: RunHandle, *extra: Any) -> tuple[Any, ...]:
+def run_key(cls: type, api: Api, handle: RunHandle, *extra: Hashable) -> tuple[Hashable, ...]:
     """The registry key of a widget of kind ``cls`` on ``handle`` showing ``extra``."""
     return (cls.__qualname__, api.store.url, handle.id, *extra)
 
@@ -214,7 +220,7 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
     missing_front_end: str = ""
 
     # -- what the cell shows -------------------------------------------------
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         """The widget as it stands, for a notebook opened without a kernel (``text/html``, ``image/svg+xml``)."""
         return {}
 
@@ -355,7 +361,9 @@ class RunWidget(LiveWidget):
     _bundle: ClassVar[str] = ""
 
     @classmethod
-    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(
+        cls, run_or_id: Run | RunHandle | str, store: StoreArg = None, **_: object
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle]]:
         api, handle = resolve_run(run_or_id, store)
         return run_key(cls, api, handle), (api, handle)
 
@@ -375,5 +383,5 @@ class RunWidget(LiveWidget):
         return f"<launchhelm.widgets.{type(self).__name__} {self._handle.project}/{self._handle.id}>"
 
     def is_active(self) -> bool:
-        state: dict[str, Any] = getattr(self, "state", {})
+        state: Mapping[str, object] = getattr(self, "state", {})
         return state.get("status") == "running"

@@ -16,7 +16,7 @@ included); "Show the abandoned attempt" draws the abandoned ones, dimmed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ from launchhelm._run import Run
 from launchhelm._types import Rewind
 from launchhelm.metrics._system import SYSTEM_PREFIX
 from launchhelm.runlog._sessions import run_status
-from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
+from launchhelm.widgets._base import LiveWidget, StoreArg, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._messages import (
     MSG_INSERT,
@@ -647,10 +647,10 @@ class RunChart(LiveWidget):
         cls,
         run_or_id: Run | RunHandle | str,
         keys: Sequence[str] | str | None = None,
-        store: Any = None,
+        store: StoreArg = None,
         max_points: int = DEFAULT_MAX_POINTS,
-        **_: Any,
-    ) -> tuple[tuple[Any, ...], Any]:
+        **_: object,
+    ) -> tuple[tuple[Hashable, ...], Any]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
             raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")
@@ -662,7 +662,7 @@ class RunChart(LiveWidget):
         self,
         run_or_id: Run | RunHandle | str,
         keys: Sequence[str] | str | None = None,
-        store: Any = None,
+        store: StoreArg = None,
         *,
         max_points: int = DEFAULT_MAX_POINTS,
         interval: float = 2.0,
@@ -785,7 +785,7 @@ class RunChart(LiveWidget):
             rows, _ = chart_rows(self._points, STATIC_POINTS, None)
             return chart_svg(self.spec, encode_rows(rows), encode_rewinds(self._rewinds))
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         svg = self.static_svg()
         return {"image/svg+xml": svg} if svg else {}
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -32,7 +32,7 @@ from launchhelm._types import Rewind
 from launchhelm.runlog._events import validate_project
 from launchhelm.views._humanize import duration, local_time
 from launchhelm.views._runs import _epoch, config_diff
-from launchhelm.widgets._base import LiveWidget, front_end
+from launchhelm.widgets._base import LiveWidget, StoreArg, front_end
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._messages import (
     MSG_SNAPSHOT,
@@ -527,13 +527,13 @@ class CompareChart(LiveWidget):
         project: str,
         runs: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
-        store: Any = None,
+        store: StoreArg | Api = None,
         *,
         x: str = "step",
         smoothing: float = DEFAULT_SMOOTHING,
         max_points: int = DEFAULT_MAX_POINTS,
-        **_: Any,
-    ) -> tuple[tuple[Any, ...], Any]:
+        **_: object,
+    ) -> tuple[tuple[Hashable, ...], Any]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if x not in X_AXES:
             raise InvalidArgumentError(f"x={x!r}: use 'step', 'time' (wall time) or 'relative' (since each run began)")
@@ -561,7 +561,7 @@ class CompareChart(LiveWidget):
         project: str,
         runs: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
-        store: Any = None,
+        store: StoreArg | Api = None,
         *,
         x: str = "step",
         smoothing: float = DEFAULT_SMOOTHING,
@@ -858,7 +858,7 @@ class CompareChart(LiveWidget):
         caption = "Config diff" if diff else "Config diff: the runs' config and tunables agree"
         return table_html(header, [*facts, *diff], caption, "compare-diff")
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         svg = self.static_svg() or ""
         return {"text/html": f"<div class='launchhelm-static-compare'>{svg}{self.diff_html()}</div>"}
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import json
 from collections.abc import Mapping
-from typing import Any
 
 import traitlets
 
@@ -21,7 +20,7 @@ from launchhelm._api import RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._run import Run
 from launchhelm.console._capture import last_lines
-from launchhelm.widgets._base import RunWidget, format_time, time_labels
+from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import (
     MSG_APPEND,
     MSG_RESET,
@@ -108,7 +107,7 @@ class RunDetails(RunWidget):
     state = synced_dict(DetailsState)
     _actions = {"set_tunables": "set_tunables", "control": "control", "set_rule": "set_rule"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -123,11 +122,11 @@ class RunDetails(RunWidget):
             if state != self.state:
                 self.state = state
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         return {"text/html": details_html(self.state)}
 
     # -- actions (buttons) ---------------------------------------------------
-    def set_tunables(self, values: dict[str, Any]) -> None:
+    def set_tunables(self, values: dict[str, Json]) -> None:
         """Change tunables (applied by the training process at its next step boundary)."""
         if not values:
             raise InvalidArgumentError("set_tunables() got no tunable to change: pass {name: value}")
@@ -185,7 +184,7 @@ class RunLogs(RunWidget):
     view = traitlets.Unicode("logs").tag(sync=True)
     state = synced_dict(LogsState)
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 1.0) -> None:
+    def __init__(self, run_or_id: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 1.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -213,7 +212,7 @@ class RunLogs(RunWidget):
     def snapshot_messages(self) -> list[ResetMessage]:
         return [{"type": MSG_RESET, "text": self._text}]
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         shown = last_lines(self._text, STATIC_LOG_LINES)
         return {
             "text/html": "<pre class='lh-log' style='font-family:monospace;font-size:12px;max-height:320px;"

@@ -12,14 +12,13 @@ through the query API: ``RunHandle.evaluations()``, ``RunHandle.evaluate()``,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Hashable, Iterable
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
 from launchhelm._run import Run
 from launchhelm._types import Evaluation
-from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key, time_labels
+from launchhelm.widgets._base import LiveWidget, StoreArg, format_time, front_end, resolve_run, run_key, time_labels
 from launchhelm.widgets._messages import EvaluationRow, EvaluationsState, synced_dict
 from launchhelm.widgets._static import evaluations_html
 
@@ -113,8 +112,8 @@ class EvaluationTable(LiveWidget):
 
     @classmethod
     def _reuse_key(
-        cls, project_or_run: Run | RunHandle | str, store: Any = None, **_: Any
-    ) -> tuple[tuple[Any, ...], Any]:
+        cls, project_or_run: Run | RunHandle | str, store: StoreArg = None, **_: object
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle | None, str]]:
         if isinstance(project_or_run, str):
             api = Api(store)
             if project_or_run in api.projects():
@@ -130,7 +129,7 @@ class EvaluationTable(LiveWidget):
             api, handle = resolve_run(project_or_run, store)
         return run_key(cls, api, handle), (api, handle, handle.project)
 
-    def __init__(self, project_or_run: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, project_or_run: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._esm, self._css, self.missing_front_end = front_end("evaluations.js")
@@ -178,7 +177,7 @@ class EvaluationTable(LiveWidget):
             if state != self.state:
                 self.state = state
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         return {"text/html": evaluations_html(self.state)}
 
     def rows(self) -> list[EvaluationRow]:

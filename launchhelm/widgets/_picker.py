@@ -10,11 +10,9 @@ and the chosen one, and chooses one through
 
 from __future__ import annotations
 
-from typing import Any
-
 from launchhelm._api import RunHandle
 from launchhelm._run import Run
-from launchhelm.widgets._base import RunWidget, format_time, time_labels
+from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import PickerState, synced_dict
 from launchhelm.widgets._static import picker_html
 
@@ -117,7 +115,7 @@ class ResumePicker(RunWidget):
     state = synced_dict(PickerState)
     _actions = {"choose": "choose"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -131,7 +129,7 @@ class ResumePicker(RunWidget):
             if state != self.state:
                 self.state = state
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         return {"text/html": picker_html(self.state)}
 
     def choose(self, checkpoint_id: str) -> None:

@@ -18,7 +18,7 @@ person sees.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any, cast
 
 import ipywidgets
@@ -38,7 +38,7 @@ from launchhelm.views._runs import (
     table_columns,
     table_rows,
 )
-from launchhelm.widgets._base import LiveWidget, Reusable, front_end
+from launchhelm.widgets._base import LiveWidget, Reusable, StoreArg, front_end
 from launchhelm.widgets._compare import CompareChart
 from launchhelm.widgets._messages import RunsTableState, TableColumn, TableRow, synced_dict
 from launchhelm.widgets._static import table_html
@@ -58,7 +58,7 @@ class RunsTableView(LiveWidget):
     selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
     @classmethod
-    def _reuse_key(cls, api: Api, project: str, **_: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(cls, api: Api, project: str, **_: object) -> tuple[tuple[Hashable, ...], Any]:
         return (cls.__qualname__, api.store.url, project), (api, project)
 
     def __init__(self, api: Api, project: str, *, interval: float = 2.0, extra_columns: int) -> None:
@@ -149,8 +149,8 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     @classmethod
     def _reuse_key(
-        cls, project: str, store: Any = None, *, extra_columns: int = DEFAULT_EXTRA_COLUMNS, **_: Any
-    ) -> tuple[tuple[Any, ...], Any]:
+        cls, project: str, store: StoreArg = None, *, extra_columns: int = DEFAULT_EXTRA_COLUMNS, **_: object
+    ) -> tuple[tuple[Hashable, ...], Any]:
         if isinstance(extra_columns, bool) or not isinstance(extra_columns, int) or extra_columns < 0:
             raise InvalidArgumentError(f"extra_columns={extra_columns!r}: give how many columns to show, 0 or more")
         if not isinstance(project, str):
@@ -162,7 +162,7 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __init__(
         self,
         project: str,
-        store: Any = None,
+        store: StoreArg = None,
         *,
         interval: float = 2.0,
         extra_columns: int = DEFAULT_EXTRA_COLUMNS,

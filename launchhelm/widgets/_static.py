@@ -28,7 +28,7 @@ from __future__ import annotations
 import base64
 import copy
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from launchhelm.widgets._messages import (
@@ -62,11 +62,11 @@ STATIC_POINTS = 300
 _STYLE = "border-collapse:collapse;font-family:sans-serif;font-size:12px;margin:4px 0; border:1px solid #ddd"
 
 
-def _cell(value: Any, tag: str = "td") -> str:
+def _cell(value: object, tag: str = "td") -> str:
     return f"<{tag} style='border:1px solid #ddd;padding:2px 6px;text-align:left'>{html.escape(str(value))}</{tag}>"
 
 
-def table_html(columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "", kind: str = "") -> str:
+def table_html(columns: Sequence[str], rows: Iterable[Sequence[object]], caption: str = "", kind: str = "") -> str:
     """A plain HTML table (inline styles only: a saved notebook has no stylesheet of ours)."""
     head = "".join(_cell(c, "th") for c in columns)
     body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
@@ -157,7 +157,7 @@ def svg_img(svg: str, alt: str = "") -> str:
     return f"<img src='data:image/svg+xml;base64,{encoded}' alt='{html.escape(alt, quote=True)}'>"
 
 
-def fallback_html(static: dict[str, Any], model_ids: Sequence[str], alt: str = "") -> str | None:
+def fallback_html(static: Mapping[str, str], model_ids: Sequence[str], alt: str = "") -> str | None:
     """The fallback bundle (``text/html`` and/or ``image/svg+xml``) as one HTML block tagged with ``model_ids``."""
     parts = []
     if static.get("image/svg+xml"):
@@ -171,7 +171,7 @@ def fallback_html(static: dict[str, Any], model_ids: Sequence[str], alt: str = "
 
 
 def split_fallback(
-    data: dict[str, Any], static: dict[str, Any], model_ids: Sequence[str], alt: str = ""
+    data: dict[str, Any], static: Mapping[str, str], model_ids: Sequence[str], alt: str = ""
 ) -> dict[str, Any]:
     """The widget view's bundle; its fallback published before it as an output of its own in a kernel.
 
