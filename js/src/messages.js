@@ -176,7 +176,7 @@ export const MSG = /** @type {const} */ ({
  */
 
 /**
- * Rows as columns: ``k`` indexes ``keys``; ``time`` (ms) only when a wall-time panel is drawn.
+ * Rows as columns: `k` indexes `keys`; `time` (ms) only when a wall-time panel is drawn.
  * @typedef {object} ChartColumns
  * @property {string[]} keys
  * @property {number[]} k
@@ -220,7 +220,7 @@ export const MSG = /** @type {const} */ ({
  */
 
 /**
- * A compared run in the legend: ``label`` is its name (with its id where two share one).
+ * A compared run in the legend: `label` is its name (with its id where two share one).
  * @typedef {object} ShownRun
  * @property {string} id
  * @property {string} label
@@ -255,7 +255,7 @@ export const MSG = /** @type {const} */ ({
  */
 
 /**
- * Rows as columns: ``r`` indexes ``labels`` (runs), ``k`` indexes ``keys``; ``time`` in ms.
+ * Rows as columns: `r` indexes `labels` (runs), `k` indexes `keys`; `time` in ms.
  * @typedef {object} CompareColumns
  * @property {string[]} labels
  * @property {string[]} keys
@@ -390,7 +390,7 @@ export const MSG = /** @type {const} */ ({
  */
 
 /**
- * Each button's arguments, by action name (the widgets' ``_actions``).
+ * Each button's arguments, by action name (the widgets' `_actions`).
  * @typedef {object} ActionArgs
  * @property {ChooseArgs} choose
  * @property {RetryArgs} retry
