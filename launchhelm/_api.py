@@ -40,6 +40,7 @@ from launchhelm.runlog._sessions import Liveness, liveness, run_status
 from launchhelm.runlog._summary import run_rows
 from launchhelm.runlog._table import project_rows
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._keys import PROJECTS, parse_project_listing, project_runs_prefix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -119,15 +120,15 @@ class RunHandle:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
         """In a notebook, a handle left as a cell's last expression shows its run panel."""
-        from launchhelm.widgets._display import run_mimebundle
+        from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
     def _display_(self) -> Any:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
-        from launchhelm.widgets._panel import RunPanel
+        from launchhelm._display import marimo_display
 
-        return RunPanel(self)._display_()
+        return marimo_display(self)
 
     # state
     def _recover(self) -> None:
@@ -662,13 +663,17 @@ class Api:
 
     def projects(self) -> list[str]:
         """Names of the projects in the store, sorted."""
-        names = {name.split("/")[0] for name in self.store.list("projects") if name.endswith("/project.json")}
+        names = set()
+        for name in self.store.list(PROJECTS):
+            parsed = parse_project_listing(name)
+            if parsed is not None and parsed[0] == "project":
+                names.add(parsed[1])
         return sorted(names)
 
     def run_ids(self, project: str) -> list[str]:
         """Ids of the project's runs."""
         validate_project(project)
-        return [name for name in self.store.list(f"projects/{project}/runs") if "/" not in name]
+        return [name for name in self.store.list(project_runs_prefix(project)) if "/" not in name]
 
     def runs(self, project: str) -> pd.DataFrame:
         """One row per run of ``project``, newest first.

@@ -192,7 +192,7 @@ def _dispatch(command: str, args: list[str], store: str | None) -> Any:
 def _runs(api: Any, project: str, store: str | None) -> Any:
     """The :class:`RunsTable` widget in a kernel; elsewhere (or without the widgets extra) a DataFrame
     whose times read as people read them (local time, "3 min ago", durations)."""
-    from launchhelm.widgets._display import in_kernel
+    from launchhelm.widgets._kernel import in_kernel
 
     if in_kernel():
         try:

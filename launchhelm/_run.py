@@ -56,8 +56,6 @@ from launchhelm.runlog._events import (
     RunState,
     SequenceTaken,
     fold,
-    project_run_marker,
-    run_prefix,
     validate_project,
 )
 from launchhelm.runlog._liveness import process_identity
@@ -74,6 +72,7 @@ from launchhelm.runlog._sessions import (
 from launchhelm.runlog._summary import encode_summary, parse_summary
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._keys import project_record_key, project_run_marker, run_record_key
 
 __all__ = ["Run", "init"]
 
@@ -334,15 +333,15 @@ class Run:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
         """In a notebook, a run left as a cell's last expression shows its run panel."""
-        from launchhelm.widgets._display import run_mimebundle
+        from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
     def _display_(self) -> Any:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
-        from launchhelm.widgets._panel import RunPanel
+        from launchhelm._display import marimo_display
 
-        return RunPanel(self)._display_()
+        return marimo_display(self)
 
     def __enter__(self) -> Run:
         return self
@@ -1337,12 +1336,12 @@ def _create_run(
             "created": time.time(),
         }
         try:
-            store.create(f"{run_prefix(run_id)}/run.json", json.dumps(record).encode())
+            store.create(run_record_key(run_id), json.dumps(record).encode())
             break
         except AlreadyExistsError:
             continue  # an id collision: draw another
     for key, body in (
-        (f"projects/{project}/project.json", {"project": project, "created": record["created"]}),
+        (project_record_key(project), {"project": project, "created": record["created"]}),
         (project_run_marker(project, run_id), {"created": record["created"]}),
     ):
         try:

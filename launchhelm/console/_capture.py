@@ -55,6 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchhelm.storage import Store
+from launchhelm.storage._keys import console_key, console_prefix, parse_console_name
 
 __all__ = [
     "BUFFER_BYTES",
@@ -90,15 +91,6 @@ _QUEUE_IDLE = 0.025
 _QUEUE_ITEMS = 8192
 #: Pipe capacity asked for (Linux): a burst this big goes in without the writer waiting for the reader.
 _PIPE_BYTES = 2**20
-
-
-def console_prefix(run_id: str) -> str:
-    return f"runs/{run_id}/console"
-
-
-def console_key(run_id: str, session_id: str, number: int) -> str:
-    """Where a session's ``number``-th console object lives."""
-    return f"{console_prefix(run_id)}/{session_id}/{number:08d}.txt"
 
 
 def _size(n: int) -> str:
@@ -847,13 +839,10 @@ def list_console(store: Store, run_id: str) -> list[ConsolePart]:
     prefix = console_prefix(run_id)
     parts = []
     for name in store.list(prefix):
-        session, _, rest = name.partition("/")
-        if not rest.endswith(".txt") or "/" in rest:
+        parsed = parse_console_name(name)
+        if parsed is None:
             continue
-        try:
-            number = int(rest[: -len(".txt")])
-        except ValueError:
-            continue
+        session, number = parsed
         parts.append(ConsolePart(session, number, f"{prefix}/{name}"))
     parts.sort()
     return parts

@@ -26,24 +26,19 @@ from typing import Any
 
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm.runlog._events import validate_project
+from launchhelm.storage._keys import policy_patterns
 
 __all__ = ["azure_worker_policy", "gcs_worker_policy", "worker_scopes"]
 
 
-def worker_scopes(project: str | None, score_prefix: str) -> dict[str, list[str]]:
+def worker_scopes(project: str | None) -> dict[str, list[str]]:
     """What a worker touches, as key patterns under the store root (``*``: any characters).
 
     ``list`` and ``read``: prefixes it lists and reads under; ``create``: the
     objects it creates; ``delete``: the only ones it deletes.
     """
-    proj = "*" if project is None else validate_project(project)
-    return {
-        # a listed prefix is tested by prefix only: with every project, all of projects/
-        "list": ["runs/", "projects/" if project is None else f"projects/{proj}/"],
-        "read": ["runs/", f"projects/{proj}/"],
-        "create": [f"projects/{proj}/evaluations/*", f"runs/*/metrics/{score_prefix}*"],
-        "delete": [f"projects/{proj}/evaluations/*-renew-*"],
-    }
+    # a listed prefix is tested by prefix only: with every project, all of projects/
+    return policy_patterns(None if project is None else validate_project(project))
 
 
 def _split(store_url: str, schemes: tuple[str, ...], what: str, example: str) -> tuple[str, str]:
@@ -77,11 +72,9 @@ def gcs_worker_policy(store_url: str, project: str | None = None, principal: str
     merging it with the bucket's existing bindings.
     """
     bucket, root = _split(store_url, ("gs", "gcs"), "IAM policy is for a GCS bucket", "gs://bucket/prefix")
-    from launchhelm.evaluation._queue import EVAL_CHUNK_PREFIX
-
-    scopes = worker_scopes(project, EVAL_CHUNK_PREFIX)
+    scopes = worker_scopes(project)
     key_root = f"{root}/" if root else ""
-    objects = f"projects/_/buckets/{bucket}/objects/{key_root}"
+    objects = f"projects/_/buckets/{bucket}/objects/{key_root}"  # GCS resource names, not store keys
     member = principal or "serviceAccount:launchhelm-evaluation-worker@PROJECT_ID.iam.gserviceaccount.com"
     listed = "api.getAttribute('storage.googleapis.com/objectListPrefix', '')"
     # a listing is authorised on the bucket, not on objects: its prefix is the thing to test
@@ -151,9 +144,7 @@ def azure_worker_policy(store_url: str, project: str | None = None, principal: s
     container, root = _split(
         store_url, ("az", "abfs", "abfss"), "role assignment is for an Azure container", "az://container/prefix"
     )
-    from launchhelm.evaluation._queue import EVAL_CHUNK_PREFIX
-
-    scopes = worker_scopes(project, EVAL_CHUNK_PREFIX)
+    scopes = worker_scopes(project)
     key_root = f"{root}/" if root else ""
     read = [
         _azure_block(["read"], [_azure_path_test(key_root + p + "*") for p in scopes["read"]]),

@@ -20,8 +20,9 @@ from typing import Any, BinaryIO
 
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
-from launchhelm.runlog._events import RunState, run_prefix
+from launchhelm.runlog._events import RunState
 from launchhelm.storage._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
+from launchhelm.storage._keys import artifact_prefix
 
 __all__ = [
     "ChecksumWriter",
@@ -40,10 +41,6 @@ DIRECTORY_FORMAT = "directory"
 def new_artifact_id(step: int) -> str:
     """A unique, sortable-by-step artifact id such as ``ckpt-00000064-3fa2b1c9``."""
     return f"ckpt-{step:08d}-{os.urandom(4).hex()}"
-
-
-def artifact_prefix(run_id: str, artifact_id: str) -> str:
-    return f"{run_prefix(run_id)}/artifacts/{artifact_id}"
 
 
 def _sync_file_range() -> Any:

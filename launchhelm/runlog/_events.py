@@ -38,6 +38,14 @@ from launchhelm._exceptions import (
     StorageError,
 )
 from launchhelm.storage import Store
+from launchhelm.storage._keys import (
+    event_key,
+    events_prefix,
+    parse_event_name,
+    parse_snapshot_name,
+    run_prefix,
+    snapshot_key,
+)
 
 __all__ = [
     "CHECKPOINT",
@@ -87,7 +95,6 @@ RUN_FORMAT = "launchhelm.run/1"
 SNAPSHOT_FORMAT = "launchhelm.snapshot/1"
 #: Whoever folds this many events past the newest snapshot creates a new one.
 SNAPSHOT_EVERY = 64
-_SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.json$")
 # matched with fullmatch: "$" alone would let a trailing newline through into store keys
 _PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _RUN_ID_RE = re.compile(r"^[a-z0-9]{4,64}$")
@@ -109,24 +116,6 @@ def validate_run_id(run_id: object) -> str:
             "as printed by init() or listed by Api().runs(project)"
         )
     return run_id
-
-
-def run_prefix(run_id: str) -> str:
-    return f"runs/{run_id}"
-
-
-def event_key(run_id: str, seq: int) -> str:
-    """The key of event ``seq`` of ``run_id``."""
-    return f"{run_prefix(run_id)}/events/{seq:020d}.json"
-
-
-def snapshot_key(run_id: str, seq: int) -> str:
-    """The key of the snapshot of ``run_id``'s state after event ``seq``."""
-    return f"{run_prefix(run_id)}/events/snapshot-{seq:020d}.json"
-
-
-def project_run_marker(project: str, run_id: str) -> str:
-    return f"projects/{project}/runs/{run_id}"
 
 
 class SequenceTaken(LaunchHelmError):
@@ -165,7 +154,7 @@ class EventLog:
     def __init__(self, store: Store, run_id: str) -> None:
         self.store = store
         self.run_id = run_id
-        self.prefix = f"{run_prefix(run_id)}/events"
+        self.prefix = events_prefix(run_id)
         self._events: dict[int, dict[str, Any]] = {}  # fetched (or appended) events by seq
         self._top = 0  # events 1.._top are all known to exist
         self._snapshots: list[int] = []  # snapshot seqs in the last listing, oldest first
@@ -179,16 +168,10 @@ class EventLog:
 
     @staticmethod
     def _key_seq(name: str) -> int | None:
-        stem = name.split("/")[-1]
-        if not stem.endswith(".json"):
-            return None
-        try:
-            return int(stem[:-5])
-        except ValueError:
-            return None
+        return parse_event_name(name)
 
     def _key(self, seq: int) -> str:
-        return f"{self.prefix}/{seq:020d}.json"
+        return event_key(self.run_id, seq)
 
     def _list(self) -> None:
         """One listing: events and snapshots together."""
@@ -198,8 +181,8 @@ class EventLog:
             seq = self._key_seq(name)
             if seq is not None:
                 seqs.add(seq)
-            elif (m := _SNAPSHOT_RE.match(name)) is not None:
-                snapshots.append(int(m.group(1)))
+            elif (snap := parse_snapshot_name(name)) is not None:
+                snapshots.append(snap)
         top = self._top
         while top + 1 in seqs:
             top += 1  # a gap is a writer mid-create: stop at the last contiguous one

@@ -48,9 +48,9 @@ from launchhelm.runlog._events import (
     RunState,
     SequenceTaken,
     fold,
-    run_prefix,
 )
 from launchhelm.storage import ObjectInfo, Store, open_store
+from launchhelm.storage._keys import PROJECTS, artifacts_prefix, parse_project_listing
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
 
@@ -148,12 +148,10 @@ def _size(n: int) -> str:
 
 def _run_ids(store: Store, project: str | None) -> list[str]:
     found: set[str] = set()
-    for name in store.list(f"projects/{project}" if project else "projects"):
-        parts = name.split("/")
-        if project:
-            parts = [project, *parts]
-        if len(parts) == 3 and parts[1] == "runs":
-            found.add(parts[2])
+    for name in store.list(f"{PROJECTS}/{project}" if project else PROJECTS):
+        parsed = parse_project_listing(name, project)
+        if parsed is not None and parsed[0] == "run":
+            found.add(parsed[1])
     return sorted(found)
 
 
@@ -231,7 +229,7 @@ class _Collector:
         published = {e["checkpoint"] for e in events if e.get("type") == CHECKPOINT}
         deleted = {d["checkpoint"] for d in state.deleted_checkpoints}
         live = {e["checkpoint"] for e in state.checkpoints}
-        base = f"{run_prefix(run_id)}/artifacts"
+        base = artifacts_prefix(run_id)
         groups: dict[str, list[ObjectInfo]] = {}
         for info in self.store.list_info(base):
             groups.setdefault(info.key.split("/", 1)[0], []).append(info)
@@ -276,7 +274,7 @@ class _Collector:
 
     def retain(self, run_id: str, log: EventLog, keep_last: int, groups: dict[str, list[ObjectInfo]]) -> None:
         project = _project_of(self.store, run_id)
-        base = f"{run_prefix(run_id)}/artifacts"
+        base = artifacts_prefix(run_id)
         lost = 0
         while True:
             state = fold(log.read())

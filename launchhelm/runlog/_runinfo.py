@@ -7,9 +7,10 @@ from typing import Any
 
 from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
 from launchhelm.metrics._read import furthest_logged_step
-from launchhelm.runlog._events import RunState, run_prefix, validate_run_id
+from launchhelm.runlog._events import RunState, validate_run_id
 from launchhelm.runlog._sessions import liveness, read_beats
 from launchhelm.storage import Store
+from launchhelm.storage._keys import run_record_key
 
 __all__ = ["furthest_step", "metrics_last_step", "read_run_record"]
 
@@ -18,7 +19,7 @@ def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
     """The immutable ``run.json`` of ``run_id``, or :class:`RunNotFoundError`."""
     validate_run_id(run_id)
     try:
-        return dict(json.loads(store.read(f"{run_prefix(run_id)}/run.json")))
+        return dict(json.loads(store.read(run_record_key(run_id))))
     except ObjectNotFoundError:
         raise RunNotFoundError(
             f"no run {run_id!r} in store {store.url}; list runs with "

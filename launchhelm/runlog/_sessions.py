@@ -20,9 +20,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from launchhelm._exceptions import InvalidArgumentError, ObjectNotFoundError
-from launchhelm.runlog._events import RunState, SessionRecord, run_prefix
+from launchhelm.runlog._events import RunState, SessionRecord
 from launchhelm.runlog._liveness import process_state
 from launchhelm.storage import Store
+from launchhelm.storage._keys import heartbeat_key, summary_key
 
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
@@ -56,15 +57,6 @@ def env_seconds(name: str, default: float) -> float:
     if not value > 0:
         raise InvalidArgumentError(f"{name}={raw!r} must be a positive number of seconds")
     return value
-
-
-def heartbeat_key(run_id: str, session_id: str) -> str:
-    return f"{run_prefix(run_id)}/sessions/{session_id}.json"
-
-
-def summary_key(run_id: str) -> str:
-    """The run's summary: its row of the runs table, kept current by the live session."""
-    return f"{run_prefix(run_id)}/summary.json"
 
 
 def parse_object(data: bytes | None) -> dict[str, Any] | None:

@@ -26,12 +26,18 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from typing import Any
 
 from launchhelm._exceptions import AlreadyExistsError, StorageError
 from launchhelm.storage import Store
+from launchhelm.storage._keys import (
+    new_index_name,
+    parse_index_name,
+    parse_row_marker_name,
+    row_marker_key,
+    table_prefix,
+)
 
 __all__ = ["mark_row", "project_rows", "row_marker_key"]
 
@@ -40,15 +46,6 @@ _log = logging.getLogger("launchhelm")
 INDEX_FORMAT = "launchhelm.runs-index/1"
 #: Rows read fresh that make a reader write a new index.
 INDEX_AFTER = 32
-_INDEX_PREFIX = "index-"
-
-
-def table_prefix(project: str) -> str:
-    return f"projects/{project}/table"
-
-
-def row_marker_key(project: str, run_id: str) -> str:
-    return f"{table_prefix(project)}/{run_id}.json"
 
 
 def mark_row(store: Store, project: str, run_id: str, session_id: str, state: str) -> None:
@@ -65,12 +62,10 @@ def _listing(store: Store, project: str) -> tuple[dict[str, str | None], list[st
     indexes = []
     for info in store.list_info(table_prefix(project)):
         name = info.key
-        if "/" in name or not name.endswith(".json"):
-            continue
-        if name.startswith(_INDEX_PREFIX):
+        if parse_index_name(name):
             indexes.append(name)
-        else:
-            markers[name[: -len(".json")]] = info.version
+        elif (run_id := parse_row_marker_name(name)) is not None:
+            markers[run_id] = info.version
     return markers, sorted(indexes)
 
 
@@ -129,7 +124,7 @@ def _write_index(
     runs = {r: e for r, e in index.items() if markers.get(r) is not None and e.get("marker") == markers.get(r)}
     for run_id, row in new_rows.items():
         runs[run_id] = {"marker": markers[run_id], "row": row}
-    name = f"{_INDEX_PREFIX}{int(time.time() * 1000):013d}-{os.urandom(4).hex()}.json"
+    name = new_index_name()
     body = json.dumps({"format": INDEX_FORMAT, "created": time.time(), "runs": runs}, separators=(",", ":"))
     try:
         store.create(f"{table_prefix(project)}/{name}", body.encode())

@@ -42,6 +42,7 @@ from launchhelm._exceptions import (
     StoreUnreachableError,
 )
 from launchhelm.storage._errors import DENIED, EXISTS, MISSING, NO_BUCKET, TRANSIENT, UNREACHABLE, Problem, classify
+from launchhelm.storage._keys import run_record_key
 from launchhelm.storage._progress import Progress
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def _writing(data: bytes) -> Callable[[BinaryIO], None]:
 
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key or key.startswith("/") or key.endswith("/"):
-        raise InvalidArgumentError(f"invalid store key {key!r}: use a relative path like 'runs/abc/run.json'")
+        raise InvalidArgumentError(f"invalid store key {key!r}: use a relative path like {run_record_key('abc')!r}")
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise InvalidArgumentError(f"invalid store key {key!r}: empty, '.' or '..' segments are not allowed")

@@ -29,7 +29,7 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
-from launchhelm._run import Run
+from launchhelm._types import RunLike
 from launchhelm.storage import Store
 from launchhelm.widgets._messages import (
     MSG_ACTION,
@@ -112,7 +112,7 @@ def front_end(bundle: str) -> tuple[str, str, str]:
     return _MISSING_ESM % json.dumps(missing), "", missing
 
 
-def resolve_run(run_or_id: Run | RunHandle | str, store: StoreArg = None) -> tuple[Api, RunHandle]:
+def resolve_run(run_or_id: RunLike | str, store: StoreArg = None) -> tuple[Api, RunHandle]:
     """An :class:`Api` on the run's store and a handle on the run of the widget's own.
 
     Each widget polls from its own thread, so it never shares a handle with
@@ -127,7 +127,7 @@ def resolve_run(run_or_id: Run | RunHandle | str, store: StoreArg = None) -> tup
         Store URL or path for a run id; default ``$LAUNCHHELM_STORE``, else
         ``~/.launchhelm``. Ignored for a run or handle, which know their store.
     """
-    if isinstance(run_or_id, (RunHandle, Run)):
+    if isinstance(run_or_id, RunLike):
         api = Api(run_or_id.store)
         return api, api.run(run_or_id.id)
     if isinstance(run_or_id, str):
@@ -362,7 +362,7 @@ class RunWidget(LiveWidget):
 
     @classmethod
     def _reuse_key(
-        cls, run_or_id: Run | RunHandle | str, store: StoreArg = None, **_: object
+        cls, run_or_id: RunLike | str, store: StoreArg = None, **_: object
     ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle]]:
         api, handle = resolve_run(run_or_id, store)
         return run_key(cls, api, handle), (api, handle)

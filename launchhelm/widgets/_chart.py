@@ -24,8 +24,7 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm._run import Run
-from launchhelm._types import Rewind
+from launchhelm._types import Rewind, RunLike
 from launchhelm.metrics._system import SYSTEM_PREFIX
 from launchhelm.runlog._sessions import run_status
 from launchhelm.widgets._base import LiveWidget, StoreArg, front_end, resolve_run, run_key
@@ -645,7 +644,7 @@ class RunChart(LiveWidget):
     @classmethod
     def _reuse_key(
         cls,
-        run_or_id: Run | RunHandle | str,
+        run_or_id: RunLike | str,
         keys: Sequence[str] | str | None = None,
         store: StoreArg = None,
         max_points: int = DEFAULT_MAX_POINTS,
@@ -660,7 +659,7 @@ class RunChart(LiveWidget):
 
     def __init__(
         self,
-        run_or_id: Run | RunHandle | str,
+        run_or_id: RunLike | str,
         keys: Sequence[str] | str | None = None,
         store: StoreArg = None,
         *,

@@ -18,7 +18,7 @@ import traitlets
 
 from launchhelm._api import RunHandle
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm._run import Run
+from launchhelm._types import RunLike
 from launchhelm.console._capture import last_lines
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import (
@@ -107,7 +107,7 @@ class RunDetails(RunWidget):
     state = synced_dict(DetailsState)
     _actions = {"set_tunables": "set_tunables", "control": "control", "set_rule": "set_rule"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -184,7 +184,7 @@ class RunLogs(RunWidget):
     view = traitlets.Unicode("logs").tag(sync=True)
     state = synced_dict(LogsState)
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 1.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: StoreArg = None, *, interval: float = 1.0) -> None:
         if self._reused():
             return
         self._init_run(interval)

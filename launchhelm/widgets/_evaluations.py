@@ -16,8 +16,7 @@ from collections.abc import Hashable, Iterable
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
-from launchhelm._run import Run
-from launchhelm._types import Evaluation
+from launchhelm._types import Evaluation, RunLike
 from launchhelm.widgets._base import LiveWidget, StoreArg, format_time, front_end, resolve_run, run_key, time_labels
 from launchhelm.widgets._messages import EvaluationRow, EvaluationsState, synced_dict
 from launchhelm.widgets._static import evaluations_html
@@ -112,7 +111,7 @@ class EvaluationTable(LiveWidget):
 
     @classmethod
     def _reuse_key(
-        cls, project_or_run: Run | RunHandle | str, store: StoreArg = None, **_: object
+        cls, project_or_run: RunLike | str, store: StoreArg = None, **_: object
     ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle | None, str]]:
         if isinstance(project_or_run, str):
             api = Api(store)
@@ -129,7 +128,7 @@ class EvaluationTable(LiveWidget):
             api, handle = resolve_run(project_or_run, store)
         return run_key(cls, api, handle), (api, handle, handle.project)
 
-    def __init__(self, project_or_run: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
+    def __init__(self, project_or_run: RunLike | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._esm, self._css, self.missing_front_end = front_end("evaluations.js")

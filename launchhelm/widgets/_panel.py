@@ -16,7 +16,7 @@ from typing import Any
 import ipywidgets
 
 from launchhelm._api import RunHandle
-from launchhelm._run import Run
+from launchhelm._types import RunLike
 from launchhelm.widgets._base import Reusable, StoreArg, resolve_run, run_key
 from launchhelm.widgets._chart import RunChart
 from launchhelm.widgets._details import RunDetails, RunLogs
@@ -58,7 +58,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     @classmethod
     def _reuse_key(
         cls,
-        run_or_id: Run | RunHandle | str,
+        run_or_id: RunLike | str,
         store: StoreArg = None,
         keys: Sequence[str] | str | None = None,
         **_: object,
@@ -68,7 +68,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         return run_key(cls, api, handle, chosen), (api, handle)
 
     def __init__(
-        self, run_or_id: Run | RunHandle | str, store: StoreArg = None, keys: Sequence[str] | str | None = None
+        self, run_or_id: RunLike | str, store: StoreArg = None, keys: Sequence[str] | str | None = None
     ) -> None:
         if self._reused():
             return

@@ -11,7 +11,7 @@ and the chosen one, and chooses one through
 from __future__ import annotations
 
 from launchhelm._api import RunHandle
-from launchhelm._run import Run
+from launchhelm._types import RunLike
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import PickerState, synced_dict
 from launchhelm.widgets._static import picker_html
@@ -115,7 +115,7 @@ class ResumePicker(RunWidget):
     state = synced_dict(PickerState)
     _actions = {"choose": "choose"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)

@@ -178,7 +178,7 @@ def split_fallback(
     Outside a Jupyter kernel (marimo, a plain IPython), nothing is
     published: the fallback's MIME types join ``data``, as before.
     """
-    from launchhelm.widgets._display import in_kernel
+    from launchhelm.widgets._kernel import in_kernel
 
     if not static:
         return data
