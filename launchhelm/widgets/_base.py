@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import anywidget
 import traitlets
@@ -30,7 +30,6 @@ import traitlets
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
 from launchhelm._types import RunLike
-from launchhelm.storage import Store
 from launchhelm.widgets._messages import (
     MSG_ACTION,
     MSG_READY,
@@ -39,6 +38,9 @@ from launchhelm.widgets._messages import (
     ZoomMessage,
     read_message,
 )
+
+if TYPE_CHECKING:
+    from launchhelm.storage import Store
 
 __all__ = [
     "STATIC",
