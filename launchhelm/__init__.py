@@ -44,7 +44,7 @@ from launchhelm._exceptions import (
 from launchhelm._run import Run, init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
-from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle
+from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
 
 __all__ = [

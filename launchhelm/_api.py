@@ -17,7 +17,8 @@ from launchhelm._exceptions import (
 )
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
-from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
+from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
+from launchhelm.evaluation._queue import queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points

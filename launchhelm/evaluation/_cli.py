@@ -20,7 +20,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm.evaluation._queue import worker_policy
+from launchhelm.evaluation._policies import worker_policy
 from launchhelm.evaluation._worker import EvaluationWorker
 
 if TYPE_CHECKING:

@@ -70,16 +70,13 @@ from typing import Any
 from launchhelm._exceptions import (
     AlreadyExistsError,
     CheckpointError,
-    EvaluationNotFoundError,
     EvaluationStateError,
     InvalidArgumentError,
-    InvalidTypeError,
     ObjectNotFoundError,
 )
 from launchhelm._types import Evaluation
 from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm.runlog._liveness import process_identity, process_state, requester
-from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     attempt_name,
@@ -91,7 +88,6 @@ from launchhelm.storage._keys import (
     logged_key,
     parse_evaluation_tail,
     parse_rule_name,
-    policy_patterns,
     project_runs_prefix,
     renewal_key,
     request_key,
@@ -105,12 +101,9 @@ from launchhelm.storage._keys import (
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "Claim",
-    "EvaluationHandle",
     "EvaluationQueue",
-    "ProjectHandle",
     "on_checkpoint_published",
     "queue_for",
-    "worker_policy",
 ]
 
 _log = logging.getLogger("launchhelm.evaluation")
@@ -735,207 +728,3 @@ def queue_manual(store: Store, project: str, run_id: str, state: RunState, check
     listed = queue.scan_one(run_id, checkpoint_id)
     assert listed is not None  # just created, or created before
     return queue.record(listed)
-
-
-class ProjectHandle:
-    """A project's settings and evaluation queue, read and changed from any process.
-
-    Get one with ``launchhelm.Api().project(name)``; the project need not
-    have runs yet (turn the rule on before training).
-    """
-
-    def __init__(self, store: Store, name: str) -> None:
-        self._store = store
-        self.name = validate_project(name)
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.ProjectHandle {self.name}>"
-
-    @property
-    def _queue(self) -> EvaluationQueue:
-        return queue_for(self._store, self.name)
-
-    def evaluate_every_checkpoint(self, enabled: bool | None = None) -> bool:
-        """The project rule "Evaluate every checkpoint": read it, or turn it on or off.
-
-        While on, each checkpoint that finishes uploading in any run of the
-        project queues one evaluation of it, for a worker
-        (``@launchhelm.evaluate``) to take. Checkpoints saved while it was off
-        are not queued; queue those with ``RunHandle.evaluate(checkpoint_id)``.
-
-        Parameters
-        ----------
-        enabled:
-            True or False sets the rule; None (default) only reads it.
-
-        Returns
-        -------
-        bool
-            Whether the rule is on (after the change).
-
-        Examples
-        --------
-        >>> lh.Api().project("quickstart").evaluate_every_checkpoint(True)   # doctest: +SKIP
-        True
-        """
-        if enabled is None:
-            return self._queue.rule_enabled()
-        if not isinstance(enabled, bool):
-            raise InvalidTypeError(f"evaluate_every_checkpoint({enabled!r}): pass True, False, or nothing to read it")
-        return self._queue.set_rule(enabled)
-
-    def evaluations(self, state: str | None = None) -> list[Evaluation]:
-        """Every evaluation in the project's queue, oldest queued first.
-
-        Parameters
-        ----------
-        state:
-            Only those in this state: ``"queued"``, ``"running"``, ``"done"``
-            or ``"failed"``.
-        """
-        if state is not None and state not in (QUEUED, RUNNING, DONE, FAILED):
-            raise InvalidArgumentError(f"state={state!r}: use 'queued', 'running', 'done', 'failed' or None")
-        return self._queue.evaluations(state=state)
-
-
-class EvaluationHandle:
-    """One evaluation, read fresh on each call; ``retry()`` is "Try again".
-
-    Get one with ``launchhelm.Api().evaluation(evaluation_id)``.
-    """
-
-    def __init__(self, store: Store, evaluation_id: str) -> None:
-        self._store = store
-        self.run_id, self.checkpoint = parse_evaluation_id(evaluation_id)
-        self.id = evaluation_id
-        self.project = str(read_run_record(store, self.run_id)["project"])
-        self._listed()  # refuse an unknown id now
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.EvaluationHandle {self.id}>"
-
-    @property
-    def _queue(self) -> EvaluationQueue:
-        return queue_for(self._store, self.project)
-
-    def _listed(self) -> _Listed:
-        listed = self._queue.scan_one(self.run_id, self.checkpoint)
-        if listed is None:
-            raise EvaluationNotFoundError(
-                f"no evaluation {self.id!r} is queued in project {self.project!r}; queue it with "
-                f"Api().run({self.run_id!r}).evaluate({self.checkpoint!r})",
-                evaluation_id=self.id,
-            )
-        return listed
-
-    def record(self) -> Evaluation:
-        """Its state now."""
-        return self._queue.record(self._listed())
-
-    @property
-    def state(self) -> str:
-        """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``, now."""
-        return self.record().state
-
-    def retry(self) -> Evaluation:
-        """Queue a failed evaluation once more ("Try again"); return its new record.
-
-        Raises
-        ------
-        EvaluationStateError
-            It did not fail (queued, running or done). A done evaluation is
-            never re-run: its scores are logged once.
-        """
-        self._queue.retry(self._listed())
-        return self.record()
-
-    def wait(self, timeout: float = 60.0, poll_interval: float = 0.5) -> Evaluation:
-        """Block until it is done or failed (or ``timeout`` seconds pass) and return its record.
-
-        Raises
-        ------
-        InvalidArgumentError
-            ``timeout`` or ``poll_interval`` is not a positive number.
-        """
-        for name, value in (("timeout", timeout), ("poll_interval", poll_interval)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise InvalidArgumentError(f"{name}={value!r}: give a positive number of seconds")
-        deadline = time.monotonic() + timeout
-        while True:
-            record = self.record()
-            if record.state in (DONE, FAILED) or time.monotonic() >= deadline:
-                return record
-            time.sleep(poll_interval)
-
-
-def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
-    """A least-privilege S3 bucket policy for evaluation workers of ``store_url``.
-
-    For ``gs://`` and ``az://`` stores: the GCS IAM policy or Azure role
-    assignments of :mod:`launchhelm.evaluation._policies`, which cover the same keys.
-
-    Workers may list and read runs and the project's keys, create only
-    queue, lease and result objects under ``projects/<p>/evaluations/`` and
-    their score chunks under ``runs/*/metrics/eval-*``, and delete only
-    lease renewals. They cannot change a run's events, checkpoints or
-    metrics, nor the project's rule.
-    """
-    scheme, sep, rest = store_url.partition("://")
-    if scheme in ("gs", "gcs", "az", "abfs", "abfss") and sep:
-        from launchhelm.evaluation._policies import azure_worker_policy, gcs_worker_policy
-
-        other = gcs_worker_policy if scheme in ("gs", "gcs") else azure_worker_policy
-        return other(store_url, project=project, principal=principal)
-    if not sep or scheme not in ("s3", "s3a") or not rest.strip("/"):
-        raise InvalidArgumentError(
-            f"store {store_url!r}: the worker policy is for S3, GCS or Azure; give --store s3://bucket/prefix, "
-            "gs://bucket/prefix or az://container/prefix"
-        )
-    bucket, _, root = rest.strip("/").partition("/")
-    root = root.strip("/")
-    scopes = policy_patterns(None if project is None else validate_project(project))
-
-    def key(pattern: str) -> str:
-        return f"{root}/{pattern}" if root else pattern
-
-    def arn(pattern: str) -> str:
-        return f"arn:aws:s3:::{bucket}/{key(pattern)}"
-
-    who = principal or "arn:aws:iam::ACCOUNT_ID:role/launchhelm-evaluation-worker"
-    allow: dict[str, Any] = {"Effect": "Allow", "Principal": {"AWS": who}}
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "ListRunsAndQueue",
-                **allow,
-                "Action": "s3:ListBucket",
-                "Resource": f"arn:aws:s3:::{bucket}",
-                "Condition": {"StringLike": {"s3:prefix": [key(p + "*") for p in scopes["read"]]}},
-            },
-            {
-                "Sid": "ReadRunsCheckpointsAndQueue",
-                **allow,
-                "Action": "s3:GetObject",
-                "Resource": [arn(p + "*") for p in scopes["read"]],
-            },
-            {
-                "Sid": "WriteQueueLeasesAndResults",
-                **allow,
-                "Action": "s3:PutObject",
-                "Resource": arn(scopes["create"][0]),
-            },
-            {
-                "Sid": "WriteScoreChunks",
-                **allow,
-                "Action": "s3:PutObject",
-                "Resource": arn(scopes["create"][1]),
-            },
-            {
-                "Sid": "CollectLeaseRenewals",
-                **allow,
-                "Action": "s3:DeleteObject",
-                "Resource": arn(scopes["delete"][0]),
-            },
-        ],
-    }
