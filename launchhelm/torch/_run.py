@@ -37,6 +37,7 @@ from launchhelm.torch._loader import CheckpointLoader, _gc_paused
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
+from launchhelm.torch._torch_private import zip_crc32_skipped
 
 _log = logging.getLogger("launchhelm")
 
@@ -420,14 +421,12 @@ class TorchRun(Run):
     def _write(self, bundle: dict[str, Any], artifact: str, step: int, control_seq: int) -> None:
         name = f"{artifact}{PAYLOAD_SUFFIX}"
         key = f"{artifact_prefix(self.id, artifact)}/{name}"
-        from torch.utils.serialization import config as serialization_config
-
         with self._store.writer(key) as raw:
             out = ChecksumWriter(raw, checksum_algorithms(self._store))
             try:
                 # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
                 # the CRC64NVME recorded with the checkpoint is what loads verify
-                with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
+                with zip_crc32_skipped():
                     torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
             finally:
                 out.close()

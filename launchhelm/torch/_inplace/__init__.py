@@ -50,14 +50,19 @@ in place, :func:`load_optimizer_in_place` does ``Optimizer.load_state_dict``'s
 work without its per-value casts. A CRC mismatch found in step 3 means corrupted bytes may now
 sit in the model: the caller raises a :class:`CheckpointError` that also
 poisons the next optimizer step.
+
+The torch internals this relies on are reached only through
+:mod:`launchhelm.torch._torch_private`; the loader takes this path only where
+its ``fast_path_available()`` says so.
 """
 
 from __future__ import annotations
 
-from launchhelm.torch._inplace._match import load_optimizer_in_place, plan_in_place, stock_targets
+from launchhelm.torch._inplace._match import plan_in_place
 from launchhelm.torch._inplace._plan import load_plan, meta_load, plan_from_meta, planned_from_meta
 from launchhelm.torch._inplace._reads import InPlaceLoad
 from launchhelm.torch._inplace._zip import LayoutMismatch
+from launchhelm.torch._torch_private import load_optimizer_in_place, stock_targets
 
 __all__ = [
     "IN_PLACE_MIN_BYTES",

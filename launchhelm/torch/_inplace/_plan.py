@@ -16,6 +16,7 @@ import torch
 
 from launchhelm.torch._inplace._pagecache import _headers_prefetched
 from launchhelm.torch._inplace._zip import _sequential_layout
+from launchhelm.torch._torch_private import REBUILD_TENSOR, checkpoint_offset, file_reader, storage_dtype
 
 
 # -- step 1: the plan, from the pickle alone ------------------------------------
@@ -188,7 +189,7 @@ class _PlanningUnpickler(pickle.Unpickler):
         self.storages: dict[str, _PlannedStorage] = {}
 
     def find_class(self, module: str, name: str) -> Any:
-        if module == "torch._utils" and name == "_rebuild_tensor_v2":
+        if (module, name) == REBUILD_TENSOR:
             return _TENSOR_RECORD
         if module == "collections" and name == "OrderedDict":
             # the real class: it only ever makes a dict of what the pickle holds, and BUILD on the
@@ -197,9 +198,7 @@ class _PlanningUnpickler(pickle.Unpickler):
             return collections.OrderedDict
         if module == "torch" and name.endswith("Storage") and name != "UntypedStorage":
             try:
-                from torch.serialization import StorageType
-
-                return _StorageName(StorageType(name).dtype)  # type: ignore[no-untyped-call]
+                return _StorageName(storage_dtype(name))
             except Exception:
                 raise _Refused(f"storage type {name}") from None
         raise _Refused(f"global {module}.{name}")
@@ -254,7 +253,7 @@ def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
             os.close(fd)
         reader: Any = None
         if records is None:
-            reader = torch._C.PyTorchFileReader(str(path))
+            reader = file_reader(path)
             if not reader.has_record("byteorder"):
                 return None
             records = {"byteorder": reader.get_record("byteorder"), "data.pkl": reader.get_record("data.pkl")}
@@ -264,7 +263,7 @@ def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
         def offset_of(name: str) -> int:  # a storage the layout does not place: torch's reader finds it
             nonlocal reader
             if reader is None:
-                reader = torch._C.PyTorchFileReader(str(path))
+                reader = file_reader(path)
             return int(reader.get_record_offset(name))
 
         # laid out as torch writes: no local header is read before the data (nothing to prefetch)
@@ -315,7 +314,7 @@ def plan_from_meta(meta: Any) -> tuple[Any, list[_PlannedStorage]] | None:
     def planned(t: torch.Tensor) -> Any:
         nonlocal missing
         untyped = t.untyped_storage()
-        offset = getattr(untyped, "_checkpoint_offset", None)
+        offset = checkpoint_offset(untyped)
         if not isinstance(offset, int):
             missing = True
             return t
