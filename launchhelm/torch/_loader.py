@@ -409,11 +409,11 @@ class CheckpointLoader:
         """Restore what the bundle holds. ``model_in_place``: every tensor of the model's state dict
         (and no other key) was read into the live tensor of its key, and the model loads the stock
         way (:func:`~launchhelm.torch._inplace.stock_targets`), so ``load_state_dict`` would only
-        copy each tensor onto itself: it is skipped (~5 µs a tensor). Each tensor is still copied
-        onto itself (no bytes move), as
-        ``load_state_dict`` would: that bumps its autograd version, so a graph built before the load
-        refuses to backpropagate through the new values. ``optimizer_in_place``: tensors were read in
-        place, so the optimizer's may all be its live ones already, and
+        copy each tensor onto itself: it is skipped (its per-key work adds up over many tensors).
+        Each tensor is still copied onto itself (no bytes move), as ``load_state_dict`` would: that
+        bumps its autograd version, so a graph built before the load refuses to backpropagate
+        through the new values. ``optimizer_in_place``: tensors were read in place, so the
+        optimizer's may all be its live ones already, and
         :func:`~launchhelm.torch._inplace.load_optimizer_in_place` does ``load_state_dict``'s work
         without its per-value casts (where it cannot, ``load_state_dict`` runs)."""
         if model_in_place:
@@ -454,9 +454,9 @@ def _gc_paused() -> Iterator[None]:
     A load makes a few objects per tensor (meta tensors, views, scatter-read
     buffers), nearly all freed by reference counting before it returns. With
     the collector on, those allocations trigger collections that walk every
-    tracked object of the process (all of torch's): measured here, a full one
-    took ~0.1 s in the middle of a 384-tensor load whose own work was ~40 ms.
-    Off, what the load leaves behind is what counts towards the next one.
+    tracked object of the process (all of torch's), which can cost more than
+    the load's own work. Off, what the load leaves behind is what counts
+    towards the next one.
     """
     if not gc.isenabled():  # the caller's choice: leave it
         yield

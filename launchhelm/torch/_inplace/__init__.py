@@ -1,7 +1,7 @@
 """Loading a bundle straight into the watched model's and optimizer's tensors.
 
-``torch.load`` fills fresh memory (3x a warm raw read here, before any
-checksum) and ``load_state_dict`` then copies it again. Instead:
+``torch.load`` fills fresh memory (slow to touch, and a checksum would read
+it again) and ``load_state_dict`` then copies it again. Instead:
 
 1. **Plan**: :func:`meta_load` reads only the pickle, with the C unpickler
    given three sealed globals of our own, and makes each tensor a plain

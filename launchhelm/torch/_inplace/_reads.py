@@ -20,15 +20,13 @@ from launchhelm.torch._inplace._zip import _HEADER_SPAN, LayoutMismatch, _check_
 #: Bytes per job: big enough for full disk speed, small enough to spread over two threads.
 _CHUNK = 32 * 2**20
 #: Bytes per read inside a job: each piece is CRC'd right after it lands, while it is still in the
-#: cache (two pieces in flight fit the 32 MiB L3 here), so the checksum reads no memory of its own (a
-#: 16 MiB read then a 16 MiB CRC read every byte from memory twice: 1.4x an aligned raw read, warm).
-#: Measured here, warm, read_matched alone against one readinto of the whole file: 512 KiB pieces
-#: in 16 MiB jobs 1.0x, 1 MiB 0.85x, 4 MiB in 32 MiB jobs 0.73x (fewer syscalls, the CRC from L3).
+#: CPU's cache (two pieces in flight fit a common last-level cache), so the checksum reads no memory
+#: of its own (pieces too big for the cache make it read every byte from memory twice; pieces too
+#: small cost a syscall each).
 _PIECE = 4 * 2**20
 _THREADS = 2
-#: A cold file (not in the page cache) is read in requests this big, CRC'd on the other thread.
-#: Measured here, cold, the fastest of 5 loads of a 1 GB bundle against one ``readinto`` of it
-#: (0.256 s): 32 MiB 1.09x, 64 MiB 1.08x, 64 MiB with ``POSIX_FADV_SEQUENTIAL`` 1.05x.
+#: A cold file (not in the page cache) is read in requests this big, CRC'd on the other thread:
+#: big enough that the disk streams, as for one long read (``bench_checkpoint.py`` measures it).
 _STREAM_PIECE = 64 * 2**20
 
 
@@ -251,8 +249,8 @@ def _reader_threads() -> ThreadPoolExecutor:
 def _stream(fd: int, pieces: list[_Piece]) -> list[tuple[int, int, int]]:
     """Read a file that is not in the page cache: one thread makes the scatter reads, in file
     order, in big requests (:data:`_STREAM_PIECE`, so the kernel reads ahead as it does for one
-    long read), the other computes each request's CRC while the next one is read. Measured here,
-    cold: 1.0x one ``readinto`` of the whole file, against 1.4x for the two-thread piecewise path.
+    long read), the other computes each request's CRC while the next one is read: cold, as fast
+    as one read of the whole file, where the two-thread piecewise path breaks the read-ahead.
     Warm, that path is the faster one (each piece CRC'd in cache), which is why this is chosen
     only when cold."""
     pending = []
@@ -325,8 +323,8 @@ def _crc_views(views: list[memoryview]) -> int:
 
 def _memory_of(t: torch.Tensor, nbytes: int) -> memoryview:
     """The ``nbytes`` bytes of memory of a contiguous CPU tensor, writable, without a copy: a view
-    of the address itself (``PyMemoryView_FromMemory``: ~0.6 µs a tensor here, against ~1.4 µs
-    through a ctypes array and ~1 µs through ``.numpy()``). It does not keep the tensor alive:
+    of the address itself (``PyMemoryView_FromMemory``: cheaper a tensor than a ctypes array or
+    ``.numpy()``). It does not keep the tensor alive:
     the caller holds it while the view is used."""
     if nbytes == 0:
         return memoryview(bytearray())
