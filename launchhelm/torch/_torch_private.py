@@ -76,8 +76,13 @@ def _series(version: str) -> str:
 
 def missing_names() -> list[str]:
     """The names of :data:`REQUIRED` this torch lacks (empty: all there)."""
+    return list(_missing(REQUIRED))
+
+
+@functools.cache  # asked on every load and save; torch does not change while the process runs
+def _missing(required: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
     missing = []
-    for path, name in REQUIRED:
+    for path, name in required:
         owner: Any = None
         module, _, attribute = path.rpartition(".")
         for candidate in (path, module):  # a module, or a class in one
@@ -90,7 +95,7 @@ def missing_names() -> list[str]:
             break
         if owner is None or not hasattr(owner, name):
             missing.append(f"{path}.{name}")
-    return missing
+    return tuple(missing)
 
 
 @functools.cache
