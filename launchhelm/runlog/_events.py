@@ -243,8 +243,8 @@ class EventLog:
     def _nothing_new(self) -> bool:
         """On a store whose ``exists`` is cheap (:attr:`Store.probe_before_listing`): whether the
         next event is absent, so a listing would find the same contiguous log (a snapshot another
-        reader made meanwhile is only a cache). A local log's listing walks its directory: ~0.3 ms
-        for 60 events here, growing with the log, against one ``stat``."""
+        reader made meanwhile is only a cache). A local log's listing walks its directory and grows
+        with the log; this is one ``stat``."""
         return self.store.probe_before_listing and not self.store.exists(self._key(self._top + 1))
 
     @property

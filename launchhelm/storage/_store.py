@@ -70,9 +70,8 @@ _CONDITIONAL_PROTOCOLS = {
 DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds to wait for an answer once a request is sent.
 DEFAULT_READ_TIMEOUT = 60.0
-#: Requests a batched read keeps in flight on an object store. S3 serves
-#: thousands of GETs per second per prefix; 64 keeps a 20 ms round trip
-#: from dominating a 1,000-object read (16 batches, about 0.3 s).
+#: Requests a batched read keeps in flight on an object store: enough that
+#: round trips, not the store's request rate, stay what a large read waits on.
 DEFAULT_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)
 #: Local reads are page-cache copies: a few threads are all they can use.
 _LOCAL_READ_THREADS = 8

@@ -255,7 +255,7 @@ def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: 
     keep = allowed[code] & np.isfinite(value)
     system = np.array([n.startswith(SYSTEM_PREFIX) for n in names] or [False], dtype=bool)
     # last write wins per (key, step, attempt): only where a series' steps do not strictly increase
-    # np.bincount, not np.unique: numpy's unique imports numpy.ma (70 ms of a chart's first open)
+    # np.bincount, not np.unique: numpy's unique imports numpy.ma (slow on a chart's first open)
     for c in np.flatnonzero(np.bincount(code[keep], minlength=len(names))):
         if system[c]:
             continue  # samples by wall time: several at one step are all kept
