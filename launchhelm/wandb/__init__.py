@@ -28,6 +28,8 @@ import sys
 from typing import Any
 
 from launchhelm._exceptions import LaunchHelmError, UnsupportedFeatureError
+from launchhelm.wandb._config import Config, ConfigError, ConfigKeyError, Metric, Summary
+from launchhelm.wandb._liverun import Run, _on_current, compat_key, current
 from launchhelm.wandb._objects import (
     REFUSED,
     Audio,
@@ -46,20 +48,7 @@ from launchhelm.wandb._objects import (
     plot,
     refuse,
 )
-from launchhelm.wandb._sdk import (
-    Config,
-    ConfigError,
-    ConfigKeyError,
-    Metric,
-    Run,
-    StoredRun,
-    Summary,
-    _on_current,
-    compat_key,
-    current,
-    init,
-    stored,
-)
+from launchhelm.wandb._sdk import StoredRun, init, stored
 
 __all__ = [
     "REFUSED",
