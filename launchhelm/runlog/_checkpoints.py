@@ -14,13 +14,15 @@ import io
 import os
 import sys
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
 from launchhelm.runlog._events import RunState
+from launchhelm.runlog._records import CheckpointEvent
 from launchhelm.storage._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
 from launchhelm.storage._keys import artifact_prefix
 
@@ -228,8 +230,9 @@ def upload_path(store: Any, prefix: str, path: Path) -> tuple[str, list[dict[str
     return DIRECTORY_FORMAT, files, manifest.hexdigests(), sum(f["size"] for f in files)
 
 
-def checkpoint_record(run_id: str, state: RunState, event: dict[str, Any], reached: int) -> Checkpoint:
+def checkpoint_record(run_id: str, state: RunState, stored: Mapping[str, Any], reached: int) -> Checkpoint:
     """The public view of a ``checkpoint`` event."""
+    event = cast("CheckpointEvent", stored)
     step = int(event["step"])
     return Checkpoint(
         id=event["checkpoint"],
@@ -243,5 +246,5 @@ def checkpoint_record(run_id: str, state: RunState, event: dict[str, Any], reach
         before_last_control_change=int(event.get("control_seq", 0)) < state.last_control_seq,
         chosen_for_resume=state.resume_choice == event["checkpoint"],
         files={f["name"]: int(f["size"]) for f in event.get("files", [])},
-        checksums=recorded(event.get("checksums") or event),
+        checksums=recorded(event.get("checksums") or stored),
     )
