@@ -22,11 +22,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import cast
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, TunableNotFoundError
 from launchhelm.runlog._events import RunState
-from launchhelm.runlog._records import ControlAppliedEvent
+from launchhelm.runlog._records import ControlAppliedEvent, Json
 
 __all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 
@@ -80,7 +80,7 @@ def check_plain(value: object, where: str) -> None:
     )
 
 
-def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+def check_tunable_changes(current: Mapping[str, object], changes: Mapping[str, object]) -> dict[str, Json]:
     """Validate ``changes`` against the run's tunables; return them as plain values.
 
     A change must name a tunable the run was started with, keep its kind
@@ -90,7 +90,7 @@ def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]
     """
     if not changes:
         raise InvalidArgumentError("set_tunables() needs at least one change, e.g. set_tunables(lr=1e-4)")
-    out: dict[str, Any] = {}
+    out: dict[str, Json] = {}
     for name, value in changes.items():
         if name not in current:
             known = ", ".join(sorted(current)) or "none: start the run with lh.init(..., tunables={...})"
@@ -109,7 +109,7 @@ def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]
     return out
 
 
-def in_force(initial: Mapping[str, Any], state: RunState) -> tuple[dict[str, Any], int, bool]:
+def in_force(initial: Mapping[str, Json], state: RunState) -> tuple[dict[str, Json], int, bool]:
     """``(tunables, control_seq, paused)`` the last training process had applied."""
     if not state.applied:
         return dict(initial), 0, False

@@ -11,7 +11,7 @@ read from a store is trusted as far as the reader's own checks go
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Final, Literal, TypedDict
+from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -41,6 +41,8 @@ __all__ = [
     "DamagedEvent",
     "Event",
     "Heartbeat",
+    "IndexEntry",
+    "Json",
     "ResumeChoiceConsumedEvent",
     "ResumeChoiceEvent",
     "RewindEvent",
@@ -306,3 +308,13 @@ class Summary(TypedDict):
     metrics: dict[str, float]
     #: the last event it reflects
     seq: int
+
+
+class IndexEntry(TypedDict):
+    """One settled row of a runs-table index (``projects/<p>/table/index-*.json``'s ``runs``).
+
+    With the version of the row marker it was read under.
+    """
+
+    marker: str | None
+    row: dict[str, Any]  # a row as ``_summary.run_rows`` makes it

@@ -18,12 +18,12 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final, cast
+from typing import Final, cast
 
 from launchhelm._exceptions import InvalidArgumentError, ObjectNotFoundError
 from launchhelm.runlog._events import RunState, SessionRecord
 from launchhelm.runlog._liveness import process_state
-from launchhelm.runlog._records import Heartbeat
+from launchhelm.runlog._records import Heartbeat, Summary
 from launchhelm.storage import Store
 from launchhelm.storage._keys import heartbeat_key, summary_key
 
@@ -61,7 +61,7 @@ def env_seconds(name: str, default: float) -> float:
     return value
 
 
-def parse_object(data: bytes | None) -> dict[str, Any] | None:
+def parse_object(data: bytes | None) -> dict[str, object] | None:
     """A JSON object as stored, or None (absent, damaged, not an object)."""
     if data is None:
         return None
@@ -69,14 +69,18 @@ def parse_object(data: bytes | None) -> dict[str, Any] | None:
         found = json.loads(data)
     except ValueError:
         return None
-    return found if isinstance(found, dict) else None
+    return cast("dict[str, object]", found) if isinstance(found, dict) else None
 
 
 def fresher_beat(
-    beat: Mapping[str, Any] | None, summary: Mapping[str, Any] | None, session_id: str
+    stored: Mapping[str, object] | None, summary_object: Mapping[str, object] | None, session_id: str
 ) -> Heartbeat | None:
-    """The newer of a session's heartbeat object and a summary naming that session (a ``Summary``)."""
-    beat = cast("Heartbeat | None", beat)  # as stored: its fields as encode_heartbeat wrote them
+    """The newer of a session's heartbeat object and a summary naming that session.
+
+    Both as stored: a heartbeat and a summary, their fields as their writers wrote them.
+    """
+    beat = cast("Heartbeat | None", stored)
+    summary = cast("Summary | None", summary_object)
     if summary is None or summary.get("session") != session_id:
         return beat
     try:
@@ -89,7 +93,7 @@ def fresher_beat(
 
 
 def read_beats(
-    store: Store, run_id: str, session_ids: list[str], summary: Mapping[str, Any] | None = None
+    store: Store, run_id: str, session_ids: list[str], summary: Mapping[str, object] | None = None
 ) -> dict[str, Heartbeat | None]:
     """Each session's latest heartbeat (None: none yet), in one ``read_many``.
 
@@ -142,7 +146,7 @@ def liveness(
     run_id: str,
     session: SessionRecord,
     now: float | None = None,
-    beat: Mapping[str, Any] | _Unread | None = _UNREAD,
+    beat: Mapping[str, object] | _Unread | None = _UNREAD,
 ) -> Liveness:
     """Decide whether ``session`` is alive, as resume and status need it.
 

@@ -21,7 +21,7 @@ from typing import Any, cast
 
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._events import RunState, SessionRecord, event_key, read_state
-from launchhelm.runlog._records import Heartbeat, RunRecord, SessionRecordDict, Summary
+from launchhelm.runlog._records import Heartbeat, Json, RunRecord, SessionRecordDict, Summary
 from launchhelm.runlog._runinfo import metrics_last_step, run_record
 from launchhelm.runlog._sessions import (
     fresher_beat,
@@ -47,8 +47,8 @@ def encode_summary(
     name: str,
     project: str,
     created: float,
-    config: Mapping[str, Any],
-    tunables: Mapping[str, Any],
+    config: Mapping[str, Json],
+    tunables: Mapping[str, Json],
     state: RunState,
     session_id: str,
     step: int,
@@ -104,9 +104,9 @@ class _View:
     id: str
     name: str
     created: float
-    config: dict[str, Any]
-    tunables: dict[str, Any]
-    metrics: dict[str, Any]
+    config: dict[str, Json]
+    tunables: dict[str, Json]
+    metrics: dict[str, float]
     last: SessionRecord | None
     closed: bool
     sessions: int
@@ -168,7 +168,7 @@ def _from_log(store: Store, run_id: str, summary: Summary | None) -> _View:
     )
 
 
-def _flatten(prefix: str, values: Mapping[str, Any], out: dict[str, Any]) -> None:
+def _flatten(prefix: str, values: Mapping[str, object], out: dict[str, object]) -> None:
     for key, value in values.items():
         if isinstance(value, Mapping) and value:
             _flatten(f"{prefix}{key}.", value, out)
