@@ -233,7 +233,7 @@ class DamagedEvent(_EventBase):
 #: A control request: what ``RunState.controls`` holds.
 ControlEvent: TypeAlias = ControlTunablesEvent | ControlActionEvent
 
-#: Any event of the log, tagged by ``type``.
+#: An event of the log, of any type, tagged by ``type``.
 Event: TypeAlias = (
     SessionStartedEvent
     | SessionEndedEvent
