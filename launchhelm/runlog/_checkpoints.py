@@ -14,13 +14,16 @@ import io
 import os
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, cast
 
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
 from launchhelm.runlog._events import RunState
+from launchhelm.runlog._records import CheckpointEvent
+from launchhelm.storage import Store
 from launchhelm.storage._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
 from launchhelm.storage._keys import artifact_prefix
 
@@ -43,7 +46,10 @@ def new_artifact_id(step: int) -> str:
     return f"ckpt-{step:08d}-{os.urandom(4).hex()}"
 
 
-def _sync_file_range() -> Any:
+_SyncFileRange = Callable[[int, int, int, int], int]
+
+
+def _sync_file_range() -> _SyncFileRange | None:
     """libc's ``sync_file_range`` (Linux), or None: Python's ``os`` has no binding for it."""
     if not sys.platform.startswith("linux"):
         return None
@@ -55,15 +61,15 @@ def _sync_file_range() -> Any:
         return None
     func.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
     func.restype = ctypes.c_int
-    return func
+    return cast("_SyncFileRange", func)
 
 
 _SYNC_FILE_RANGE_WRITE = 2  # start writing the range's dirty pages out; do not wait for them
-_sync_range: Any = None
+_sync_range: _SyncFileRange | None = None
 _sync_range_looked_up = False
 
 
-def _file_descriptor(raw: Any) -> int | None:
+def _file_descriptor(raw: object) -> int | None:
     """The OS file under ``raw`` (a local store's file, through its wrappers), or None (an upload)."""
     for _ in range(4):
         fileno = getattr(raw, "fileno", None)
@@ -94,7 +100,7 @@ class _Writeback:
 
     WINDOW = 32 * 2**20
 
-    def __init__(self, raw: Any) -> None:
+    def __init__(self, raw: BinaryIO) -> None:
         global _sync_range, _sync_range_looked_up
         if not _sync_range_looked_up:
             _sync_range, _sync_range_looked_up = _sync_file_range(), True
@@ -108,10 +114,11 @@ class _Writeback:
 
     def wrote(self, end: int) -> None:
         """``end`` bytes of the file have been written (some may still sit in a user-space buffer)."""
-        if self._fd is None or end - self._start < self.WINDOW:
+        sync = _sync_range
+        if self._fd is None or sync is None or end - self._start < self.WINDOW:
             return
         self._raw.flush()  # the bytes up to `end` must be the kernel's before it can write them out
-        if _sync_range(self._fd, self._start, end - self._start, _SYNC_FILE_RANGE_WRITE) != 0:
+        if sync(self._fd, self._start, end - self._start, _SYNC_FILE_RANGE_WRITE) != 0:
             self._fd = None  # e.g. a file system that refuses it: the fsync does all the work, as before
             return
         self._start = end
@@ -188,7 +195,7 @@ class ChecksumWriter:
         """Nothing left to do: every write waited for its checksum (kept for callers that close)."""
 
 
-def checksum_algorithms(store: Any) -> tuple[str, ...]:
+def checksum_algorithms(store: object) -> tuple[str, ...]:
     """What a new checkpoint on ``store`` records: CRC64NVME, plus CRC32C on GCS (what GCS stores)."""
     from launchhelm.storage._backends import GCS, kind_of
 
@@ -200,7 +207,7 @@ def sha256_file(path: Path) -> str:
     return file_checksums(path, (SHA256,))[SHA256]
 
 
-def upload_path(store: Any, prefix: str, path: Path) -> tuple[str, list[dict[str, Any]], dict[str, str], int]:
+def upload_path(store: Store, prefix: str, path: Path) -> tuple[str, list[dict[str, Any]], dict[str, str], int]:
     """Upload a file or a folder under ``prefix``: (format, files, checksums, size).
 
     ``checksums`` are the file's (``{"crc64nvme": hex}``, plus ``crc32c`` on
@@ -228,8 +235,9 @@ def upload_path(store: Any, prefix: str, path: Path) -> tuple[str, list[dict[str
     return DIRECTORY_FORMAT, files, manifest.hexdigests(), sum(f["size"] for f in files)
 
 
-def checkpoint_record(run_id: str, state: RunState, event: dict[str, Any], reached: int) -> Checkpoint:
+def checkpoint_record(run_id: str, state: RunState, stored: Mapping[str, Any], reached: int) -> Checkpoint:
     """The public view of a ``checkpoint`` event."""
+    event = cast("CheckpointEvent", stored)
     step = int(event["step"])
     return Checkpoint(
         id=event["checkpoint"],
@@ -243,5 +251,5 @@ def checkpoint_record(run_id: str, state: RunState, event: dict[str, Any], reach
         before_last_control_change=int(event.get("control_seq", 0)) < state.last_control_seq,
         chosen_for_resume=state.resume_choice == event["checkpoint"],
         files={f["name"]: int(f["size"]) for f in event.get("files", [])},
-        checksums=recorded(event.get("checksums") or event),
+        checksums=recorded(event.get("checksums") or stored),
     )

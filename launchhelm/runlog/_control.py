@@ -22,10 +22,11 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, TunableNotFoundError
 from launchhelm.runlog._events import RunState
+from launchhelm.runlog._records import ControlAppliedEvent, Json
 
 __all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 
@@ -33,7 +34,7 @@ __all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 ACTIONS = ("pause", "resume", "stop", "checkpoint")
 
 
-def _kind(value: Any) -> str:
+def _kind(value: object) -> str:
     if value is None:
         return "None"
     if isinstance(value, bool):
@@ -49,7 +50,7 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
-def check_plain(value: Any, where: str) -> None:
+def check_plain(value: object, where: str) -> None:
     """Refuse what is not a plain JSON value, naming the key path.
 
     Config and tunables must round-trip through the event log (JSON) and,
@@ -79,7 +80,7 @@ def check_plain(value: Any, where: str) -> None:
     )
 
 
-def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]) -> dict[str, Any]:
+def check_tunable_changes(current: Mapping[str, object], changes: Mapping[str, object]) -> dict[str, Json]:
     """Validate ``changes`` against the run's tunables; return them as plain values.
 
     A change must name a tunable the run was started with, keep its kind
@@ -89,7 +90,7 @@ def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]
     """
     if not changes:
         raise InvalidArgumentError("set_tunables() needs at least one change, e.g. set_tunables(lr=1e-4)")
-    out: dict[str, Any] = {}
+    out: dict[str, Json] = {}
     for name, value in changes.items():
         if name not in current:
             known = ", ".join(sorted(current)) or "none: start the run with lh.init(..., tunables={...})"
@@ -108,9 +109,9 @@ def check_tunable_changes(current: Mapping[str, Any], changes: Mapping[str, Any]
     return out
 
 
-def in_force(initial: Mapping[str, Any], state: RunState) -> tuple[dict[str, Any], int, bool]:
+def in_force(initial: Mapping[str, Json], state: RunState) -> tuple[dict[str, Json], int, bool]:
     """``(tunables, control_seq, paused)`` the last training process had applied."""
     if not state.applied:
         return dict(initial), 0, False
-    last = state.applied[-1]
+    last = cast("ControlAppliedEvent", state.applied[-1])
     return dict(last.get("tunables") or initial), int(last.get("control_seq") or 0), bool(last.get("paused"))

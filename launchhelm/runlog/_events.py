@@ -26,9 +26,9 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -36,6 +36,21 @@ from launchhelm._exceptions import (
     LaunchHelmError,
     ObjectNotFoundError,
     StorageError,
+)
+from launchhelm.runlog._records import (
+    CHECKPOINT,
+    CHECKPOINT_DELETED,
+    CONTROL_ACTION,
+    CONTROL_APPLIED,
+    CONTROL_TUNABLES,
+    DAMAGED,
+    RESUME_CHOICE,
+    RESUME_CHOICE_CONSUMED,
+    REWIND,
+    SESSION_ENDED,
+    SESSION_STARTED,
+    DamagedEvent,
+    Event,
 )
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
@@ -72,21 +87,6 @@ __all__ = [
 
 _log = logging.getLogger("launchhelm")
 
-# record types, defined once
-SESSION_STARTED = "session_started"
-SESSION_ENDED = "session_ended"
-REWIND = "rewind"
-CHECKPOINT = "checkpoint"
-#: Garbage collection removed a published checkpoint (recorded before its payload is deleted).
-CHECKPOINT_DELETED = "checkpoint_deleted"
-RESUME_CHOICE = "resume_choice"
-RESUME_CHOICE_CONSUMED = "resume_choice_consumed"
-#: A request from outside the training process: new tunable values...
-CONTROL_TUNABLES = "control_tunables"
-#: ... or an action: pause, resume, stop, checkpoint.
-CONTROL_ACTION = "control_action"
-#: The training process applied requests (or restored a checkpoint's settings).
-CONTROL_APPLIED = "control_applied"
 #: Actions that change settings a checkpoint holds (and restores): "stop"
 #: ends a session and "checkpoint" asks for a save, neither is restored.
 STATE_ACTIONS = ("pause", "resume")
@@ -122,23 +122,20 @@ class SequenceTaken(LaunchHelmError):
     """A conditional append lost: the log moved past what the caller checked."""
 
 
-#: What a damaged event folds as: it keeps its place in the order, and changes nothing.
-DAMAGED = "damaged"
-
-
-def _parse_event(data: bytes, seq: int, where: str) -> dict[str, Any]:
+def _parse_event(data: bytes, seq: int, where: str) -> Event:
     """An event as stored, or (damaged: not JSON, not an object, another seq) a placeholder, with a warning."""
     try:
         event = json.loads(data)
         if isinstance(event, dict) and int(event.get("seq", -1)) == seq and isinstance(event.get("type"), str):
-            return event
+            return cast("Event", event)  # its fields as the writer of its type wrote them
         problem = "it is not an event of this sequence number"
     except (ValueError, TypeError) as exc:
         problem = f"it is not JSON ({exc})"
     import warnings
 
     warnings.warn(f"skipped the damaged event {where}: {problem}; the run is read without it", stacklevel=4)
-    return {"seq": seq, "type": DAMAGED, "time": 0.0}
+    damaged: DamagedEvent = {"seq": seq, "type": DAMAGED, "time": 0.0}
+    return damaged
 
 
 class EventLog:
@@ -155,7 +152,7 @@ class EventLog:
         self.store = store
         self.run_id = run_id
         self.prefix = events_prefix(run_id)
-        self._events: dict[int, dict[str, Any]] = {}  # fetched (or appended) events by seq
+        self._events: dict[int, Event] = {}  # fetched (or appended) events by seq
         self._top = 0  # events 1.._top are all known to exist
         self._snapshots: list[int] = []  # snapshot seqs in the last listing, oldest first
         self._state: RunState | None = None  # folded through its own last_seq
@@ -201,19 +198,29 @@ class EventLog:
             self._events[seq] = _parse_event(data, seq, self.store.url_for(key))
         return got
 
-    def read(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
         """All events, oldest first (fetching only those not yet seen)."""
         with self._lock:
             self._list()
             self._fetch(range(1, self._top + 1))
             return [self._events[seq] for seq in range(1, self._top + 1)]
 
-    def since(self, seq: int) -> list[dict[str, Any]]:
+    def events_since(self, seq: int) -> list[Event]:
         """The events after ``seq``, oldest first (one listing, then one ``read_many``)."""
         with self._lock:
             self._list()
             self._fetch(range(seq + 1, self._top + 1))
             return [self._events[s] for s in range(seq + 1, self._top + 1)]
+
+    # The untyped doors for callers outside the run log (``Run``, ``Api``, gc, the evaluation queue), which
+    # hold events as plain dicts: the same lists as :meth:`events` and :meth:`events_since`.
+    def read(self) -> list[dict[str, Any]]:
+        """All events, oldest first, as plain dicts (see :meth:`events`)."""
+        return cast("list[dict[str, Any]]", self.events())
+
+    def since(self, seq: int) -> list[dict[str, Any]]:
+        """The events after ``seq``, oldest first, as plain dicts (see :meth:`events_since`)."""
+        return cast("list[dict[str, Any]]", self.events_since(seq))
 
     def state(self, *, refresh: bool = True) -> RunState:
         """The run's state folded through the newest event.
@@ -293,8 +300,8 @@ class EventLog:
         except StorageError as exc:  # a read-only credential, or the store is away: only a cache
             _log.debug("run %s: could not write snapshot %d: %s", self.run_id, seq, exc)
 
-    def append(self, type_: str, payload: dict[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
-        """Append one event and return it (with its ``seq``).
+    def append_event(self, type_: str, payload: Mapping[str, object], *, expect_seq: int | None = None) -> Event:
+        """Append one event of ``type_`` (one of :data:`_records.Event`'s tags) and return it (with its ``seq``).
 
         With ``expect_seq`` the event must land at exactly that sequence
         number, else :class:`SequenceTaken` is raised and the caller re-checks
@@ -303,10 +310,14 @@ class EventLog:
         with self._lock:
             event = self._append(type_, payload, expect_seq)
         if self.on_append is not None:
-            self.on_append(event)
+            self.on_append(cast("dict[str, Any]", event))
         return event
 
-    def _append(self, type_: str, payload: dict[str, Any], expect_seq: int | None) -> dict[str, Any]:
+    def append(self, type_: str, payload: Mapping[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
+        """:meth:`append_event`, the event returned as a plain dict (the untyped door, as :meth:`read`)."""
+        return cast("dict[str, Any]", self.append_event(type_, payload, expect_seq=expect_seq))
+
+    def _append(self, type_: str, payload: Mapping[str, object], expect_seq: int | None) -> Event:
         while True:
             seq = expect_seq if expect_seq is not None else self._top + 1
             event = {"seq": seq, "type": type_, "time": time.time(), **payload}
@@ -320,7 +331,7 @@ class EventLog:
                 if self._top < seq:  # taken but not yet listed: wait for it
                     time.sleep(0.01)
                 continue
-            stored: dict[str, Any] = json.loads(body)  # exactly what readers will see (lists, not tuples)
+            stored = cast("Event", json.loads(body))  # exactly what readers will see (lists, not tuples)
             self._events[seq] = stored
             if seq == self._top + 1:
                 self._top = seq
@@ -344,7 +355,7 @@ class SessionRecord:
 
     id: str
     started_at: float
-    process: dict[str, Any]
+    process: dict[str, object]
     heartbeat_interval: float
     heartbeat_timeout: float
     resumed: bool = False
@@ -363,9 +374,14 @@ class RunState:
     sessions: list[SessionRecord] = field(default_factory=list)
     closed: bool = False
     closed_at: float | None = None
+    # The events below are the ``_records`` types named in each comment. They are held as plain dicts
+    # because code outside the run log (Api, gc, the evaluation queue, launchhelm.torch) reads them as such.
+    #: ``rewind`` events (:class:`_records.RewindEvent`)
     rewinds: list[dict[str, Any]] = field(default_factory=list)
+    #: ``checkpoint`` events still published (:class:`_records.CheckpointEvent`)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
-    #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``)
+    #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``;
+    #: :class:`_records.CheckpointDeletedEvent`)
     deleted_checkpoints: list[dict[str, Any]] = field(default_factory=list)
     #: the unconsumed resume choice (checkpoint id), if any
     resume_choice: str | None = None
@@ -373,8 +389,8 @@ class RunState:
     #: pause or resume (stop and checkpoint requests change no saved setting)
     last_control_seq: int = 0
     #: control requests (tunables and actions), oldest first
-    controls: list[dict[str, Any]] = field(default_factory=list)
-    #: what training processes applied, oldest first
+    controls: list[dict[str, Any]] = field(default_factory=list)  # _records.ControlEvent
+    #: what training processes applied, oldest first (:class:`_records.ControlAppliedEvent`)
     applied: list[dict[str, Any]] = field(default_factory=list)
     last_seq: int = 0
 
@@ -430,17 +446,25 @@ class RunState:
         return len(self.rewinds)
 
 
-def fold(events: Iterable[dict[str, Any]], state: RunState | None = None) -> RunState:
+def _held(event: Event) -> dict[str, Any]:
+    """A copy of ``event`` as :class:`RunState` holds it (a plain dict, see its fields)."""
+    return cast("dict[str, Any]", event.copy())
+
+
+def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) -> RunState:
     """Fold the log into the run's state, continuing from ``state`` (not modified) if given.
 
-    ``fold(events[k:], fold(events[:k]))`` equals ``fold(events)``.
+    ``fold(events[k:], fold(events[:k]))`` equals ``fold(events)``. Each
+    event is taken as the :data:`_records.Event` its ``type`` tags (events
+    as stored, or as an importer builds them); a type this version does not
+    know changes nothing.
     """
     state = RunState() if state is None else copy.deepcopy(state)
     by_id: dict[str, SessionRecord] = {s.id: s for s in state.sessions}
-    for event in events:
-        kind = event.get("type")
+    for raw in events:
+        event = cast("Event", raw)
         state.last_seq = int(event["seq"])
-        if kind == SESSION_STARTED:
+        if event["type"] == SESSION_STARTED:
             rec = SessionRecord(
                 id=event["session"],
                 started_at=float(event["time"]),
@@ -453,7 +477,7 @@ def fold(events: Iterable[dict[str, Any]], state: RunState | None = None) -> Run
             )
             state.sessions.append(rec)
             by_id[rec.id] = rec
-        elif kind == SESSION_ENDED:
+        elif event["type"] == SESSION_ENDED:
             ended = by_id.get(event.get("session", ""))
             if ended is not None:
                 ended.ended_at = float(event["time"])
@@ -463,40 +487,43 @@ def fold(events: Iterable[dict[str, Any]], state: RunState | None = None) -> Run
             if event.get("close_run"):
                 state.closed = True
                 state.closed_at = float(event["time"])
-        elif kind == REWIND:
-            state.rewinds.append(dict(event))
-        elif kind == CHECKPOINT:
-            state.checkpoints.append(dict(event))
-        elif kind == CHECKPOINT_DELETED:
+        elif event["type"] == REWIND:
+            state.rewinds.append(_held(event))
+        elif event["type"] == CHECKPOINT:
+            state.checkpoints.append(_held(event))
+        elif event["type"] == CHECKPOINT_DELETED:
             gone = event.get("checkpoint")
             state.checkpoints = [c for c in state.checkpoints if c["checkpoint"] != gone]
-            state.deleted_checkpoints.append(dict(event))
+            state.deleted_checkpoints.append(_held(event))
             if state.resume_choice == gone:
                 state.resume_choice = None
-        elif kind == RESUME_CHOICE:
+        elif event["type"] == RESUME_CHOICE:
             if not any(d.get("checkpoint") == event["checkpoint"] for d in state.deleted_checkpoints):
                 state.resume_choice = event["checkpoint"]  # a choice of a deleted checkpoint is void
-        elif kind == RESUME_CHOICE_CONSUMED:
+        elif event["type"] == RESUME_CHOICE_CONSUMED:
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None
-        elif kind in (CONTROL_TUNABLES, CONTROL_ACTION):
-            state.controls.append(dict(event))
-            if kind == CONTROL_TUNABLES or event.get("action") in STATE_ACTIONS:
+        elif event["type"] == CONTROL_TUNABLES:
+            state.controls.append(_held(event))
+            state.last_control_seq = int(event["seq"])
+        elif event["type"] == CONTROL_ACTION:
+            state.controls.append(_held(event))
+            if event.get("action") in STATE_ACTIONS:
                 state.last_control_seq = int(event["seq"])
-        elif kind == CONTROL_APPLIED:
-            state.applied.append(dict(event))
+        elif event["type"] == CONTROL_APPLIED:
+            state.applied.append(_held(event))
     return state
 
 
-def _canonical(obj: Any) -> bytes:
+def _canonical(obj: object) -> bytes:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
 
 
-def _event_digest(event: dict[str, Any]) -> str:
+def _event_digest(event: Mapping[str, object]) -> str:
     return hashlib.sha256(_canonical(event)).hexdigest()
 
 
-def encode_state(state: RunState, run_id: str, last_event: dict[str, Any]) -> bytes:
+def encode_state(state: RunState, run_id: str, last_event: Mapping[str, Any]) -> bytes:
     """The snapshot of ``state`` (folded through ``last_event``): deterministic JSON.
 
     The same events give the same bytes, so racing writers ``create`` the
@@ -516,7 +543,7 @@ def encode_state(state: RunState, run_id: str, last_event: dict[str, Any]) -> by
     )
 
 
-def decode_state(data: bytes, run_id: str, seq: int, last_event: dict[str, Any]) -> RunState | None:
+def decode_state(data: bytes, run_id: str, seq: int, last_event: Mapping[str, object]) -> RunState | None:
     """The state in a snapshot, or None if it is not a trustworthy snapshot of this log at ``seq``.
 
     Checks the format, the run, the sequence number, the digest of event

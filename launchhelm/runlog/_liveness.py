@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
-from typing import Any
+
+from launchhelm.runlog._records import Requester
 
 __all__ = ["ProcessIdentity", "process_identity", "process_state", "requester"]
 
@@ -92,7 +93,7 @@ def process_state(identity: ProcessIdentity) -> str:
     return "alive"
 
 
-def requester() -> dict[str, Any]:
+def requester() -> Requester:
     """Who asked for a change (a control request, a rule, a queued evaluation): user, host, pid."""
     import getpass
     import socket

@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
 from launchhelm.metrics._read import furthest_logged_step
 from launchhelm.runlog._events import RunState, validate_run_id
+from launchhelm.runlog._records import Heartbeat, RunRecord
 from launchhelm.runlog._sessions import liveness, read_beats
 from launchhelm.storage import Store
 from launchhelm.storage._keys import run_record_key
 
-__all__ = ["furthest_step", "metrics_last_step", "read_run_record"]
+__all__ = ["furthest_step", "metrics_last_step", "read_run_record", "run_record"]
 
 
-def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
+def run_record(store: Store, run_id: str) -> RunRecord:
     """The immutable ``run.json`` of ``run_id``, or :class:`RunNotFoundError`."""
     validate_run_id(run_id)
     try:
-        return dict(json.loads(store.read(run_record_key(run_id))))
+        return cast("RunRecord", dict(json.loads(store.read(run_record_key(run_id)))))
     except ObjectNotFoundError:
         raise RunNotFoundError(
             f"no run {run_id!r} in store {store.url}; list runs with "
@@ -29,13 +31,18 @@ def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
         ) from None
 
 
+def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
+    """:func:`run_record` as a plain dict: the door for callers outside the run log that hold it as one."""
+    return cast("dict[str, Any]", run_record(store, run_id))
+
+
 def metrics_last_step(store: Store, run_id: str, state: RunState) -> int:
     """The highest step any stored metric point has (0: none): the newest manifest and the chunk names."""
     return furthest_logged_step(store, run_id)
 
 
 def furthest_step(
-    store: Store, run_id: str, state: RunState, beats: dict[str, dict[str, Any] | None] | None = None
+    store: Store, run_id: str, state: RunState, beats: Mapping[str, Heartbeat | None] | None = None
 ) -> int:
     """The furthest step the run has reached, in any session or attempt.
 

@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Final, cast
 
 from launchhelm._exceptions import InvalidArgumentError, ObjectNotFoundError
 from launchhelm.runlog._events import RunState, SessionRecord
 from launchhelm.runlog._liveness import process_state
+from launchhelm.runlog._records import Heartbeat, Summary
 from launchhelm.storage import Store
 from launchhelm.storage._keys import heartbeat_key, summary_key
 
@@ -59,7 +61,7 @@ def env_seconds(name: str, default: float) -> float:
     return value
 
 
-def parse_object(data: bytes | None) -> dict[str, Any] | None:
+def parse_object(data: bytes | None) -> dict[str, object] | None:
     """A JSON object as stored, or None (absent, damaged, not an object)."""
     if data is None:
         return None
@@ -67,15 +69,22 @@ def parse_object(data: bytes | None) -> dict[str, Any] | None:
         found = json.loads(data)
     except ValueError:
         return None
-    return found if isinstance(found, dict) else None
+    return cast("dict[str, object]", found) if isinstance(found, dict) else None
 
 
-def fresher_beat(beat: dict[str, Any] | None, summary: dict[str, Any] | None, session_id: str) -> dict[str, Any] | None:
-    """The newer of a session's heartbeat object and a summary naming that session."""
+def fresher_beat(
+    stored: Mapping[str, object] | None, summary_object: Mapping[str, object] | None, session_id: str
+) -> Heartbeat | None:
+    """The newer of a session's heartbeat object and a summary naming that session.
+
+    Both as stored: a heartbeat and a summary, their fields as their writers wrote them.
+    """
+    beat = cast("Heartbeat | None", stored)
+    summary = cast("Summary | None", summary_object)
     if summary is None or summary.get("session") != session_id:
         return beat
     try:
-        from_summary = {"time": float(summary["time"]), "step": int(summary["step"])}
+        from_summary: Heartbeat = {"time": float(summary["time"]), "step": int(summary["step"])}
     except (KeyError, TypeError, ValueError):
         return beat
     if beat is None or float(beat.get("time", 0.0)) < from_summary["time"]:
@@ -84,8 +93,8 @@ def fresher_beat(beat: dict[str, Any] | None, summary: dict[str, Any] | None, se
 
 
 def read_beats(
-    store: Store, run_id: str, session_ids: list[str], summary: dict[str, Any] | None = None
-) -> dict[str, dict[str, Any] | None]:
+    store: Store, run_id: str, session_ids: list[str], summary: Mapping[str, object] | None = None
+) -> dict[str, Heartbeat | None]:
     """Each session's latest heartbeat (None: none yet), in one ``read_many``.
 
     Reads the run's summary too unless given, since it carries the live
@@ -100,12 +109,13 @@ def read_beats(
 
 
 def encode_heartbeat(step: int, interval: float) -> bytes:
-    return json.dumps({"time": time.time(), "step": step, "interval": interval}).encode()
+    beat: Heartbeat = {"time": time.time(), "step": step, "interval": interval}
+    return json.dumps(beat).encode()
 
 
-def read_heartbeat(store: Store, run_id: str, session_id: str) -> dict[str, Any] | None:
+def read_heartbeat(store: Store, run_id: str, session_id: str) -> Heartbeat | None:
     try:
-        return dict(json.loads(store.read(heartbeat_key(run_id, session_id))))
+        return cast("Heartbeat", dict(json.loads(store.read(heartbeat_key(run_id, session_id)))))
     except (ObjectNotFoundError, ValueError):
         return None
 
@@ -120,7 +130,11 @@ class Liveness:
     step: int
 
 
-_UNREAD: Any = object()
+class _Unread:
+    """The type of :data:`_UNREAD`: ``liveness`` reads the heartbeat itself."""
+
+
+_UNREAD: Final = _Unread()
 
 
 #: Seconds a heartbeat may be ahead of this host's clock before it is not believed.
@@ -128,14 +142,19 @@ _MAX_CLOCK_SKEW = 300.0
 
 
 def liveness(
-    store: Store, run_id: str, session: SessionRecord, now: float | None = None, beat: Any = _UNREAD
+    store: Store,
+    run_id: str,
+    session: SessionRecord,
+    now: float | None = None,
+    beat: Mapping[str, object] | _Unread | None = _UNREAD,
 ) -> Liveness:
     """Decide whether ``session`` is alive, as resume and status need it.
 
     ``beat``: its latest heartbeat if already read (:func:`read_beats`), None if it has none.
     """
-    if beat is _UNREAD:
+    if isinstance(beat, _Unread):
         beat = read_beats(store, run_id, [session.id])[session.id]
+    beat = cast("Heartbeat | None", beat)
     last = float(beat["time"]) if beat else session.started_at
     step = int(beat["step"]) if beat else session.start_step
     if session.ended_at is not None:

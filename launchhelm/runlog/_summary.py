@@ -17,11 +17,12 @@ import json
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._events import RunState, SessionRecord, event_key, read_state
-from launchhelm.runlog._runinfo import metrics_last_step, read_run_record
+from launchhelm.runlog._records import Heartbeat, Json, RunRecord, SessionRecordDict, Summary
+from launchhelm.runlog._runinfo import metrics_last_step, run_record
 from launchhelm.runlog._sessions import (
     fresher_beat,
     heartbeat_key,
@@ -46,8 +47,8 @@ def encode_summary(
     name: str,
     project: str,
     created: float,
-    config: Mapping[str, Any],
-    tunables: Mapping[str, Any],
+    config: Mapping[str, Json],
+    tunables: Mapping[str, Json],
     state: RunState,
     session_id: str,
     step: int,
@@ -56,7 +57,7 @@ def encode_summary(
 ) -> bytes:
     """The summary the live session ``session_id`` puts: its heartbeat plus the run's row."""
     last = state.last_session
-    body = {
+    body: Summary = {
         "format": SUMMARY_FORMAT,
         "id": run_id,
         "name": name,
@@ -70,7 +71,7 @@ def encode_summary(
         "step": step,
         "interval": interval,
         # status fields, as the log says at `seq`
-        "last_session": dataclasses.asdict(last) if last is not None else None,
+        "last_session": cast("SessionRecordDict", dataclasses.asdict(last)) if last is not None else None,
         "closed": state.closed,
         "sessions": len(state.sessions),
         "rewinds": len(state.rewinds),
@@ -80,7 +81,7 @@ def encode_summary(
     return json.dumps(body, separators=(",", ":")).encode()  # NaN metrics stay NaN
 
 
-def parse_summary(data: bytes | None, run_id: str) -> dict[str, Any] | None:
+def parse_summary(data: bytes | None, run_id: str) -> Summary | None:
     """A summary of ``run_id`` to use, or None (absent, damaged, another format)."""
     if data is None:
         return None
@@ -91,7 +92,7 @@ def parse_summary(data: bytes | None, run_id: str) -> dict[str, Any] | None:
         int(body["seq"])
         if body.get("last_session") is not None:
             SessionRecord(**body["last_session"])
-        return body
+        return cast("Summary", body)
     except Exception:  # a damaged summary is no summary: the log answers
         return None
 
@@ -103,20 +104,20 @@ class _View:
     id: str
     name: str
     created: float
-    config: dict[str, Any]
-    tunables: dict[str, Any]
-    metrics: dict[str, Any]
+    config: dict[str, Json]
+    tunables: dict[str, Json]
+    metrics: dict[str, float]
     last: SessionRecord | None
     closed: bool
     sessions: int
     rewinds: int
     step: int  # furthest step known before the last session's heartbeat
-    summary: dict[str, Any] | None
-    beat: Any = None  # the last session's heartbeat, once read
+    summary: Summary | None
+    beat: Heartbeat | None = None  # the last session's heartbeat, once read
     beat_read: bool = False
 
 
-def _from_summary(run_id: str, summary: dict[str, Any]) -> _View:
+def _from_summary(run_id: str, summary: Summary) -> _View:
     raw = summary.get("last_session")
     last = SessionRecord(**raw) if raw is not None else None
     step = int(summary.get("step") or 0)
@@ -138,10 +139,10 @@ def _from_summary(run_id: str, summary: dict[str, Any]) -> _View:
     )
 
 
-def _from_log(store: Store, run_id: str, summary: dict[str, Any] | None) -> _View:
+def _from_log(store: Store, run_id: str, summary: Summary | None) -> _View:
     """A run whose summary is missing (an older store) or behind the log: fold it."""
     state, _ = read_state(store, run_id)
-    record = summary if summary is not None else read_run_record(store, run_id)
+    record: Summary | RunRecord = summary if summary is not None else run_record(store, run_id)
     beats = read_beats(store, run_id, [s.id for s in state.sessions], summary=summary or {})
     step = 0
     for session in state.sessions:
@@ -167,7 +168,7 @@ def _from_log(store: Store, run_id: str, summary: dict[str, Any] | None) -> _Vie
     )
 
 
-def _flatten(prefix: str, values: Mapping[str, Any], out: dict[str, Any]) -> None:
+def _flatten(prefix: str, values: Mapping[str, object], out: dict[str, object]) -> None:
     for key, value in values.items():
         if isinstance(value, Mapping) and value:
             _flatten(f"{prefix}{key}.", value, out)

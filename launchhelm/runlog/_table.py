@@ -27,9 +27,11 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, cast
 
 from launchhelm._exceptions import AlreadyExistsError, StorageError
+from launchhelm.runlog._records import IndexEntry
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     new_index_name,
@@ -50,7 +52,7 @@ INDEX_AFTER = 32
 
 def mark_row(store: Store, project: str, run_id: str, session_id: str, state: str) -> None:
     """The session's row marker: ``"started"`` before its start event, ``"ended"`` after its end."""
-    body = {"session": session_id, "state": state, "time": time.time()}
+    body: dict[str, object] = {"session": session_id, "state": state, "time": time.time()}
     try:
         store.put(row_marker_key(project, run_id), json.dumps(body).encode())
     except StorageError as exc:  # without it the run is read from its summary and log: slower, as right
@@ -69,7 +71,7 @@ def _listing(store: Store, project: str) -> tuple[dict[str, str | None], list[st
     return markers, sorted(indexes)
 
 
-def _read_index(store: Store, project: str, name: str | None) -> dict[str, Any]:
+def _read_index(store: Store, project: str, name: str | None) -> dict[str, IndexEntry]:
     if name is None:
         return {}
     data = store.read_many([f"{table_prefix(project)}/{name}"]).get(f"{table_prefix(project)}/{name}")
@@ -81,10 +83,10 @@ def _read_index(store: Store, project: str, name: str | None) -> dict[str, Any]:
         return {}
     if not isinstance(body, dict) or body.get("format") != INDEX_FORMAT or not isinstance(body.get("runs"), dict):
         return {}
-    return dict(body["runs"])
+    return cast("dict[str, IndexEntry]", dict(body["runs"]))  # as _write_index wrote them
 
 
-def _settled(row: dict[str, Any]) -> bool:
+def _settled(row: Mapping[str, object]) -> bool:
     return row.get("status") in ("resumable", "closed")
 
 
@@ -116,14 +118,14 @@ def _write_index(
     store: Store,
     project: str,
     older: list[str],
-    index: dict[str, Any],
+    index: dict[str, IndexEntry],
     markers: dict[str, str | None],
     new_rows: dict[str, dict[str, Any]],
 ) -> None:
     """A new index: the old one's rows still exact, plus the settled rows just read. Best effort."""
     runs = {r: e for r, e in index.items() if markers.get(r) is not None and e.get("marker") == markers.get(r)}
     for run_id, row in new_rows.items():
-        runs[run_id] = {"marker": markers[run_id], "row": row}
+        runs[run_id] = IndexEntry(marker=markers[run_id], row=row)
     name = new_index_name()
     body = json.dumps({"format": INDEX_FORMAT, "created": time.time(), "runs": runs}, separators=(",", ":"))
     try:
