@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["decode_chunk", "decode_segment", "empty_points", "encode_segment"]
+__all__ = ["decode_chunk", "decode_segment", "empty_points", "encode_segment", "plain_points"]
 
 SEGMENT_FORMAT = b"launchhelm.segment/1"
 
@@ -46,6 +46,11 @@ def _plain(table: pa.Table) -> pa.Table:
             "value": table.column("value").cast(pa.float64()),
         }
     )
+
+
+def plain_points(table: pa.Table | None) -> pa.Table:
+    """:func:`_plain` of ``table``; None gives the empty table (for its schema)."""
+    return empty_points() if table is None else _plain(table)
 
 
 def decode_chunk(blob: bytes) -> pa.Table:
