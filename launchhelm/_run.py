@@ -69,8 +69,10 @@ from launchhelm._sessions import (
 from launchhelm._summary import encode_summary, parse_summary
 from launchhelm._types import Rewind
 from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
-from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
+from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
 from launchhelm.metrics._spool import Spool, recover_run
 from launchhelm.metrics._system import SystemSampler, system_interval
 from launchhelm.storage import Store, open_store
@@ -170,7 +172,10 @@ def _warm_up_encoder() -> None:
     """
     global _warmed_up
     if not _warmed_up:
-        encode_chunk([(0, 0, 0.0, {"warm-up": 0.0})])
+        buffer = PointBuffer(KeyIds(), 1)
+        buffer.append(0, 0, 0.0, {"warm-up": 0.0})
+        encode_buffer(buffer)
+        buffer.latest()
         _warmed_up = True
 
 
@@ -254,7 +259,17 @@ class Run:
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
-        self._rows: list[Row] = []
+        # points not yet stored: the buffer log() appends to, and buffers cut from it (see _cut)
+        self._keys = KeyIds()
+        self._chunk_values = 1 << 20  # values per buffer (and so per chunk); _set_memory sets them
+        self._max_held = 1 << 22  # values held in memory before log() leaves them to the spool alone
+        self._buffer = PointBuffer(self._keys, self._chunk_values)
+        self._sealed: list[PointBuffer] = []
+        self._held = 0
+        # logging outran the store: points are only in the spool, read back from there (see _flush)
+        self._spilled = False
+        self._flushed_end: tuple[int, int] | None = None  # the spool position the store has every point before
+        self._set_memory(compaction_memory_setting())  # start_run sets the one init() was given
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._known_keys: set[str] = set()
@@ -409,44 +424,118 @@ class Run:
             self._reached = step
         now = time.time()
         with self._lock:
-            self._rows.append((step, self._attempt, now, row))
             if self._spool is not None:
                 self._spool.append(step, self._attempt, now, row)
+            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
+                self._cut()
+
+    def _append_row(self, step: int, now: float, row: dict[str, float]) -> None:
+        """``log()``'s append, for rows the background thread makes (system metrics)."""
+        with self._lock:
+            if self._spool is not None:
+                self._spool.append(step, self._attempt, now, row)
+            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
+                self._cut()
+
+    def _set_memory(self, compaction_memory: int) -> None:
+        """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
+        self._compaction_memory = compaction_memory
+        # a chunk's points, encoded, take about 64 bytes a value at most: a few of them fit the working set
+        self._chunk_values = max(1024, compaction_memory // 128)
+        self._max_held = max(self._chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
+        self._buffer.limit = self._chunk_values
+
+    def _cut(self) -> None:
+        """Seal the buffer (under ``_lock``): it becomes one chunk, ending where the spool stands now.
+
+        Past ``_max_held`` values waiting, memory lets go of them all: they are in
+        the spool, and the flushes read them from there until they catch up.
+        """
+        buffer, spool = self._buffer, self._spool
+        self._buffer = PointBuffer(self._keys, self._chunk_values)
+        if not len(buffer):
+            return
+        buffer.end = spool.position() if spool is not None else None
+        self._sealed.append(buffer)
+        self._held += len(buffer)
+        if spool is not None and self._held > self._max_held:
+            self._spilled = True
+            self._sealed, self._held = [], 0
 
     def flush(self) -> None:
         """Write every buffered point to the store now (blocking)."""
-        self._flush()
+        self._flush(drain=True)
 
-    def _flush(self) -> None:
+    def _flush(self, drain: bool = True) -> None:
+        """Write what is buffered; with ``drain``, also every point spooled when the buffer let go.
+
+        Each cut buffer is one chunk. A chunk's ``create`` that fails leaves it
+        (and those after it) for the next try, unless memory let go of them
+        meanwhile: then the spool has them.
+        """
         with self._io_lock:
-            spool = self._spool
-            with self._lock:
-                rows, self._rows = self._rows, []
-                end = spool.position() if spool is not None else None
-            if not rows:
-                return
-            try:
-                data = encode_chunk(rows)
-                first = min(r[0] for r in rows)
-                last = max(r[0] for r in rows)
-                while True:
-                    key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
-                    self._chunk_number += 1
-                    if spool is not None and end is not None:
-                        spool.pending(self._chunk_number - 1, end, self._chunk_number)
-                    try:
-                        self._store.create(key, data)
-                        self._unsealed[key] = data  # the compactor needs no GET for our own chunks
-                        break
-                    except AlreadyExistsError:
-                        continue  # a chunk number taken by an earlier, ambiguous write
-                if spool is not None and end is not None:
-                    spool.flushed(end, self._chunk_number)
-                self._note_latest(rows)
-            except BaseException:
+            while True:
+                spool = self._spool
                 with self._lock:
-                    self._rows[:0] = rows  # keep them for the next try
-                raise
+                    spilled = self._spilled and spool is not None
+                    if spilled:
+                        assert spool is not None
+                        end, names = spool.position(), spool.key_names()
+                        work: list[PointBuffer] = []
+                    else:
+                        self._cut()
+                        work, self._sealed, self._held = self._sealed, [], 0
+                if not spilled:
+                    for i, buffer in enumerate(work):
+                        try:
+                            self._write_chunk(buffer, buffer.end)
+                        except BaseException:
+                            self._put_back(work[i:])
+                            raise
+                    return
+                assert spool is not None and self._flushed_end is not None
+                for piece in read_spool(
+                    spool.dir, self.session_id, self._flushed_end, end, names, max_bytes=self._chunk_values * 12
+                ):
+                    self._write_chunk(piece.buffer, piece.end)
+                with self._lock:
+                    if self._flushed_end == spool.position():
+                        self._spilled = False  # caught up: log() buffers again
+                        return
+                if not drain:
+                    return
+
+    def _put_back(self, buffers: list[PointBuffer]) -> None:
+        with self._lock:
+            if self._spilled:
+                return  # memory let go of them meanwhile: the spool has them
+            self._sealed[:0] = buffers
+            self._held += sum(map(len, buffers))
+            if self._spool is not None and self._held > self._max_held:
+                self._spilled = True
+                self._sealed, self._held = [], 0
+
+    def _write_chunk(self, buffer: PointBuffer, end: tuple[int, int] | None) -> None:
+        """One chunk with ``buffer``'s points; the spool then says the store has every point before ``end``."""
+        spool = self._spool
+        if len(buffer):
+            data = encode_buffer(buffer)
+            first, last = buffer.step_range()
+            while True:
+                key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
+                self._chunk_number += 1
+                if spool is not None and end is not None:
+                    spool.pending(self._chunk_number - 1, end, self._chunk_number)
+                try:
+                    self._store.create(key, data)
+                    self._unsealed[key] = data  # the compactor needs no GET for our own chunks
+                    break
+                except AlreadyExistsError:
+                    continue  # a chunk number taken by an earlier, ambiguous write
+        if spool is not None and end is not None:
+            spool.flushed(end, self._chunk_number)
+            self._flushed_end = end
+        self._note_latest(buffer)
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
@@ -484,12 +573,7 @@ class Run:
         row = self._sampler.sample()
         if not row:
             return
-        now = time.time()
-        with self._lock:
-            step = self._step
-            self._rows.append((step, self._attempt, now, row))
-            if self._spool is not None:
-                self._spool.append(step, self._attempt, now, row)
+        self._append_row(self._step, time.time(), row)
 
     def _compact(self, *, only_if_due: bool) -> None:
         """Fold sealed chunks into segments (background thread, and once at the end of the session).
@@ -503,7 +587,7 @@ class Run:
                 return
             self._unsealed = {}
         if self._compactor is None:
-            self._compactor = Compactor(self._store, self.id, by=self.session_id)
+            self._compactor = Compactor(self._store, self.id, by=self.session_id, memory=self._compaction_memory)
         compactor = self._compactor
         compactor.known.update(known)
         try:
@@ -515,7 +599,7 @@ class Run:
                 compactor.compact(only_if_due=False)
         except Exception as exc:
             _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
-        if sum(map(len, compactor.known.values())) > 4 * BYTES_PER_SEGMENT:
+        if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
             compactor.forget()  # bounded: a later compaction lists and GETs them instead
 
     def _beat(self) -> None:
@@ -532,12 +616,11 @@ class Run:
         else:
             self._beat()
 
-    def _note_latest(self, rows: list[Row]) -> None:
+    def _note_latest(self, buffer: PointBuffer) -> None:
         """After a flush: the latest value of each metric stored, for the summary."""
+        latest = buffer.latest()
         with self._latest_lock:
-            latest = self._latest
-            for row in rows:
-                latest.update(row[3])
+            self._latest.update(latest)
 
     def _put_summary(self) -> None:
         """Put the run's summary: the heartbeat plus its runs-table row (single writer: this session)."""
@@ -945,6 +1028,8 @@ class Run:
             self._console = _console.attach()
         try:
             self._spool = _open_spool(self)
+            if self._spool is not None:
+                self._flushed_end = self._spool.position()
             self._beat()
             self._after_event({"seq": self._session_seq})  # the summary of our session_started event
             if self.resumed:
@@ -971,7 +1056,7 @@ class Run:
                     self._sample_system()
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
-                    self._flush()
+                    self._flush(drain=False)
                     self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:
@@ -1028,6 +1113,8 @@ class Run:
             self._spool.close(remove=True)
             self._spool = None
         self._compact(only_if_due=False)
+        if self._compactor is not None:
+            self._compactor.close()  # its local copies of segments: the store has them
         self._settle_summary(end=True)  # the final summary below is then the last one put
         self._events.append(
             SESSION_ENDED,
@@ -1122,6 +1209,7 @@ def init(
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
+    compaction_memory: int | str | None = None,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -1172,6 +1260,11 @@ def init(
         Under DDP only rank 0 captures. Output faster than the store takes
         it, beyond 4 MiB between flushes, is dropped and counted in the log,
         and lines past 64 KiB are cut (see ``docs/storage.md``). False: none.
+    compaction_memory:
+        Bytes the session's background compaction of metrics may hold at
+        once: bytes or a string such as ``"64MiB"`` (default 64 MiB, or
+        ``LAUNCHHELM_COMPACTION_MEMORY``). The session's memory does not grow
+        with the run's length: see ``docs/long-runs.md``.
 
     Raises
     ------
@@ -1211,6 +1304,7 @@ def init(
         control_interval=control_interval,
         system_metrics=system_metrics,
         capture_console=capture_console,
+        compaction_memory=compaction_memory,
     )
 
 
@@ -1234,10 +1328,12 @@ def start_run(
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
+    compaction_memory: int | str | None = None,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
     system_s = system_interval(system_metrics)
+    compaction_bytes = compaction_memory_setting(compaction_memory)
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     _check_flag("capture_console", capture_console)
     if resume is not None and not isinstance(resume, str):
@@ -1309,6 +1405,7 @@ def start_run(
         previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
         run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
     run._system_interval = system_s
+    run._set_memory(compaction_bytes)
     run._capture_console = _console.capture_wanted(capture_console)
     run._start()
     return run

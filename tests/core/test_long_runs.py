@@ -1,0 +1,114 @@
+"""Long runs: a live session's memory is bounded by its settings, never by how long it has run.
+
+If these fail, a run that logs for a day ends in the OOM killer: the
+process keeps every table compaction ever built, or every point logged
+faster than the store takes it.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from lhtest import child_env
+
+import launchhelm as lh
+from launchhelm.metrics._layout import list_metrics, read_manifest
+
+# Logs at full speed with a flush and the background compaction step every 2,000 steps (200 of them),
+# so segments merge through several levels; samples Arrow's allocations (after gc) while it runs,
+# and its peak at the end.
+_CHILD = textwrap.dedent(
+    """
+    import gc, json, sys, time
+    import pyarrow as pa
+    import launchhelm as lh
+    import launchhelm._run, launchhelm.metrics._compact
+    # compaction due after every flush: many merges in a few seconds
+    launchhelm._run.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
+    store, steps, memory = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    run = lh.init("long", store=store, system_metrics=False, capture_console=False,
+                  flush_interval=3600, compaction_memory=memory)
+    samples = []
+    for step in range(steps):
+        run.log({"a": step, "b": -step, "c": step * 0.5, "d": 1.0, "e": 2.0}, step=step)
+        if step % 2_000 == 1_999:
+            run.flush()
+            run._compact(only_if_due=True)  # what the background thread does after each flush
+        if step % 20_000 == 0:
+            gc.collect()
+            samples.append(pa.total_allocated_bytes())
+    run.finish()
+    gc.collect()
+    print(json.dumps({"run": run.id, "samples": samples, "end": pa.total_allocated_bytes(),
+                      "peak": pa.default_memory_pool().max_memory()}))
+    """
+)
+
+
+@pytest.mark.slow
+def test_compaction_through_several_levels_holds_arrow_memory_under_its_bound(tmp_path: Path) -> None:
+    """Arrow's allocations never pass ``compaction_memory``, though the run's points decoded take ~8 times it,
+    and every point reads back exactly."""
+    store, steps, bound = str(tmp_path / "store"), 400_000, 8 * 2**20
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, store, str(steps), "8MiB"],
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert max(report["samples"]) <= bound, report["samples"]
+    assert report["peak"] <= bound, report["peak"]  # the high-water mark, compactions included
+    opened = lh.storage.open_store(store)
+    manifest = read_manifest(opened, report["run"], list_metrics(opened, report["run"]).newest_manifest)
+    assert max(s.level for s in manifest.segments) >= 2  # merges of merges ran
+    assert sum(s.rows for s in manifest.segments) == steps * 5
+    frame = lh.Api(store).run(report["run"]).history()
+    assert frame["step"].tolist() == list(range(steps))
+    assert frame["a"].tolist() == [float(s) for s in range(steps)]
+    assert frame["b"].tolist() == [-float(s) for s in range(steps)]
+    assert frame["c"].tolist() == [s * 0.5 for s in range(steps)]
+
+
+def test_logging_that_outruns_the_store_holds_bounded_memory_and_loses_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No flush runs while a million values are logged (as when the store is slower than the loop):
+    the process holds a bounded amount, the rest waits in the spool, and every point reads back."""
+    import tracemalloc
+
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
+    store = str(tmp_path / "store")
+    run = lh.init(
+        "long", store=store, system_metrics=False, capture_console=False, flush_interval=3600, compaction_memory="4MiB"
+    )
+    steps = 200_000
+    tracemalloc.start()
+    try:
+        for step in range(steps):
+            # a second layout of keys now and then: the spool's rows are not all alike
+            row = {"a": step, "b": -step, "c": step * 0.5, "d": 1.0, "e": 2.0} if step % 1000 else {"rare": step}
+            run.log(row, step=step)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    # 984,800 values: ~17 MB as compact columns, ~90 MB as dicts; the bound is half of compaction_memory
+    assert peak <= 3 * 2**20, peak
+    run.finish()
+    frame = lh.Api(store).run(run.id).history()
+    expected = [s for s in range(steps) if s % 1000]
+    assert frame["step"].tolist() == list(range(steps))
+    body = frame.dropna(subset=["a"])
+    assert body["step"].tolist() == expected
+    assert body["a"].tolist() == [float(s) for s in expected]
+    assert body["c"].tolist() == [s * 0.5 for s in expected]
+    rare = frame.dropna(subset=["rare"])
+    assert rare["rare"].tolist() == [float(s) for s in range(0, steps, 1000)]
+    assert not (tmp_path / "spool" / run.id).exists()  # every point stored: the spool is gone
