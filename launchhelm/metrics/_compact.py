@@ -36,7 +36,7 @@ from launchhelm.metrics._layout import (
     parse_chunk,
     read_manifest,
 )
-from launchhelm.metrics._segments import SEGMENT_FORMAT, decode_chunk, plain_points
+from launchhelm.metrics._segments import SEGMENT_FORMAT, decode_chunk, plain_points, points_schema
 from launchhelm.storage import Store
 
 if TYPE_CHECKING:
@@ -383,7 +383,7 @@ class Compactor:
         rows, first, last = 0, None, None
         held: list[pa.Table] = []
         held_rows = 0
-        schema = plain_points(None).schema.with_metadata({b"format": SEGMENT_FORMAT})
+        schema = points_schema().with_metadata({b"format": SEGMENT_FORMAT})
         with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=["key"]) as writer:
 
             def write(tables: list[pa.Table]) -> None:

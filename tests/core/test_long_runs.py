@@ -112,3 +112,39 @@ def test_logging_that_outruns_the_store_holds_bounded_memory_and_loses_nothing(
     rare = frame.dropna(subset=["rare"])
     assert rare["rare"].tolist() == [float(s) for s in range(0, steps, 1000)]
     assert not (tmp_path / "spool" / run.id).exists()  # every point stored: the spool is gone
+
+
+def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path: Path) -> None:
+    """pandas costs a training process ~0.4 s and ~60 MB, and imported by the background thread it
+    stalls the loop: writing and compacting metrics must not need it (reading them does)."""
+    child = textwrap.dedent(
+        """
+        import sys
+        import launchhelm as lh
+        import launchhelm._run, launchhelm.metrics._compact
+        launchhelm._run.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
+        run = lh.init("lean", store=sys.argv[1], system_metrics=False, capture_console=False, flush_interval=3600)
+        for step in range(2_000):
+            run.log({"loss": 1.0 / (step + 1), "lr": 3e-4}, step=step)
+            if step % 200 == 199:
+                run.flush()
+                run._compact(only_if_due=True)  # ten compactions: a merge into level 1 among them
+        run.finish()
+        print(sorted(m for m in ("pandas", "torch", "altair", "IPython") if m in sys.modules))
+        """
+    )
+    store = str(tmp_path / "store")
+    out = subprocess.run(
+        [sys.executable, "-c", child, store],
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "[]"
+    (run_id,) = [p.name for p in (tmp_path / "store" / "runs").iterdir()]
+    opened = lh.storage.open_store(store)
+    manifest = read_manifest(opened, run_id, list_metrics(opened, run_id).newest_manifest)
+    assert max(s.level for s in manifest.segments) >= 1
+    assert lh.Api(store).run(run_id).history()["step"].tolist() == list(range(2_000))
