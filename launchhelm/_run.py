@@ -288,6 +288,7 @@ class Run:
         self._heartbeat_interval = heartbeat_interval
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
+        self._outage_since: float | None = None  # wall time the store stopped answering (said once)
         self._control_seq = control_seq
         self._control_interval = control_interval
         self._control_cursor = control_cursor  # newest request seen by the poller
@@ -597,6 +598,8 @@ class Run:
                 compactor.compact_live(only_if_due=False)
             else:
                 compactor.compact(only_if_due=False)
+        except OSError as exc:  # the store: an outage is said once, by _store_failed
+            self._store_failed(exc)
         except Exception as exc:
             _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
         if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
@@ -1057,17 +1060,57 @@ class Run:
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
                     self._flush(drain=False)
+                    self._store_answered()
                     self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
                     self._heartbeat()
+                    self._store_answered()
                 if now >= next_poll:
                     next_poll = now + self._control_interval
                     self._poll_controls()
                 self._last_error = None
             except Exception as exc:  # keep going: the store may come back
                 self._last_error = exc
+                self._store_failed(exc)
+
+    def _held_points(self) -> str:
+        with self._lock:
+            held = self._held + len(self._buffer)
+            spilled = self._spilled
+        where = f"in the spool at {self._spool.dir}" if self._spool is not None else "in memory only"
+        if spilled:
+            return f"points are held {where}"
+        return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """The first failure of an outage: one line saying what failed, since when, and what is held where."""
+        if self._outage_since is not None:
+            return
+        self._outage_since = time.time()
+        since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        _log.warning(
+            "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
+            self.id,
+            self._store.url,
+            since,
+            reason,
+            self._held_points(),
+        )
+
+    def _store_answered(self) -> None:
+        if self._outage_since is None:
+            return
+        lasted = time.time() - self._outage_since
+        self._outage_since = None
+        _log.warning(
+            "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",
+            self.id,
+            self._store.url,
+            lasted,
+        )
 
     # -- ending ---------------------------------------------------------
     def finish(self, close_run: bool = True) -> None:

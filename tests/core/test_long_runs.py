@@ -148,3 +148,111 @@ def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path:
     manifest = read_manifest(opened, run_id, list_metrics(opened, run_id).newest_manifest)
     assert max(s.level for s in manifest.segments) >= 1
     assert lh.Api(store).run(run_id).history()["step"].tolist() == list(range(2_000))
+
+
+_OUTAGE_CHILD = textwrap.dedent(
+    """
+    import socket, sys, threading, time
+    import launchhelm as lh
+
+    upstream = int(sys.argv[2])
+
+    class Gate:
+        # a TCP forwarder to moto that can refuse connections (its listening socket closed) and come back
+        def __init__(self):
+            self.port = None
+            self.conns = []
+            self.open()
+
+        def open(self):
+            srv = socket.socket()
+            srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            srv.bind(("127.0.0.1", self.port or 0))
+            srv.listen(64)
+            self.port, self.srv = srv.getsockname()[1], srv
+            threading.Thread(target=self.accept, args=(srv,), daemon=True).start()
+
+        def close(self):
+            self.srv.close()
+            for c in self.conns:
+                try:
+                    c.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                c.close()
+            self.conns = []
+
+        def accept(self, srv):
+            while True:
+                try:
+                    client, _ = srv.accept()
+                except OSError:
+                    return
+                up = socket.create_connection(("127.0.0.1", upstream))
+                self.conns += [client, up]
+                for a, b in ((client, up), (up, client)):
+                    threading.Thread(target=self.pipe, args=(a, b), daemon=True).start()
+
+        @staticmethod
+        def pipe(a, b):
+            try:
+                while data := a.recv(65536):
+                    b.sendall(data)
+            except OSError:
+                pass
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    gate = Gate()
+    opts = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{gate.port}"}}
+    run = lh.init("outage", store=sys.argv[1], storage_options=opts, system_metrics=False,
+                  capture_console=False, flush_interval=0.2, heartbeat_interval=0.5, heartbeat_timeout=30)
+    step = 0
+    def log_for(seconds):
+        global step
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(100):
+                run.log({"x": float(step)}, step=step)
+                step += 1
+            time.sleep(0.005)
+    log_for(1.5)
+    gate.close()       # refuses connections now
+    log_for(float(sys.argv[3]))
+    gate.open()        # answers again
+    log_for(3.0)
+    run.finish()
+    print("RUN", run.id, step)
+    """
+)
+
+
+@pytest.mark.slow
+def test_an_outage_is_said_in_one_line_and_its_end_in_another(moto_endpoint: str, tmp_path: Path) -> None:
+    """S3 refusing connections mid-run: nothing lost, one warning line, one recovery line, no traceback."""
+    import secrets
+
+    from lhtest import BUCKET
+
+    store = f"s3://{BUCKET}/{secrets.token_hex(6)}"
+    out = subprocess.run(
+        [sys.executable, "-c", _OUTAGE_CHILD, store, moto_endpoint.rsplit(":", 1)[1], "6"],
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    down = [line for line in lines if "is not answering since" in line]
+    up = [line for line in lines if "answers again after" in line]
+    assert len(down) == 1 and len(up) == 1, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr[-3000:]
+    assert len(lines) == 2, out.stderr[-3000:]
+    run_id, steps = out.stdout.split("RUN", 1)[1].split()
+    opened = lh.storage.open_store(store, {"client_kwargs": {"endpoint_url": moto_endpoint}})
+    frame = lh.Api(opened).run(run_id).history()
+    assert frame["x"].tolist() == [float(s) for s in range(int(steps))]
