@@ -84,6 +84,9 @@ DEFAULT_FLUSH_INTERVAL = 2.0
 #: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``). 3.5 s, not 3 s as
 #: before compaction: its 2 requests per 32 flushes are paid for, and requests per second stay level.
 DEFAULT_CONTROL_INTERVAL = 3.5
+#: Seconds ``finish()`` waits for an unreachable store before leaving the points in the spool
+#: (``LAUNCHHELM_FINISH_TIMEOUT``).
+DEFAULT_FINISH_TIMEOUT = 60.0
 #: Every this many heartbeats, the session puts its run's summary instead (it carries the heartbeat).
 SUMMARY_EVERY = 3
 
@@ -1075,6 +1078,30 @@ class Run:
                 self._last_error = exc
                 self._store_failed(exc)
 
+    def _leave_in_spool(self, exc: BaseException) -> None:
+        """The session ends without the store: what it lacks stays on disk, and the user is told where."""
+        spool, self._spool = self._spool, None
+        if spool is None:
+            return
+        spool.close(remove=False)
+        # the session is over as a crashed one is: its points are the spool's to upload, and the exit
+        # hook must not try the store again (the run stays resumable; its session never ended)
+        with self._lock:
+            self._sealed, self._held, self._spilled = [], 0, False
+            self._buffer = PointBuffer(self._keys, self._chunk_values)
+        self._finished = True
+        with _live_lock:
+            _live_runs.discard(self)
+        _log.warning(
+            "launchhelm: run %s: the store %s did not take the last points at the end of the session (%s); "
+            "they are kept in the spool at %s: `launchhelm recover` uploads them once this process has exited "
+            "(so does resuming the run on this host)",
+            self.id,
+            self._store.url,
+            " ".join(f"{type(exc).__name__}: {exc}".split())[:200],
+            spool.dir,
+        )
+
     def _held_points(self) -> str:
         with self._lock:
             held = self._held + len(self._buffer)
@@ -1145,13 +1172,22 @@ class Run:
             self._flush_console(final=True)
         except Exception as exc:  # the console is a nicety: the session still ends
             _log.warning("run %s: could not store its last console output: %s", self.id, exc)
-        try:
-            self._flush()
-        except BaseException:
-            if self._spool is not None:
-                self._spool.close(remove=False)  # what the store lacks stays on disk, recovered later
-                self._spool = None
-            raise
+        # an unreachable store gets a bounded time to come back (LAUNCHHELM_FINISH_TIMEOUT)
+        deadline = time.monotonic() + env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT)
+        while True:
+            try:
+                self._flush()
+                break
+            except ConnectionError as exc:
+                if time.monotonic() < deadline:
+                    self._store_failed(exc)
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                    continue
+                self._leave_in_spool(exc)
+                raise
+            except BaseException as exc:
+                self._leave_in_spool(exc)
+                raise
         if self._spool is not None:
             self._spool.close(remove=True)
             self._spool = None

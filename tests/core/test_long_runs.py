@@ -222,10 +222,11 @@ _OUTAGE_CHILD = textwrap.dedent(
     log_for(1.5)
     gate.close()       # refuses connections now
     log_for(float(sys.argv[3]))
-    gate.open()        # answers again
-    log_for(3.0)
+    if sys.argv[4] == "comes-back":
+        gate.open()        # answers again
+        log_for(3.0)
+    print("RUN", run.id, step, flush=True)
     run.finish()
-    print("RUN", run.id, step)
     """
 )
 
@@ -239,7 +240,7 @@ def test_an_outage_is_said_in_one_line_and_its_end_in_another(moto_endpoint: str
 
     store = f"s3://{BUCKET}/{secrets.token_hex(6)}"
     out = subprocess.run(
-        [sys.executable, "-c", _OUTAGE_CHILD, store, moto_endpoint.rsplit(":", 1)[1], "6"],
+        [sys.executable, "-c", _OUTAGE_CHILD, store, moto_endpoint.rsplit(":", 1)[1], "6", "comes-back"],
         env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
         capture_output=True,
         text=True,
@@ -253,6 +254,48 @@ def test_an_outage_is_said_in_one_line_and_its_end_in_another(moto_endpoint: str
     assert "Traceback" not in out.stderr and "never retrieved" not in out.stderr, out.stderr[-3000:]
     assert len(lines) == 2, out.stderr[-3000:]
     run_id, steps = out.stdout.split("RUN", 1)[1].split()
+    opened = lh.storage.open_store(store, {"client_kwargs": {"endpoint_url": moto_endpoint}})
+    frame = lh.Api(opened).run(run_id).history()
+    assert frame["x"].tolist() == [float(s) for s in range(int(steps))]
+
+
+@pytest.mark.slow
+def test_finish_during_an_outage_waits_a_bounded_time_and_leaves_the_points_for_recover(
+    moto_endpoint: str, tmp_path: Path
+) -> None:
+    """The store never comes back: finish() gives up after LAUNCHHELM_FINISH_TIMEOUT, says where the points
+    are, and ``launchhelm recover`` uploads every one of them once the process is gone."""
+    import secrets
+    import time
+
+    from lhtest import BUCKET
+
+    store = f"s3://{BUCKET}/{secrets.token_hex(6)}"
+    env = child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool"), LAUNCHHELM_FINISH_TIMEOUT="2")
+    started = time.monotonic()
+    out = subprocess.run(
+        [sys.executable, "-c", _OUTAGE_CHILD, store, moto_endpoint.rsplit(":", 1)[1], "2", "stays-down"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    took = time.monotonic() - started
+    assert out.returncode != 0  # finish() raised: the run's end is not stored
+    assert "StoreUnreachableError" in out.stderr.splitlines()[-1], out.stderr[-3000:]
+    assert took < 120, took
+    kept = [line for line in out.stderr.splitlines() if "kept in the spool at" in line]
+    assert len(kept) == 1 and "launchhelm recover" in kept[0], out.stderr[-3000:]
+    assert "never retrieved" not in out.stderr
+    run_id, steps = out.stdout.split("RUN", 1)[1].split()
+    recovered = subprocess.run(
+        [str(Path(sys.executable).with_name("launchhelm")), "--store", store, "recover"],
+        env={**env, "AWS_ENDPOINT_URL": moto_endpoint},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
     opened = lh.storage.open_store(store, {"client_kwargs": {"endpoint_url": moto_endpoint}})
     frame = lh.Api(opened).run(run_id).history()
     assert frame["x"].tolist() == [float(s) for s in range(int(steps))]
