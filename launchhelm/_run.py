@@ -37,8 +37,10 @@ from launchhelm._exceptions import (
 from launchhelm._types import Rewind
 from launchhelm.console import _capture as _console
 from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
-from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
+from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
 from launchhelm.metrics._spool import Spool, recover_run
 from launchhelm.metrics._system import SystemSampler, system_interval
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
@@ -82,6 +84,9 @@ DEFAULT_FLUSH_INTERVAL = 2.0
 #: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``). 3.5 s, not 3 s as
 #: before compaction: its 2 requests per 32 flushes are paid for, and requests per second stay level.
 DEFAULT_CONTROL_INTERVAL = 3.5
+#: Seconds ``finish()`` waits for an unreachable store before leaving the points in the spool
+#: (``LAUNCHHELM_FINISH_TIMEOUT``).
+DEFAULT_FINISH_TIMEOUT = 60.0
 #: Every this many heartbeats, the session puts its run's summary instead (it carries the heartbeat).
 SUMMARY_EVERY = 3
 
@@ -170,7 +175,10 @@ def _warm_up_encoder() -> None:
     """
     global _warmed_up
     if not _warmed_up:
-        encode_chunk([(0, 0, 0.0, {"warm-up": 0.0})])
+        buffer = PointBuffer(KeyIds(), 1)
+        buffer.append(0, 0, 0.0, {"warm-up": 0.0})
+        encode_buffer(buffer)
+        buffer.latest()
         _warmed_up = True
 
 
@@ -254,7 +262,17 @@ class Run:
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
-        self._rows: list[Row] = []
+        # points not yet stored: the buffer log() appends to, and buffers cut from it (see _cut)
+        self._keys = KeyIds()
+        self._chunk_values = 1 << 20  # values per buffer (and so per chunk); _set_memory sets them
+        self._max_held = 1 << 22  # values held in memory before log() leaves them to the spool alone
+        self._buffer = PointBuffer(self._keys, self._chunk_values)
+        self._sealed: list[PointBuffer] = []
+        self._held = 0
+        # logging outran the store: points are only in the spool, read back from there (see _flush)
+        self._spilled = False
+        self._flushed_end: tuple[int, int] | None = None  # the spool position the store has every point before
+        self._set_memory(compaction_memory_setting())  # start_run sets the one init() was given
         self._lock = threading.Lock()
         self._io_lock = threading.Lock()
         self._known_keys: set[str] = set()
@@ -273,6 +291,7 @@ class Run:
         self._heartbeat_interval = heartbeat_interval
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
+        self._outage_since: float | None = None  # wall time the store stopped answering (said once)
         self._control_seq = control_seq
         self._control_interval = control_interval
         self._control_cursor = control_cursor  # newest request seen by the poller
@@ -409,44 +428,118 @@ class Run:
             self._reached = step
         now = time.time()
         with self._lock:
-            self._rows.append((step, self._attempt, now, row))
             if self._spool is not None:
                 self._spool.append(step, self._attempt, now, row)
+            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
+                self._cut()
+
+    def _append_row(self, step: int, now: float, row: dict[str, float]) -> None:
+        """``log()``'s append, for rows the background thread makes (system metrics)."""
+        with self._lock:
+            if self._spool is not None:
+                self._spool.append(step, self._attempt, now, row)
+            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
+                self._cut()
+
+    def _set_memory(self, compaction_memory: int) -> None:
+        """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
+        self._compaction_memory = compaction_memory
+        # a chunk's points, encoded, take about 64 bytes a value at most: a few of them fit the working set
+        self._chunk_values = max(1024, compaction_memory // 128)
+        self._max_held = max(self._chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
+        self._buffer.limit = self._chunk_values
+
+    def _cut(self) -> None:
+        """Seal the buffer (under ``_lock``): it becomes one chunk, ending where the spool stands now.
+
+        Past ``_max_held`` values waiting, memory lets go of them all: they are in
+        the spool, and the flushes read them from there until they catch up.
+        """
+        buffer, spool = self._buffer, self._spool
+        self._buffer = PointBuffer(self._keys, self._chunk_values)
+        if not len(buffer):
+            return
+        buffer.end = spool.position() if spool is not None else None
+        self._sealed.append(buffer)
+        self._held += len(buffer)
+        if spool is not None and self._held > self._max_held:
+            self._spilled = True
+            self._sealed, self._held = [], 0
 
     def flush(self) -> None:
         """Write every buffered point to the store now (blocking)."""
-        self._flush()
+        self._flush(drain=True)
 
-    def _flush(self) -> None:
+    def _flush(self, drain: bool = True) -> None:
+        """Write what is buffered; with ``drain``, also every point spooled when the buffer let go.
+
+        Each cut buffer is one chunk. A chunk's ``create`` that fails leaves it
+        (and those after it) for the next try, unless memory let go of them
+        meanwhile: then the spool has them.
+        """
         with self._io_lock:
-            spool = self._spool
-            with self._lock:
-                rows, self._rows = self._rows, []
-                end = spool.position() if spool is not None else None
-            if not rows:
-                return
-            try:
-                data = encode_chunk(rows)
-                first = min(r[0] for r in rows)
-                last = max(r[0] for r in rows)
-                while True:
-                    key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
-                    self._chunk_number += 1
-                    if spool is not None and end is not None:
-                        spool.pending(self._chunk_number - 1, end, self._chunk_number)
-                    try:
-                        self._store.create(key, data)
-                        self._unsealed[key] = data  # the compactor needs no GET for our own chunks
-                        break
-                    except AlreadyExistsError:
-                        continue  # a chunk number taken by an earlier, ambiguous write
-                if spool is not None and end is not None:
-                    spool.flushed(end, self._chunk_number)
-                self._note_latest(rows)
-            except BaseException:
+            while True:
+                spool = self._spool
                 with self._lock:
-                    self._rows[:0] = rows  # keep them for the next try
-                raise
+                    spilled = self._spilled and spool is not None
+                    if spilled:
+                        assert spool is not None
+                        end, names = spool.position(), spool.key_names()
+                        work: list[PointBuffer] = []
+                    else:
+                        self._cut()
+                        work, self._sealed, self._held = self._sealed, [], 0
+                if not spilled:
+                    for i, buffer in enumerate(work):
+                        try:
+                            self._write_chunk(buffer, buffer.end)
+                        except BaseException:
+                            self._put_back(work[i:])
+                            raise
+                    return
+                assert spool is not None and self._flushed_end is not None
+                for piece in read_spool(
+                    spool.dir, self.session_id, self._flushed_end, end, names, max_bytes=self._chunk_values * 12
+                ):
+                    self._write_chunk(piece.buffer, piece.end)
+                with self._lock:
+                    if self._flushed_end == spool.position():
+                        self._spilled = False  # caught up: log() buffers again
+                        return
+                if not drain:
+                    return
+
+    def _put_back(self, buffers: list[PointBuffer]) -> None:
+        with self._lock:
+            if self._spilled:
+                return  # memory let go of them meanwhile: the spool has them
+            self._sealed[:0] = buffers
+            self._held += sum(map(len, buffers))
+            if self._spool is not None and self._held > self._max_held:
+                self._spilled = True
+                self._sealed, self._held = [], 0
+
+    def _write_chunk(self, buffer: PointBuffer, end: tuple[int, int] | None) -> None:
+        """One chunk with ``buffer``'s points; the spool then says the store has every point before ``end``."""
+        spool = self._spool
+        if len(buffer):
+            data = encode_buffer(buffer)
+            first, last = buffer.step_range()
+            while True:
+                key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
+                self._chunk_number += 1
+                if spool is not None and end is not None:
+                    spool.pending(self._chunk_number - 1, end, self._chunk_number)
+                try:
+                    self._store.create(key, data)
+                    self._unsealed[key] = data  # the compactor needs no GET for our own chunks
+                    break
+                except AlreadyExistsError:
+                    continue  # a chunk number taken by an earlier, ambiguous write
+        if spool is not None and end is not None:
+            spool.flushed(end, self._chunk_number)
+            self._flushed_end = end
+        self._note_latest(buffer)
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
@@ -484,12 +577,7 @@ class Run:
         row = self._sampler.sample()
         if not row:
             return
-        now = time.time()
-        with self._lock:
-            step = self._step
-            self._rows.append((step, self._attempt, now, row))
-            if self._spool is not None:
-                self._spool.append(step, self._attempt, now, row)
+        self._append_row(self._step, time.time(), row)
 
     def _compact(self, *, only_if_due: bool) -> None:
         """Fold sealed chunks into segments (background thread, and once at the end of the session).
@@ -503,7 +591,7 @@ class Run:
                 return
             self._unsealed = {}
         if self._compactor is None:
-            self._compactor = Compactor(self._store, self.id, by=self.session_id)
+            self._compactor = Compactor(self._store, self.id, by=self.session_id, memory=self._compaction_memory)
         compactor = self._compactor
         compactor.known.update(known)
         try:
@@ -513,9 +601,11 @@ class Run:
                 compactor.compact_live(only_if_due=False)
             else:
                 compactor.compact(only_if_due=False)
+        except OSError as exc:  # the store: an outage is said once, by _store_failed
+            self._store_failed(exc)
         except Exception as exc:
             _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
-        if sum(map(len, compactor.known.values())) > 4 * BYTES_PER_SEGMENT:
+        if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
             compactor.forget()  # bounded: a later compaction lists and GETs them instead
 
     def _beat(self) -> None:
@@ -532,12 +622,11 @@ class Run:
         else:
             self._beat()
 
-    def _note_latest(self, rows: list[Row]) -> None:
+    def _note_latest(self, buffer: PointBuffer) -> None:
         """After a flush: the latest value of each metric stored, for the summary."""
+        latest = buffer.latest()
         with self._latest_lock:
-            latest = self._latest
-            for row in rows:
-                latest.update(row[3])
+            self._latest.update(latest)
 
     def _put_summary(self) -> None:
         """Put the run's summary: the heartbeat plus its runs-table row (single writer: this session)."""
@@ -945,6 +1034,8 @@ class Run:
             self._console = _console.attach()
         try:
             self._spool = _open_spool(self)
+            if self._spool is not None:
+                self._flushed_end = self._spool.position()
             self._beat()
             self._after_event({"seq": self._session_seq})  # the summary of our session_started event
             if self.resumed:
@@ -971,18 +1062,82 @@ class Run:
                     self._sample_system()
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
-                    self._flush()
+                    self._flush(drain=False)
+                    self._store_answered()
                     self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
                     self._heartbeat()
+                    self._store_answered()
                 if now >= next_poll:
                     next_poll = now + self._control_interval
                     self._poll_controls()
                 self._last_error = None
             except Exception as exc:  # keep going: the store may come back
                 self._last_error = exc
+                self._store_failed(exc)
+
+    def _leave_in_spool(self, exc: BaseException) -> None:
+        """The session ends without the store: what it lacks stays on disk, and the user is told where."""
+        spool, self._spool = self._spool, None
+        if spool is None:
+            return
+        spool.close(remove=False)
+        # the session is over as a crashed one is: its points are the spool's to upload, and the exit
+        # hook must not try the store again (the run stays resumable; its session never ended)
+        with self._lock:
+            self._sealed, self._held, self._spilled = [], 0, False
+            self._buffer = PointBuffer(self._keys, self._chunk_values)
+        self._finished = True
+        with _live_lock:
+            _live_runs.discard(self)
+        _log.warning(
+            "launchhelm: run %s: the store %s did not take the last points at the end of the session (%s); "
+            "they are kept in the spool at %s: `launchhelm recover` uploads them once this process has exited "
+            "(so does resuming the run on this host)",
+            self.id,
+            self._store.url,
+            " ".join(f"{type(exc).__name__}: {exc}".split())[:200],
+            spool.dir,
+        )
+
+    def _held_points(self) -> str:
+        with self._lock:
+            held = self._held + len(self._buffer)
+            spilled = self._spilled
+        where = f"in the spool at {self._spool.dir}" if self._spool is not None else "in memory only"
+        if spilled:
+            return f"points are held {where}"
+        return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
+
+    def _store_failed(self, exc: BaseException) -> None:
+        """The first failure of an outage: one line saying what failed, since when, and what is held where."""
+        if self._outage_since is not None:
+            return
+        self._outage_since = time.time()
+        since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        _log.warning(
+            "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
+            self.id,
+            self._store.url,
+            since,
+            reason,
+            self._held_points(),
+        )
+
+    def _store_answered(self) -> None:
+        if self._outage_since is None:
+            return
+        lasted = time.time() - self._outage_since
+        self._outage_since = None
+        _log.warning(
+            "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",
+            self.id,
+            self._store.url,
+            lasted,
+        )
 
     # -- ending ---------------------------------------------------------
     def finish(self, close_run: bool = True) -> None:
@@ -1017,17 +1172,28 @@ class Run:
             self._flush_console(final=True)
         except Exception as exc:  # the console is a nicety: the session still ends
             _log.warning("run %s: could not store its last console output: %s", self.id, exc)
-        try:
-            self._flush()
-        except BaseException:
-            if self._spool is not None:
-                self._spool.close(remove=False)  # what the store lacks stays on disk, recovered later
-                self._spool = None
-            raise
+        # an unreachable store gets a bounded time to come back (LAUNCHHELM_FINISH_TIMEOUT)
+        deadline = time.monotonic() + env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT)
+        while True:
+            try:
+                self._flush()
+                break
+            except ConnectionError as exc:
+                if time.monotonic() < deadline:
+                    self._store_failed(exc)
+                    time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+                    continue
+                self._leave_in_spool(exc)
+                raise
+            except BaseException as exc:
+                self._leave_in_spool(exc)
+                raise
         if self._spool is not None:
             self._spool.close(remove=True)
             self._spool = None
         self._compact(only_if_due=False)
+        if self._compactor is not None:
+            self._compactor.close()  # its local copies of segments: the store has them
         self._settle_summary(end=True)  # the final summary below is then the last one put
         self._events.append(
             SESSION_ENDED,
@@ -1123,6 +1289,7 @@ def init(
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
     run_id: str | None = None,
+    compaction_memory: int | str | None = None,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -1178,6 +1345,11 @@ def init(
         instead of a random one: for tools that map another tracker's run ids
         (``launchhelm.wandb``'s ``id=``). Refused with
         :class:`AlreadyExistsError` if a run has it. Not with ``resume``.
+    compaction_memory:
+        Bytes the session's background compaction of metrics may hold at
+        once: bytes or a string such as ``"64MiB"`` (default 64 MiB, or
+        ``LAUNCHHELM_COMPACTION_MEMORY``). The session's memory does not grow
+        with the run's length: see ``docs/long-runs.md``.
 
     Raises
     ------
@@ -1220,6 +1392,7 @@ def init(
         system_metrics=system_metrics,
         capture_console=capture_console,
         run_id=run_id,
+        compaction_memory=compaction_memory,
     )
 
 
@@ -1244,6 +1417,7 @@ def start_run(
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
     run_id: str | None = None,
+    compaction_memory: int | str | None = None,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
@@ -1254,6 +1428,7 @@ def start_run(
                 f"run_id={run_id!r} names the id of a new run; to reopen a run, pass resume={run_id!r} alone"
             )
     system_s = system_interval(system_metrics)
+    compaction_bytes = compaction_memory_setting(compaction_memory)
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     _check_flag("capture_console", capture_console)
     if resume is not None and not isinstance(resume, str):
@@ -1325,6 +1500,7 @@ def start_run(
         previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
         run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
     run._system_interval = system_s
+    run._set_memory(compaction_bytes)
     run._capture_console = _console.capture_wanted(capture_console)
     run._start()
     return run

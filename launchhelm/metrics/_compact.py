@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Mapping
+import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from launchhelm._exceptions import AlreadyExistsError, StorageError
+from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, ObjectNotFoundError, StorageError
 from launchhelm.metrics._layout import (
     EMPTY,
     ChunkRef,
@@ -30,14 +34,14 @@ from launchhelm.metrics._layout import (
     parse_chunk,
     read_manifest,
 )
-from launchhelm.metrics._segments import concat, decode_chunk, decode_segment, encode_segment
+from launchhelm.metrics._segments import SEGMENT_FORMAT, decode_chunk, plain_points, points_schema
 from launchhelm.storage import Store
 from launchhelm.storage._keys import manifest_name, new_segment_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["CompactionResult", "Compactor", "compaction_grace"]
+__all__ = ["CompactionResult", "Compactor", "compaction_grace", "compaction_memory"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -47,10 +51,19 @@ CHUNKS_PER_SEGMENT = 32
 BYTES_PER_SEGMENT = 8 * 2**20
 #: Segments of one level merged into one of the next: at most FANOUT - 1 per level remain.
 FANOUT = 8
-#: Segments are not merged past this size (a merge holds its inputs in memory).
+#: Segments are not merged past this size (bigger ones would only make reads of a window slower).
 MAX_SEGMENT_BYTES = 256 * 2**20
 #: Seconds a covered chunk or dropped segment stays readable (``LAUNCHHELM_COMPACTION_GRACE``).
 DEFAULT_GRACE = 600.0
+#: Bytes a compaction may hold at once (``LAUNCHHELM_COMPACTION_MEMORY``, ``init(compaction_memory=)``).
+DEFAULT_COMPACTION_MEMORY = 64 * 2**20
+#: The smallest working set accepted: below it a batch would be a handful of rows.
+MIN_COMPACTION_MEMORY = 4 * 2**20
+#: Bytes a decoded point takes in Arrow (step, attempt, time, key offset and text, value) with headroom
+#: for the Parquet reader's and writer's own buffers: a batch of ``memory // BYTES_PER_ROW_HELD`` rows.
+BYTES_PER_ROW_HELD = 256
+#: Segments at most this size are sent with one ``create`` of their bytes; bigger ones stream from disk.
+INLINE_UPLOAD_BYTES = 8 * 2**20
 
 
 def compaction_grace() -> float:
@@ -59,6 +72,44 @@ def compaction_grace() -> float:
         return max(0.0, float(raw)) if raw else DEFAULT_GRACE
     except ValueError:
         return DEFAULT_GRACE
+
+
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20}
+_UNITS.update({"g": 2**30, "gb": 2**30, "gib": 2**30})
+
+
+def compaction_memory(given: int | str | None = None) -> int:
+    """The compaction working set in bytes: ``given``, else ``LAUNCHHELM_COMPACTION_MEMORY``, else 64 MiB.
+
+    Accepts an int of bytes or a string such as ``"64MiB"`` or ``"256m"``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        Not a size, or under 4 MiB (also a ``ValueError``).
+    """
+    source = "compaction_memory"
+    if given is None:
+        raw = os.environ.get("LAUNCHHELM_COMPACTION_MEMORY")
+        if not raw:
+            return DEFAULT_COMPACTION_MEMORY
+        given, source = raw, "LAUNCHHELM_COMPACTION_MEMORY"
+    value: int | None = None
+    if isinstance(given, int) and not isinstance(given, bool):
+        value = given
+    elif isinstance(given, str):
+        text = given.strip().lower().replace(" ", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        unit = _UNITS.get(text[len(digits) :])
+        try:
+            value = int(float(digits) * unit) if unit is not None and digits else None
+        except ValueError:
+            value = None
+    if value is None or value < MIN_COMPACTION_MEMORY:
+        raise InvalidArgumentError(
+            f"{source}={given!r}: give a size of at least 4 MiB, as bytes (67108864) or a string such as '64MiB'"
+        )
+    return value
 
 
 @dataclass(frozen=True)
@@ -72,7 +123,13 @@ class CompactionResult:
 
 
 class Compactor:
-    """Compacts one run; keeps the newest manifest and recent segments in memory between calls.
+    """Compacts one run; keeps the newest manifest in memory and its segments on local disk between calls.
+
+    Memory does not grow with the run: points stream through in batches of
+    a bounded number of rows (from chunks, or from segments on local disk),
+    straight into a Parquet file on local disk, which is then uploaded. The
+    segments this compactor wrote stay on local disk while a manifest names
+    them, so a merge reads them without a ``GET``.
 
     Parameters
     ----------
@@ -80,15 +137,21 @@ class Compactor:
         The run.
     by:
         Who compacts (a session id, ``"compact"``, ``"gc"``), recorded in the manifest.
+    memory:
+        Bytes the compaction may hold at once (see :func:`compaction_memory`).
     """
 
-    def __init__(self, store: Store, run_id: str, by: str) -> None:
+    def __init__(self, store: Store, run_id: str, by: str, memory: int | None = None) -> None:
         self.store = store
         self.run_id = run_id
         self.by = by
         self.prefix = metrics_prefix(run_id)
+        self.memory = compaction_memory(memory)
+        #: rows decoded at once: a batch read, written as one Parquet row group
+        self.batch_rows = max(4096, self.memory // BYTES_PER_ROW_HELD)
         self._manifest: Manifest = EMPTY
-        self._tables: dict[str, pa.Table] = {}  # segments this process wrote or read, by relative key
+        self._local: dict[str, Path] = {}  # segments on local disk (written or fetched here), by relative key
+        self._workdir: Path | None = None
         #: chunk bytes the caller already has (the live session's own chunks): no GET needed
         self.known: dict[str, bytes] = {}
         # The live session's view (see compact_live): every manifest from _base on is ours, in order.
@@ -107,7 +170,7 @@ class Compactor:
         newest = listing.newest_manifest
         if newest != self._manifest.seq:
             self._manifest = read_manifest(self.store, self.run_id, newest)
-            self._tables = {k: t for k, t in self._tables.items() if k in {s.key for s in self._manifest.segments}}
+            self._keep_local(self._manifest)
         return self._manifest
 
     # -- compacting -----------------------------------------------------------------
@@ -142,7 +205,7 @@ class Compactor:
             except AlreadyExistsError:
                 continue  # another compactor published N+1: start from its manifest
             self._manifest = published
-            self._keep_tables(published)
+            self._keep_local(published)
             for chunk in tail:
                 self.known.pop(chunk.key, None)
             deleted = self.collect(list_metrics(self.store, self.run_id)) if collect else 0
@@ -188,16 +251,31 @@ class Compactor:
             self.forget()  # someone else published, or the store failed: list next time
             raise
         self._manifest = published
-        self._keep_tables(published)
+        self._keep_local(published)
         self._published.append((time.time(), published, [c.key for c in tail]))
         for chunk in tail:
             self.known.pop(chunk.key, None)
         return CompactionResult(published, len(tail), merged, self._collect_live())
 
-    def _keep_tables(self, manifest: Manifest) -> None:
-        # only what the next merge can read: memory stays bounded by the live segments
+    def _keep_local(self, manifest: Manifest) -> None:
+        # only what the next merge can read: local disk holds the named segments, memory none
         named = {s.key for s in manifest.segments}
-        self._tables = {k: t for k, t in self._tables.items() if k in named}
+        for key in [k for k in self._local if k not in named]:
+            self._local.pop(key).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Delete the local copies of segments (the store keeps them)."""
+        self._local.clear()
+        if self._workdir is not None:
+            shutil.rmtree(self._workdir, ignore_errors=True)
+            self._workdir = None
+
+    def _work_path(self, key: str) -> Path:
+        if self._workdir is None or not self._workdir.is_dir():
+            self._workdir = Path(tempfile.mkdtemp(prefix=f"launchhelm-compact-{self.run_id}-"))
+            # a compactor dropped without close() still takes its files back
+            weakref.finalize(self, shutil.rmtree, str(self._workdir), True)
+        return self._workdir / key.replace("/", "-")
 
     def forget(self) -> None:
         """Drop the live view (and the chunk bytes held): the next compaction lists."""
@@ -230,60 +308,134 @@ class Compactor:
         # G's own chunks are gone; what it names stays: the view restarts at G
         return len(doomed)
 
-    def _chunk_tables(self, tail: list[ChunkRef]) -> list[pa.Table]:
-        need = [c.key for c in tail if c.key not in self.known]
-        fetched = self.store.read_many(need) if need else {}
-        tables = []
-        for chunk in tail:
-            blob = self.known.get(chunk.key) or fetched.get(chunk.key)
-            if blob is None:
-                # listed a moment ago, gone now: another compactor covered and collected it
-                raise AlreadyExistsError(f"{chunk.key} was compacted by another process", url=chunk.key)
-            tables.append(decode_chunk(blob))
-        return tables
+    def _chunk_batches(self, tail: list[ChunkRef]) -> Iterator[pa.Table]:
+        """The chunks' points in arrival order, fetching at most a quarter of the working set at once."""
+        i = 0
+        while i < len(tail):
+            group: list[ChunkRef] = []
+            size = 0
+            while i < len(tail) and (not group or size + tail[i].size <= self.memory // 4):
+                group.append(tail[i])
+                size += tail[i].size
+                i += 1
+            need = [c.key for c in group if c.key not in self.known]
+            fetched = self.store.read_many(need) if need else {}
+            for chunk in group:
+                blob = self.known.get(chunk.key) or fetched.pop(chunk.key, None)
+                if blob is None:
+                    # listed a moment ago, gone now: another compactor covered and collected it
+                    raise AlreadyExistsError(f"{chunk.key} was compacted by another process", url=chunk.key)
+                yield decode_chunk(blob)
+            del fetched
 
-    def _segment_tables(self, segments: list[SegmentRef]) -> list[pa.Table]:
-        need = [s.key for s in segments if s.key not in self._tables]
-        fetched = self.store.read_many([f"{self.prefix}/{k}" for k in need]) if need else {}
-        for key in need:
-            blob = fetched.get(f"{self.prefix}/{key}")
-            if blob is None:
-                raise AlreadyExistsError(f"segment {key} is gone: another compactor moved on", url=key)
-            self._tables[key] = decode_segment(blob)
-        return [self._tables[s.key] for s in segments]
+    def _segment_files(self, segments: list[SegmentRef]) -> list[Path]:
+        """Local files of ``segments``: ours are on disk already, others are fetched (streamed when big)."""
+        need = [s for s in segments if s.key not in self._local or not self._local[s.key].is_file()]
+        small = [s for s in need if s.bytes <= self.memory // 8]
+        # small ones in one concurrent read (as many round trips as one), a bounded number of bytes each time
+        while small:
+            group: list[SegmentRef] = []
+            size = 0
+            while small and (not group or size + small[0].bytes <= self.memory // 4):
+                size += small[0].bytes
+                group.append(small.pop(0))
+            fetched = self.store.read_many([f"{self.prefix}/{s.key}" for s in group])
+            for ref in group:
+                blob = fetched.pop(f"{self.prefix}/{ref.key}", None)
+                if blob is None:
+                    raise AlreadyExistsError(f"segment {ref.key} is gone: another compactor moved on", url=ref.key)
+                path = self._work_path(ref.key)
+                path.write_bytes(blob)
+                self._local[ref.key] = path
+        for ref in need:
+            if ref.key in self._local and self._local[ref.key].is_file():
+                continue
+            try:
+                self._local[ref.key] = self.store.download(f"{self.prefix}/{ref.key}", self._work_path(ref.key))
+            except ObjectNotFoundError:
+                raise AlreadyExistsError(
+                    f"segment {ref.key} is gone: another compactor moved on", url=ref.key
+                ) from None
+        return [self._local[s.key] for s in segments]
 
-    def _encode_segment(self, table: pa.Table, level: int, pending: dict[str, bytes]) -> SegmentRef:
-        """A segment ready to write: held in ``pending`` until the manifest's shape is known."""
+    def _segment_batches(self, segments: list[SegmentRef]) -> Iterator[pa.Table]:
+        """The segments' points in order, a batch of at most :attr:`batch_rows` rows at a time."""
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        for path in self._segment_files(segments):
+            # single-threaded: see launchhelm.metrics._segments.decode_segment
+            with pq.ParquetFile(path) as reader:
+                for batch in reader.iter_batches(batch_size=self.batch_rows, use_threads=False):
+                    yield pa.Table.from_batches([batch])
+
+    def _write_segment(self, batches: Iterator[pa.Table], level: int, pending: dict[str, Path]) -> SegmentRef:
+        """Stream ``batches`` into a new segment on local disk, held in ``pending`` until the manifest's
+        shape is known; row groups of at most :attr:`batch_rows` rows."""
+        import pyarrow as pa
         import pyarrow.compute as pc
+        import pyarrow.parquet as pq
 
-        data = encode_segment(table)
         key = new_segment_name(level)
-        pending[key] = data
-        steps = table.column("step")
-        first = int(pc.min(steps).as_py() or 0) if table.num_rows else 0
-        last = int(pc.max(steps).as_py() or 0) if table.num_rows else 0
-        self._tables[key] = table
-        return SegmentRef(key, level, table.num_rows, len(data), first, last)
+        path = self._work_path(key)
+        pending[key] = path
+        rows, first, last = 0, None, None
+        held: list[pa.Table] = []
+        held_rows = 0
+        schema = points_schema().with_metadata({b"format": SEGMENT_FORMAT})
+        with pq.ParquetWriter(path, schema, compression="zstd", use_dictionary=["key"]) as writer:
+
+            def write(tables: list[pa.Table]) -> None:
+                table = pa.concat_tables(tables).replace_schema_metadata(schema.metadata)
+                writer.write_table(table, row_group_size=self.batch_rows)
+
+            for batch in batches:
+                if not batch.num_rows:
+                    continue
+                table = plain_points(batch)
+                low, high = pc.min_max(table.column("step")).values()
+                first = low.as_py() if first is None else min(first, low.as_py())
+                last = high.as_py() if last is None else max(last, high.as_py())
+                rows += table.num_rows
+                held.append(table)
+                held_rows += table.num_rows
+                if held_rows >= self.batch_rows:
+                    write(held)
+                    held, held_rows = [], 0
+            if held:
+                write(held)
+        return SegmentRef(key, level, rows, path.stat().st_size, int(first or 0), int(last or 0))
+
+    def _upload(self, key: str, path: Path) -> None:
+        if path.stat().st_size <= INLINE_UPLOAD_BYTES:
+            self.store.create(f"{self.prefix}/{key}", path.read_bytes())
+        else:
+            self.store.upload(f"{self.prefix}/{key}", path)
 
     def _publish(self, manifest: Manifest, tail: list[ChunkRef]) -> tuple[Manifest, int]:
         written: list[str] = []
-        pending: dict[str, bytes] = {}
+        pending: dict[str, Path] = {}
         try:
             segments = list(manifest.segments)
-            segments.append(self._encode_segment(concat(self._chunk_tables(tail)), 0, pending))
+            segments.append(self._write_segment(self._chunk_batches(tail), 0, pending))
             merged = 0
             while len(segments) >= FANOUT:
                 run = segments[-FANOUT:]
                 level = run[-1].level
                 if any(s.level != level for s in run) or sum(s.bytes for s in run) > MAX_SEGMENT_BYTES:
                     break
-                table = concat(self._segment_tables(run))
-                segments[-FANOUT:] = [self._encode_segment(table, level + 1, pending)]
+                for ref in run:  # their files are read once more, by the merge
+                    if ref.key in pending:
+                        self._local[ref.key] = pending.pop(ref.key)
+                segments[-FANOUT:] = [self._write_segment(self._segment_batches(run), level + 1, pending)]
+                for ref in run:  # merged at once: never named by a manifest, never uploaded
+                    if ref.key not in {s.key for s in manifest.segments}:
+                        self._local.pop(ref.key).unlink(missing_ok=True)
                 merged += 1
             # only what the manifest names is written: a new L0 merged at once never reaches the store
             for ref in segments:
                 if ref.key in pending:
-                    self.store.create(f"{self.prefix}/{ref.key}", pending[ref.key])
+                    self._upload(ref.key, pending[ref.key])
                     written.append(ref.key)
             covered = dict(manifest.covered)
             for chunk in tail:
@@ -299,15 +451,18 @@ class Compactor:
             self.store.create(f"{self.prefix}/{manifest_name(published.seq)}", published.encode())
         except BaseException:
             # nobody can know segments no manifest names: take ours back now
-            for key in pending:
-                self._tables.pop(key, None)
+            for path in pending.values():
+                path.unlink(missing_ok=True)
             self._discard(written)
             raise
+        self._local.update(pending)
         return published, merged
 
     def _discard(self, keys: list[str]) -> None:
         for key in keys:
-            self._tables.pop(key, None)
+            path = self._local.pop(key, None)
+            if path is not None:
+                path.unlink(missing_ok=True)
         try:
             self.store.delete_many([f"{self.prefix}/{k}" for k in keys])
         except StorageError as exc:  # left for garbage collection
@@ -359,4 +514,7 @@ def compact_run(
     compactor = Compactor(store, run_id, by)
     if known:
         compactor.known.update(known)
-    return compactor.compact()
+    try:
+        return compactor.compact()
+    finally:
+        compactor.close()

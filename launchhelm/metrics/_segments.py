@@ -14,38 +14,41 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["decode_chunk", "decode_segment", "empty_points", "encode_segment"]
+__all__ = ["decode_chunk", "decode_segment", "empty_points", "encode_segment", "plain_points", "points_schema"]
 
 SEGMENT_FORMAT = b"launchhelm.segment/1"
 
 
-def empty_points() -> pa.Table:
+def points_schema() -> pa.Schema:
+    """The five columns, keys as plain strings."""
     import pyarrow as pa
 
-    return pa.table(
-        {
-            "step": pa.array([], pa.int64()),
-            "attempt": pa.array([], pa.int32()),
-            "time": pa.array([], pa.float64()),
-            "key": pa.array([], pa.string()),
-            "value": pa.array([], pa.float64()),
-        }
+    return pa.schema(
+        [
+            ("step", pa.int64()),
+            ("attempt", pa.int32()),
+            ("time", pa.float64()),
+            ("key", pa.string()),
+            ("value", pa.float64()),
+        ]
     )
+
+
+# Built with Table.from_arrays and Schema.empty_table, not pa.table({...}): that asks whether each
+# column is a pandas object, which imports pandas into the training process (compaction runs there).
+def empty_points() -> pa.Table:
+    return points_schema().empty_table()
 
 
 def _plain(table: pa.Table) -> pa.Table:
     """The five columns with string keys, whatever the encoding they came in."""
-    import pyarrow as pa
+    schema = points_schema()
+    return type(table).from_arrays([table.column(f.name).cast(f.type) for f in schema], schema=schema)
 
-    return pa.table(
-        {
-            "step": table.column("step").cast(pa.int64()),
-            "attempt": table.column("attempt").cast(pa.int32()),
-            "time": table.column("time").cast(pa.float64()),
-            "key": table.column("key").cast(pa.string()),
-            "value": table.column("value").cast(pa.float64()),
-        }
-    )
+
+def plain_points(table: pa.Table | None) -> pa.Table:
+    """:func:`_plain` of ``table``; None gives the empty table (for its schema)."""
+    return empty_points() if table is None else _plain(table)
 
 
 def decode_chunk(blob: bytes) -> pa.Table:

@@ -146,6 +146,10 @@ class Spool:
         _LEN.pack_into(mm, pos, size)
         self._pos = pos + 4 + size
 
+    def key_names(self) -> dict[int, str]:
+        """The spool's key ids and names so far. Call under the same lock as ``append``."""
+        return {kid: key for key, kid in self._ids.items()}
+
     def position(self) -> tuple[int, int]:
         """Where the next record goes: (file, offset). Call under the same lock as ``append``."""
         return self._file, self._pos

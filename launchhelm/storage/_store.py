@@ -18,6 +18,7 @@ a misconfigured store fails fast instead of hanging.
 from __future__ import annotations
 
 import builtins
+import logging
 import os
 import socket
 import threading
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from launchhelm.storage._backends import IncompleteUpload
 
 __all__ = ["LocalStore", "MemoryStore", "ObjectInfo", "ObjectStore", "Store", "open_store"]
+
+_log = logging.getLogger("launchhelm")
 
 T = TypeVar("T")
 
@@ -457,6 +460,34 @@ class Store:
         pass
 
 
+_quieted_loops: set[int] = set()
+
+
+def _quiet_event_loop(loop: Any) -> None:
+    """Keep the HTTP client's orphaned connection errors off the user's stderr.
+
+    While a store refuses connections, aiohttp leaves tasks whose exception
+    nobody retrieves, and asyncio prints each as a traceback ("Task exception
+    was never retrieved"). The request that failed has already raised to our
+    caller, which retries and says so in one line; these go to the debug log.
+    """
+    import asyncio
+
+    if not isinstance(loop, asyncio.AbstractEventLoop) or id(loop) in _quieted_loops or loop.is_closed():
+        return
+    _quieted_loops.add(id(loop))
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        exc = context.get("exception")
+        module = type(exc).__module__.split(".")[0] if exc is not None else ""
+        if exc is not None and (isinstance(exc, OSError) or module in ("aiohttp", "aiobotocore", "botocore")):
+            _log.debug("store client: %s: %r", context.get("message"), exc)
+            return
+        loop.default_exception_handler(context)
+
+    loop.call_soon_threadsafe(loop.set_exception_handler, handler)
+
+
 class LocalStore(Store):
     """A directory on a POSIX file system (the embedded default store).
 
@@ -653,6 +684,7 @@ class ObjectStore(Store):
         self.protocol = protocol
         self.progress = progress
         self.atomic_create = protocol in _CONDITIONAL_PROTOCOLS
+        _quiet_event_loop(getattr(fs, "loop", None))
         self._kind = kind_of(protocol)
         self._bucket_checked = False
         # s3fs sends a HEAD before every GET to decide on a concurrent ranged

@@ -14,7 +14,7 @@ from lhtest import ROOT, child_env
 
 
 def test_bench_log_reads_back_exactly_what_it_logged() -> None:
-    quick = ["--steps", "300", "--reads", "2", "--mlflow-steps", "0", "--wandb-steps", "0"]
+    quick = ["--steps", "300", "--reads", "2", "--mlflow-steps", "0", "--wandb-steps", "0", "--stall-seconds", "1"]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_log.py"), *quick],
         capture_output=True,

@@ -1,0 +1,216 @@
+"""Soak: a compressed day of logging and a full-speed flood, memory and stalls over time.
+
+Two runs on a fresh store (local by default; ``--store URL`` for another,
+e.g. moto S3 with ``--storage-options '{"client_kwargs": {...}}'``), each
+``system_metrics=False, capture_console=False``:
+
+* **compressed day**: ``--flushes`` flushes (default 4,320, a tenth of a day;
+  ``--full`` runs 43,200, a day of 2 s flushes) of 1,000 values each (500
+  values/s for 2 s: 200 steps of 5 metrics), logged in batches of 100 calls,
+  the background thread flushing every 10 ms and compacting as it does. RSS
+  and Arrow's allocations (after ``gc``) are printed at every tenth; the
+  target is RSS growth over the last two thirds at most 16 MiB.
+* **flood**: as fast as the loop goes for ``--flood-seconds`` (default 20;
+  ``--full``: 120), RSS and Arrow allocations every 2 s; the target is RSS
+  under the interpreter's RSS after ``init`` plus ``compaction_memory`` plus
+  the buffer's half of it, and Arrow's under ``compaction_memory``.
+
+Both runs are read back and compared with what was logged (every value,
+exactly). The per-batch time of the day's 100-call batches is printed beside
+the same loop writing into a dict, in the same process.
+
+    python benchmarks/bench_soak.py            # about two minutes
+    python benchmarks/bench_soak.py --full     # a compressed day and a 120 s flood
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+MIB = 2**20
+KEYS = ("loss", "lr", "grad_norm", "acc", "tput")
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def arrow_bytes() -> int:
+    if "pyarrow" not in sys.modules:
+        return 0
+    import pyarrow as pa
+
+    gc.collect()
+    return int(pa.total_allocated_bytes())
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(1, math.ceil(q / 100 * len(ordered))) - 1]
+
+
+def row(step: int) -> dict[str, float]:
+    x = float(step)
+    return {"loss": 1.0 / (x + 1.0), "lr": 3e-4, "grad_norm": x, "acc": x * 0.5, "tput": -x}
+
+
+def exact(store: Any, run_id: str, steps: int) -> bool:
+    import numpy as np
+
+    import launchhelm as lh
+
+    frame = lh.Api(store).run(run_id).history()
+    expected = np.arange(steps, dtype=np.float64)
+    return (
+        len(frame) == steps
+        and np.array_equal(frame["grad_norm"].to_numpy(), expected)
+        and np.array_equal(frame["tput"].to_numpy(), -expected)
+    )
+
+
+def day(store: Any, options: dict[str, Any] | None, flushes: int) -> dict[str, Any]:
+    import launchhelm as lh
+
+    run = lh.init(
+        "soak-day",
+        store=store,
+        storage_options=options,
+        system_metrics=False,
+        capture_console=False,
+        flush_interval=0.01,
+    )
+    pc = time.perf_counter_ns
+    batches: list[float] = []
+    marks: list[tuple[int, float, float]] = []
+    step = 0
+    total = flushes * 200
+    tenth = max(1, flushes // 10)
+    for flush in range(flushes):
+        for _ in range(2):
+            t0 = pc()
+            for _ in range(100):
+                run.log(row(step), step=step)
+                step += 1
+            batches.append((pc() - t0) / 1e6)
+        time.sleep(0.01)  # one background flush's worth
+        if flush % tenth == 0 or flush == flushes - 1:
+            marks.append((flush, rss() / MIB, arrow_bytes() / MIB))
+    run.finish()
+    return {"run": run.id, "steps": total, "batches": batches, "marks": marks, "store": run.store}
+
+
+def flood(store: Any, options: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+    import launchhelm as lh
+
+    run = lh.init("soak-flood", store=store, storage_options=options, system_metrics=False, capture_console=False)
+    after_init = rss()
+    marks: list[tuple[float, float, float]] = []
+    step = 0
+    start = time.monotonic()
+    next_mark = start + 2.0
+    while True:
+        for _ in range(1000):
+            run.log(row(step), step=step)
+            step += 1
+        now = time.monotonic()
+        if now >= next_mark:
+            next_mark += 2.0
+            marks.append((now - start, rss() / MIB, arrow_bytes() / MIB))
+            if now - start >= seconds:
+                break
+    finish_s = time.monotonic()
+    run.finish()
+    return {
+        "run": run.id,
+        "steps": step,
+        "marks": marks,
+        "after_init": after_init / MIB,
+        "finish_s": time.monotonic() - finish_s,
+        "memory": run._compaction_memory / MIB,
+        "store": run.store,
+    }
+
+
+def dict_baseline(batches: int) -> list[float]:
+    pc = time.perf_counter_ns
+    sink: dict[int, dict[str, float]] = {}
+    out: list[float] = []
+    step = 0
+    for i in range(batches):
+        t0 = pc()
+        for _ in range(100):
+            sink[step] = row(step)
+            step += 1
+        out.append((pc() - t0) / 1e6)
+        if i % 2 == 1:
+            time.sleep(0.01)
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--full", action="store_true", help="43,200 flushes and a 120 s flood")
+    parser.add_argument("--flushes", type=int, default=None, help="flushes in the compressed day (default 4,320)")
+    parser.add_argument("--flood-seconds", type=float, default=None, help="seconds of flood (default 20)")
+    parser.add_argument("--store", default=None, help="store URL (default: a temporary local folder)")
+    parser.add_argument("--storage-options", default=None, help="JSON for fsspec (endpoint_url...)")
+    args = parser.parse_args()
+    flushes = args.flushes or (43_200 if args.full else 4_320)
+    seconds = args.flood_seconds or (120.0 if args.full else 20.0)
+    options = json.loads(args.storage_options) if args.storage_options else None
+    tmp = tempfile.mkdtemp(prefix="launchhelm-soak-")
+    os.environ.setdefault("LAUNCHHELM_SPOOL", os.path.join(tmp, "spool"))
+    store = args.store or os.path.join(tmp, "store")
+    import launchhelm  # noqa: F401  imported before the first RSS reading
+
+    print(f"store {store}; compressed day: {flushes:,} flushes x 1,000 values; flood: {seconds:.0f} s")
+    d = day(store, options, flushes)
+    print("\ncompressed day: flush, RSS MiB, Arrow MiB")
+    for flush, r, a in d["marks"]:
+        print(f"  {flush:>8,} {r:>9.1f} {a:>9.1f}")
+    third = d["marks"][len(d["marks"]) // 3][1]
+    growth = max(r for _, r, _ in d["marks"][len(d["marks"]) // 3 :]) - third
+    base = dict_baseline(len(d["batches"]))
+    print(f"  {'ms per 100 logs':<20}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>8}")
+    for label, b in (("launchhelm", d["batches"]), ("dict baseline", base)):
+        print(
+            f"  {label:<20}{percentile(b, 50):>8.3f}{percentile(b, 99):>8.3f}{percentile(b, 99.9):>8.3f}{max(b):>8.3f}"
+        )
+    day_exact = exact(d["store"], d["run"], d["steps"])
+    f = flood(store, options, seconds)
+    print(f"\nflood: {f['steps']:,} steps x 5 values; finish() {f['finish_s']:.2f} s; t s, RSS MiB, Arrow MiB")
+    for t, r, a in f["marks"]:
+        print(f"  {t:>8.1f} {r:>9.1f} {a:>9.1f}")
+    bound = f["after_init"] + f["memory"] * 1.5
+    flood_rss = max(r for _, r, _ in f["marks"])
+    flood_arrow = max(a for _, _, a in f["marks"])
+    flood_exact = exact(f["store"], f["run"], f["steps"])
+    checks: list[tuple[str, bool]] = [
+        (f"day: RSS growth over the last two thirds {growth:.1f} MiB <= 16 MiB", growth <= 16),
+        (
+            f"flood: RSS {flood_rss:.0f} MiB <= {bound:.0f} MiB (after init + 1.5 x compaction_memory)",
+            flood_rss <= bound,
+        ),
+        (f"flood: Arrow {flood_arrow:.1f} MiB <= compaction_memory {f['memory']:.0f} MiB", flood_arrow <= f["memory"]),
+        ("day: history exact", day_exact),
+        ("flood: history exact", flood_exact),
+    ]
+    print()
+    for label, ok in checks:
+        print(f"{'PASS' if ok else 'MISS'}  {label}")
+    return 0
+
+
+if __name__ == "__main__":
+    fn: Callable[[], int] = main
+    sys.exit(fn())
