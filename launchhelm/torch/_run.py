@@ -34,19 +34,20 @@ import torch
 from launchhelm._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
 from launchhelm._control import in_force
-from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
+from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm._runinfo import read_run_record
 from launchhelm.storage import LocalStore, Store, open_store
-from launchhelm.torch import _dist, _inplace
+from launchhelm.torch import _dist, _inplace, _sharded
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
+from launchhelm.torch._manifest import FORMAT_SHARDED, MANIFEST_NAME
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
 
 _log = logging.getLogger("launchhelm")
 
-__all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SINGLE", "TorchRun", "init"]
+__all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SHARDED", "FORMAT_SINGLE", "TorchRun", "init"]
 
 #: Format of a single-rank bundle.
 FORMAT_SINGLE = "launchhelm.torch.checkpoint/1"
@@ -86,6 +87,7 @@ class TorchRun(Run):
         self._loaded_in_place = 0
         self._optimizer_in_place = False  # the last load did load_state_dict's work itself (tests)
         self._snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
+        self._sharded = False  # format /3 (see _sharded): chosen by watch()
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -169,6 +171,8 @@ class TorchRun(Run):
         optimizer: torch.optim.Optimizer,
         scheduler: Any = None,
         scaler: Any = None,
+        *,
+        sharded: bool | None = None,
     ) -> None:
         """Name what checkpoints save and restore; the optimizer's ``step()`` advances ``global_step``.
 
@@ -182,6 +186,12 @@ class TorchRun(Run):
             Any LR scheduler with ``state_dict``/``load_state_dict``.
         scaler:
             A ``torch.amp.GradScaler``.
+        sharded:
+            Save sharded checkpoints (format ``launchhelm.torch.checkpoint/3``:
+            every rank writes its own shards; they load on any number of
+            ranks). None (default): when the model has DTensor parameters
+            (FSDP2 ``fully_shard``, tensor parallel). True forces it for a
+            DDP or single-process run.
         """
         if not isinstance(model, torch.nn.Module):
             raise InvalidTypeError(f"watch() takes a torch.nn.Module first, not {type(model).__name__}")
@@ -190,8 +200,15 @@ class TorchRun(Run):
         for name, obj in (("scheduler", scheduler), ("scaler", scaler)):
             if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise InvalidTypeError(f"{name} {type(obj).__name__} has no state_dict()/load_state_dict()")
+        has_dtensors = _sharded.has_dtensors(model)
+        if sharded is False and has_dtensors:
+            raise InvalidArgumentError(
+                "watch(..., sharded=False): the model has DTensor parameters (FSDP2, tensor parallel), which only "
+                "sharded checkpoints hold; leave sharded unset"
+            )
         for handle in self._hooks:
             handle.remove()
+        self._sharded = bool(sharded) or has_dtensors
         self._model, self._optimizer, self._scheduler, self._scaler = _unwrap(model), optimizer, scheduler, scaler
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -342,6 +359,8 @@ class TorchRun(Run):
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
             raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=self.id, step=self._step)
+        if self._sharded:  # every rank writes its shards (written before returning, blocking or not)
+            return _sharded.save(self, model, optimizer, records)
         artifact: str | None = None
         error: str | None = None
         if self._rank == 0:
@@ -457,7 +476,9 @@ class TorchRun(Run):
         )
 
     # -- loading --------------------------------------------------------------
-    def load_checkpoint(self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu") -> Any:
+    def load_checkpoint(
+        self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu", strict: bool = False
+    ) -> Any:
         """Restore everything a checkpoint holds and return its ``extra``.
 
         Parameters
@@ -472,6 +493,12 @@ class TorchRun(Run):
             (``extra``, tensors whose shape or dtype changed); ``"cpu"`` by
             default so peers do not inherit the saving rank's device. Model
             and optimizer tensors are read into the live ones, on their device.
+        strict:
+            For a sharded checkpoint (format /3) saved by another number of
+            ranks: True refuses it rather than give each rank r the RNG and
+            ``extra`` of saved rank ``r mod N`` (model and optimizer always
+            reshard exactly). Other formats load only on the world size that
+            saved them.
 
         Notes
         -----
@@ -508,7 +535,7 @@ class TorchRun(Run):
         model, optimizer = self._require_watch("load_checkpoint()")
         self.wait_for_checkpoint()  # "latest" includes a save still being written
         with _gc_paused():
-            return self._load(checkpoint, map_location, model, optimizer)
+            return self._load(checkpoint, map_location, model, optimizer, strict)
 
     def _load(
         self,
@@ -516,6 +543,7 @@ class TorchRun(Run):
         map_location: Any,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
+        strict: bool = False,
     ) -> Any:
         """load_checkpoint's work, once its arguments are checked (see there)."""
         target = None
@@ -531,6 +559,9 @@ class TorchRun(Run):
             self._pending_error = CheckpointError(error, run_id=self.id)
             raise self._pending_error
         assert target is not None
+        if target.get("format") == FORMAT_SHARDED:
+            bundle, extra = _sharded.load(self, target, model, optimizer, strict)
+            return self._restored(bundle, target, extra)
         # a download's folder; a local store is read where it lies and needs none
         local = isinstance(self._store, LocalStore)
         with contextlib.nullcontext("") if local else tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
@@ -557,6 +588,10 @@ class TorchRun(Run):
             finally:
                 if shared is not None and _dist.local_rank() == 0:
                     shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
+        return self._restored(bundle, target, extra)
+
+    def _restored(self, bundle: dict[str, Any], target: dict[str, Any], extra: Any) -> Any:
+        """After every rank applied a checkpoint: step, tunables, control state, the rewind; ``extra``."""
         self._pending_error = None
         step = int(bundle["step"])
         tunables = bundle.get("tunables")
@@ -617,6 +652,12 @@ class TorchRun(Run):
         if isinstance(checkpoint, str) and state.checkpoint(checkpoint) is not None:
             return _target(state.checkpoint(checkpoint))  # type: ignore[arg-type]
         path = Path(os.fspath(checkpoint)).expanduser()
+        if path.name == MANIFEST_NAME and path.is_file():
+            path = path.parent
+        if path.is_dir() and (path / MANIFEST_NAME).is_file():  # a sharded checkpoint's folder
+            known = state.checkpoint(path.name)
+            found = {**_target(known), "path": str(path.absolute())} if known is not None else {}
+            return {"checkpoint": None, **found, "path": str(path.absolute()), "format": FORMAT_SHARDED}
         if not path.is_file():
             raise CheckpointError(
                 f"no checkpoint {str(checkpoint)!r}: not 'latest', 'resume', a checkpoint id of run "
@@ -983,6 +1024,7 @@ def _target(event: dict[str, Any]) -> dict[str, Any]:
         "checksums": recorded(file),
         "step": int(event["step"]),
         "format": event["format"],
+        "files": event["files"] if event["format"] == FORMAT_SHARDED else None,
     }
 
 
