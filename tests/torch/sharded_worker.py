@@ -172,7 +172,7 @@ def mode_train(args: argparse.Namespace, rank: int, world: int, out: dict[str, A
     say(f"pid {rank} {os.getpid()}")
     start = 0
     if args.resume:
-        extra = tr.load_checkpoint("latest")
+        extra = tr.load_checkpoint(args.ckpt or "latest")
         start = int(extra["next"])
         out["restored_step"] = tr.global_step
         if args.reseed_after_load:
@@ -191,7 +191,7 @@ def mode_train(args: argparse.Namespace, rank: int, world: int, out: dict[str, A
     full = full_state(model, optimizer)
     if rank == 0 and args.final:
         torch.save(full, args.final)
-    tr.finish()
+    tr.finish(close_run=False)
 
 
 def main() -> None:
