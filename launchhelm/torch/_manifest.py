@@ -26,8 +26,8 @@ __all__ = [
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
     "decode_value",
-    "dtype_named",
     "dtype_name",
+    "dtype_named",
     "encode_value",
     "object_name",
     "validate_manifest",
@@ -140,7 +140,7 @@ def decode_value(value: Any, tensors: Any = None, where: str = "manifest", _dept
     if not isinstance(value, dict):
         raise CheckpointError(f"{where} holds a {type(value).__name__}")
     if len(value) == 1:
-        (tag, inner), = value.items()
+        ((tag, inner),) = value.items()
         if tag == "__tensor__":
             if tensors is None or not isinstance(inner, str):
                 raise CheckpointError(f"{where}: a stored tensor where none may be")
@@ -286,11 +286,15 @@ def _validate_tensor(key: Any, entry: Any, sizes: list[int], block: int, used: l
             raise CheckpointError(f"{here}: there are no objects to hold it")
         start = _int(chunk.get("start"), f"{here} start", 0, _MAX_OBJECT_BYTES)
         if start + nbytes > sizes[obj]:
-            raise CheckpointError(f"{here}: bytes {start}..{start + nbytes} lie outside its object ({sizes[obj]} bytes)")
+            raise CheckpointError(
+                f"{here}: bytes {start}..{start + nbytes} lie outside its object ({sizes[obj]} bytes)"
+            )
         crcs = chunk.get("crc64nvme")
         blocks = -(-nbytes // block)
-        if not isinstance(crcs, list) or len(crcs) != blocks or not all(
-            isinstance(c, str) and _HEX16.fullmatch(c) for c in crcs
+        if (
+            not isinstance(crcs, list)
+            or len(crcs) != blocks
+            or not all(isinstance(c, str) and _HEX16.fullmatch(c) for c in crcs)
         ):
             raise CheckpointError(f"{here}: not one crc64nvme per {block}-byte block ({blocks})")
         used[obj] += nbytes

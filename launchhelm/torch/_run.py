@@ -560,8 +560,8 @@ class TorchRun(Run):
             raise self._pending_error
         assert target is not None
         if target.get("format") == FORMAT_SHARDED:
-            bundle, extra = _sharded.load(self, target, model, optimizer, strict)
-            return self._restored(bundle, target, extra)
+            restored, extra = _sharded.load(self, target, model, optimizer, strict)
+            return self._restored(restored, target, extra)
         # a download's folder; a local store is read where it lies and needs none
         local = isinstance(self._store, LocalStore)
         with contextlib.nullcontext("") if local else tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:

@@ -147,7 +147,8 @@ def _plan(offers: list[list[list[Any]]]) -> dict[tuple[str, Box], int]:
 
 def _bytes_of(local: torch.Tensor) -> memoryview:
     flat = local.detach().to("cpu").contiguous().reshape(-1)
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    view: memoryview = flat.view(torch.uint8).numpy().data
+    return view.cast("B")
 
 
 def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Tensor]]) -> dict[str, Any]:
@@ -294,7 +295,7 @@ def _publish(
     raw = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
     run._store.create(f"{prefix}/{MANIFEST_NAME}", raw)
     sums = {CRC64NVME: f"{crc64nvme(raw):016x}"}
-    files = [{"name": MANIFEST_NAME, "size": len(raw), **sums}]
+    files: list[dict[str, Any]] = [{"name": MANIFEST_NAME, "size": len(raw), **sums}]
     files += [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored]
     run._publish_checkpoint(
         artifact,
@@ -488,7 +489,7 @@ def prepare(
                 f"checkpoint {where}: {key} is {tuple(entry['shape'])} there and {tuple(t.shape)} in the live "
                 "state; nothing was read"
             )
-        box, local = _box(t)
+        box, _local = _box(t)
         dest = torch.empty(box[1], dtype=dtype_named(entry["dtype"], key))
         fresh[key] = (t, dest, box)
         reads += _plan_reads(entry, objects, manifest["block_size"], box, dest)
@@ -499,18 +500,27 @@ def prepare(
     def tensor(key: str) -> Any:
         if key not in fresh:
             raise CheckpointError(f"checkpoint {where}: state refers to an unknown tensor {key!r}")
-        live_t, dest, _box_ = fresh[key]
+        live_t, dest, _unused = fresh[key]
         dtensor = _dtensor_type()
         if isinstance(live_t, dtensor):
             local = dest.to(device=live_t.to_local().device, dtype=live_t.dtype)
             return dtensor.from_local(
-                local, live_t.device_mesh, live_t.placements, run_check=False, shape=live_t.shape, stride=live_t.stride()
+                local,
+                live_t.device_mesh,
+                live_t.placements,
+                run_check=False,
+                shape=live_t.shape,
+                stride=live_t.stride(),
             )
         return dest.to(device=live_t.device, dtype=live_t.dtype)
 
     state = manifest["state"]
     prepared = _Prepared(
-        bundle={"step": manifest["step"], "tunables": decode_value(manifest.get("tunables")), "control": manifest.get("control")},
+        bundle={
+            "step": manifest["step"],
+            "tunables": decode_value(manifest.get("tunables")),
+            "control": manifest.get("control"),
+        },
         model=decode_value(state.get("model"), tensor, f"checkpoint {where}"),
         optimizer=decode_value(state.get("optimizer"), tensor, f"checkpoint {where}"),
         scheduler=decode_value(state.get("scheduler")),

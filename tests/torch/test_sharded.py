@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from lhtest import ROOT, child_env
+from lhtest import BUCKET, ROOT, child_env
 
 import launchhelm as lh
 
@@ -82,11 +82,7 @@ class Job:
 
     def kill(self) -> None:
         """SIGKILL the agent's group and every rank (torchrun starts each in a session of its own)."""
-        ranks = [
-            int(p.name)
-            for p in Path("/proc").iterdir()
-            if p.name.isdigit() and _parent(p) == self.proc.pid
-        ]
+        ranks = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _parent(p) == self.proc.pid]
         for pgid in [self.proc.pid, *ranks]:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -164,7 +160,15 @@ def test_each_rank_restores_the_rng_of_saved_rank_r_mod_n(matrix: dict[str, Any]
 def test_strict_refuses_per_rank_state_saved_by_another_world_size(matrix: dict[str, Any], tmp_path: Path) -> None:
     record = matrix["saves"][2]
     ranks = torchrun(
-        3, "damaged", matrix["url"], tmp_path / "out", "--resume", record["run_id"], "--ckpt", record["artifact"], "--strict"
+        3,
+        "damaged",
+        matrix["url"],
+        tmp_path / "out",
+        "--resume",
+        record["run_id"],
+        "--ckpt",
+        record["artifact"],
+        "--strict",
     )
     for rank in ranks:
         assert "saved by 2 rank(s) and is loaded on 3" in rank["load_error"], rank
@@ -185,7 +189,9 @@ def test_a_flipped_byte_is_refused_on_every_rank_and_blocks_the_next_step(
     data[len(data) // 3] ^= 0x10
     path.write_bytes(bytes(data))
     try:
-        ranks = torchrun(2, "damaged", matrix["url"], tmp_path / "out", "--resume", record["run_id"], "--ckpt", record["artifact"])
+        ranks = torchrun(
+            2, "damaged", matrix["url"], tmp_path / "out", "--resume", record["run_id"], "--ckpt", record["artifact"]
+        )
     finally:
         path.write_bytes(original)
     for rank in ranks:
@@ -211,8 +217,18 @@ def test_fsdp2_resume_after_sigkill_is_bitwise_identical_to_an_uninterrupted_run
     restored = handle.checkpoints()[-1].id
     resumed = torchrun(2, "train", url, tmp_path / "resumed", "--resume", run_id, "--final", str(tmp_path / "r.pt"))
     reference = torchrun(2, "train", url, tmp_path / "ref", "--project", "ref", "--final", str(tmp_path / "u.pt"))
-    control = torchrun(
-        2, "train", url, tmp_path / "x", "--resume", run_id, "--ckpt", restored, "--reseed-after-load", "--final", str(tmp_path / "x.pt")
+    torchrun(  # the negative control
+        2,
+        "train",
+        url,
+        tmp_path / "x",
+        "--resume",
+        run_id,
+        "--ckpt",
+        restored,
+        "--reseed-after-load",
+        "--final",
+        str(tmp_path / "x.pt"),
     )
     assert [r["restored_step"] for r in resumed] == [ckpt, ckpt], why
     r, u, x = (torch.load(tmp_path / f"{n}.pt", weights_only=True) for n in ("r", "u", "x"))
@@ -236,3 +252,15 @@ def _tensors(value: Any, path: str = "") -> dict[str, Any]:
     if isinstance(value, (list, tuple)):
         return {k: v for i, item in enumerate(value) for k, v in _tensors(item, f"{path}/{i}").items()}
     return {}
+
+
+@pytest.mark.slow
+def test_on_s3_two_ranks_save_and_three_ranks_load_every_tensor_bitwise(moto_endpoint: str, tmp_path: Path) -> None:
+    url = f"s3://{BUCKET}/sharded-{os.urandom(3).hex()}"
+    [saver, _] = torchrun(2, "save", url, tmp_path / "save")
+    spec = f"{saver['run_id']}:{saver['artifact']}:{tmp_path / 'save' / 'full.pt'}"
+    ranks = torchrun(3, "load", url, tmp_path / "load", "--load", spec)
+    assert ranks[0]["results"][0]["differences"] == [] and ranks[0]["results"][0]["tensors"] == 25
+    assert [r["results"][0]["extra"]["rank"] for r in ranks] == [0, 1, 0]
+    ckpt = lh.Api(url).run(saver["run_id"]).checkpoints()[-1]
+    assert sorted(ckpt.files) == ["manifest.json", "shard-00000.bin", "shard-00001.bin"]

@@ -167,7 +167,9 @@ def _planned(saved_boxes: list[tuple[list[int], list[int]]], live: tuple[list[in
     chunks, start = [], 0
     for offset, size in saved_boxes:
         nbytes = size[0] * size[1] * 4
-        chunks.append({"offset": offset, "shape": size, "object": 0, "start": start, "nbytes": nbytes, "crc64nvme": ["0" * 16]})
+        chunks.append(
+            {"offset": offset, "shape": size, "object": 0, "start": start, "nbytes": nbytes, "crc64nvme": ["0" * 16]}
+        )
         start += nbytes
     entry = {"dtype": "float32", "shape": shape, "chunks": chunks}
     dest = torch.empty(live[1])
