@@ -581,3 +581,89 @@ def load(
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
     run._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
     return prepared.bundle, extra
+
+
+# -- one process, no process group -----------------------------------------------------------
+def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.nn.Module:
+    """Load the model part of any LaunchHelm checkpoint into a module, in one process.
+
+    For evaluation workers and notebooks: no process group, no run. Shards of
+    a sharded checkpoint are consolidated (each verified against its
+    CRC64NVME); bundles load with ``torch.load(weights_only=True)``.
+
+    Parameters
+    ----------
+    model:
+        A plain module with the architecture that was saved (a DDP wrapper is
+        unwrapped).
+    path:
+        A checkpoint file (formats /1, /2), a sharded checkpoint's folder or
+        its ``manifest.json`` (format /3), or a folder holding one ``.pt``
+        bundle (what ``EvaluationContext.download_to`` gives).
+
+    Returns
+    -------
+    torch.nn.Module
+        ``model``, its weights loaded.
+
+    Raises
+    ------
+    CheckpointError
+        Not a checkpoint, damaged, or its tensors do not fit ``model``.
+
+    Examples
+    --------
+    >>> model = lht.load_weights(build_model(), ctx.download_to("checkpoints"))  # doctest: +SKIP
+    """
+    from launchhelm._exceptions import InvalidTypeError
+
+    if not isinstance(model, torch.nn.Module):
+        raise InvalidTypeError(f"load_weights() takes a torch.nn.Module first, not {type(model).__name__}")
+    folder = Path(os.fspath(path)).expanduser()
+    if folder.name == MANIFEST_NAME and folder.is_file():
+        folder = folder.parent
+    bundles = sorted(folder.glob("*.pt")) if folder.is_dir() and not (folder / MANIFEST_NAME).is_file() else []
+    if len(bundles) == 1:
+        folder = bundles[0]
+    inner = getattr(model, "module", None)
+    target = inner if isinstance(inner, torch.nn.Module) else model
+    if folder.is_file():
+        import pickle
+
+        try:
+            bundle = torch.load(folder, map_location="cpu", weights_only=True)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError, OSError) as exc:
+            raise CheckpointError(f"{folder} is not a readable LaunchHelm checkpoint: {exc}") from None
+        if not isinstance(bundle, dict) or not isinstance(bundle.get("model"), dict):
+            raise CheckpointError(f"{folder} holds no model state: not a LaunchHelm checkpoint")
+        target.load_state_dict(bundle["model"])
+        return model
+    if not (folder / MANIFEST_NAME).is_file():
+        raise CheckpointError(
+            f"no checkpoint at {str(path)!r}: not a checkpoint file nor a folder with {MANIFEST_NAME}"
+        )
+    where = str(folder)
+    manifest = validate_manifest((folder / MANIFEST_NAME).read_bytes(), where=where)
+    objects = [o["name"] for o in manifest["objects"]]
+    saved = {k: e for k, e in manifest["tensors"].items() if k.startswith("model/")}
+    live = {f"model/{k}": v for k, v in target.state_dict().items()}
+    if set(live) != set(saved):
+        missing, unexpected = sorted(set(live) - set(saved)), sorted(set(saved) - set(live))
+        raise CheckpointError(
+            f"checkpoint {where} does not match the module: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    reads: list[_Read] = []
+    full: dict[str, torch.Tensor] = {}
+    for key, entry in saved.items():
+        shape = tuple(entry["shape"])
+        if shape != tuple(live[key].shape):
+            raise CheckpointError(f"checkpoint {where}: {key} is {shape} there and {tuple(live[key].shape)} here")
+        full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
+        reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
+    source = _Source.__new__(_Source)
+    source.folder, source.prefix = folder, ""
+    with ThreadPoolExecutor(max_workers=max(1, min(_READ_THREADS, len(reads)))) as pool:
+        for future in [pool.submit(_do_read, source, r, f"checkpoint {where}") for r in reads]:
+            future.result()
+    target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
+    return model

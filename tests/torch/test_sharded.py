@@ -264,3 +264,18 @@ def test_on_s3_two_ranks_save_and_three_ranks_load_every_tensor_bitwise(moto_end
     assert [r["results"][0]["extra"]["rank"] for r in ranks] == [0, 1, 0]
     ckpt = lh.Api(url).run(saver["run_id"]).checkpoints()[-1]
     assert sorted(ckpt.files) == ["manifest.json", "shard-00000.bin", "shard-00001.bin"]
+
+
+@pytest.mark.slow
+def test_load_weights_consolidates_a_four_rank_checkpoint_into_a_plain_module(matrix: dict[str, Any]) -> None:
+    """An evaluation worker's view: one process, no process group, the shards of 4 ranks in one module."""
+    record = matrix["saves"][4]
+    folder = Path(matrix["url"]) / "runs" / record["run_id"] / "artifacts" / record["artifact"]
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Dropout(0.0), torch.nn.Linear(3, 5), torch.nn.Linear(5, 2)
+    )
+    model.register_buffer("scale", torch.zeros(3))
+    lht.load_weights(model, folder)
+    full = torch.load(Path(matrix["url"]).parent / "save4" / "full.pt", weights_only=True)["model"]
+    assert model.state_dict().keys() == full.keys()
+    assert all(torch.equal(v, full[k]) for k, v in model.state_dict().items())

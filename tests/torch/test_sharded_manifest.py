@@ -200,3 +200,32 @@ def test_manifest_values_round_trip_exactly() -> None:
     assert back["t"] == (1, 2.5, None) and back["s"] == {3} and back["b"] == b"\x00\xff"
     assert back["nan"] == float("inf") and back[1] == "int key" and back["d"] is torch.float16
     assert torch.equal(back["__odd"].view(torch.int16), value["__odd"].view(torch.int16))
+
+
+def test_load_weights_reads_a_sharded_folder_and_a_bundle_file_into_a_plain_module(
+    saved: tuple[str, Path, dict[str, Any]], tmp_path: Path
+) -> None:
+    url, folder, _ = saved
+    model, optimizer = _model()
+    _train(model, optimizer)  # the weights the fixture saved
+    expected = {k: v.clone() for k, v in model.state_dict().items()}
+    for path in (folder, folder / "manifest.json"):
+        fresh, _ = _model()
+        torch.nn.init.zeros_(fresh[0].weight)
+        assert lht.load_weights(fresh, path) is fresh
+        assert all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
+    # format /1: a bundle file, and a folder holding one (what download_to gives)
+    tr = lht.init("bundle", store=url)
+    tr.watch(model, optimizer)
+    ckpt = tr.save_checkpoint()
+    tr.finish()
+    bundle_dir = Path(url) / "runs" / tr.id / "artifacts" / str(ckpt)
+    for path in (bundle_dir / f"{ckpt}.pt", bundle_dir):
+        fresh, _ = _model()
+        torch.nn.init.zeros_(fresh[0].weight)
+        lht.load_weights(fresh, path)
+        assert all(torch.equal(expected[k], v) for k, v in fresh.state_dict().items())
+    with pytest.raises(lh.CheckpointError, match="does not match the module"):
+        lht.load_weights(torch.nn.Linear(4, 3), folder)
+    with pytest.raises(lh.CheckpointError, match="no checkpoint"):
+        lht.load_weights(torch.nn.Linear(4, 3), tmp_path)
