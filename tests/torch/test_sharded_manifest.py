@@ -229,3 +229,31 @@ def test_load_weights_reads_a_sharded_folder_and_a_bundle_file_into_a_plain_modu
         lht.load_weights(torch.nn.Linear(4, 3), folder)
     with pytest.raises(lh.CheckpointError, match="no checkpoint"):
         lht.load_weights(torch.nn.Linear(4, 3), tmp_path)
+
+
+def test_gc_and_retention_delete_every_object_of_a_sharded_checkpoint(tmp_path: Path) -> None:
+    from launchhelm._gc import collect_garbage
+    from launchhelm.storage import open_store
+
+    url = str(tmp_path / "store")
+    model, optimizer = _model()
+    tr = lht.init("sharded", store=url)
+    tr.watch(model, optimizer, sharded=True)
+    _train(model, optimizer)
+    old = tr.save_checkpoint()
+    _train(model, optimizer)
+    new = tr.save_checkpoint()
+    artifacts = Path(url) / "runs" / tr.id / "artifacts"
+    # what a save killed before its manifest leaves: a shard object under a prefix no event names
+    with open_store(url).writer(f"runs/{tr.id}/artifacts/ckpt-00000009-deadbeef/shard-00000.bin") as f:
+        f.write(b"\0" * 64)
+    tr.finish(close_run=False)
+    collect_garbage(url, older_than=0, keep_last=1)
+    assert sorted(p.name for p in artifacts.iterdir()) == [new]
+    assert not (artifacts / str(old)).exists()
+    assert sorted(p.name for p in (artifacts / str(new)).iterdir()) == ["manifest.json", "shard-00000.bin"]
+    tr2 = lht.init("sharded", store=url, resume=tr.id)
+    tr2.watch(*_model(), sharded=True)
+    tr2.load_checkpoint("latest")
+    assert tr2.global_step == 2
+    tr2.finish()
