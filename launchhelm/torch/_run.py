@@ -359,8 +359,8 @@ class TorchRun(Run):
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
             raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=self.id, step=self._step)
-        if self._sharded:  # every rank writes its shards (written before returning, blocking or not)
-            return _sharded.save(self, model, optimizer, records)
+        if self._sharded:  # every rank writes its own shards
+            return _sharded.save(self, model, optimizer, records, blocking)
         artifact: str | None = None
         error: str | None = None
         if self._rank == 0:

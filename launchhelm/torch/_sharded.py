@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -180,9 +181,18 @@ def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Te
 
 
 def save(
-    run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
+    run: TorchRun,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    records: list[dict[str, Any]],
+    blocking: bool = True,
 ) -> str | None:
-    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier."""
+    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
+
+    ``blocking=False``: each rank copies its chunks into host buffers reused
+    from save to save and returns; a thread per rank writes them and commits
+    (one save in flight: the next save waits for it).
+    """
     rank, world = run._rank, run._world
     problem: str | None = None
     offer: list[list[Any]] = []
@@ -219,6 +229,79 @@ def save(
         box, local = _box(t)
         if writer.get((key, box)) == rank:
             mine.append((key, box, local))
+    # what the manifest records is taken now: training may change it while a non-blocking save writes
+    context = {
+        "step": run._step,
+        "control": {"seq": run._control_seq, "paused": run._paused},
+        "tunables": encode_value(dict(run.tunables)),
+        "state": state,
+        "records": records,
+        "meta": gathered[0][0],
+    }
+    if blocking:
+        outcome = _commit(run, str(artifact), mine, context, None)
+        if outcome[1] is not None:
+            raise CheckpointError(f"checkpoint at step {context['step']} was not saved: {outcome[1]}", run_id=run.id)
+        return outcome[0] if rank == 0 else None
+    group = _save_group(run)
+    copies = run._snapshots.snapshot([local for _key, _box_, local in mine])  # the one copy training waits for
+    staged = [(key, box, copy) for (key, box, _local), copy in zip(mine, copies, strict=True)]
+
+    def work() -> None:
+        try:
+            _artifact, error = _commit(run, str(artifact), staged, context, group)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if error is not None:
+            failure = CheckpointError(
+                f"background save of checkpoint {artifact} (step {context['step']}) failed on some rank: {error}; "
+                "the next optimizer step raises this error (clear_checkpoint_error() to train on)",
+                run_id=run.id,
+                step=context["step"],
+            )
+            run._save_error = failure
+            run._pending_error = failure  # every rank learns the outcome: every rank's next step raises
+
+    run._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
+    run._save_thread.start()
+    return artifact if rank == 0 else None
+
+
+def _save_group(run: TorchRun) -> Any:
+    """A gloo group of all ranks for background saves, created once, together, in the foreground.
+
+    The commit's collectives run on the save thread while training runs its
+    own (FSDP2's all-gathers) on the default group; sharing one group would
+    interleave them.
+    """
+    group = getattr(run, "_sharded_save_group", None)
+    if group is None and run._world > 1:
+        group = torch.distributed.new_group(backend="gloo")
+        run._sharded_save_group = group  # type: ignore[attr-defined]
+    return group
+
+
+def _gather(value: Any, world: int, group: Any) -> list[Any]:
+    if group is None:
+        return _dist.all_gather(value, world)
+    out: list[Any] = [None] * world
+    torch.distributed.all_gather_object(out, value, group=group)
+    return out
+
+
+def _broadcast(value: Any, world: int, group: Any) -> Any:
+    if group is None:
+        return _dist.broadcast(value, world)
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def _commit(
+    run: TorchRun, artifact: str, mine: list[tuple[str, Box, torch.Tensor]], context: dict[str, Any], group: Any
+) -> tuple[str | None, str | None]:
+    """Every rank: store its object; rank 0 then writes the manifest and publishes. (id, error) on every rank."""
+    rank, world = run._rank, run._world
     prefix = artifact_prefix(run.id, artifact)
     stored: dict[str, Any] | None = None
     error: str | None = None
@@ -227,7 +310,7 @@ def save(
             stored = _write_object(run, f"{prefix}/{object_name(rank)}", mine)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
-    results = _dist.all_gather((stored, error), world)
+    results = _gather((stored, error), world, group)
     outcome: tuple[str | None, str | None] = (None, None)
     if rank == 0:
         errors = [f"rank {r}: {e}" for r, (_s, e) in enumerate(results) if e]
@@ -235,14 +318,12 @@ def save(
             outcome = (None, "; ".join(errors))
         else:
             try:
-                _publish(run, artifact, prefix, [s for s, _e in results if s is not None], gathered, state, records)
+                _publish(run, artifact, prefix, [s for s, _e in results if s is not None], context)
                 outcome = (artifact, None)
             except Exception as exc:
                 outcome = (None, f"{type(exc).__name__}: {exc}")
-    outcome = _dist.broadcast(outcome, world)
-    if outcome[1] is not None:
-        raise CheckpointError(f"checkpoint at step {run._step} was not saved: {outcome[1]}", run_id=run.id)
-    return outcome[0] if rank == 0 else None
+    result: tuple[str | None, str | None] = _broadcast(outcome, world, group)
+    return result
 
 
 def _disagreements(offers: list[list[list[Any]]]) -> list[str]:
@@ -264,11 +345,10 @@ def _publish(
     artifact: str,
     prefix: str,
     stored: list[dict[str, Any]],
-    gathered: list[Any],
-    state: Any,
-    records: list[dict[str, Any]],
+    context: dict[str, Any],
 ) -> None:
-    meta = {o[0]: (o[1], o[2]) for o in gathered[0][0]}
+    meta = {o[0]: (o[1], o[2]) for o in context["meta"]}
+    records = context["records"]
     tensors: dict[str, dict[str, Any]] = {k: {"dtype": d, "shape": s, "chunks": []} for k, (d, s) in meta.items()}
     for index, obj in enumerate(stored):
         for chunk in obj["chunks"]:
@@ -277,7 +357,7 @@ def _publish(
     manifest = {
         "format": FORMAT_SHARDED,
         "run_id": run.id,
-        "step": run._step,
+        "step": context["step"],
         "saved_at": time.time(),
         "world_size": run._world,
         "torch_version": str(torch.__version__),
@@ -285,9 +365,9 @@ def _publish(
         "block_size": BLOCK_SIZE,
         "objects": [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored],
         "tensors": tensors,
-        "state": state,
-        "tunables": encode_value(dict(run.tunables)),
-        "control": {"seq": run._control_seq, "paused": run._paused},
+        "state": context["state"],
+        "tunables": context["tunables"],
+        "control": context["control"],
         "rng_by_rank": [encode_value({"rank": r["rank"], **r["rng"]}) for r in records],
         "extra_by_rank": [encode_value(r["extra"]) for r in records],
         "placement_by_rank": [r["placement"] for r in records],
@@ -299,13 +379,13 @@ def _publish(
     files += [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored]
     run._publish_checkpoint(
         artifact,
-        step=run._step,
+        step=context["step"],
         fmt=FORMAT_SHARDED,
         files=files,
         checksums=sums,
         size=sum(f["size"] for f in files),
         world_size=run._world,
-        control_seq=run._control_seq,
+        control_seq=context["control"]["seq"],
     )
 
 

@@ -5,7 +5,8 @@
 Every rank writes what it saw to ``DIR/rank<r>.json``; the tests judge it.
 
 Modes:
-  save     train two steps, save (per-rank extra), write the full state (``DIR/full.pt``, rank 0)
+  save     train two steps, write the full state (``DIR/full.pt``, rank 0), save (per-rank extra);
+           ``--nonblocking``: save with blocking=False and train on while it writes
   load     for each ``--load RUN:CKPT:FULL``: build the model on this world size, resume RUN, load
            CKPT, compare every model and optimizer tensor bitwise to FULL (the saver's full state)
   damaged  load a checkpoint the test damaged; record the error; then try an optimizer step
@@ -110,12 +111,16 @@ def mode_save(args: argparse.Namespace, rank: int, world: int, out: dict[str, An
     tr.watch(model, optimizer, scheduler)
     for i in range(2):
         step(model, optimizer, scheduler, i, rank)
-    torch.manual_seed(500 + rank)
-    out["artifact"] = tr.save_checkpoint(extra={"rank": rank, "pos": torch.tensor([rank, 7])})
-    out.update(run_id=tr.id, step=tr.global_step, sharded=tr._sharded)
     full = full_state(model, optimizer)
     if rank == 0:
         torch.save(full, Path(args.out) / "full.pt")
+    torch.manual_seed(500 + rank)
+    extra = {"rank": rank, "pos": torch.tensor([rank, 7])}
+    out["artifact"] = tr.save_checkpoint(extra=extra, blocking=not args.nonblocking)
+    out.update(run_id=tr.id, step=tr.global_step, sharded=tr._sharded)
+    if args.nonblocking:  # training goes on (and changes every tensor) while the save writes
+        for i in range(2, 4):
+            step(model, optimizer, scheduler, i, rank)
     tr.finish(close_run=False)
 
 
@@ -204,6 +209,7 @@ def main() -> None:
     parser.add_argument("--resume")
     parser.add_argument("--ckpt")
     parser.add_argument("--strict", action="store_true")
+    parser.add_argument("--nonblocking", action="store_true")
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--reseed-after-load", action="store_true")
     parser.add_argument("--final")

@@ -279,3 +279,13 @@ def test_load_weights_consolidates_a_four_rank_checkpoint_into_a_plain_module(ma
     full = torch.load(Path(matrix["url"]).parent / "save4" / "full.pt", weights_only=True)["model"]
     assert model.state_dict().keys() == full.keys()
     assert all(torch.equal(v, full[k]) for k, v in model.state_dict().items())
+
+
+@pytest.mark.slow
+def test_a_non_blocking_save_under_fsdp2_holds_the_state_it_was_called_with(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    [saver, _] = torchrun(2, "save", url, tmp_path / "save", "--nonblocking")
+    spec = f"{saver['run_id']}:{saver['artifact']}:{tmp_path / 'save' / 'full.pt'}"
+    ranks = torchrun(3, "load", url, tmp_path / "load", "--load", spec)
+    assert ranks[0]["results"][0]["differences"] == [] and ranks[0]["results"][0]["tensors"] == 25
+    assert [r["results"][0]["step"] for r in ranks] == [2, 2, 2]

@@ -257,3 +257,20 @@ def test_gc_and_retention_delete_every_object_of_a_sharded_checkpoint(tmp_path: 
     tr2.load_checkpoint("latest")
     assert tr2.global_step == 2
     tr2.finish()
+
+
+def test_a_non_blocking_sharded_save_holds_the_state_of_the_moment_it_was_called(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    model, optimizer = _model()
+    tr = lht.init("sharded", store=url)
+    tr.watch(model, optimizer, sharded=True)
+    _train(model, optimizer)
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    ckpt = tr.save_checkpoint(extra={"at": 1}, blocking=False)
+    _train(model, optimizer)  # training goes on while the save writes from its own copy
+    _train(model, optimizer)
+    tr.wait_for_checkpoint()
+    assert [c.id for c in lh.Api(url).run(tr.id).checkpoints()] == [ckpt]
+    assert tr.load_checkpoint("latest") == {"at": 1} and tr.global_step == 1
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    tr.finish()
