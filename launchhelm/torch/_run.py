@@ -309,8 +309,11 @@ class TorchRun(Run):
 
         Under DDP every rank calls it: a barrier comes first, each rank
         captures its own RNG (and ``extra``) at that point, and rank 0 uploads
-        one bundle. Metrics logged before the call are flushed by the time it
-        returns (by the time it is published, with ``blocking=False``).
+        one bundle. For a sharded checkpoint (see :meth:`watch`) every rank
+        writes the shards it holds instead, and rank 0 publishes once all are
+        stored; with ``blocking=False`` each rank copies its own shards.
+        Metrics logged before the call are flushed by the time it returns (by
+        the time it is published, with ``blocking=False``).
 
         Parameters
         ----------
