@@ -34,7 +34,7 @@ output there:
   (~0.08 µs) shows most.
 
 A script's capture takes fd 1 and 2 through a pipe and a reader thread (see
-``launchhelm/_console.py``); the ratio is capture-on over capture-off of the same
+``launchhelm/console/_capture.py``); the ratio is capture-on over capture-off of the same
 destination, measured in the same run. Target: ratio <= 1.10 for each destination but the
 floors (PASS/MISS is informational; ``--check`` exits 1 on a miss), and memory bounded by the
 session's buffer, not by the output: what capture adds to the growth over the loop stays
@@ -63,7 +63,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_RATIO = 1.10
-#: the session's 4 MiB buffer (launchhelm._console.BUFFER_BYTES), a flush's copy of it, and the allocator's slack
+#: the session's 4 MiB buffer (console._capture.BUFFER_BYTES), a flush's copy of it, and the allocator's slack
 #: around both; 1M lines held unbounded would be 13 MB of text and ~120 MB as 2M queued str objects
 FLAT_BYTES = 16 * 2**20
 

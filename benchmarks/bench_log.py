@@ -311,6 +311,8 @@ def bench_baseline(out_dir: Path, rows: list[dict[str, float]], reads: int) -> d
 
 # -- other trackers (only if installed) -------------------------------------
 def bench_mlflow(tmp: Path, steps: int) -> str:
+    if steps <= 0:
+        return "mlflow: skipped (0 steps asked)"
     try:
         import mlflow
     except ImportError as exc:
@@ -342,6 +344,8 @@ def bench_mlflow(tmp: Path, steps: int) -> str:
 
 
 def bench_wandb(tmp: Path, steps: int) -> str:
+    if steps <= 0:
+        return "wandb: skipped (0 steps asked)"
     try:
         import wandb
     except ImportError as exc:

@@ -182,7 +182,7 @@ def fs_options(name: str) -> dict[str, Any]:
 
 
 def fold_checkpoints(run: Any) -> list[dict[str, Any]]:
-    from launchhelm._events import EventLog, fold
+    from launchhelm.runlog._events import EventLog, fold
 
     return fold(EventLog(run.store, run.id).read()).checkpoints
 

@@ -39,11 +39,12 @@ from launchhelm._exceptions import (
     StoreAccessDeniedError,
     StoreUnreachableError,
     TunableNotFoundError,
+    UnsupportedFeatureError,
 )
 from launchhelm._run import Run, init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
-from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle
+from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
 
 __all__ = [
@@ -78,6 +79,7 @@ __all__ = [
     "StoreAccessDeniedError",
     "StoreUnreachableError",
     "TunableNotFoundError",
+    "UnsupportedFeatureError",
     "__version__",
     "evaluate",
     "init",

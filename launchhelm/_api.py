@@ -7,18 +7,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._checkpoints import checkpoint_record
-from launchhelm._console import ConsoleFollower, list_console, read_console, sessions_of
-from launchhelm._control import ACTIONS, check_tunable_changes, in_force
-from launchhelm._events import (
-    CONTROL_ACTION,
-    CONTROL_TUNABLES,
-    RESUME_CHOICE,
-    EventLog,
-    RunState,
-    SequenceTaken,
-    validate_project,
-)
 from launchhelm._exceptions import (
     CheckpointError,
     InvalidArgumentError,
@@ -27,19 +15,33 @@ from launchhelm._exceptions import (
     RunClosedError,
     RunNotFoundError,
 )
-from launchhelm._liveness import requester
-from launchhelm._runinfo import furthest_step, read_run_record
-from launchhelm._runs_table import project_rows
-from launchhelm._sessions import Liveness, liveness, run_status
-from launchhelm._summary import run_rows
 from launchhelm._types import Checkpoint, Evaluation, Rewind
-from launchhelm.evaluation._queue import EvaluationHandle, ProjectHandle, queue_for, queue_manual
+from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
+from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
+from launchhelm.evaluation._queue import queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
 from launchhelm.metrics._spool import recover_run, recover_runs
 from launchhelm.metrics._system import STREAMS, default_points, system_frame
+from launchhelm.runlog._checkpoints import checkpoint_record
+from launchhelm.runlog._control import ACTIONS, check_tunable_changes, in_force
+from launchhelm.runlog._events import (
+    CONTROL_ACTION,
+    CONTROL_TUNABLES,
+    RESUME_CHOICE,
+    EventLog,
+    RunState,
+    SequenceTaken,
+    validate_project,
+)
+from launchhelm.runlog._liveness import requester
+from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._sessions import Liveness, liveness, run_status
+from launchhelm.runlog._summary import run_rows
+from launchhelm.runlog._table import project_rows
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._keys import PROJECTS, parse_project_listing, project_runs_prefix
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -119,15 +121,15 @@ class RunHandle:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
         """In a notebook, a handle left as a cell's last expression shows its run panel."""
-        from launchhelm.widgets._display import run_mimebundle
+        from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
     def _display_(self) -> Any:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
-        from launchhelm.widgets._panel import RunPanel
+        from launchhelm._display import marimo_display
 
-        return RunPanel(self)._display_()
+        return marimo_display(self)
 
     # state
     def _recover(self) -> None:
@@ -662,13 +664,17 @@ class Api:
 
     def projects(self) -> list[str]:
         """Names of the projects in the store, sorted."""
-        names = {name.split("/")[0] for name in self.store.list("projects") if name.endswith("/project.json")}
+        names = set()
+        for name in self.store.list(PROJECTS):
+            parsed = parse_project_listing(name)
+            if parsed is not None and parsed[0] == "project":
+                names.add(parsed[1])
         return sorted(names)
 
     def run_ids(self, project: str) -> list[str]:
         """Ids of the project's runs."""
         validate_project(project)
-        return [name for name in self.store.list(f"projects/{project}/runs") if "/" not in name]
+        return [name for name in self.store.list(project_runs_prefix(project)) if "/" not in name]
 
     def runs(self, project: str) -> pd.DataFrame:
         """One row per run of ``project``, newest first.

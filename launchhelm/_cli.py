@@ -14,6 +14,7 @@ from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
 from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
 from launchhelm.evaluation._cli import print_evaluations
+from launchhelm.importers._cli import add_commands as add_import_commands
 
 __all__ = ["main"]
 
@@ -32,7 +33,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 0
     import pandas as pd
 
-    from launchhelm._runs_view import readable_runs
+    from launchhelm.views._runs import readable_runs
 
     with pd.option_context("display.max_columns", None, "display.width", 200):
         # local time and "3 min ago", durations: as the runs table in a notebook says it
@@ -186,7 +187,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from launchhelm._runs_view import compare_text
+    from launchhelm.views._runs import compare_text
 
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     print(compare_text(Api(args.store), args.run, keys))
@@ -218,8 +219,45 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         return 0
 
 
+class _HelpWithExample(argparse.RawDescriptionHelpFormatter):
+    """Wraps descriptions as argparse does; keeps an ``examples:`` epilog's lines as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if text.startswith("example"):
+            return super()._fill_text(text, width, indent)
+        return argparse.HelpFormatter._fill_text(self, text, width, indent)
+
+
+# every help ends with an example (tests/core/test_cli_help.py parses each one with this parser)
+_EXAMPLES = {
+    "launchhelm": """examples:
+  launchhelm runs quickstart     # the project's runs, newest first
+  launchhelm show 1o5sxsjc       # one run: status, rewinds, checkpoints, metrics
+  launchhelm --store s3://bucket/prefix runs quickstart""",
+    "demo": "examples:\n  launchhelm demo --steps 300",
+    "runs": "examples:\n  launchhelm runs quickstart\n  launchhelm --store s3://bucket/prefix runs quickstart",
+    "show": "examples:\n  launchhelm show 1o5sxsjc --events",
+    "tune": "examples:\n  launchhelm tune 1o5sxsjc lr=1e-4 grad_clip=0.5",
+    "control": "examples:\n  launchhelm control 1o5sxsjc pause\n  launchhelm control 1o5sxsjc checkpoint",
+    "compact": "examples:\n  launchhelm compact 1o5sxsjc",
+    "recover": "examples:\n  launchhelm recover  # every run this host spooled",
+    "compare": "examples:\n  launchhelm compare 1o5sxsjc 7k2m0qpz --keys train/loss,eval/accuracy",
+    "logs": "examples:\n  launchhelm logs 1o5sxsjc --follow --tail 20",
+    "import": "examples:\n  launchhelm import tensorboard runs/ --project vision\n"
+    "  launchhelm import mlflow sqlite:///mlflow.db --project vision --experiment baseline\n"
+    "  launchhelm import wandb wandb/ --project vision",
+    "gc": "examples:\n  launchhelm gc --keep-last 3 --dry-run  # list what would go\n"
+    "  launchhelm --store s3://bucket/prefix gc --older-than 48h",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="launchhelm", description="Experiment tracking that survives crashes.")
+    parser = argparse.ArgumentParser(
+        prog="launchhelm",
+        description="Experiment tracking that survives crashes.",
+        epilog=_EXAMPLES["launchhelm"],
+        formatter_class=_HelpWithExample,
+    )
     parser.add_argument(
         "--store", default=None, help="store URL or path (default: $LAUNCHHELM_STORE, else ~/.launchhelm)"
     )
@@ -264,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
     logs.set_defaults(func=_cmd_logs)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
+    add_import_commands(sub)
+    for name, command in sub.choices.items():
+        command.formatter_class = _HelpWithExample
+        command.epilog = command.epilog or _EXAMPLES.get(name)
     return parser
 
 

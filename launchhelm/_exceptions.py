@@ -23,7 +23,11 @@ inherits the built-in exception a caller would naturally catch, so
     ├── InvalidTypeError (TypeError)
     ├── TunableNotFoundError (KeyError)
     ├── PathNotFoundError (FileNotFoundError)
-    └── CheckpointError (RuntimeError)
+    ├── CheckpointError (RuntimeError)
+    ├── UnsupportedFeatureError (NotImplementedError)
+    ├── MissingExtraError (ModuleNotFoundError)
+    ├── SourceReadError (ValueError)
+    └── ImportFailedError (RuntimeError)
 
 Each carries the context needed to act on it (``url``, ``run_id``, ``step``)
 and a message that says what happened and what to do next.
@@ -38,10 +42,12 @@ __all__ = [
     "CoordinationUnsupportedError",
     "EvaluationNotFoundError",
     "EvaluationStateError",
+    "ImportFailedError",
     "InvalidArgumentError",
     "InvalidMetricError",
     "InvalidTypeError",
     "LaunchHelmError",
+    "MissingExtraError",
     "ObjectNotFoundError",
     "PathNotFoundError",
     "RunClosedError",
@@ -49,10 +55,12 @@ __all__ = [
     "RunInUseError",
     "RunNotFoundError",
     "RunStopped",
+    "SourceReadError",
     "StorageError",
     "StoreAccessDeniedError",
     "StoreUnreachableError",
     "TunableNotFoundError",
+    "UnsupportedFeatureError",
 ]
 
 
@@ -231,3 +239,66 @@ class CheckpointError(LaunchHelmError, RuntimeError):
         super().__init__(message)
         self.run_id = run_id
         self.step = step
+
+
+class UnsupportedFeatureError(LaunchHelmError, NotImplementedError):
+    """A feature of another tracker's API that LaunchHelm does not offer (``launchhelm.wandb``'s ``Artifact``...).
+
+    The message names what to use instead. ``except NotImplementedError``
+    keeps catching it.
+
+    Attributes
+    ----------
+    feature:
+        What was asked for, as the caller wrote it (``"wandb.Artifact"``).
+    """
+
+    def __init__(self, message: str, *, feature: str | None = None) -> None:
+        super().__init__(message)
+        self.feature = feature
+
+
+class MissingExtraError(LaunchHelmError, ModuleNotFoundError):
+    """An optional package a feature needs is not installed; the message names the extra that brings it.
+
+    ``except ImportError`` keeps catching it.
+    """
+
+    def __init__(self, message: str, *, extra: str, package: str) -> None:
+        super().__init__(message, name=package)
+        self.extra = extra
+        self.package = package
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
+class SourceReadError(LaunchHelmError, ValueError):
+    """A run to import could not be read: a truncated or corrupt file, or data the source's reader refused.
+
+    Attributes
+    ----------
+    source:
+        The file, folder or URI that failed.
+    """
+
+    def __init__(self, message: str, *, source: str | None = None) -> None:
+        super().__init__(message)
+        self.source = source
+
+
+class ImportFailedError(LaunchHelmError, RuntimeError):
+    """Some runs of an import failed; the others were imported, and nothing of a failed run is visible.
+
+    Attributes
+    ----------
+    failures:
+        ``{source run: the exception}`` for each run that failed.
+    result:
+        The :class:`launchhelm.importers.ImportResult` of the runs that did import.
+    """
+
+    def __init__(self, message: str, *, failures: dict[str, BaseException], result: object = None) -> None:
+        super().__init__(message)
+        self.failures = failures
+        self.result = result

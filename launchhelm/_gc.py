@@ -40,9 +40,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._events import CHECKPOINT, CHECKPOINT_DELETED, EventLog, RunState, SequenceTaken, fold, run_prefix
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
+from launchhelm.runlog._events import (
+    CHECKPOINT,
+    CHECKPOINT_DELETED,
+    EventLog,
+    RunState,
+    SequenceTaken,
+    fold,
+)
 from launchhelm.storage import ObjectInfo, Store, open_store
+from launchhelm.storage._keys import PROJECTS, artifacts_prefix, parse_project_listing
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
 
@@ -140,12 +148,10 @@ def _size(n: int) -> str:
 
 def _run_ids(store: Store, project: str | None) -> list[str]:
     found: set[str] = set()
-    for name in store.list(f"projects/{project}" if project else "projects"):
-        parts = name.split("/")
-        if project:
-            parts = [project, *parts]
-        if len(parts) == 3 and parts[1] == "runs":
-            found.add(parts[2])
+    for name in store.list(f"{PROJECTS}/{project}" if project else PROJECTS):
+        parsed = parse_project_listing(name, project)
+        if parsed is not None and parsed[0] == "run":
+            found.add(parsed[1])
     return sorted(found)
 
 
@@ -158,7 +164,7 @@ def _evaluations_of(store: Store, project: str, run_id: str) -> dict[str, str]:
 
 
 def _project_of(store: Store, run_id: str) -> str | None:
-    from launchhelm._runinfo import read_run_record
+    from launchhelm.runlog._runinfo import read_run_record
 
     try:
         return str(read_run_record(store, run_id)["project"])
@@ -223,7 +229,7 @@ class _Collector:
         published = {e["checkpoint"] for e in events if e.get("type") == CHECKPOINT}
         deleted = {d["checkpoint"] for d in state.deleted_checkpoints}
         live = {e["checkpoint"] for e in state.checkpoints}
-        base = f"{run_prefix(run_id)}/artifacts"
+        base = artifacts_prefix(run_id)
         groups: dict[str, list[ObjectInfo]] = {}
         for info in self.store.list_info(base):
             groups.setdefault(info.key.split("/", 1)[0], []).append(info)
@@ -268,7 +274,7 @@ class _Collector:
 
     def retain(self, run_id: str, log: EventLog, keep_last: int, groups: dict[str, list[ObjectInfo]]) -> None:
         project = _project_of(self.store, run_id)
-        base = f"{run_prefix(run_id)}/artifacts"
+        base = artifacts_prefix(run_id)
         lost = 0
         while True:
             state = fold(log.read())

@@ -18,13 +18,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from launchhelm._checkpoints import DIRECTORY_FORMAT
-from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
-from launchhelm._events import RunState
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm._run import Run
 from launchhelm._types import Rewind
+from launchhelm.runlog._checkpoints import DIRECTORY_FORMAT
+from launchhelm.runlog._events import RunState
 from launchhelm.storage import Store
+from launchhelm.storage._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 
 __all__ = [
     "PendingRestore",

@@ -26,8 +26,8 @@ import os
 import shlex
 from typing import Any, NoReturn
 
-from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm.runlog._events import validate_project
 
 __all__ = ["USAGE", "launchhelm_magic", "load_ipython_extension"]
 
@@ -192,7 +192,7 @@ def _dispatch(command: str, args: list[str], store: str | None) -> Any:
 def _runs(api: Any, project: str, store: str | None) -> Any:
     """The :class:`RunsTable` widget in a kernel; elsewhere (or without the widgets extra) a DataFrame
     whose times read as people read them (local time, "3 min ago", durations)."""
-    from launchhelm.widgets._display import in_kernel
+    from launchhelm.widgets._kernel import in_kernel
 
     if in_kernel():
         try:
@@ -201,7 +201,7 @@ def _runs(api: Any, project: str, store: str | None) -> Any:
             pass
         else:
             return RunsTable(project, store=store)
-    from launchhelm._runs_view import readable_runs
+    from launchhelm.views._runs import readable_runs
 
     return readable_runs(api.runs(project))
 

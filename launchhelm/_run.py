@@ -23,10 +23,27 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from launchhelm import _console
-from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
-from launchhelm._control import check_plain, in_force
-from launchhelm._events import (
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    InvalidMetricError,
+    InvalidTypeError,
+    PathNotFoundError,
+    RunClosedError,
+    RunFinishedError,
+    RunInUseError,
+    RunStopped,
+)
+from launchhelm._types import Rewind
+from launchhelm.console import _capture as _console
+from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
+from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
+from launchhelm.metrics._spool import Spool, recover_run
+from launchhelm.metrics._system import SystemSampler, system_interval
+from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm.runlog._control import check_plain, in_force
+from launchhelm.runlog._events import (
     CHECKPOINT,
     CONTROL_ACTION,
     CONTROL_APPLIED,
@@ -39,25 +56,12 @@ from launchhelm._events import (
     RunState,
     SequenceTaken,
     fold,
-    project_run_marker,
-    run_prefix,
     validate_project,
+    validate_run_id,
 )
-from launchhelm._exceptions import (
-    AlreadyExistsError,
-    InvalidArgumentError,
-    InvalidMetricError,
-    InvalidTypeError,
-    PathNotFoundError,
-    RunClosedError,
-    RunFinishedError,
-    RunInUseError,
-    RunStopped,
-)
-from launchhelm._liveness import process_identity
-from launchhelm._runinfo import furthest_step, read_run_record
-from launchhelm._runs_table import mark_row
-from launchhelm._sessions import (
+from launchhelm.runlog._liveness import process_identity
+from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
     encode_heartbeat,
@@ -66,14 +70,10 @@ from launchhelm._sessions import (
     liveness,
     summary_key,
 )
-from launchhelm._summary import encode_summary, parse_summary
-from launchhelm._types import Rewind
-from launchhelm.evaluation._queue import on_checkpoint_published
-from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
-from launchhelm.metrics._points import Row, chunk_key, coerce_value, encode_chunk, validate_key
-from launchhelm.metrics._spool import Spool, recover_run
-from launchhelm.metrics._system import SystemSampler, system_interval
+from launchhelm.runlog._summary import encode_summary, parse_summary
+from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._keys import console_key, project_record_key, project_run_marker, run_record_key
 
 __all__ = ["Run", "init"]
 
@@ -334,15 +334,15 @@ class Run:
 
     def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
         """In a notebook, a run left as a cell's last expression shows its run panel."""
-        from launchhelm.widgets._display import run_mimebundle
+        from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
     def _display_(self) -> Any:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
-        from launchhelm.widgets._panel import RunPanel
+        from launchhelm._display import marimo_display
 
-        return RunPanel(self)._display_()
+        return marimo_display(self)
 
     def __enter__(self) -> Run:
         return self
@@ -460,7 +460,7 @@ class Run:
                 return
             try:
                 while True:
-                    key = _console.console_key(self.id, self.session_id, self._console_number)
+                    key = console_key(self.id, self.session_id, self._console_number)
                     self._console_number += 1
                     try:
                         self._store.create(key, data)
@@ -1122,6 +1122,7 @@ def init(
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
+    run_id: str | None = None,
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -1172,6 +1173,11 @@ def init(
         Under DDP only rank 0 captures. Output faster than the store takes
         it, beyond 4 MiB between flushes, is dropped and counted in the log,
         and lines past 64 KiB are cut (see ``docs/storage.md``). False: none.
+    run_id:
+        Create the new run under this id (4-64 lowercase letters and digits)
+        instead of a random one: for tools that map another tracker's run ids
+        (``launchhelm.wandb``'s ``id=``). Refused with
+        :class:`AlreadyExistsError` if a run has it. Not with ``resume``.
 
     Raises
     ------
@@ -1186,6 +1192,8 @@ def init(
         ``TypeError``). Nothing is stored.
     RunNotFoundError, RunClosedError, RunInUseError
         See ``resume``.
+    AlreadyExistsError
+        ``run_id`` names a run that exists (also a ``FileExistsError``).
 
     Examples
     --------
@@ -1211,6 +1219,7 @@ def init(
         control_interval=control_interval,
         system_metrics=system_metrics,
         capture_console=capture_console,
+        run_id=run_id,
     )
 
 
@@ -1234,9 +1243,16 @@ def start_run(
     control_interval: float | None = None,
     system_metrics: bool | float | None = None,
     capture_console: bool = True,
+    run_id: str | None = None,
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
     validate_project(project)
+    if run_id is not None:
+        validate_run_id(run_id)
+        if resume is not None:
+            raise InvalidArgumentError(
+                f"run_id={run_id!r} names the id of a new run; to reopen a run, pass resume={run_id!r} alone"
+            )
     system_s = system_interval(system_metrics)
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     _check_flag("capture_console", capture_console)
@@ -1277,7 +1293,7 @@ def start_run(
         "heartbeat_timeout": timeout_s,
     }
     if resume is None:
-        record, events = _create_run(st, project, name, config, tunables)
+        record, events = _create_run(st, project, name, config, tunables, run_id)
         mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
         started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
         step, attempt, state = 0, 0, None
@@ -1324,9 +1340,10 @@ def _create_run(
     name: str | None,
     config: Mapping[str, Any] | None,
     tunables: Mapping[str, Any] | None,
+    given_id: str | None = None,
 ) -> tuple[dict[str, Any], EventLog]:
     while True:
-        run_id = _new_run_id()
+        run_id = given_id or _new_run_id()
         record = {
             "format": "launchhelm.run/1",
             "id": run_id,
@@ -1337,12 +1354,18 @@ def _create_run(
             "created": time.time(),
         }
         try:
-            store.create(f"{run_prefix(run_id)}/run.json", json.dumps(record).encode())
+            store.create(run_record_key(run_id), json.dumps(record).encode())
             break
         except AlreadyExistsError:
+            if given_id is not None:
+                raise AlreadyExistsError(
+                    f"a run with id {given_id!r} already exists in this store; resume it with "
+                    f"init(project, resume={given_id!r}) or choose another id",
+                    url=store.url,
+                ) from None
             continue  # an id collision: draw another
     for key, body in (
-        (f"projects/{project}/project.json", {"project": project, "created": record["created"]}),
+        (project_record_key(project), {"project": project, "created": record["created"]}),
         (project_run_marker(project, run_id), {"created": record["created"]}),
     ):
         try:
@@ -1409,5 +1432,5 @@ def _reopen_run(
 
 
 def _control_state(tunables: Mapping[str, Any], control_seq: int, paused: bool) -> str:
-    """Tunables and control state as the log folds them (``launchhelm._control.in_force``), exactly."""
+    """Tunables and control state as the log folds them (``launchhelm.runlog._control.in_force``), exactly."""
     return json.dumps([dict(tunables), control_seq, paused], sort_keys=True)

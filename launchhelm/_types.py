@@ -4,8 +4,28 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-__all__ = ["Checkpoint", "Evaluation", "Rewind"]
+if TYPE_CHECKING:
+    from launchhelm.storage import Store
+
+__all__ = ["Checkpoint", "Evaluation", "Rewind", "RunLike"]
+
+
+@runtime_checkable
+class RunLike(Protocol):
+    """A run or a handle on one: what the widgets and the display hook take.
+
+    Both :class:`launchhelm.Run` (being written here) and
+    :class:`launchhelm.RunHandle` (read from a store) satisfy it, so code above
+    the core names a run without importing the writer.
+    """
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def store(self) -> Store: ...
 
 
 @dataclass(frozen=True)

@@ -17,11 +17,13 @@ import embed from "vega-embed";
 
 /** @typedef {import("vega-embed").Result["view"]} View */
 /** @typedef {{ key: string, step: number, value: number, attempt: number, abandoned: boolean, time?: number }} Row */
-/** @typedef {{ keys: string[], k: number[], step: number[], value: number[], attempt: number[], abandoned: boolean[], time?: number[] }} Columns */
+/** @typedef {import("./messages.js").ChartColumns} Columns */
+/** @typedef {import("./messages.js").ToChart} ToChart */
 /** @typedef {{ index: number, key: string, box: HTMLElement, target: HTMLElement, view: View | null }} Panel */
 /** @typedef {{ name: string, details: HTMLDetailsElement, count: HTMLElement, panels: Panel[] }} Section */
-import { h, hideStaticFallback } from "./dom.js";
+import { h, hideStaticFallback, send } from "./dom.js";
 import { refreshTimes, timeElement } from "./human.js";
+import { MSG } from "./messages.js";
 
 /** More panels than this get a filter box. */
 export const FILTER_FROM = 12;
@@ -105,7 +107,7 @@ function panelSpec(spec, panel, index) {
   };
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<import("./messages.js").ChartTraits>} */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-chart");
   const toggle = h("input", { type: "checkbox", class: "lh-show-abandoned" });
@@ -206,6 +208,7 @@ function render({ model, el }) {
     if (syncing) return;
     // a wall-time panel (system/) zooms on its own: neither the step panels nor the kernel follow it
     if (!has(source, "signal", "zoom_step")) return;
+    /** @type {number[] | null} */
     const domain = value && Array.isArray(value.step) ? value.step : null;
     // one step axis: the other panels follow
     syncing = true;
@@ -221,11 +224,11 @@ function render({ model, el }) {
     }
     clearTimeout(zoomTimer);
     zoomTimer = setTimeout(() => {
-      model.send({ type: "zoom", domain });
+      send(model, { type: MSG.ZOOM, domain });
     }, 300);
   };
 
-  /** @param {any} msg */
+  /** @param {ToChart} msg */
   const onMessage = (msg) => {
     if (hideStaticFallback(msg)) return;
     const mine = views;
@@ -234,7 +237,7 @@ function render({ model, el }) {
     enqueue(async () => {
       if (mine !== views) return;
       messages += 1;
-      if (msg.type === "snapshot") {
+      if (msg.type === MSG.SNAPSHOT) {
         const rows = byView(expand(msg.points));
         mine.forEach((v, i) => {
           if (has(v, "data", "points")) {
@@ -252,11 +255,11 @@ function render({ model, el }) {
               v
                 .changeset()
                 .remove(() => true)
-                .insert(msg.rewinds.map((/** @type {any} */ r) => ({ ...r }))),
+                .insert(msg.rewinds.map((r) => ({ ...r }))),
             );
           }
         });
-      } else if (msg.type === "insert") {
+      } else if (msg.type === MSG.INSERT) {
         const rows = byView(expand(msg.points));
         mine.forEach((v, i) => {
           if (rows[i].length && has(v, "data", "points")) v.insert("points", rows[i]);
@@ -383,7 +386,7 @@ function render({ model, el }) {
     }
     await Promise.all(views.map((v) => v.runAsync()));
     count();
-    model.send({ type: "ready" });
+    send(model, { type: MSG.READY });
   };
 
   const showCaption = () => {

@@ -6,14 +6,14 @@
 //   kernel -> front end: {type: "snapshot", points, rewinds}
 // The x axis (step / wall time) and smoothing are traits the kernel follows.
 import embed from "vega-embed";
-import { h } from "./dom.js";
+import { filled, h, hideStaticFallback, send } from "./dom.js";
+import { MSG } from "./messages.js";
 import { ago, duration } from "./time.js";
 
 /** @typedef {import("vega-embed").Result["view"]} View */
-/**
- * @typedef {{ labels: string[], keys: string[], r: number[], k: number[], step: number[], time: number[],
- *   elapsed: number[], value: number[], raw: number[] }} Columns
- */
+/** @typedef {import("./messages.js").CompareColumns} Columns */
+/** @typedef {import("./messages.js").CompareRun} CompareRun */
+/** @typedef {import("./messages.js").ToCompare} ToCompare */
 
 /**
  * Expand the kernel's compact columns into Vega rows.
@@ -59,7 +59,7 @@ function text(value) {
   return String(value);
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<import("./messages.js").CompareTraits>} */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-compare");
   const xAxis = h(
@@ -123,8 +123,8 @@ function render({ model, el }) {
   };
 
   const drawDiff = () => {
-    const state = model.get("state") || {};
-    const runs = state.runs || [];
+    const state = model.get("state");
+    const runs = filled(state) ? state.runs : [];
     if (!runs.length) {
       diff.replaceChildren();
       return;
@@ -134,19 +134,23 @@ function render({ model, el }) {
       "tr",
       {},
       h("th", {}, ""),
-      runs.map((/** @type {any} */ r) =>
+      runs.map((r) =>
         h("th", { dataset: { run: r.id } }, h("span", { class: "lh-swatch", style: `background:${r.color}` }), r.label),
       ),
     );
-    /** @type {[string, (r: any) => string][]} */
+    /** @type {[string, (r: CompareRun) => string][]} */
     const facts = [
       ["status", (r) => r.status],
       ["step", (r) => text(r.step)],
       ["created", (r) => ago(r.created, now)],
       [
         "duration",
-        (r) =>
-          duration(r.status === "running" ? now - r.created : r.last_heartbeat ? r.last_heartbeat - r.created : null),
+        (r) => {
+          if (r.created === null) return duration(null);
+          return duration(
+            r.status === "running" ? now - r.created : r.last_heartbeat ? r.last_heartbeat - r.created : null,
+          );
+        },
       ],
       ["rewinds", (r) => text(r.rewinds)],
     ];
@@ -155,15 +159,15 @@ function render({ model, el }) {
         "tr",
         { class: "lh-fact" },
         h("th", {}, name),
-        runs.map((/** @type {any} */ r) => h("td", {}, get(r))),
+        runs.map((r) => h("td", {}, get(r))),
       ),
     );
-    const changed = (state.diff || []).map((/** @type {any} */ d) =>
+    const changed = state.diff.map((d) =>
       h(
         "tr",
         { class: "lh-diff-row", dataset: { key: d.key } },
         h("th", {}, h("code", {}, d.key)),
-        d.values.map((/** @type {any} */ v) => h("td", {}, text(v))),
+        d.values.map((v) => h("td", {}, text(v))),
       ),
     );
     diff.replaceChildren(
@@ -175,10 +179,11 @@ function render({ model, el }) {
     );
   };
 
-  /** @param {any} msg */
+  /** @param {ToCompare} msg */
   const onMessage = (msg) => {
+    if (hideStaticFallback(msg)) return;
     const v = view;
-    if (!v || !msg || msg.type !== "snapshot") return;
+    if (!v || !msg || msg.type !== MSG.SNAPSHOT) return;
     enqueue(async () => {
       if (v !== view) return;
       messages += 1;
@@ -223,7 +228,7 @@ function render({ model, el }) {
     embeds += 1;
     el.dataset.embeds = String(embeds);
     await view.runAsync();
-    model.send({ type: "ready" });
+    send(model, { type: MSG.READY });
   };
 
   const showError = () => {

@@ -2,15 +2,26 @@
 // editor, the pause / resume / stop / checkpoint buttons and the project's
 // "Evaluate every checkpoint…" switch. And RunLogs' (the Logs tab, the
 // widget's `view` trait "logs"): the run's console, followed live.
-import { act, h, mount } from "./dom.js";
-import { duration, timeElement, withTimes } from "./human.js";
+import { act, h, hideStaticFallback, mount, send } from "./dom.js";
 import { ruleSwitch } from "./evaluations.js";
+import { timeElement, withTimes } from "./human.js";
+import { MSG } from "./messages.js";
+import { duration } from "./time.js";
+
+/** @typedef {import("./messages.js").DetailsTraits} DetailsTraits */
+/** @typedef {import("./messages.js").LogsTraits} LogsTraits */
+/** @typedef {import("./messages.js").Json} Json */
+/** @typedef {import("./messages.js").ToLogs} ToLogs */
+/**
+ * @template {Record<string, any>} T
+ * @typedef {import("@anywidget/types").RenderProps<T>} RenderProps
+ */
 
 /**
  * Read an input back as the tunable's kind (number, bool, JSON, else text).
  * @param {HTMLInputElement} input
- * @param {unknown} original
- * @returns {unknown}
+ * @param {Json} original
+ * @returns {Json}
  */
 function readValue(input, original) {
   if (typeof original === "boolean") return input.checked;
@@ -31,7 +42,7 @@ function readValue(input, original) {
 /**
  * The field that edits one tunable.
  * @param {string} name
- * @param {unknown} value
+ * @param {Json} value
  * @returns {HTMLInputElement}
  */
 function tunableInput(name, value) {
@@ -42,17 +53,16 @@ function tunableInput(name, value) {
   return h("input", { type: "text", name, value: JSON.stringify(value), class: "lh-tunable" });
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @param {RenderProps<DetailsTraits>} props */
 function renderDetails({ model, el }) {
   return mount(model, el, "details", (root) => {
-    const state = model.get("state") || {};
-    const run = state.run || {};
-    const times = state.times || {};
+    const state = model.get("state");
+    const { run, times } = state;
     const created = typeof state.created_ts === "number" ? state.created_ts : null;
     const beat = typeof state.last_heartbeat_ts === "number" ? state.last_heartbeat_ts : null;
     // how long it has run: to now while running, else to its last heartbeat
     const end = state.status === "running" ? Date.now() / 1000 : beat;
-    /** @type {[string, any][]} */
+    /** @type {[string, Node | (Node | string)[] | string | number | null][]} */
     const facts = [
       ["Run", `${run.name || ""} (${run.id || ""})`],
       ["Project", run.project],
@@ -89,7 +99,7 @@ function renderDetails({ model, el }) {
 
     // control buttons
     const controls = h("div", { class: "lh-controls" });
-    for (const action of state.actions || []) {
+    for (const action of state.actions) {
       controls.append(
         h(
           "button",
@@ -106,7 +116,7 @@ function renderDetails({ model, el }) {
     root.append(h("h4", {}, "Control"), controls);
 
     // tunables
-    const tunables = state.tunables || {};
+    const tunables = state.tunables;
     const names = Object.keys(tunables);
     root.append(h("h4", {}, "Tunables"));
     if (!names.length) {
@@ -125,7 +135,7 @@ function renderDetails({ model, el }) {
           class: "lh-btn lh-apply-tunables",
           disabled: !state.can_tune,
           onclick: () => {
-            /** @type {Record<string, unknown>} */
+            /** @type {Record<string, Json>} */
             const values = {};
             try {
               for (const name of names) {
@@ -144,20 +154,20 @@ function renderDetails({ model, el }) {
       );
       root.append(h("table", { class: "lh-facts lh-tunables" }, h("tbody", {}, rows)), apply);
     }
-    if ((state.pending || []).length) {
+    if (state.pending.length) {
       root.append(
         h(
           "p",
           { class: "lh-pending" },
           "Waiting for the training process: ",
-          state.pending.map((/** @type {any} */ p) => `${p.what} (request ${p.seq})`).join("; "),
+          state.pending.map((p) => `${p.what} (request ${p.seq})`).join("; "),
         ),
       );
     }
     root.append(h("h4", {}, "Evaluation"), ruleSwitch(model, state) || h("p", { class: "lh-empty" }, "-"));
 
     // config
-    const config = state.config || {};
+    const config = state.config;
     root.append(
       h("h4", {}, "Config"),
       h(
@@ -182,7 +192,7 @@ const LOG_LINES = 5000;
  * The Logs tab: text the kernel streams as `reset` / `append` messages, one
  * element per line (the last one open until its newline), capped at the
  * kernel's `max_lines`; kept scrolled to the bottom while the reader is there.
- * @param {import("./types.js").RenderProps} props
+ * @param {RenderProps<LogsTraits>} props
  */
 function renderLogs({ model, el }) {
   el.classList.add("launchhelm", "lh-logs");
@@ -226,7 +236,7 @@ function renderLogs({ model, el }) {
     toEnd();
   };
   const showStatus = () => {
-    const state = model.get("state") || {};
+    const state = model.get("state");
     const running = state.status === "running";
     status.textContent = log.childElementCount
       ? running
@@ -242,14 +252,14 @@ function renderLogs({ model, el }) {
     error.textContent = text;
     error.hidden = !text;
   };
-  /** @param {any} msg */
+  /** @param {ToLogs} msg */
   const onMessage = (msg) => {
-    if (!msg || typeof msg.text !== "string") return;
-    if (msg.type === "reset") {
+    if (hideStaticFallback(msg) || !msg || typeof msg.type !== "string") return;
+    if (msg.type === MSG.RESET) {
       log.replaceChildren();
       open = null;
       append(msg.text);
-    } else if (msg.type === "append") {
+    } else if (msg.type === MSG.APPEND) {
       append(msg.text);
     } else {
       return;
@@ -263,7 +273,7 @@ function renderLogs({ model, el }) {
   model.on("change:error", showError);
   showStatus();
   showError();
-  model.send({ type: "ready" });
+  send(model, { type: MSG.READY });
   return () => {
     resized?.disconnect();
     log.removeEventListener("scroll", onScroll);
@@ -273,9 +283,11 @@ function renderLogs({ model, el }) {
   };
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<DetailsTraits | LogsTraits>} */
 function render(props) {
-  return props.model.get("view") === "logs" ? renderLogs(props) : renderDetails(props);
+  return props.model.get("view") === "logs"
+    ? renderLogs(/** @type {RenderProps<LogsTraits>} */ (props))
+    : renderDetails(/** @type {RenderProps<DetailsTraits>} */ (props));
 }
 
 export default { render };

@@ -2,9 +2,18 @@
 // widget renders a state dict that the kernel owns).
 
 import { refreshTimes } from "./human.js";
+import { MSG } from "./messages.js";
 
-/** @typedef {import("./types.js").Child} Child */
-/** @typedef {import("./types.js").Model} Model */
+/** @typedef {import("./messages.js").ActionArgs} ActionArgs */
+/** @typedef {import("./messages.js").LiveTraits} LiveTraits */
+/** @typedef {import("./messages.js").ToKernel} ToKernel */
+/** A child `h()` accepts: a node, text, or nothing. */
+/** @typedef {Node | string | number | null | undefined | false} Child */
+/**
+ * The anywidget model of a widget whose synced traits are `T` (a typedef of messages.js).
+ * @template {Record<string, any>} T
+ * @typedef {import("@anywidget/types").AnyModel<T>} AnyModel
+ */
 
 /**
  * Create an element: h("button", {class: "lh-btn", onclick: f}, "Choose").
@@ -39,14 +48,36 @@ export function h(tag, attrs = {}, ...children) {
 }
 
 /**
+ * Send the kernel a message (anywidget's `send` takes anything: this takes what the kernel reads).
+ * @template {Record<string, any>} T
+ * @param {AnyModel<T>} model
+ * @param {ToKernel} message
+ */
+export function send(model, message) {
+  model.send(message);
+}
+
+/**
  * Ask the kernel to do something ("choose", "retry"...): it answers by
  * updating the widget's state (and its `error` trait on failure).
- * @param {Model} model
- * @param {string} name
- * @param {Record<string, any>} [args]
+ * @template {Record<string, any>} T
+ * @template {keyof ActionArgs} K
+ * @param {AnyModel<T>} model
+ * @param {K} name
+ * @param {ActionArgs[K]} args
  */
-export function act(model, name, args = {}) {
-  model.send({ type: "action", name, args });
+export function act(model, name, args) {
+  send(model, { type: MSG.ACTION, name, args });
+}
+
+/**
+ * Whether the kernel has filled a `state` trait (its default is `{}` until
+ * the widget's first read of the store, which comes before any view draws).
+ * @param {object} state
+ * @returns {boolean}
+ */
+export function filled(state) {
+  return Object.keys(state).length > 0;
 }
 
 /**
@@ -54,11 +85,11 @@ export function act(model, name, args = {}) {
  * saved picture (the static fallback a saved notebook shows) stands in this
  * page: hide it, and the output holding it, now that the live view draws.
  * Returns whether `msg` was that message.
- * @param {any} msg
+ * @param {{ type: string, static?: unknown } | null | undefined} msg
  * @returns {boolean}
  */
 export function hideStaticFallback(msg) {
-  if (msg?.type !== "live" || !Array.isArray(msg.static)) return false;
+  if (msg?.type !== MSG.LIVE || !Array.isArray(msg.static)) return false;
   for (const id of msg.static) {
     const selector = `.launchhelm-static-fallback[data-lh-static~="${CSS.escape(String(id))}"]`;
     for (const node of document.querySelectorAll(selector)) {
@@ -74,10 +105,11 @@ export function hideStaticFallback(msg) {
 /**
  * Wire the shared behaviour of a state-rendering widget: render now and on
  * every change of the listed traits, show the `error` trait, say `ready`.
- * @param {Model} model
+ * @template {LiveTraits & { state: object }} T
+ * @param {AnyModel<T>} model
  * @param {HTMLElement} el
  * @param {string} kind  CSS class suffix: "picker", "evaluations", "details"
- * @param {(root: HTMLElement) => void} draw
+ * @param {(root: HTMLElement) => void} draw  called once the kernel has filled the state
  * @param {string[]} [traits]
  * @returns {() => void} cleanup
  */
@@ -96,7 +128,7 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
     }
     deferred = false;
     root.replaceChildren();
-    draw(root);
+    if (filled(model.get("state"))) draw(root);
   };
   const onFocusOut = () => {
     if (deferred) setTimeout(redraw, 0);
@@ -115,7 +147,7 @@ export function mount(model, el, kind, draw, traits = ["state"]) {
   showError();
   // "3 min ago" stays true while the state does not change
   const ticking = setInterval(() => refreshTimes(root), 30_000);
-  model.send({ type: "ready" });
+  send(model, { type: MSG.READY });
   return () => {
     clearInterval(ticking);
     for (const name of events) model.off(name, redraw);

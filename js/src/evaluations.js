@@ -2,12 +2,14 @@
 // state; "Try again", "Evaluate this checkpoint" and the project's
 // "Evaluate every checkpoint…" switch ask the kernel to act.
 import { act, h, mount } from "./dom.js";
-import { duration, withTimes } from "./human.js";
+import { withTimes } from "./human.js";
+import { duration } from "./time.js";
 
 /**
  * The project's "Evaluate every checkpoint…" switch (null where the state has no rule).
- * @param {import("./types.js").Model} model
- * @param {any} state
+ * @template {Record<string, any>} T
+ * @param {import("@anywidget/types").AnyModel<T>} model
+ * @param {{ rule?: boolean | null }} state
  * @returns {HTMLLabelElement | null}
  */
 export function ruleSwitch(model, state) {
@@ -26,11 +28,11 @@ export function ruleSwitch(model, state) {
   );
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<import("./messages.js").EvaluationsTraits>} */
 function render({ model, el }) {
   return mount(model, el, "evaluations", (root) => {
-    const state = model.get("state") || {};
-    const rows = state.rows || [];
+    const state = model.get("state");
+    const rows = state.rows;
     const project = state.scope === "project";
     root.append(
       h(
@@ -44,7 +46,7 @@ function render({ model, el }) {
     if (!rows.length) {
       root.append(h("p", { class: "lh-empty" }, "No checkpoint yet."));
     } else {
-      const body = rows.map((/** @type {any} */ r) => {
+      const body = rows.map((r) => {
         let action = null;
         if (r.can_retry) {
           action = h(
@@ -53,7 +55,7 @@ function render({ model, el }) {
               class: "lh-btn lh-retry",
               onclick: (/** @type {Event} */ event) => {
                 /** @type {HTMLButtonElement} */ (event.currentTarget).disabled = true;
-                act(model, "retry", { evaluation_id: r.evaluation_id });
+                if (r.evaluation_id !== null) act(model, "retry", { evaluation_id: r.evaluation_id });
               },
             },
             "Try again",

@@ -1,13 +1,11 @@
 // Times as a person reads them, in the browser's own time zone: "14:03:07
-// (3 min ago)" for today, "Nov 30, 14:03 (2 days ago)" this year, durations
-// as "1 h 12 min". The kernel sends epoch seconds beside the text it formats
-// for saved pictures (its own local time); these replace that text wherever
-// a widget draws live, and the relative part keeps itself current.
-// (RunsTable has its own formatter in time.js.)
-
-const MINUTE = 60;
-const HOUR = 60 * MINUTE;
-const DAY = 24 * HOUR;
+// (3 min ago)" for today, "Nov 30, 14:03 (2 d ago)" this year. The kernel
+// sends epoch seconds beside the text it formats for saved pictures (its own
+// local time); these replace that text wherever a widget draws live, and the
+// relative part keeps itself current. How long ago and durations follow
+// time.js (the twin of launchhelm/views/_humanize.py); only the short local
+// time is this panel's own.
+import { ago, dateOf } from "./time.js";
 
 /** @param {number} n */
 const two = (n) => String(n).padStart(2, "0");
@@ -16,62 +14,19 @@ const two = (n) => String(n).padStart(2, "0");
 const clock = (d) => `${two(d.getHours())}:${two(d.getMinutes())}:${two(d.getSeconds())}`;
 
 /**
- * Local wall-clock time, as short as the date allows.
+ * Local wall-clock time, as short as the date allows: "14:03:07" today,
+ * "Nov 30, 14:03" this year, "Nov 30 2025, 14:03" before.
  * @param {number} ts  seconds since the epoch
  * @param {number} [now]  seconds since the epoch
  * @returns {string}
  */
-export function localTime(ts, now = Date.now() / 1000) {
-  const d = new Date(ts * 1000);
-  const today = new Date(now * 1000);
+export function shortTime(ts, now = Date.now() / 1000) {
+  const d = dateOf(ts);
+  const today = dateOf(now);
   if (d.toDateString() === today.toDateString()) return clock(d);
   const month = d.toLocaleString("en-US", { month: "short" });
   if (d.getFullYear() === today.getFullYear()) return `${month} ${d.getDate()}, ${clock(d).slice(0, 5)}`;
   return `${month} ${d.getDate()} ${d.getFullYear()}, ${clock(d).slice(0, 5)}`;
-}
-
-/**
- * A span of time: "45 s", "3 min 20 s", "2 h 5 min", "3 days 4 h".
- * @param {number} seconds
- * @returns {string}
- */
-export function duration(seconds) {
-  const s = Math.max(0, Math.round(seconds));
-  if (s < MINUTE) return `${s} s`;
-  if (s < HOUR) {
-    const rest = s % MINUTE;
-    return rest ? `${Math.floor(s / MINUTE)} min ${rest} s` : `${s / MINUTE} min`;
-  }
-  if (s < DAY) {
-    const rest = Math.floor((s % HOUR) / MINUTE);
-    return rest ? `${Math.floor(s / HOUR)} h ${rest} min` : `${Math.floor(s / HOUR)} h`;
-  }
-  const days = Math.floor(s / DAY);
-  const hours = Math.floor((s % DAY) / HOUR);
-  const unit = days === 1 ? "day" : "days";
-  return hours ? `${days} ${unit} ${hours} h` : `${days} ${unit}`;
-}
-
-/**
- * How long ago (or how soon): "just now", "12 s ago", "3 min ago", "in 5 min".
- * @param {number} ts
- * @param {number} [now]
- * @returns {string}
- */
-export function ago(ts, now = Date.now() / 1000) {
-  const delta = now - ts;
-  if (Math.abs(delta) < 5) return "just now";
-  const span = Math.abs(delta);
-  // coarser than duration(): one unit
-  let text;
-  if (span < MINUTE) text = `${Math.round(span)} s`;
-  else if (span < HOUR) text = `${Math.round(span / MINUTE)} min`;
-  else if (span < DAY) text = `${Math.round(span / HOUR)} h`;
-  else {
-    const days = Math.round(span / DAY);
-    text = `${days} ${days === 1 ? "day" : "days"}`;
-  }
-  return delta >= 0 ? `${text} ago` : `in ${text}`;
 }
 
 /**
@@ -84,7 +39,7 @@ function fill(node, ts) {
   const relative = document.createElement("span");
   relative.className = "lh-ago";
   relative.textContent = ` (${ago(ts, now)})`;
-  node.replaceChildren(localTime(ts, now), relative);
+  node.replaceChildren(shortTime(ts, now), relative);
 }
 
 /**

@@ -3,12 +3,11 @@
 import { act, h, mount } from "./dom.js";
 import { withTimes } from "./human.js";
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<import("./messages.js").PickerTraits>} */
 function render({ model, el }) {
   return mount(model, el, "picker", (root) => {
-    const state = model.get("state") || {};
-    const run = state.run || {};
-    const checkpoints = state.checkpoints || [];
+    const state = model.get("state");
+    const { run, checkpoints } = state;
     root.append(
       h("div", { class: "lh-title" }, "Resume… ", h("b", {}, run.name || ""), " ", h("code", {}, run.id || "")),
       h(
@@ -22,7 +21,7 @@ function render({ model, el }) {
     if (!checkpoints.length) {
       root.append(h("p", { class: "lh-empty" }, "No checkpoint was saved: a resumed run starts from step 0."));
     } else {
-      const rows = checkpoints.map((/** @type {any} */ c) => {
+      const rows = checkpoints.map((c) => {
         const marks = [];
         if (c.latest) marks.push(h("span", { class: "lh-badge lh-latest" }, "latest"));
         if (c.chosen) marks.push(h("span", { class: "lh-badge lh-chosen" }, "chosen"));

@@ -5,24 +5,14 @@
 // (sort_by, descending, query, statuses, hidden, selected), so the kernel
 // knows what is shown. Times arrive as epoch seconds and are written here,
 // in the browser's time zone, and kept true ("3 min ago") as time passes.
-import { h } from "./dom.js";
-import { ago, duration, localTime, ticking } from "./time.js";
+import { h, send } from "./dom.js";
+import { MSG } from "./messages.js";
+import { ago, duration, localTime, statusSentence, ticking } from "./time.js";
 
-/** @typedef {import("./types.js").Model} Model */
-/** @typedef {{ id: string, label: string, kind: string }} Column */
-/**
- * @typedef {object} Row
- * @property {string} id
- * @property {string} name
- * @property {string} status
- * @property {string} sentence
- * @property {number | null} step
- * @property {number | null} created
- * @property {number | null} last_heartbeat
- * @property {number | null} duration
- * @property {number | null} rewinds
- * @property {Record<string, any>} values
- */
+/** @typedef {import("./messages.js").RunsTableTraits} RunsTableTraits */
+/** @typedef {import("@anywidget/types").AnyModel<RunsTableTraits>} Model */
+/** @typedef {import("./messages.js").TableColumn} Column */
+/** @typedef {import("./messages.js").TableRow} Row */
 
 const STATUSES = ["running", "stopped", "resumable", "closed"];
 /** @type {Record<string, string>} */
@@ -99,16 +89,17 @@ export function sortRows(rows, column, descending) {
 
 /**
  * Set a trait from the browser and send it to the kernel.
+ * @template {keyof RunsTableTraits} K
  * @param {Model} model
- * @param {string} name
- * @param {any} value
+ * @param {K} name
+ * @param {RunsTableTraits[K]} value
  */
 function save(model, name, value) {
   model.set(name, value);
   model.save_changes();
 }
 
-/** @param {import("./types.js").RenderProps} props */
+/** @type {import("@anywidget/types").Render<RunsTableTraits>} */
 function render({ model, el }) {
   el.classList.add("launchhelm", "lh-runs-table");
   const filter = h("input", {
@@ -211,13 +202,16 @@ function render({ model, el }) {
     switch (column.id) {
       case "name":
         return h("td", { class: "lh-name" }, h("b", {}, row.name), " ", h("code", {}, row.id));
-      case "status":
+      case "status": {
+        // written here, not the kernel's `sentence`: "last heartbeat 3 min ago" stays true between reads
+        const sentence = statusSentence(row.status, row.last_heartbeat, now);
         return h(
           "td",
-          { class: "lh-status-cell", title: row.sentence },
+          { class: "lh-status-cell", title: sentence },
           h("span", { class: `lh-badge lh-status lh-status-${row.status}` }, row.status),
-          h("span", { class: "lh-sentence" }, row.sentence),
+          h("span", { class: "lh-sentence" }, sentence),
         );
+      }
       case "created":
         return h("td", { class: "lh-created", title: localTime(row.created) }, ago(row.created, now));
       case "duration":
@@ -370,7 +364,7 @@ function render({ model, el }) {
   const stopTicking = ticking(draw);
   showError();
   draw();
-  model.send({ type: "ready" });
+  send(model, { type: MSG.READY });
   return () => {
     stopTicking();
     filter.removeEventListener("input", onFilter);

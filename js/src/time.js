@@ -1,7 +1,8 @@
 // Times as a person reads them, in the browser's time zone: the twin of
-// launchhelm/_humanize.py (same rules, so the kernel's static tables and the
-// live widgets read alike). Times are epoch seconds (numbers), as the
-// kernel sends them; null or NaN means "no time".
+// launchhelm/views/_humanize.py (same rules, so the kernel's static tables and the
+// live widgets read alike; tests/widgets/test_humanize_js.py holds them to it).
+// Times are epoch seconds (numbers), as the kernel sends them; null or NaN
+// means "no time". Exact up to 2**53 seconds, as far as a JS number counts.
 
 /**
  * @param {unknown} value
@@ -15,13 +16,23 @@ function finite(value) {
 const pad = (n) => String(n).padStart(2, "0");
 
 /**
+ * The local date of `ts` to the whole second, rounded down as Python's
+ * `time.localtime` does (`new Date(ts * 1000)` can round `ts * 1000` up a second).
+ * @param {number} ts epoch seconds
+ * @returns {Date}
+ */
+export function dateOf(ts) {
+  return new Date(Math.floor(ts) * 1000);
+}
+
+/**
  * "2026-05-01 12:03:04" in the browser's time zone, or "-".
  * @param {number | null | undefined} ts epoch seconds
  * @returns {string}
  */
 export function localTime(ts) {
   if (!finite(ts)) return "-";
-  const d = new Date(ts * 1000);
+  const d = dateOf(ts);
   return (
     `${d.getFullYear()}-${pad(d.getMonth() + 1)}-${pad(d.getDate())} ` +
     `${pad(d.getHours())}:${pad(d.getMinutes())}:${pad(d.getSeconds())}`
@@ -35,7 +46,7 @@ export function localTime(ts) {
  */
 export function duration(seconds) {
   if (!finite(seconds)) return "-";
-  const total = Math.max(0, Math.floor(seconds));
+  const total = Math.max(0, Math.trunc(seconds));
   const days = Math.floor(total / 86400);
   const hours = Math.floor((total % 86400) / 3600);
   const minutes = Math.floor((total % 3600) / 60);
@@ -48,6 +59,7 @@ export function duration(seconds) {
 
 /**
  * "just now", "42 s ago", "3 min ago", "2 h ago", "5 d ago"; "never" for no time.
+ * A time ahead of `now` (another machine's clock) reads "just now".
  * @param {number | null | undefined} ts epoch seconds
  * @param {number} [now] epoch seconds (default: now)
  * @returns {string}
@@ -63,7 +75,31 @@ export function ago(ts, now = Date.now() / 1000) {
   ])) {
     if (delta >= size) return `${Math.floor(delta / size)} ${unit} ago`;
   }
-  return `${Math.floor(delta)} s ago`;
+  return `${Math.trunc(delta)} s ago`;
+}
+
+/** What each status means, as the runs table and `launchhelm show` say it. */
+export const STATUS_MEANING = new Map([
+  ["running", "a live session is training it"],
+  ["stopped", "stopped without ending its session (crashed or killed); resume it"],
+  ["resumable", "its last session ended with finish(close_run=False); resume it"],
+  ["closed", "finish() closed it; it cannot be resumed"],
+]);
+
+/**
+ * The status with its sentence: "stopped without ending its session (crashed or
+ * killed); resume it; last heartbeat 3 min ago".
+ * @param {string} status
+ * @param {number | null | undefined} [lastHeartbeat] epoch seconds
+ * @param {number} [now] epoch seconds (default: now)
+ * @returns {string}
+ */
+export function statusSentence(status, lastHeartbeat, now = Date.now() / 1000) {
+  let sentence = STATUS_MEANING.get(status) ?? status;
+  if ((status === "running" || status === "stopped") && finite(lastHeartbeat)) {
+    sentence += `; last heartbeat ${ago(lastHeartbeat, now)}`;
+  }
+  return sentence;
 }
 
 /**

@@ -20,7 +20,7 @@ from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm.evaluation._queue import worker_policy
+from launchhelm.evaluation._policies import worker_policy
 from launchhelm.evaluation._worker import EvaluationWorker
 
 if TYPE_CHECKING:
@@ -103,7 +103,9 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def add_commands(sub: Any) -> None:
     """Add ``evaluate`` and ``policy`` to the command line's subcommands."""
     evaluate = sub.add_parser(
-        "evaluate", help="run an evaluation worker: take queued evaluations one at a time (MODULE:FUNCTION)"
+        "evaluate",
+        help="run an evaluation worker: take queued evaluations one at a time (MODULE:FUNCTION)",
+        epilog="examples:\n  launchhelm evaluate examples/evaluate_checkpoints.py:score --stop-when-idle",
     )
     evaluate.add_argument("target", metavar="MODULE:FUNCTION", help="e.g. evaluate_checkpoints:score, or file.py:score")
     evaluate.add_argument("--project", help="the project to serve (default: the decorator's)")
@@ -117,6 +119,8 @@ def add_commands(sub: Any) -> None:
         "policy",
         help="print a least-privilege S3 bucket policy, GCS IAM policy or Azure role assignments for "
         "evaluation workers: policy evaluation --store s3://… | gs://… | az://…",
+        epilog="examples:\n  launchhelm policy evaluation --store s3://bucket/prefix "
+        "--principal arn:aws:iam::123456789012:role/evaluator",
     )
     policy.add_argument("kind", choices=["evaluation"], help="whose policy: evaluation workers")
     policy.add_argument(

@@ -24,26 +24,21 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm.runlog._events import validate_project
+from launchhelm.storage._keys import policy_patterns
 
-__all__ = ["azure_worker_policy", "gcs_worker_policy", "worker_scopes"]
+__all__ = ["azure_worker_policy", "gcs_worker_policy", "worker_policy", "worker_scopes"]
 
 
-def worker_scopes(project: str | None, score_prefix: str) -> dict[str, list[str]]:
+def worker_scopes(project: str | None) -> dict[str, list[str]]:
     """What a worker touches, as key patterns under the store root (``*``: any characters).
 
     ``list`` and ``read``: prefixes it lists and reads under; ``create``: the
     objects it creates; ``delete``: the only ones it deletes.
     """
-    proj = "*" if project is None else validate_project(project)
-    return {
-        # a listed prefix is tested by prefix only: with every project, all of projects/
-        "list": ["runs/", "projects/" if project is None else f"projects/{proj}/"],
-        "read": ["runs/", f"projects/{proj}/"],
-        "create": [f"projects/{proj}/evaluations/*", f"runs/*/metrics/{score_prefix}*"],
-        "delete": [f"projects/{proj}/evaluations/*-renew-*"],
-    }
+    # a listed prefix is tested by prefix only: with every project, all of projects/
+    return policy_patterns(None if project is None else validate_project(project))
 
 
 def _split(store_url: str, schemes: tuple[str, ...], what: str, example: str) -> tuple[str, str]:
@@ -77,11 +72,9 @@ def gcs_worker_policy(store_url: str, project: str | None = None, principal: str
     merging it with the bucket's existing bindings.
     """
     bucket, root = _split(store_url, ("gs", "gcs"), "IAM policy is for a GCS bucket", "gs://bucket/prefix")
-    from launchhelm.evaluation._queue import EVAL_CHUNK_PREFIX
-
-    scopes = worker_scopes(project, EVAL_CHUNK_PREFIX)
+    scopes = worker_scopes(project)
     key_root = f"{root}/" if root else ""
-    objects = f"projects/_/buckets/{bucket}/objects/{key_root}"
+    objects = f"projects/_/buckets/{bucket}/objects/{key_root}"  # GCS resource names, not store keys
     member = principal or "serviceAccount:launchhelm-evaluation-worker@PROJECT_ID.iam.gserviceaccount.com"
     listed = "api.getAttribute('storage.googleapis.com/objectListPrefix', '')"
     # a listing is authorised on the bucket, not on objects: its prefix is the thing to test
@@ -151,9 +144,7 @@ def azure_worker_policy(store_url: str, project: str | None = None, principal: s
     container, root = _split(
         store_url, ("az", "abfs", "abfss"), "role assignment is for an Azure container", "az://container/prefix"
     )
-    from launchhelm.evaluation._queue import EVAL_CHUNK_PREFIX
-
-    scopes = worker_scopes(project, EVAL_CHUNK_PREFIX)
+    scopes = worker_scopes(project)
     key_root = f"{root}/" if root else ""
     read = [
         _azure_block(["read"], [_azure_path_test(key_root + p + "*") for p in scopes["read"]]),
@@ -191,5 +182,76 @@ def azure_worker_policy(store_url: str, project: str | None = None, principal: s
             "reaches every key in the container. Prefer this role assignment.",
             "Blob versions and snapshots: if the account keeps them, the built-in role's version actions are "
             "not limited here; a custom role with only blobs/read, blobs/write and blobs/delete is narrower.",
+        ],
+    }
+
+
+def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
+    """A least-privilege S3 bucket policy for evaluation workers of ``store_url``.
+
+    For ``gs://`` and ``az://`` stores: the GCS IAM policy or Azure role
+    assignments of :mod:`launchhelm.evaluation._policies`, which cover the same keys.
+
+    Workers may list and read runs and the project's keys, create only
+    queue, lease and result objects under ``projects/<p>/evaluations/`` and
+    their score chunks under ``runs/*/metrics/eval-*``, and delete only
+    lease renewals. They cannot change a run's events, checkpoints or
+    metrics, nor the project's rule.
+    """
+    scheme, sep, rest = store_url.partition("://")
+    if scheme in ("gs", "gcs", "az", "abfs", "abfss") and sep:
+        other = gcs_worker_policy if scheme in ("gs", "gcs") else azure_worker_policy
+        return other(store_url, project=project, principal=principal)
+    if not sep or scheme not in ("s3", "s3a") or not rest.strip("/"):
+        raise InvalidArgumentError(
+            f"store {store_url!r}: the worker policy is for S3, GCS or Azure; give --store s3://bucket/prefix, "
+            "gs://bucket/prefix or az://container/prefix"
+        )
+    bucket, _, root = rest.strip("/").partition("/")
+    root = root.strip("/")
+    scopes = policy_patterns(None if project is None else validate_project(project))
+
+    def key(pattern: str) -> str:
+        return f"{root}/{pattern}" if root else pattern
+
+    def arn(pattern: str) -> str:
+        return f"arn:aws:s3:::{bucket}/{key(pattern)}"
+
+    who = principal or "arn:aws:iam::ACCOUNT_ID:role/launchhelm-evaluation-worker"
+    allow: dict[str, Any] = {"Effect": "Allow", "Principal": {"AWS": who}}
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "ListRunsAndQueue",
+                **allow,
+                "Action": "s3:ListBucket",
+                "Resource": f"arn:aws:s3:::{bucket}",
+                "Condition": {"StringLike": {"s3:prefix": [key(p + "*") for p in scopes["read"]]}},
+            },
+            {
+                "Sid": "ReadRunsCheckpointsAndQueue",
+                **allow,
+                "Action": "s3:GetObject",
+                "Resource": [arn(p + "*") for p in scopes["read"]],
+            },
+            {
+                "Sid": "WriteQueueLeasesAndResults",
+                **allow,
+                "Action": "s3:PutObject",
+                "Resource": arn(scopes["create"][0]),
+            },
+            {
+                "Sid": "WriteScoreChunks",
+                **allow,
+                "Action": "s3:PutObject",
+                "Resource": arn(scopes["create"][1]),
+            },
+            {
+                "Sid": "CollectLeaseRenewals",
+                **allow,
+                "Action": "s3:DeleteObject",
+                "Resource": arn(scopes["delete"][0]),
+            },
         ],
     }

@@ -67,30 +67,43 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from launchhelm._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm._exceptions import (
     AlreadyExistsError,
     CheckpointError,
-    EvaluationNotFoundError,
     EvaluationStateError,
     InvalidArgumentError,
-    InvalidTypeError,
     ObjectNotFoundError,
 )
-from launchhelm._liveness import process_identity, process_state, requester
-from launchhelm._runinfo import read_run_record
 from launchhelm._types import Evaluation
+from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
+from launchhelm.runlog._liveness import process_identity, process_state, requester
 from launchhelm.storage import Store
+from launchhelm.storage._keys import (
+    attempt_name,
+    attempt_prefix,
+    claim_key,
+    evaluation_prefix,
+    evaluations_prefix,
+    is_renewal_name,
+    logged_key,
+    parse_evaluation_tail,
+    parse_rule_name,
+    project_runs_prefix,
+    renewal_key,
+    request_key,
+    result_key,
+    retry_key,
+    rule_key,
+    rule_prefix,
+    score_chunk_key,
+)
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "Claim",
-    "EvaluationHandle",
     "EvaluationQueue",
-    "ProjectHandle",
     "on_checkpoint_published",
     "queue_for",
-    "worker_policy",
 ]
 
 _log = logging.getLogger("launchhelm.evaluation")
@@ -98,45 +111,13 @@ _log = logging.getLogger("launchhelm.evaluation")
 QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
 #: Seconds a worker's lease lasts unless renewed.
 DEFAULT_LEASE_SECONDS = 120.0
-RULE_NAME = "evaluate_every_checkpoint"
 REQUEST_FORMAT = "launchhelm.evaluation/1"
 #: What a result slot holds: a real outcome, or a fence that keeps the
 #: epoch's (lapsed or released) holder from ever publishing.
 RESULT, FENCE = "result", "fence"
-#: Score chunks live under ``runs/<run>/metrics/<EVAL_CHUNK_PREFIX>...``: a
-#: "session" name no training session has, read by the ordinary history.
-EVAL_CHUNK_PREFIX = "eval-"
 SCORE_PREFIX = "eval/"
 
 _CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-_RULE_NAME_RE = re.compile(r"^(\d{20})\.json$")
-_TAIL_RE = re.compile(
-    r"^(?:(?P<request>request\.json)"
-    r"|a(?P<attempt>\d{4})/(?:(?P<retry>retry\.json)|(?P<logged>logged\.json)"
-    r"|e(?P<epoch>\d{6})(?:(?P<result>-result)|-renew-(?P<renewal>\d{6}))?\.json))$"
-)
-
-
-# -- keys -------------------------------------------------------------------
-def rule_prefix(project: str) -> str:
-    return f"projects/{project}/rules/{RULE_NAME}"
-
-
-def evaluations_prefix(project: str) -> str:
-    return f"projects/{project}/evaluations"
-
-
-def evaluation_prefix(project: str, run_id: str, checkpoint: str) -> str:
-    return f"{evaluations_prefix(project)}/{run_id}/{checkpoint}"
-
-
-def _attempt_prefix(base: str, attempt: int) -> str:
-    return f"{base}/a{attempt:04d}"
-
-
-def score_chunk_key(run_id: str, checkpoint: str, attempt: int, step: int) -> str:
-    """The one metric chunk an attempt's scores are logged in (``parse_chunk_name`` reads it)."""
-    return f"runs/{run_id}/metrics/{EVAL_CHUNK_PREFIX}{checkpoint}-a{attempt:04d}/00000000-{step}-{step}.arrow"
 
 
 def evaluation_id(run_id: str, checkpoint: str) -> str:
@@ -218,7 +199,7 @@ class _Listed:
         return self.attempts.get(attempt) or _AttemptObjects()
 
     def add(self, tail: str) -> None:
-        m = _TAIL_RE.match(tail)
+        m = parse_evaluation_tail(tail)
         if m is None:
             return
         if m["request"]:
@@ -276,14 +257,14 @@ class Claim:
 
     @property
     def attempt_prefix(self) -> str:
-        return _attempt_prefix(self.base, self.attempt)
+        return attempt_prefix(self.base, self.attempt)
 
     @property
     def slot_key(self) -> str:
-        return f"{self.attempt_prefix}/e{self.epoch:06d}-result.json"
+        return result_key(self.attempt_prefix, self.epoch)
 
     def renewal_key(self, number: int) -> str:
-        return f"{self.attempt_prefix}/e{self.epoch:06d}-renew-{number:06d}.json"
+        return renewal_key(self.attempt_prefix, self.epoch, number)
 
     def lease_body(self, now: float) -> bytes:
         return _dumps(
@@ -346,18 +327,18 @@ class EvaluationQueue:
         return listed if listed.request else None
 
     def request(self, listed: _Listed) -> dict[str, Any]:
-        return self._read_immutable(f"{listed.base}/request.json")
+        return self._read_immutable(request_key(listed.base))
 
     def slot(self, listed: _Listed, attempt: int, epoch: int) -> dict[str, Any]:
-        return self._read_immutable(f"{_attempt_prefix(listed.base, attempt)}/e{epoch:06d}-result.json")
+        return self._read_immutable(result_key(attempt_prefix(listed.base, attempt), epoch))
 
     def lease_view(self, listed: _Listed, attempt: int, epoch: int) -> _LeaseView:
         """The newest claim or renewal of ``epoch``: who holds it and until when."""
-        prefix = _attempt_prefix(listed.base, attempt)
+        prefix = attempt_prefix(listed.base, attempt)
         renewal = listed.objects(attempt).renewals.get(epoch)
-        keys = [f"{prefix}/e{epoch:06d}.json"]
+        keys = [claim_key(prefix, epoch)]
         if renewal:
-            keys.insert(0, f"{prefix}/e{epoch:06d}-renew-{renewal:06d}.json")
+            keys.insert(0, renewal_key(prefix, epoch, renewal))
         cached = self._renewals.get(prefix)
         if cached is not None and cached[0] == keys[0]:
             return cached[1]
@@ -397,7 +378,7 @@ class EvaluationQueue:
         objs = listed.objects(attempt)
         queued_at = float(request["queued_at"])
         if attempt:
-            queued_at = float(self._read_immutable(f"{_attempt_prefix(listed.base, attempt)}/retry.json")["time"])
+            queued_at = float(self._read_immutable(retry_key(listed.base, attempt))["time"])
         fields: dict[str, Any] = {"state": QUEUED}
         epoch = objs.epoch
         result = self.outcome(listed)
@@ -450,7 +431,7 @@ class EvaluationQueue:
         """Every change of the project's evaluate-every-checkpoint rule, oldest first."""
         prefix = rule_prefix(self.project)
         for name in self.store.list(prefix):
-            if _RULE_NAME_RE.match(name) and name not in self._rules:
+            if parse_rule_name(name) is not None and name not in self._rules:
                 self._rules[name] = dict(json.loads(self.store.read(f"{prefix}/{name}")))
         return [self._rules[name] for name in sorted(self._rules)]
 
@@ -460,14 +441,13 @@ class EvaluationQueue:
 
     def set_rule(self, enabled: bool) -> bool:
         self.store.require_coordination("the evaluate-every-checkpoint rule")
-        prefix = rule_prefix(self.project)
         while True:
             entries = self.rule_entries()
             if entries and bool(entries[-1]["enabled"]) == enabled:
                 return enabled
             body = {"enabled": enabled, "time": time.time(), "by": requester()}
             try:
-                self.store.create(f"{prefix}/{len(self._rules) + 1:020d}.json", _dumps(body))
+                self.store.create(rule_key(self.project, len(self._rules) + 1), _dumps(body))
             except AlreadyExistsError:
                 continue  # someone changed it at the same moment: look again
             return enabled
@@ -490,7 +470,7 @@ class EvaluationQueue:
             "reason": reason,
         }
         try:
-            self.store.create(f"{evaluation_prefix(self.project, run_id, checkpoint)}/request.json", _dumps(body))
+            self.store.create(request_key(evaluation_prefix(self.project, run_id, checkpoint)), _dumps(body))
         except AlreadyExistsError:
             return False
         return True
@@ -507,7 +487,7 @@ class EvaluationQueue:
             return 0
         known = self.scan() if known is None else known
         queued = 0
-        runs_prefix = f"projects/{self.project}/runs"
+        runs_prefix = project_runs_prefix(self.project)
         for run_id in self.store.list(runs_prefix):
             if "/" in run_id or run_id in self._closed_runs:
                 continue
@@ -540,7 +520,7 @@ class EvaluationQueue:
                 state=record.state,
             )
         self.store.require_coordination("retrying an evaluation")
-        key = f"{_attempt_prefix(listed.base, listed.attempt + 1)}/retry.json"
+        key = retry_key(listed.base, listed.attempt + 1)
         try:
             self.store.create(key, _dumps({"time": time.time(), "by": requester()}))
         except AlreadyExistsError:
@@ -550,7 +530,7 @@ class EvaluationQueue:
     # -- working ------------------------------------------------------------
     def _fence(self, listed: _Listed, attempt: int, epoch: int, reason: str, worker: str) -> bool:
         """Make sure epoch ``epoch`` can never publish; False if it already did."""
-        key = f"{_attempt_prefix(listed.base, attempt)}/e{epoch:06d}-result.json"
+        key = result_key(attempt_prefix(listed.base, attempt), epoch)
         body = {"kind": FENCE, "reason": reason, "by": worker, "time": time.time()}
         try:
             self.store.create(key, _dumps(body))
@@ -587,7 +567,7 @@ class EvaluationQueue:
             request=self.request(listed),
         )
         try:
-            self.store.create(f"{claim.attempt_prefix}/e{claim.epoch:06d}.json", claim.lease_body(now))
+            self.store.create(claim_key(claim.attempt_prefix, claim.epoch), claim.lease_body(now))
         except AlreadyExistsError:
             return None  # another worker took it first
         return claim
@@ -597,7 +577,7 @@ class EvaluationQueue:
         names = self.store.list(claim.attempt_prefix)
         mine = f"e{claim.epoch:06d}"
         for name in names:
-            m = _TAIL_RE.match(f"a{claim.attempt:04d}/{name}")
+            m = parse_evaluation_tail(f"{attempt_name(claim.attempt)}/{name}")
             if m is None or m["epoch"] is None:
                 continue
             if int(m["epoch"]) > claim.epoch or (name.startswith(mine) and m["result"]):
@@ -647,7 +627,7 @@ class EvaluationQueue:
         """Delete renewal objects nobody reads any more (garbage collection only)."""
         try:
             for name in self.store.list(attempt_prefix):
-                if "-renew-" in name and (epoch is None or name.startswith(f"e{epoch:06d}-")):
+                if is_renewal_name(name, epoch):
                     self.store.delete(f"{attempt_prefix}/{name}")
         except Exception as exc:  # garbage left behind is harmless
             _log.debug("could not collect renewals under %s: %s", attempt_prefix, exc)
@@ -671,7 +651,7 @@ class EvaluationQueue:
                 pass
         base = evaluation_prefix(self.project, run_id, checkpoint)
         try:
-            self.store.create(f"{_attempt_prefix(base, attempt)}/logged.json", _dumps({"time": time.time()}))
+            self.store.create(logged_key(base, attempt), _dumps({"time": time.time()}))
         except AlreadyExistsError:
             pass
 
@@ -748,207 +728,3 @@ def queue_manual(store: Store, project: str, run_id: str, state: RunState, check
     listed = queue.scan_one(run_id, checkpoint_id)
     assert listed is not None  # just created, or created before
     return queue.record(listed)
-
-
-class ProjectHandle:
-    """A project's settings and evaluation queue, read and changed from any process.
-
-    Get one with ``launchhelm.Api().project(name)``; the project need not
-    have runs yet (turn the rule on before training).
-    """
-
-    def __init__(self, store: Store, name: str) -> None:
-        self._store = store
-        self.name = validate_project(name)
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.ProjectHandle {self.name}>"
-
-    @property
-    def _queue(self) -> EvaluationQueue:
-        return queue_for(self._store, self.name)
-
-    def evaluate_every_checkpoint(self, enabled: bool | None = None) -> bool:
-        """The project rule "Evaluate every checkpoint": read it, or turn it on or off.
-
-        While on, each checkpoint that finishes uploading in any run of the
-        project queues one evaluation of it, for a worker
-        (``@launchhelm.evaluate``) to take. Checkpoints saved while it was off
-        are not queued; queue those with ``RunHandle.evaluate(checkpoint_id)``.
-
-        Parameters
-        ----------
-        enabled:
-            True or False sets the rule; None (default) only reads it.
-
-        Returns
-        -------
-        bool
-            Whether the rule is on (after the change).
-
-        Examples
-        --------
-        >>> lh.Api().project("quickstart").evaluate_every_checkpoint(True)   # doctest: +SKIP
-        True
-        """
-        if enabled is None:
-            return self._queue.rule_enabled()
-        if not isinstance(enabled, bool):
-            raise InvalidTypeError(f"evaluate_every_checkpoint({enabled!r}): pass True, False, or nothing to read it")
-        return self._queue.set_rule(enabled)
-
-    def evaluations(self, state: str | None = None) -> list[Evaluation]:
-        """Every evaluation in the project's queue, oldest queued first.
-
-        Parameters
-        ----------
-        state:
-            Only those in this state: ``"queued"``, ``"running"``, ``"done"``
-            or ``"failed"``.
-        """
-        if state is not None and state not in (QUEUED, RUNNING, DONE, FAILED):
-            raise InvalidArgumentError(f"state={state!r}: use 'queued', 'running', 'done', 'failed' or None")
-        return self._queue.evaluations(state=state)
-
-
-class EvaluationHandle:
-    """One evaluation, read fresh on each call; ``retry()`` is "Try again".
-
-    Get one with ``launchhelm.Api().evaluation(evaluation_id)``.
-    """
-
-    def __init__(self, store: Store, evaluation_id: str) -> None:
-        self._store = store
-        self.run_id, self.checkpoint = parse_evaluation_id(evaluation_id)
-        self.id = evaluation_id
-        self.project = str(read_run_record(store, self.run_id)["project"])
-        self._listed()  # refuse an unknown id now
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.EvaluationHandle {self.id}>"
-
-    @property
-    def _queue(self) -> EvaluationQueue:
-        return queue_for(self._store, self.project)
-
-    def _listed(self) -> _Listed:
-        listed = self._queue.scan_one(self.run_id, self.checkpoint)
-        if listed is None:
-            raise EvaluationNotFoundError(
-                f"no evaluation {self.id!r} is queued in project {self.project!r}; queue it with "
-                f"Api().run({self.run_id!r}).evaluate({self.checkpoint!r})",
-                evaluation_id=self.id,
-            )
-        return listed
-
-    def record(self) -> Evaluation:
-        """Its state now."""
-        return self._queue.record(self._listed())
-
-    @property
-    def state(self) -> str:
-        """``"queued"``, ``"running"``, ``"done"`` or ``"failed"``, now."""
-        return self.record().state
-
-    def retry(self) -> Evaluation:
-        """Queue a failed evaluation once more ("Try again"); return its new record.
-
-        Raises
-        ------
-        EvaluationStateError
-            It did not fail (queued, running or done). A done evaluation is
-            never re-run: its scores are logged once.
-        """
-        self._queue.retry(self._listed())
-        return self.record()
-
-    def wait(self, timeout: float = 60.0, poll_interval: float = 0.5) -> Evaluation:
-        """Block until it is done or failed (or ``timeout`` seconds pass) and return its record.
-
-        Raises
-        ------
-        InvalidArgumentError
-            ``timeout`` or ``poll_interval`` is not a positive number.
-        """
-        for name, value in (("timeout", timeout), ("poll_interval", poll_interval)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise InvalidArgumentError(f"{name}={value!r}: give a positive number of seconds")
-        deadline = time.monotonic() + timeout
-        while True:
-            record = self.record()
-            if record.state in (DONE, FAILED) or time.monotonic() >= deadline:
-                return record
-            time.sleep(poll_interval)
-
-
-def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
-    """A least-privilege S3 bucket policy for evaluation workers of ``store_url``.
-
-    For ``gs://`` and ``az://`` stores: the GCS IAM policy or Azure role
-    assignments of :mod:`launchhelm.evaluation._policies`, which cover the same keys.
-
-    Workers may list and read runs and the project's keys, create only
-    queue, lease and result objects under ``projects/<p>/evaluations/`` and
-    their score chunks under ``runs/*/metrics/eval-*``, and delete only
-    lease renewals. They cannot change a run's events, checkpoints or
-    metrics, nor the project's rule.
-    """
-    scheme, sep, rest = store_url.partition("://")
-    if scheme in ("gs", "gcs", "az", "abfs", "abfss") and sep:
-        from launchhelm.evaluation._policies import azure_worker_policy, gcs_worker_policy
-
-        other = gcs_worker_policy if scheme in ("gs", "gcs") else azure_worker_policy
-        return other(store_url, project=project, principal=principal)
-    if not sep or scheme not in ("s3", "s3a") or not rest.strip("/"):
-        raise InvalidArgumentError(
-            f"store {store_url!r}: the worker policy is for S3, GCS or Azure; give --store s3://bucket/prefix, "
-            "gs://bucket/prefix or az://container/prefix"
-        )
-    bucket, _, root = rest.strip("/").partition("/")
-    root = root.strip("/")
-    proj = "*" if project is None else validate_project(project)
-
-    def key(pattern: str) -> str:
-        return f"{root}/{pattern}" if root else pattern
-
-    def arn(pattern: str) -> str:
-        return f"arn:aws:s3:::{bucket}/{key(pattern)}"
-
-    who = principal or "arn:aws:iam::ACCOUNT_ID:role/launchhelm-evaluation-worker"
-    allow: dict[str, Any] = {"Effect": "Allow", "Principal": {"AWS": who}}
-    return {
-        "Version": "2012-10-17",
-        "Statement": [
-            {
-                "Sid": "ListRunsAndQueue",
-                **allow,
-                "Action": "s3:ListBucket",
-                "Resource": f"arn:aws:s3:::{bucket}",
-                "Condition": {"StringLike": {"s3:prefix": [key("runs/*"), key(f"projects/{proj}/*")]}},
-            },
-            {
-                "Sid": "ReadRunsCheckpointsAndQueue",
-                **allow,
-                "Action": "s3:GetObject",
-                "Resource": [arn("runs/*"), arn(f"projects/{proj}/*")],
-            },
-            {
-                "Sid": "WriteQueueLeasesAndResults",
-                **allow,
-                "Action": "s3:PutObject",
-                "Resource": arn(f"projects/{proj}/evaluations/*"),
-            },
-            {
-                "Sid": "WriteScoreChunks",
-                **allow,
-                "Action": "s3:PutObject",
-                "Resource": arn(f"runs/*/metrics/{EVAL_CHUNK_PREFIX}*"),
-            },
-            {
-                "Sid": "CollectLeaseRenewals",
-                **allow,
-                "Action": "s3:DeleteObject",
-                "Resource": arn(f"projects/{proj}/evaluations/*-renew-*"),
-            },
-        ],
-    }

@@ -38,7 +38,6 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._events import RunState, validate_project
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm.evaluation._queue import (
     DEFAULT_LEASE_SECONDS,
@@ -50,6 +49,7 @@ from launchhelm.evaluation._queue import (
     _Listed,
 )
 from launchhelm.metrics._points import coerce_value, validate_key
+from launchhelm.runlog._events import RunState, validate_project
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:
@@ -195,8 +195,8 @@ class EvaluationContext:
     def checkpoint(self) -> Checkpoint:
         """The checkpoint scored (``.id``, ``.step``, ``.format``, ``.files``, ...)."""
         if self._checkpoint is None:
-            from launchhelm._checkpoints import checkpoint_record
-            from launchhelm._runinfo import furthest_step
+            from launchhelm.runlog._checkpoints import checkpoint_record
+            from launchhelm.runlog._runinfo import furthest_step
 
             reached = furthest_step(self._store, self.run_id, self._state)
             self._checkpoint = checkpoint_record(self.run_id, self._state, self._event, reached)
@@ -238,8 +238,8 @@ class EvaluationContext:
         CheckpointError
             A file is missing from the store or differs from what was saved.
         """
-        from launchhelm._checkpoints import DIRECTORY_FORMAT
-        from launchhelm._checksum import file_checksums, mismatches, recorded, verifying_algorithms
+        from launchhelm.runlog._checkpoints import DIRECTORY_FORMAT
+        from launchhelm.storage._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 
         base = Path(tempfile.mkdtemp(prefix="launchhelm-eval-")) if directory is None else Path(directory)
         target = (base / self.checkpoint_id).absolute()

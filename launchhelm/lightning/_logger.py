@@ -265,7 +265,7 @@ class LaunchHelmLogger(Logger):
         base = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="launchhelm-lightning-"))
         if _rank() != 0:
             # other DDP ranks read the run without a session of their own: rank 0 holds it
-            from launchhelm._events import EventLog
+            from launchhelm.runlog._events import EventLog
 
             store = open_store(self._store_arg, self._init.get("storage_options"))
             assert self._resume is not None

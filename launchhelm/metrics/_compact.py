@@ -26,14 +26,13 @@ from launchhelm.metrics._layout import (
     Manifest,
     SegmentRef,
     list_metrics,
-    manifest_name,
     metrics_prefix,
-    new_segment_name,
     parse_chunk,
     read_manifest,
 )
 from launchhelm.metrics._segments import concat, decode_chunk, decode_segment, encode_segment
 from launchhelm.storage import Store
+from launchhelm.storage._keys import manifest_name, new_segment_name
 
 if TYPE_CHECKING:
     import pyarrow as pa

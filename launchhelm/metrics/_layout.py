@@ -9,12 +9,19 @@ One listing of ``runs/<id>/metrics/`` finds everything: chunks
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from launchhelm._exceptions import LaunchHelmError
 from launchhelm.storage import Store
+from launchhelm.storage._keys import (
+    EVAL_CHUNK_PREFIX,
+    manifest_key,
+    metrics_prefix,
+    parse_chunk_name,
+    parse_manifest_name,
+    parse_segment_name,
+)
 
 __all__ = ["ChunkRef", "Listing", "Manifest", "list_metrics", "metrics_prefix"]
 
@@ -23,22 +30,6 @@ MANIFEST_FORMAT = "launchhelm.manifest/1"
 
 class DamagedManifestError(LaunchHelmError, ValueError):
     """A manifest object that does not parse (written by something else, or damaged)."""
-
-
-SEGMENT_DIR = "segments"
-_MANIFEST_PREFIX = "manifest-"
-
-
-def metrics_prefix(run_id: str) -> str:
-    return f"runs/{run_id}/metrics"
-
-
-def manifest_name(seq: int) -> str:
-    return f"{_MANIFEST_PREFIX}{seq:020d}.json"
-
-
-def new_segment_name(level: int) -> str:
-    return f"{SEGMENT_DIR}/L{level}-{os.urandom(8).hex()}.parquet"
 
 
 @dataclass(frozen=True, order=True)
@@ -151,15 +142,12 @@ class Listing:
 
 def parse_chunk(prefix: str, name: str, size: int = 0) -> ChunkRef | None:
     """A chunk from its name under ``metrics/`` (``<dir>/<n>-<first>-<last>.arrow``), else None."""
-    parts = name.split("/")
-    if len(parts) != 2 or not parts[1].endswith(".arrow") or parts[0] == SEGMENT_DIR:
+    parsed = parse_chunk_name(name)
+    if parsed is None:
         return None
-    try:
-        number, first, last = (int(x) for x in parts[1][: -len(".arrow")].split("-"))
-    except ValueError:
-        return None
-    rank = 1 if parts[0].startswith("eval-") else 0
-    return ChunkRef(rank, parts[0], number, first, last, f"{prefix}/{name}", size)
+    session, number, first, last = parsed
+    rank = 1 if session.startswith(EVAL_CHUNK_PREFIX) else 0
+    return ChunkRef(rank, session, number, first, last, f"{prefix}/{name}", size)
 
 
 def list_metrics(store: Store, run_id: str) -> Listing:
@@ -170,12 +158,9 @@ def list_metrics(store: Store, run_id: str) -> Listing:
     segments: dict[str, float | None] = {}
     for info in store.list_info(prefix):
         name = info.key
-        if name.startswith(_MANIFEST_PREFIX) and name.endswith(".json") and "/" not in name:
-            try:
-                manifests[int(name[len(_MANIFEST_PREFIX) : -len(".json")])] = info.modified
-            except ValueError:
-                pass
-        elif name.startswith(f"{SEGMENT_DIR}/") and name.endswith(".parquet"):
+        if (seq := parse_manifest_name(name)) is not None:
+            manifests[seq] = info.modified
+        elif parse_segment_name(name):
             segments[name] = info.modified
         else:
             chunk = parse_chunk(prefix, name, info.size)
@@ -189,4 +174,4 @@ def read_manifest(store: Store, run_id: str, seq: int) -> Manifest:
     """Manifest ``seq`` (0: the empty one, before any compaction)."""
     if seq == 0:
         return EMPTY
-    return Manifest.decode(store.read(f"{metrics_prefix(run_id)}/{manifest_name(seq)}"), seq)
+    return Manifest.decode(store.read(manifest_key(run_id, seq)), seq)

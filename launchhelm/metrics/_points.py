@@ -19,6 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
+from launchhelm.storage._keys import chunk_key as chunk_key  # re-exported: the writers import it from here
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -239,20 +240,3 @@ def abandoned_mask(step: Any, attempt: Any, state: Any) -> Any:
     for rewind in state.rewinds:
         mask |= (attempt < int(rewind["attempt"])) & (step > int(rewind["to_step"]))
     return mask
-
-
-def chunk_key(run_id: str, session_id: str, number: int, first_step: int, last_step: int) -> str:
-    """Where a session's ``number``-th chunk lives; the name carries its step range."""
-    return f"runs/{run_id}/metrics/{session_id}/{number:08d}-{first_step}-{last_step}.arrow"
-
-
-def parse_chunk_name(name: str) -> tuple[str, int, int, int] | None:
-    """``(session, number, first_step, last_step)`` from a key under ``metrics/``."""
-    parts = name.split("/")
-    if len(parts) != 2 or not parts[1].endswith(".arrow"):
-        return None
-    try:
-        number, first, last = (int(x) for x in parts[1][: -len(".arrow")].split("-"))
-    except ValueError:
-        return None
-    return parts[0], number, first, last

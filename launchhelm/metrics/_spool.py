@@ -293,7 +293,7 @@ def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
     A spool whose session's process still runs is left alone, and so is one
     written for another store.
     """
-    from launchhelm._liveness import process_state
+    from launchhelm.runlog._liveness import process_state
 
     base = (directory or spool_root()) / run_id
     if not base.is_dir():

@@ -42,6 +42,7 @@ from launchhelm._exceptions import (
     StoreUnreachableError,
 )
 from launchhelm.storage._errors import DENIED, EXISTS, MISSING, NO_BUCKET, TRANSIENT, UNREACHABLE, Problem, classify
+from launchhelm.storage._keys import run_record_key
 from launchhelm.storage._progress import Progress
 
 if TYPE_CHECKING:
@@ -69,9 +70,8 @@ _CONDITIONAL_PROTOCOLS = {
 DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds to wait for an answer once a request is sent.
 DEFAULT_READ_TIMEOUT = 60.0
-#: Requests a batched read keeps in flight on an object store. S3 serves
-#: thousands of GETs per second per prefix; 64 keeps a 20 ms round trip
-#: from dominating a 1,000-object read (16 batches, about 0.3 s).
+#: Requests a batched read keeps in flight on an object store: enough that
+#: round trips, not the store's request rate, stay what a large read waits on.
 DEFAULT_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)
 #: Local reads are page-cache copies: a few threads are all they can use.
 _LOCAL_READ_THREADS = 8
@@ -138,7 +138,7 @@ def _writing(data: bytes) -> Callable[[BinaryIO], None]:
 
 def _check_key(key: str) -> str:
     if not isinstance(key, str) or not key or key.startswith("/") or key.endswith("/"):
-        raise InvalidArgumentError(f"invalid store key {key!r}: use a relative path like 'runs/abc/run.json'")
+        raise InvalidArgumentError(f"invalid store key {key!r}: use a relative path like {run_record_key('abc')!r}")
     parts = key.split("/")
     if any(p in ("", ".", "..") for p in parts):
         raise InvalidArgumentError(f"invalid store key {key!r}: empty, '.' or '..' segments are not allowed")

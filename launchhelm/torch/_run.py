@@ -6,7 +6,7 @@ with ``torch.load(weights_only=True)``. Rank 0 streams it straight into the
 store (never a whole in-memory copy), then publishes it by an event with its
 size and whole-file CRC64NVME (computed as the bytes are written). Loads
 read tensor bytes straight into the watched model and optimizer
-(``_inplace``), verify size, checksum, format and world size on every rank,
+(``_loader``, ``_inplace``), verify size, checksum, format and world size on every rank,
 and apply nothing unless every rank validated; if applying fails on any
 rank (a CRC mismatch found once bytes are in the model included), every rank
 raises :class:`CheckpointError` and the next watched optimizer step raises
@@ -15,46 +15,34 @@ it again rather than train on mixed state.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import os
-import pickle
-import tempfile
 import threading
 import time
 import types
-import zipfile
-from collections.abc import Iterator, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from launchhelm._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
-from launchhelm._checksum import CRC64NVME, file_checksums, mismatches, recorded, verifying_algorithms
-from launchhelm._control import in_force
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
-from launchhelm._runinfo import read_run_record
-from launchhelm.storage import LocalStore, Store, open_store
-from launchhelm.torch import _dist, _inplace, _sharded
-from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
-from launchhelm.torch._manifest import FORMAT_SHARDED, MANIFEST_NAME
+from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
+from launchhelm.runlog._control import in_force
+from launchhelm.runlog._runinfo import read_run_record
+from launchhelm.storage import Store, open_store
+from launchhelm.torch import _dist, _sharded
+from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD_SUFFIX
+from launchhelm.torch._loader import CheckpointLoader, _gc_paused
+from launchhelm.torch._manifest import FORMAT_SHARDED
 from launchhelm.torch._payload import check_payload
-from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
+from launchhelm.torch._rng import capture_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
+from launchhelm.torch._torch_private import zip_crc32_skipped
 
 _log = logging.getLogger("launchhelm")
 
 __all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SHARDED", "FORMAT_SINGLE", "TorchRun", "init"]
-
-#: Format of a single-rank bundle.
-FORMAT_SINGLE = "launchhelm.torch.checkpoint/1"
-#: Format of a multi-rank (DDP) bundle: one ``rng_by_rank`` record per rank.
-FORMAT_DISTRIBUTED = "launchhelm.torch.checkpoint/2"
-_FORMATS = (FORMAT_SINGLE, FORMAT_DISTRIBUTED)
-PAYLOAD_SUFFIX = ".pt"
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -93,7 +81,7 @@ class TorchRun(Run):
     @classmethod
     def _join(cls, store: Store, record: dict[str, Any], rank: int, world: int) -> TorchRun:
         """A rank > 0 view of rank 0's run: no session of its own, logs nothing."""
-        from launchhelm._events import EventLog
+        from launchhelm.runlog._events import EventLog
 
         run = cls(
             store=store,
@@ -226,7 +214,7 @@ class TorchRun(Run):
         if self._world > 1 and not self._finished and _dist.broadcast_flag(self._control_flag, self._world):
             Run._step_boundary(self)
 
-    # -- tunables and control (see launchhelm._control) ---------------------
+    # -- tunables and control (see launchhelm.runlog._control) ---------------------
     @property
     def _records_events(self) -> bool:
         return self._rank == 0
@@ -455,14 +443,12 @@ class TorchRun(Run):
     def _write(self, bundle: dict[str, Any], artifact: str, step: int, control_seq: int) -> None:
         name = f"{artifact}{PAYLOAD_SUFFIX}"
         key = f"{artifact_prefix(self.id, artifact)}/{name}"
-        from torch.utils.serialization import config as serialization_config
-
         with self._store.writer(key) as raw:
             out = ChecksumWriter(raw, checksum_algorithms(self._store))
             try:
                 # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
                 # the CRC64NVME recorded with the checkpoint is what loads verify
-                with serialization_config.patch({"save.compute_crc32": False}):  # type: ignore[attr-defined]
+                with zip_crc32_skipped():
                     torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
             finally:
                 out.close()
@@ -549,52 +535,12 @@ class TorchRun(Run):
         strict: bool = False,
     ) -> Any:
         """load_checkpoint's work, once its arguments are checked (see there)."""
-        target = None
-        error = None
-        if self._rank == 0:
-            try:
-                # the nonce names the node-local copy under DDP (see _download_once_per_node)
-                target = {**self._resolve(checkpoint), "nonce": os.urandom(4).hex()}
-            except Exception as exc:  # any failure here must reach every rank, or the others hang
-                error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-        target, error = _dist.broadcast((target, error), self._world)
-        if error is not None:
-            self._pending_error = CheckpointError(error, run_id=self.id)
-            raise self._pending_error
-        assert target is not None
+        loader = CheckpointLoader(self, model, optimizer, map_location)
+        target = loader.resolve(checkpoint)
         if target.get("format") == FORMAT_SHARDED:
-            restored, extra = _sharded.load(self, target, model, optimizer, strict)
-            return self._restored(restored, target, extra)
-        # a download's folder; a local store is read where it lies and needs none
-        local = isinstance(self._store, LocalStore)
-        with contextlib.nullcontext("") if local else tempfile.TemporaryDirectory(prefix="launchhelm-load-") as tmp:
-            shared = self._download_once_per_node(target, Path(tmp))
-            try:
-                bundle, plan, problem = None, None, None
-                try:
-                    bundle, plan = self._fetch_and_verify(target, Path(tmp), map_location, model, optimizer, shared)
-                except Exception as exc:  # a store error on one rank too: every rank must hear of it
-                    problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-                self._agree(problem, "was not restored (nothing was applied)")
-                assert bundle is not None
-                problem = None
-                try:
-                    if plan is not None:  # tensor bytes straight into the model, checked as they land
-                        self._read_in_place(plan, target)
-                    in_place = plan is not None and plan.model_in_place  # the plan checked the modules
-                    extra = self._apply(
-                        bundle, model, optimizer, model_in_place=in_place, optimizer_in_place=plan is not None
-                    )
-                except Exception as exc:
-                    problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
-                self._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
-            finally:
-                if shared is not None and _dist.local_rank() == 0:
-                    shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
-        return self._restored(bundle, target, extra)
-
-    def _restored(self, bundle: dict[str, Any], target: dict[str, Any], extra: Any) -> Any:
-        """After every rank applied a checkpoint: step, tunables, control state, the rewind; ``extra``."""
+            bundle, extra = _sharded.load(self, target, model, optimizer, strict)
+        else:
+            bundle, extra = loader.restore(target)
         self._pending_error = None
         step = int(bundle["step"])
         tunables = bundle.get("tunables")
@@ -639,329 +585,6 @@ class TorchRun(Run):
             self._pending_error = error
         raise error
 
-    def _resolve(self, checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
-        """What to load: a published checkpoint's record, or a local path."""
-        state = self._events.state()
-        if isinstance(checkpoint, str) and checkpoint in ("latest", "resume"):
-            event = state.latest_checkpoint if checkpoint == "latest" else state.resume_checkpoint
-            if event is None:
-                raise CheckpointError(
-                    f"run {self.id} has no checkpoint yet: nothing to restore for {checkpoint!r}; "
-                    "save one with save_checkpoint()",
-                    run_id=self.id,
-                )
-            consume = checkpoint == "resume" and state.resume_choice == event["checkpoint"]
-            return {**_target(event), "consume": consume}
-        if isinstance(checkpoint, str) and state.checkpoint(checkpoint) is not None:
-            return _target(state.checkpoint(checkpoint))  # type: ignore[arg-type]
-        path = Path(os.fspath(checkpoint)).expanduser()
-        if path.name == MANIFEST_NAME and path.is_file():
-            path = path.parent
-        if path.is_dir() and (path / MANIFEST_NAME).is_file():  # a sharded checkpoint's folder
-            known = state.checkpoint(path.name)
-            found = {**_target(known), "path": str(path.absolute())} if known is not None else {}
-            return {"checkpoint": None, **found, "path": str(path.absolute()), "format": FORMAT_SHARDED}
-        if not path.is_file():
-            raise CheckpointError(
-                f"no checkpoint {str(checkpoint)!r}: not 'latest', 'resume', a checkpoint id of run "
-                f"{self.id}, nor an existing file",
-                run_id=self.id,
-            )
-        target: dict[str, Any] = {"path": str(path.absolute()), "checkpoint": None}
-        # a downloaded copy of a published checkpoint is verified against its record
-        known = state.checkpoint(path.name.removesuffix(PAYLOAD_SUFFIX))
-        if known is not None:
-            target = {**_target(known), "path": str(path.absolute())}
-        return target
-
-    def _download_once_per_node(self, target: dict[str, Any], tmp: Path) -> Path | None:
-        """Under DDP on a remote store, local rank 0 of each node downloads into a node-local file.
-
-        Every rank reads that one copy: a node downloads a checkpoint once,
-        not once per GPU. Returns its path (None: each rank fetches its own,
-        as outside DDP, or reads the local store in place). Called on every
-        rank: it holds a barrier.
-        """
-        if self._world == 1 or target.get("path") or isinstance(self._store, LocalStore):
-            return None
-        local_rank = _dist.local_rank()
-        if local_rank is None:
-            return None  # no LOCAL_RANK (not torchrun): which ranks share a disk is unknown
-        name = f"launchhelm-{self.id}-{target['checkpoint']}-{target['nonce']}{PAYLOAD_SUFFIX}"
-        shared = Path(tempfile.gettempdir()) / name
-        if local_rank == 0:
-            try:
-                self._store.download(target["key"], shared)
-            except Exception as exc:  # every rank finds the file missing and says so together
-                _log.warning("checkpoint %s: download failed: %s", target["checkpoint"], exc)
-        _dist.barrier(self._world)
-        return shared
-
-    def _fetch_and_verify(
-        self,
-        target: dict[str, Any],
-        tmp: Path,
-        map_location: Any,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        shared: Path | None = None,
-    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
-        """The validated bundle, and the plan for its tensors still to be read in place (or None)."""
-        if target.get("path"):
-            local = Path(target["path"])
-        elif shared is not None:
-            local = shared
-        elif isinstance(self._store, LocalStore):
-            local = self._store.root / target["key"]  # read in place: no copy
-        else:
-            local = self._store.download(target["key"], tmp / Path(target["key"]).name)
-        where = target.get("checkpoint") or str(local)
-        try:
-            size = local.stat().st_size
-        except FileNotFoundError:
-            raise CheckpointError(f"checkpoint {where}: its file {local} is missing", run_id=self.id) from None
-        if size == 0:
-            raise CheckpointError(f"checkpoint {where} is an empty file (0 bytes)", run_id=self.id)
-        if target.get("size") is not None and size != target["size"]:
-            raise CheckpointError(
-                f"checkpoint {where} is {size} bytes but was saved as {target['size']}: truncated or replaced",
-                run_id=self.id,
-            )
-        # A sha256-recorded checkpoint (or a file loaded by path with no
-        # record): hash on a second thread while torch.load reads the same
-        # file, so verifying costs about one read, not two. The load fills
-        # fresh tensors; nothing reaches the model before the hash is checked.
-        if not zipfile.is_zipfile(local):
-            raise CheckpointError(
-                f"checkpoint {where} is not a readable torch file (not a zip archive: truncated, or not a "
-                "checkpoint); nothing was loaded",
-                run_id=self.id,
-            )
-        expected = target.get("checksums") or {}
-        if CRC64NVME in expected:
-            return self._plan_and_verify(local, where, expected, map_location, model, optimizer)
-        found: dict[str, str] = {}
-        hasher = None
-        if expected:
-            algorithms = verifying_algorithms(expected)
-            hasher = threading.Thread(target=lambda: found.update(file_checksums(local, algorithms)), daemon=True)
-            hasher.start()
-        try:
-            bundle = torch.load(local, map_location=map_location, weights_only=True)
-        except pickle.UnpicklingError as exc:
-            error: CheckpointError | None = CheckpointError(
-                f"checkpoint {where} was refused by torch.load(weights_only=True): it holds pickled code or "
-                f"objects a checkpoint may not contain; nothing in it was executed ({_unpickler_reason(exc)})",
-                run_id=self.id,
-            )
-        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
-            error = CheckpointError(
-                f"checkpoint {where} is not a readable torch file (truncated or not a checkpoint): "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
-                run_id=self.id,
-            )
-        else:
-            error = None
-        if hasher is not None:
-            hasher.join()
-            # a corrupted file is reported as such, whatever torch.load made of it
-            self._check_checksums(where, expected, found)
-        if error is not None:
-            raise error
-        self._validate(bundle, where)
-        return dict(bundle), None
-
-    def _plan_and_verify(
-        self,
-        local: Path,
-        where: str,
-        expected: Mapping[str, str],
-        map_location: Any,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
-        """Plan with a meta load, read all but the in-place tensors, validate (see ``_inplace``)."""
-        # the C unpickler with three harmless globals of our own; for anything else (or a file it
-        # cannot read) torch's weights-only unpickler plans, and its rules and errors decide
-        planned = _inplace.load_plan(local)
-        try:
-            if planned is None:
-                planned = _inplace.plan_from_meta(torch.load(local, map_location="meta", weights_only=True))
-        except pickle.UnpicklingError as exc:
-            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
-            raise CheckpointError(
-                f"checkpoint {where} was refused by torch.load(weights_only=True): it holds pickled code or "
-                f"objects a checkpoint may not contain; nothing in it was executed ({_unpickler_reason(exc)})",
-                run_id=self.id,
-            ) from None
-        except (RuntimeError, EOFError, zipfile.BadZipFile, ValueError, OSError) as exc:
-            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
-            raise CheckpointError(
-                f"checkpoint {where} is not a readable torch file (truncated or not a checkpoint): "
-                f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no detail'}",
-                run_id=self.id,
-            ) from None
-        if planned is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
-            self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
-            bundle = torch.load(local, map_location=map_location, weights_only=True)
-            self._validate(bundle, where)
-            return dict(bundle), None
-        meta, storages = planned
-        if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
-            self._validate(meta, where)  # the usual refusal for a file that is no bundle
-        # Small checkpoints are read whole and checked before anything is applied (a
-        # corrupted one then changes nothing); large ones go straight into the model.
-        in_place = local.stat().st_size >= _inplace.IN_PLACE_MIN_BYTES
-        plan = plan_in_place(local, meta, model, optimizer, match=in_place, storages=storages)
-        try:
-            bundle = plan.read_rest(map_location)
-        except OSError as exc:
-            raise CheckpointError(f"checkpoint {where} could not be read: {exc}", run_id=self.id) from None
-        except _inplace.LayoutMismatch as exc:
-            raise CheckpointError(
-                f"checkpoint {where} is corrupted: {exc}; nothing was applied", run_id=self.id
-            ) from None
-        plan.where, plan.expected = where, dict(expected)
-        if plan.matched_bytes == 0:
-            self._read_in_place(plan, {})  # nothing goes in place: the whole CRC is known now
-            self._validate(bundle, where)
-            return bundle, None
-        self._validate(bundle, where)
-        return bundle, plan
-
-    def _read_in_place(self, plan: InPlaceLoad, target: Mapping[str, Any]) -> None:
-        self._loaded_in_place = plan.matched_bytes
-        try:
-            whole = plan.read_matched()
-        except OSError as exc:
-            raise CheckpointError(f"checkpoint {plan.where} could not be read: {exc}", run_id=self.id) from None
-        except _inplace.LayoutMismatch as exc:
-            raise CheckpointError(
-                f"checkpoint {plan.where} is corrupted: {exc}; its tensors were read straight into the model and "
-                "optimizer, which may now hold damaged values; the next optimizer step raises this error: load "
-                "another checkpoint (or call clear_checkpoint_error() to train on deliberately)",
-                run_id=self.id,
-            ) from None
-        found = {CRC64NVME: f"{whole:016x}"}
-        if plan.matched_bytes == 0:
-            self._check_checksums(plan.where, plan.expected, found)
-            return
-        wrong = mismatches(plan.expected, found)
-        if wrong:
-            raise CheckpointError(
-                f"checkpoint {plan.where} does not match its crc64nvme ({plan.expected[CRC64NVME][:12]}…): the "
-                "file is corrupted, and its tensors were read straight into the model and optimizer, which now "
-                "hold damaged values; the next optimizer step raises this error: load another checkpoint (or "
-                "call clear_checkpoint_error() to train on deliberately)",
-                run_id=self.id,
-            )
-
-    def _check_checksums(self, where: str, expected: Mapping[str, str], found: Mapping[str, str]) -> None:
-        wrong = mismatches(expected, found)
-        if wrong or not found:
-            algorithm = wrong[0] if wrong else next(iter(expected))
-            raise CheckpointError(
-                f"checkpoint {where} does not match its {algorithm} ({expected[algorithm][:12]}…): the file is "
-                "corrupted (torch.load would not notice: it ignores the zip CRC)",
-                run_id=self.id,
-            )
-
-    def _validate(self, bundle: Any, where: str) -> None:
-        if not isinstance(bundle, dict) or bundle.get("format") not in _FORMATS:
-            found = bundle.get("format") if isinstance(bundle, dict) else type(bundle).__name__
-            raise CheckpointError(
-                f"checkpoint {where} is not a LaunchHelm torch checkpoint (format {found!r}; expected one of "
-                f"{', '.join(_FORMATS)})",
-                run_id=self.id,
-            )
-        saved_world = int(bundle.get("world_size", 1))
-        if saved_world != self._world:
-            raise CheckpointError(
-                f"checkpoint {where} was saved by {saved_world} rank(s) and cannot be restored with "
-                f"{self._world}: restore a distributed checkpoint with the same world size and rank mapping",
-                run_id=self.id,
-            )
-        for field in ("model", "optimizer"):
-            if not isinstance(bundle.get(field), dict):
-                raise CheckpointError(f"checkpoint {where} has no {field} state", run_id=self.id)
-        if not isinstance(bundle.get("step"), int) or bundle["step"] < 0:
-            raise CheckpointError(f"checkpoint {where} has no valid step", run_id=self.id)
-        if bundle["format"] == FORMAT_SINGLE:
-            validate_rng(bundle.get("rng"), f"checkpoint {where} rng")
-        else:
-            by_rank = bundle.get("rng_by_rank")
-            if not isinstance(by_rank, list) or len(by_rank) != self._world:
-                raise CheckpointError(f"checkpoint {where} has no rng_by_rank record per rank", run_id=self.id)
-            if by_rank[self._rank].get("rank") != self._rank:
-                raise CheckpointError(
-                    f"checkpoint {where}: record {self._rank} belongs to rank {by_rank[self._rank].get('rank')}; "
-                    "restore with the same rank mapping as the save",
-                    run_id=self.id,
-                )
-            validate_rng(by_rank[self._rank], f"checkpoint {where} rng_by_rank[{self._rank}]")
-            self._check_placement(bundle.get("placement_by_rank"), where)
-        for name, obj in (("scheduler", self._scheduler), ("scaler", self._scaler)):
-            if obj is not None and bundle.get(name) is None:
-                raise CheckpointError(
-                    f"checkpoint {where} holds no {name} state, but a {name} is watched", run_id=self.id
-                )
-
-    def _check_placement(self, saved: Any, where: str) -> None:
-        """Refuse a restore where this global rank sits at another local rank than at the save."""
-        if not isinstance(saved, list) or len(saved) != self._world or not isinstance(saved[self._rank], dict):
-            return  # saved before placements were recorded: nothing to compare
-        then, now = saved[self._rank], _dist.placement(self._rank)
-        if then.get("local_rank") != now["local_rank"]:
-            raise CheckpointError(
-                f"checkpoint {where}: rank {self._rank} was local rank {then.get('local_rank')} on "
-                f"{then.get('host')} when it was saved and is local rank {now['local_rank']} on {now['host']} now "
-                "(a swapped rank mapping: each rank would restore another device's RNG streams); restore with "
-                "the same rank mapping as the save",
-                run_id=self.id,
-            )
-
-    def _apply(
-        self,
-        bundle: dict[str, Any],
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        *,
-        model_in_place: bool = False,
-        optimizer_in_place: bool = False,
-    ) -> Any:
-        """Restore what the bundle holds. ``model_in_place``: every tensor of the model's state dict
-        (and no other key) was read into the live tensor of its key, and the model loads the stock
-        way (:func:`~launchhelm.torch._inplace.stock_targets`), so ``load_state_dict`` would only
-        copy each tensor onto itself: it is skipped (~5 µs a tensor). Each tensor is still copied
-        onto itself (no bytes move), as
-        ``load_state_dict`` would: that bumps its autograd version, so a graph built before the load
-        refuses to backpropagate through the new values. ``optimizer_in_place``: tensors were read in
-        place, so the optimizer's may all be its live ones already, and
-        :func:`~launchhelm.torch._inplace.load_optimizer_in_place` does ``load_state_dict``'s work
-        without its per-value casts (where it cannot, ``load_state_dict`` runs)."""
-        if model_in_place:
-            with torch.no_grad():
-                for tensor in bundle["model"].values():
-                    tensor.copy_(tensor)
-        else:
-            model.load_state_dict(bundle["model"])
-        self._optimizer_in_place = optimizer_in_place and _inplace.load_optimizer_in_place(
-            optimizer, bundle["optimizer"]
-        )
-        if not self._optimizer_in_place:
-            optimizer.load_state_dict(bundle["optimizer"])
-        if self._scheduler is not None:
-            self._scheduler.load_state_dict(bundle["scheduler"])
-        if self._scaler is not None:
-            self._scaler.load_state_dict(bundle["scaler"])
-        if bundle["format"] == FORMAT_SINGLE:
-            restore_rng(bundle["rng"])
-            extra = bundle.get("extra")
-        else:
-            restore_rng(bundle["rng_by_rank"][self._rank])
-            extra = bundle["extra_by_rank"][self._rank]
-        return extra
-
 
 def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, changes: dict[str, Any]) -> None:
     """Write tunables named like the optimizer's hyperparameters into every param group.
@@ -988,47 +611,6 @@ def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, change
                     group[name] = float(value)
             elif isinstance(old, tuple) and isinstance(value, list) and len(value) == len(old):
                 group[name] = tuple(value)
-
-
-def _unpickler_reason(exc: BaseException) -> str:
-    for line in str(exc).splitlines():
-        if "WeightsUnpickler error" in line:
-            return line.strip()
-    return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the duration (as it was before, after).
-
-    A load makes a few objects per tensor (meta tensors, views, scatter-read
-    buffers), nearly all freed by reference counting before it returns. With
-    the collector on, those allocations trigger collections that walk every
-    tracked object of the process (all of torch's): measured here, a full one
-    took ~0.1 s in the middle of a 384-tensor load whose own work was ~40 ms.
-    Off, what the load leaves behind is what counts towards the next one.
-    """
-    if not gc.isenabled():  # the caller's choice: leave it
-        yield
-        return
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
-
-
-def _target(event: dict[str, Any]) -> dict[str, Any]:
-    file = event["files"][0]
-    return {
-        "checkpoint": event["checkpoint"],
-        "key": f"{event['prefix']}/{file['name']}",
-        "size": int(file["size"]),
-        "checksums": recorded(file),
-        "step": int(event["step"]),
-        "format": event["format"],
-        "files": event["files"] if event["format"] == FORMAT_SHARDED else None,
-    }
 
 
 def init(

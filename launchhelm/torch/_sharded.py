@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from launchhelm._checkpoints import artifact_prefix, new_artifact_id
-from launchhelm._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm._exceptions import CheckpointError
+from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm.torch import _dist
 from launchhelm.torch._manifest import (
     BLOCK_SIZE,
@@ -78,15 +78,16 @@ def _box(t: torch.Tensor) -> tuple[Box, torch.Tensor]:
     if not isinstance(t, dtensor):
         return ((0,) * t.dim(), tuple(t.shape)), t.detach()
     from torch.distributed.tensor import Partial
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from launchhelm.torch._torch_private import dtensor_local_box
 
     if any(isinstance(p, Partial) for p in t.placements):
         raise CheckpointError("a DTensor with Partial placements cannot be saved: reduce it first")
     local = t.to_local().detach()
-    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
-    if tuple(shape) != tuple(local.shape):
-        raise CheckpointError(f"a DTensor's local shard is {tuple(local.shape)}, its placements say {tuple(shape)}")
-    return (tuple(int(o) for o in offset), tuple(int(s) for s in shape)), local
+    offset, shape = dtensor_local_box(t)
+    if shape != tuple(local.shape):
+        raise CheckpointError(f"a DTensor's local shard is {tuple(local.shape)}, its placements say {shape}")
+    return (offset, shape), local
 
 
 @contextlib.contextmanager
@@ -510,7 +511,7 @@ def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, wher
     """Which saved rank's RNG and ``extra`` this rank restores (see docs/storage.md)."""
     saved = int(manifest["world_size"])
     if saved == run._world:
-        run._check_placement(manifest["placement_by_rank"], where)
+        _check_placement(run, manifest["placement_by_rank"], where)
         return run._rank
     if strict:
         raise CheckpointError(
@@ -528,6 +529,19 @@ def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, wher
             saved,
         )
     return run._rank % saved
+
+
+def _check_placement(run: TorchRun, saved: Any, where: str) -> None:
+    """Refuse a same-size restore where this rank sits at another local rank than at the save (as /2 does)."""
+    if not isinstance(saved, list) or len(saved) != run._world or not isinstance(saved[run._rank], dict):
+        return
+    then, now = saved[run._rank], _dist.placement(run._rank)
+    if then.get("local_rank") != now["local_rank"]:
+        raise CheckpointError(
+            f"checkpoint {where}: rank {run._rank} was local rank {then.get('local_rank')} on {then.get('host')} "
+            f"when it was saved and is local rank {now['local_rank']} on {now['host']} now (a swapped rank "
+            "mapping: each rank would restore another device's RNG streams); restore with the same rank mapping"
+        )
 
 
 def prepare(

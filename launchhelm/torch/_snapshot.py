@@ -2,7 +2,7 @@
 
 A non-blocking save copies the state once and lets training go on while a
 thread writes the copy out. Fresh memory for that copy is slow to touch the
-first time (10x on these VMs), and a copy from CUDA into pageable memory
+first time (every page faults in), and a copy from CUDA into pageable memory
 runs at a fraction of the bus's speed and cannot overlap. So the copy goes
 into buffers kept between saves: pinned (page-locked) memory for CUDA
 tensors, every device-to-host copy issued ``non_blocking`` and one

@@ -180,7 +180,7 @@ class LaunchHelmCallback(TrainerCallback):
         if _rank() != 0:
             # every process loads the folder (its own rng_state_<rank>.pth among it); the others read the
             # run without a session (process zero holds it), each into its own copy
-            from launchhelm._events import EventLog
+            from launchhelm.runlog._events import EventLog
 
             store = open_store(self._init.get("store"), self._init.get("storage_options"))
             event, _ = find_checkpoint(EventLog(store, resume).state(), resume, which)

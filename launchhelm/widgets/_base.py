@@ -17,18 +17,30 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import anywidget
 import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidTypeError, PathNotFoundError
-from launchhelm._run import Run
+from launchhelm._types import RunLike
+from launchhelm.widgets._messages import (
+    MSG_ACTION,
+    MSG_READY,
+    ActionMessage,
+    ToFrontEnd,
+    ZoomMessage,
+    read_message,
+)
+
+if TYPE_CHECKING:
+    from launchhelm.storage import Store
 
 __all__ = [
     "STATIC",
@@ -44,9 +56,9 @@ __all__ = [
 #: Where the esbuild bundle of ``js/`` lives (built by ``scripts/setup.sh``).
 STATIC = Path(__file__).with_name("static")
 
-#: Message types, front end -> kernel.
-MSG_READY = "ready"
-MSG_ACTION = "action"
+#: Where a widget reads a run id or project: a store URL or path (default ``$LAUNCHHELM_STORE``, else
+#: ``~/.launchhelm``), or a store.
+StoreArg: TypeAlias = "str | os.PathLike[str] | Store | None"
 
 #: Polling slows by this factor while the run is not running (nothing streams then).
 IDLE_SLOWDOWN = 5.0
@@ -102,7 +114,7 @@ def front_end(bundle: str) -> tuple[str, str, str]:
     return _MISSING_ESM % json.dumps(missing), "", missing
 
 
-def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Api, RunHandle]:
+def resolve_run(run_or_id: RunLike | str, store: StoreArg = None) -> tuple[Api, RunHandle]:
     """An :class:`Api` on the run's store and a handle on the run of the widget's own.
 
     Each widget polls from its own thread, so it never shares a handle with
@@ -117,7 +129,7 @@ def resolve_run(run_or_id: Run | RunHandle | str, store: Any = None) -> tuple[Ap
         Store URL or path for a run id; default ``$LAUNCHHELM_STORE``, else
         ``~/.launchhelm``. Ignored for a run or handle, which know their store.
     """
-    if isinstance(run_or_id, (RunHandle, Run)):
+    if isinstance(run_or_id, RunLike):
         api = Api(run_or_id.store)
         return api, api.run(run_or_id.id)
     if isinstance(run_or_id, str):
@@ -142,7 +154,7 @@ def time_labels(*stamps: float | None) -> dict[str, float]:
     return {format_time(ts): float(ts) for ts in stamps if ts is not None}
 
 
-_registry: dict[tuple[Any, ...], Any] = {}
+_registry: dict[tuple[Hashable, ...], Reusable] = {}
 _registry_lock = threading.Lock()
 
 
@@ -154,7 +166,7 @@ class Reusable:
     :meth:`_reused`.
     """
 
-    _reuse_as: tuple[Any, ...] | None = None
+    _reuse_as: tuple[Hashable, ...] | None = None
     _resolved: Any = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
@@ -171,7 +183,7 @@ class Reusable:
             return obj
 
     @classmethod
-    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Hashable, ...], Any]:
         raise NotImplementedError
 
     def _reused(self) -> bool:
@@ -187,7 +199,7 @@ class Reusable:
                 del _registry[self._reuse_as]
 
 
-def run_key(cls: type, api: Api, handle: RunHandle, *extra: Any) -> tuple[Any, ...]:
+def run_key(cls: type, api: Api, handle: RunHandle, *extra: Hashable) -> tuple[Hashable, ...]:
     """The registry key of a widget of kind ``cls`` on ``handle`` showing ``extra``."""
     return (cls.__qualname__, api.store.url, handle.id, *extra)
 
@@ -210,7 +222,7 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
     missing_front_end: str = ""
 
     # -- what the cell shows -------------------------------------------------
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         """The widget as it stands, for a notebook opened without a kernel (``text/html``, ``image/svg+xml``)."""
         return {}
 
@@ -244,7 +256,7 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         """A front end has said it listens: custom messages now reach it."""
         return self._ready
 
-    def send_when_ready(self, content: dict[str, Any], buffers: Sequence[bytes] | None = None) -> bool:
+    def send_when_ready(self, content: ToFrontEnd, buffers: Sequence[bytes] | None = None) -> bool:
         """Send a custom message if a front end listens; otherwise keep it for the next ``ready``.
 
         Returns whether it was sent. Until ``ready`` nothing leaves the
@@ -257,39 +269,39 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
             self.send(content, list(buffers) if buffers else None)
             return True
 
-    def snapshot_messages(self) -> list[dict[str, Any]]:
+    def snapshot_messages(self) -> Sequence[ToFrontEnd]:
         """Messages that bring a newly ready front end up to date."""
         return []
 
-    def _on_front_end_message(self, _widget: Any, content: Any, buffers: Sequence[bytes]) -> None:
-        if not isinstance(content, dict):
+    def _on_front_end_message(self, _widget: object, content: object, buffers: Sequence[bytes]) -> None:
+        message = read_message(content)
+        if message is None:
             return
-        kind = content.get("type")
-        if kind == MSG_READY:
+        if message["type"] == MSG_READY:
             from launchhelm.widgets._static import live_message
 
             with self._lock:
                 self._ready = True
                 self.send(live_message([self.model_id]))
-                for message in self.snapshot_messages():
-                    self.send(message)
+                for snapshot in self.snapshot_messages():
+                    self.send(snapshot)
             self._start_polling()
-        elif kind == MSG_ACTION:
-            self._run_action(content)
+        elif message["type"] == MSG_ACTION:
+            self._run_action(message)
         else:
-            self.handle_message(content)
+            self.handle_message(message)
 
-    def handle_message(self, content: dict[str, Any]) -> None:
+    def handle_message(self, message: ZoomMessage) -> None:
         """Other front-end messages (the chart's zoom)."""
 
-    def _run_action(self, content: dict[str, Any]) -> None:
-        name = str(content.get("name", ""))
-        method: Callable[..., Any] | None = getattr(self, self._actions.get(name, ""), None)
+    def _run_action(self, message: ActionMessage) -> None:
+        name = message["name"]
+        method: Callable[..., object] | None = getattr(self, self._actions.get(name, ""), None)
         if method is None:
             self.error = f"unknown action {name!r}"
             return
         try:
-            method(**dict(content.get("args") or {}))
+            method(**message["args"])
         except Exception as exc:  # shown in the widget: a click must never kill the comm
             self.error = f"{type(exc).__name__}: {exc}"
         else:
@@ -351,7 +363,9 @@ class RunWidget(LiveWidget):
     _bundle: ClassVar[str] = ""
 
     @classmethod
-    def _reuse_key(cls, run_or_id: Run | RunHandle | str, store: Any = None, **_: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(
+        cls, run_or_id: RunLike | str, store: StoreArg = None, **_: object
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle]]:
         api, handle = resolve_run(run_or_id, store)
         return run_key(cls, api, handle), (api, handle)
 
@@ -371,5 +385,5 @@ class RunWidget(LiveWidget):
         return f"<launchhelm.widgets.{type(self).__name__} {self._handle.project}/{self._handle.id}>"
 
     def is_active(self) -> bool:
-        state: dict[str, Any] = getattr(self, "state", {})
+        state: Mapping[str, object] = getattr(self, "state", {})
         return state.get("status") == "running"

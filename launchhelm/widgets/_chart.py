@@ -16,7 +16,7 @@ included); "Show the abandoned attempt" draws the abandoned ones, dimmed.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -24,12 +24,20 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm._run import Run
-from launchhelm._sessions import run_status
-from launchhelm._types import Rewind
+from launchhelm._types import Rewind, RunLike
 from launchhelm.metrics._system import SYSTEM_PREFIX
-from launchhelm.widgets._base import LiveWidget, front_end, resolve_run, run_key
+from launchhelm.runlog._sessions import run_status
+from launchhelm.widgets._base import LiveWidget, StoreArg, front_end, resolve_run, run_key
 from launchhelm.widgets._downsample import minmax_indices
+from launchhelm.widgets._messages import (
+    MSG_INSERT,
+    MSG_SNAPSHOT,
+    MSG_ZOOM,
+    ChartColumns,
+    ChartRewind,
+    ChartSnapshot,
+    ZoomMessage,
+)
 from launchhelm.widgets._static import STATIC_POINTS, chart_svg
 
 if TYPE_CHECKING:
@@ -43,10 +51,6 @@ __all__ = ["Points", "RunChart", "build_spec", "chart_rows", "long_points", "poi
 META_COLUMNS = frozenset({"step", "attempt", "time", "abandoned"})
 #: Metric keys under this prefix are evaluation scores, drawn as points at their checkpoints' steps.
 EVAL_PREFIX = "eval/"
-#: Message types, kernel -> front end.
-MSG_SNAPSHOT = "snapshot"
-MSG_INSERT = "insert"
-MSG_ZOOM = "zoom"
 
 DEFAULT_MAX_POINTS = 2000
 PANEL_WIDTH = 560
@@ -251,7 +255,7 @@ def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: 
     keep = allowed[code] & np.isfinite(value)
     system = np.array([n.startswith(SYSTEM_PREFIX) for n in names] or [False], dtype=bool)
     # last write wins per (key, step, attempt): only where a series' steps do not strictly increase
-    # np.bincount, not np.unique: numpy's unique imports numpy.ma (70 ms of a chart's first open)
+    # np.bincount, not np.unique: numpy's unique imports numpy.ma (slow on a chart's first open)
     for c in np.flatnonzero(np.bincount(code[keep], minlength=len(names))):
         if system[c]:
             continue  # samples by wall time: several at one step are all kept
@@ -380,7 +384,7 @@ def chart_rows(
     return points.take(chosen[order]), counts
 
 
-def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
+def encode_rows(rows: Points | pd.DataFrame) -> ChartColumns:
     """Rows as compact columns for a custom message (the front end expands them)."""
     import numpy as np
 
@@ -389,7 +393,7 @@ def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
     used = list(dict.fromkeys(rows.code.tolist()))
     recode = np.zeros(max(len(rows.keys), 1), dtype=np.int64)
     recode[used] = np.arange(len(used))
-    encoded: dict[str, Any] = {
+    encoded: ChartColumns = {
         "keys": [rows.keys[c] for c in used],
         "k": recode[rows.code].tolist(),
         "step": rows.step.tolist(),
@@ -403,7 +407,7 @@ def encode_rows(rows: Points | pd.DataFrame) -> dict[str, Any]:
     return encoded
 
 
-def encode_rewinds(rewinds: Sequence[Rewind]) -> list[dict[str, Any]]:
+def encode_rewinds(rewinds: Sequence[Rewind]) -> list[ChartRewind]:
     """The ``rewinds`` dataset: one rule and label per rewind."""
     return [
         {
@@ -640,12 +644,12 @@ class RunChart(LiveWidget):
     @classmethod
     def _reuse_key(
         cls,
-        run_or_id: Run | RunHandle | str,
+        run_or_id: RunLike | str,
         keys: Sequence[str] | str | None = None,
-        store: Any = None,
+        store: StoreArg = None,
         max_points: int = DEFAULT_MAX_POINTS,
-        **_: Any,
-    ) -> tuple[tuple[Any, ...], Any]:
+        **_: object,
+    ) -> tuple[tuple[Hashable, ...], Any]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
             raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")
@@ -655,9 +659,9 @@ class RunChart(LiveWidget):
 
     def __init__(
         self,
-        run_or_id: Run | RunHandle | str,
+        run_or_id: RunLike | str,
         keys: Sequence[str] | str | None = None,
-        store: Any = None,
+        store: StoreArg = None,
         *,
         max_points: int = DEFAULT_MAX_POINTS,
         interval: float = 2.0,
@@ -741,7 +745,7 @@ class RunChart(LiveWidget):
         # a running run's series keep room to grow before they are resampled
         return self.max_points // 2 if self._status == "running" else self.max_points
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> ChartSnapshot:
         rows, counts = chart_rows(self._points, self._budget(), self._domain)
         self._counts = counts
         return {
@@ -756,16 +760,14 @@ class RunChart(LiveWidget):
             if self._ready:
                 self.send(self._snapshot())
 
-    def snapshot_messages(self) -> list[dict[str, Any]]:
+    def snapshot_messages(self) -> list[ChartSnapshot]:
         return [self._snapshot()]
 
-    def handle_message(self, content: dict[str, Any]) -> None:
-        if content.get("type") != MSG_ZOOM:
-            return
-        domain = content.get("domain")
+    def handle_message(self, message: ZoomMessage) -> None:
+        domain = message["domain"]
         with self._lock:
-            if isinstance(domain, list) and len(domain) == 2 and all(isinstance(v, (int, float)) for v in domain):
-                low, high = sorted(float(v) for v in domain)
+            if domain is not None and len(domain) == 2:
+                low, high = sorted(domain)
                 self._domain = (low, high)
             else:
                 self._domain = None
@@ -773,7 +775,8 @@ class RunChart(LiveWidget):
 
     def zoom(self, low: float | None = None, high: float | None = None) -> None:
         """Resample for the step range ``[low, high]`` (both None: the whole run), as zooming does."""
-        self.handle_message({"type": MSG_ZOOM, "domain": None if low is None or high is None else [low, high]})
+        domain = None if low is None or high is None else [float(low), float(high)]
+        self.handle_message({"type": MSG_ZOOM, "domain": domain})
 
     def static_svg(self) -> str | None:
         """The chart as it stands, as SVG (fewer points than the live view); None without vl-convert."""
@@ -781,7 +784,7 @@ class RunChart(LiveWidget):
             rows, _ = chart_rows(self._points, STATIC_POINTS, None)
             return chart_svg(self.spec, encode_rows(rows), encode_rewinds(self._rewinds))
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         svg = self.static_svg()
         return {"image/svg+xml": svg} if svg else {}
 

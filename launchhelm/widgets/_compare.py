@@ -20,20 +20,30 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import traitlets
 
-from launchhelm._api import Api, RunHandle
-from launchhelm._events import validate_project
+from launchhelm._api import Api, RunHandle, RunView
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
-from launchhelm._humanize import duration, local_time
-from launchhelm._runs_view import _epoch, config_diff
 from launchhelm._types import Rewind
-from launchhelm.widgets._base import LiveWidget, front_end
+from launchhelm.runlog._events import validate_project
+from launchhelm.views._humanize import duration, local_time
+from launchhelm.views._runs import _epoch, config_diff
+from launchhelm.widgets._base import LiveWidget, StoreArg, front_end
 from launchhelm.widgets._downsample import minmax_indices
+from launchhelm.widgets._messages import (
+    MSG_SNAPSHOT,
+    CompareColumns,
+    CompareRewind,
+    CompareRun,
+    CompareSnapshot,
+    CompareState,
+    ShownRun,
+    synced_dict,
+)
 from launchhelm.widgets._static import table_html
 
 if TYPE_CHECKING:
@@ -51,8 +61,6 @@ __all__ = [
 
 #: Columns of ``history()`` that are not metrics.
 META_COLUMNS = frozenset({"run", "step", "attempt", "time", "abandoned"})
-#: Message type, kernel -> front end.
-MSG_SNAPSHOT = "snapshot"
 #: x by step, by wall time, or by time since each run's first point (runs started hours apart line up).
 X_AXES = ("step", "time", "relative")
 DEFAULT_MAX_POINTS = 1000
@@ -280,7 +288,7 @@ def rewind_rows(run_id: str, rewinds: Sequence[Rewind], history: pd.DataFrame | 
 
 def build_compare_spec(
     keys: Sequence[str],
-    runs: Sequence[Mapping[str, str]],
+    runs: Sequence[Mapping[str, object]],
     *,
     x: str = "step",
     smoothed: bool = False,
@@ -406,7 +414,7 @@ def build_compare_spec(
     }
 
 
-def encode_points(rows: pd.DataFrame, labels: Mapping[str, str]) -> dict[str, Any]:
+def encode_points(rows: pd.DataFrame, labels: Mapping[str, str]) -> CompareColumns:
     """Rows as compact columns for a custom message (the front end expands them)."""
     run_ids = list(dict.fromkeys(rows["run"].tolist()))
     keys = list(dict.fromkeys(rows["key"].tolist()))
@@ -425,7 +433,7 @@ def encode_points(rows: pd.DataFrame, labels: Mapping[str, str]) -> dict[str, An
     }
 
 
-def _expand(points: Mapping[str, Any]) -> list[dict[str, Any]]:
+def _expand(points: CompareColumns) -> list[dict[str, object]]:
     labels, keys = points["labels"], points["keys"]
     return [
         {"label": labels[r], "key": keys[k], "step": s, "time": t, "elapsed": e, "value": v, "raw": w}
@@ -508,7 +516,7 @@ class CompareChart(LiveWidget):
     """
 
     spec = traitlets.Dict().tag(sync=True)
-    state = traitlets.Dict().tag(sync=True)
+    state = synced_dict(CompareState)
     x_axis = traitlets.Unicode("step").tag(sync=True)
     smooth = traitlets.Bool(False).tag(sync=True)
     smoothing = traitlets.Float(DEFAULT_SMOOTHING).tag(sync=True)
@@ -519,13 +527,13 @@ class CompareChart(LiveWidget):
         project: str,
         runs: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
-        store: Any = None,
+        store: StoreArg | Api = None,
         *,
         x: str = "step",
         smoothing: float = DEFAULT_SMOOTHING,
         max_points: int = DEFAULT_MAX_POINTS,
-        **_: Any,
-    ) -> tuple[tuple[Any, ...], Any]:
+        **_: object,
+    ) -> tuple[tuple[Hashable, ...], Any]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if x not in X_AXES:
             raise InvalidArgumentError(f"x={x!r}: use 'step', 'time' (wall time) or 'relative' (since each run began)")
@@ -553,7 +561,7 @@ class CompareChart(LiveWidget):
         project: str,
         runs: Sequence[str] | None = None,
         keys: Sequence[str] | None = None,
-        store: Any = None,
+        store: StoreArg | Api = None,
         *,
         x: str = "step",
         smoothing: float = DEFAULT_SMOOTHING,
@@ -572,10 +580,10 @@ class CompareChart(LiveWidget):
         self._all_runs = self._resolved[1] is None
         self._run_ids: list[str] = []
         self._handles: dict[str, RunHandle] = {}
-        self._views: dict[str, Any] = {}
+        self._views: dict[str, RunView] = {}
         self._rows: dict[str, dict[str, Any]] = {}
         self._shown: tuple[Any, ...] | None = None
-        self._last_snapshot: dict[str, Any] | None = None
+        self._last_snapshot: CompareSnapshot | None = None
         self._last_basis: tuple[Any, ...] | None = None
         self.observe(self._on_view_option, names=["x_axis", "smooth", "smoothing"])
         try:
@@ -629,7 +637,7 @@ class CompareChart(LiveWidget):
         """Each run's summary row and new points, the runs read concurrently (a few requests each)."""
         handles = [self._handles[r] for r in self._run_ids]
 
-        def one(handle: RunHandle) -> tuple[str, Any, dict[str, Any] | None]:
+        def one(handle: RunHandle) -> tuple[str, RunView, dict[str, Any] | None]:
             view = handle.poll(keys=self._keys)
             row = self._rows.get(handle.id)
             # a run's row (config, tunables, latest values) changes only while a session is attached
@@ -671,7 +679,7 @@ class CompareChart(LiveWidget):
                 keys.extend(k for k in metric_keys(view.history) if k not in keys)
         return [k for k in keys if not k.startswith("eval/")] + [k for k in keys if k.startswith("eval/")]
 
-    def _runs_shown(self) -> list[dict[str, str]]:
+    def _runs_shown(self) -> list[ShownRun]:
         colors = run_colors(self._run_ids)
         labels = run_labels({r: self._handles[r].name for r in self._run_ids})
         return [{"id": r, "label": labels[r], "color": colors[r], "name": self._handles[r].name} for r in self._run_ids]
@@ -688,16 +696,27 @@ class CompareChart(LiveWidget):
         rows.insert(1, "label", [labels.get(r, r) for r in rows["run"].tolist()])
         return rows
 
-    def rewinds(self) -> list[dict[str, Any]]:
+    def rewinds(self) -> list[CompareRewind]:
         """Each compared run's rewind markers (``run_id``, ``label``, ``to_step``, ``time``, ``text``)."""
         labels = {r["id"]: r["label"] for r in self._runs_shown()}
-        out = []
+        out: list[CompareRewind] = []
         for run_id in self._run_ids:
             view = self._views.get(run_id)
             if view is None:
                 continue
-            for marker in rewind_rows(run_id, view.rewinds, view.history):
-                out.append({**marker, "text": marker.pop("label"), "label": labels[run_id]})
+            for m in rewind_rows(run_id, view.rewinds, view.history):
+                out.append(
+                    {
+                        "run_id": m["run_id"],
+                        "to_step": m["to_step"],
+                        "reached": m["reached"],
+                        "attempt": m["attempt"],
+                        "time": m["time"],
+                        "elapsed": m["elapsed"],
+                        "text": m["label"],
+                        "label": labels[run_id],
+                    }
+                )
         return out
 
     def refresh(self) -> None:
@@ -716,8 +735,8 @@ class CompareChart(LiveWidget):
                 return
             self._send_snapshot()
 
-    def _state(self, runs: list[dict[str, str]]) -> dict[str, Any]:
-        described = []
+    def _state(self, runs: list[ShownRun]) -> CompareState:
+        described: list[CompareRun] = []
         for run in runs:
             row = self._rows.get(run["id"], {})
             created_s = _epoch(row.get("created"))
@@ -738,7 +757,7 @@ class CompareChart(LiveWidget):
             "diff": [{"key": d["key"], "values": [_plain(v) for v in d["values"]]} for d in self.diff()],
         }
 
-    def _snapshot(self) -> dict[str, Any]:
+    def _snapshot(self) -> CompareSnapshot:
         labels = {r["id"]: r["label"] for r in self._runs_shown()}
         rows = self.points()
         return {
@@ -769,7 +788,7 @@ class CompareChart(LiveWidget):
             counts.append((run_id, len(view.history), len(view.rewinds)) if view is not None else (run_id,))
         return (tuple(counts), self.smooth, self.smoothing, self.max_points)
 
-    def snapshot_messages(self) -> list[dict[str, Any]]:
+    def snapshot_messages(self) -> list[CompareSnapshot]:
         snapshot = self._snapshot()
         self._last_snapshot, self._last_basis = snapshot, self._basis()
         return [snapshot]
@@ -839,7 +858,7 @@ class CompareChart(LiveWidget):
         caption = "Config diff" if diff else "Config diff: the runs' config and tunables agree"
         return table_html(header, [*facts, *diff], caption, "compare-diff")
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         svg = self.static_svg() or ""
         return {"text/html": f"<div class='launchhelm-static-compare'>{svg}{self.diff_html()}</div>"}
 

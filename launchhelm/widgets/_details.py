@@ -12,15 +12,24 @@ from __future__ import annotations
 
 import html
 import json
-from typing import Any
+from collections.abc import Mapping
 
 import traitlets
 
 from launchhelm._api import RunHandle
-from launchhelm._console import last_lines
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm._run import Run
-from launchhelm.widgets._base import RunWidget, format_time, time_labels
+from launchhelm._types import RunLike
+from launchhelm.console._read import last_lines
+from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
+from launchhelm.widgets._messages import (
+    MSG_APPEND,
+    MSG_RESET,
+    DetailsState,
+    Json,
+    LogsState,
+    ResetMessage,
+    synced_dict,
+)
 from launchhelm.widgets._picker import status_sentence
 from launchhelm.widgets._static import details_html
 
@@ -30,15 +39,13 @@ __all__ = ["RunDetails", "RunLogs", "details_state"]
 CONTROL_ACTIONS = ("pause", "resume", "stop", "checkpoint")
 
 
-def _plain(value: Any) -> Any:
-    """A JSON-safe copy for the front end (config values may be anything JSON holds)."""
-    try:
-        return json.loads(json.dumps(value))
-    except (TypeError, ValueError):
-        return repr(value)
+def _plain(values: Mapping[str, object]) -> dict[str, Json]:
+    """A JSON-safe copy for the front end (config values are what JSON holds; anything else shows as its repr)."""
+    copy: dict[str, Json] = json.loads(json.dumps(dict(values), default=repr))
+    return copy
 
 
-def details_state(handle: RunHandle, rule: bool, notice: str = "") -> dict[str, Any]:
+def details_state(handle: RunHandle, rule: bool, notice: str = "") -> DetailsState:
     """Everything the Details tab shows, read through the query API."""
     summary = handle.summary()
     status = str(summary["status"])
@@ -59,7 +66,7 @@ def details_state(handle: RunHandle, rule: bool, notice: str = "") -> dict[str, 
         "sessions": int(summary["sessions"]),
         "rewinds": int(summary["rewinds"]),
         "control_state": handle.control_state if status == "running" else None,
-        "config": _plain(dict(handle.config)),
+        "config": _plain(handle.config),
         "tunables": _plain(tunables),
         "pending": [
             {
@@ -95,10 +102,12 @@ class RunDetails(RunWidget):
     """
 
     _bundle = "details.js"
-    state = traitlets.Dict().tag(sync=True)
+    #: Which view of details.js draws it.
+    view = traitlets.Unicode("details").tag(sync=True)
+    state = synced_dict(DetailsState)
     _actions = {"set_tunables": "set_tunables", "control": "control", "set_rule": "set_rule"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -113,11 +122,11 @@ class RunDetails(RunWidget):
             if state != self.state:
                 self.state = state
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         return {"text/html": details_html(self.state)}
 
     # -- actions (buttons) ---------------------------------------------------
-    def set_tunables(self, values: dict[str, Any]) -> None:
+    def set_tunables(self, values: dict[str, Json]) -> None:
         """Change tunables (applied by the training process at its next step boundary)."""
         if not values:
             raise InvalidArgumentError("set_tunables() got no tunable to change: pass {name: value}")
@@ -173,9 +182,9 @@ class RunLogs(RunWidget):
     _bundle = "details.js"
     #: Which view of details.js draws it.
     view = traitlets.Unicode("logs").tag(sync=True)
-    state = traitlets.Dict().tag(sync=True)
+    state = synced_dict(LogsState)
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 1.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: StoreArg = None, *, interval: float = 1.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -195,15 +204,15 @@ class RunLogs(RunWidget):
             status = self._handle.status
             if new:
                 self._text = last_lines(self._text + new, LOG_LINES)
-                self.send_when_ready({"type": "append", "text": new})
-            state = {"status": status, "empty": not self._text, "max_lines": LOG_LINES}
+                self.send_when_ready({"type": MSG_APPEND, "text": new})
+            state: LogsState = {"status": status, "empty": not self._text, "max_lines": LOG_LINES}
             if state != self.state:
                 self.state = state
 
-    def snapshot_messages(self) -> list[dict[str, Any]]:
-        return [{"type": "reset", "text": self._text}]
+    def snapshot_messages(self) -> list[ResetMessage]:
+        return [{"type": MSG_RESET, "text": self._text}]
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         shown = last_lines(self._text, STATIC_LOG_LINES)
         return {
             "text/html": "<pre class='lh-log' style='font-family:monospace;font-size:12px;max-height:320px;"

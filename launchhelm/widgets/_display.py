@@ -1,7 +1,8 @@
 """How a :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` displays in a notebook.
 
-``Run._repr_mimebundle_`` and ``RunHandle._repr_mimebundle_`` call
-:func:`run_mimebundle` (imported only then, so ``import launchhelm`` stays
+``Run._repr_mimebundle_`` and ``RunHandle._repr_mimebundle_`` reach
+:func:`run_mimebundle` through the core's display hook (``launchhelm._display``,
+which imports this module only then, so ``import launchhelm`` stays
 free of IPython and anywidget). In a Jupyter kernel the bundle is the run's
 panel; elsewhere (a terminal IPython, the widgets extra not installed) it is
 the plain-text repr alone.
@@ -11,20 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["run_mimebundle"]
+from launchhelm.widgets._kernel import in_kernel
+
+__all__ = ["in_kernel", "run_display", "run_mimebundle"]
 
 #: The MIME type of a Jupyter widget view.
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-
-
-def in_kernel() -> bool:
-    """A Jupyter kernel runs this code (a front end can draw widgets)."""
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return False
-    shell = get_ipython()
-    return shell is not None and getattr(shell, "kernel", None) is not None
 
 
 def run_mimebundle(run: Any) -> dict[str, Any]:
@@ -43,3 +36,10 @@ def run_mimebundle(run: Any) -> dict[str, Any]:
     bundle = dict(panel._repr_mimebundle_() or {})
     bundle["text/plain"] = text
     return bundle
+
+
+def run_display(run: Any) -> Any:
+    """What marimo shows for a run: the run panel, its tabs live."""
+    from launchhelm.widgets._panel import RunPanel
+
+    return RunPanel(run)._display_()

@@ -6,11 +6,9 @@ the lowest and the highest one (MinMax), plus the first and last point.
 Spikes and dips survive however long the series is; a plain stride would
 drop them.
 
-Measured on 1M points to 2,000 (``benchmarks/bench_chart.py``): 2.5 ms here,
-against 0.4 ms for tsdownsample's MinMax and 0.6 ms for its MinMaxLTTB
-(Rust). A chart's open takes about 500 ms in a fresh kernel (imports and the
-store read), so 2 ms do not pay for a compiled dependency; LTTB would also
-drop the extremes this keeps.
+Plain numpy, not a compiled dependency: the downsampling is a small part of
+a chart's first open (``benchmarks/bench_chart.py`` prints both); LTTB would
+also drop the extremes this keeps.
 """
 
 from __future__ import annotations
@@ -77,7 +75,7 @@ def minmax_indices(values: npt.ArrayLike, budget: int) -> np.ndarray:
     is_low = interior == lows[run_of]
     is_high = interior == highs[run_of]
     # the first matching index of each run (ties: keep one)
-    # (sorted masks, not np.unique: that imports numpy.ma, 70 ms of a chart's first open)
+    # (sorted masks, not np.unique: that imports numpy.ma, slow on a chart's first open)
     for mask in (is_low, is_high):
         hits = np.flatnonzero(mask)
         runs = run_of[hits]

@@ -12,16 +12,13 @@ through the query API: ``RunHandle.evaluations()``, ``RunHandle.evaluate()``,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
-from typing import Any
-
-import traitlets
+from collections.abc import Hashable, Iterable
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError, RunNotFoundError
-from launchhelm._run import Run
-from launchhelm._types import Evaluation
-from launchhelm.widgets._base import LiveWidget, format_time, front_end, resolve_run, run_key, time_labels
+from launchhelm._types import Evaluation, RunLike
+from launchhelm.widgets._base import LiveWidget, StoreArg, format_time, front_end, resolve_run, run_key, time_labels
+from launchhelm.widgets._messages import EvaluationRow, EvaluationsState, synced_dict
 from launchhelm.widgets._static import evaluations_html
 
 __all__ = ["EvaluationTable", "describe_evaluation", "evaluation_rows"]
@@ -57,9 +54,9 @@ def _took(evaluation: Evaluation | None) -> float | None:
     return max(0.0, evaluation.finished_at - evaluation.started_at)
 
 
-def evaluation_rows(handles: Iterable[RunHandle]) -> list[dict[str, Any]]:
+def evaluation_rows(handles: Iterable[RunHandle]) -> list[EvaluationRow]:
     """One row per checkpoint of each run (newest first): its evaluation's state, or "not evaluated"."""
-    rows: list[dict[str, Any]] = []
+    rows: list[EvaluationRow] = []
     for handle in handles:
         by_checkpoint = {e.checkpoint: e for e in handle.evaluations()}
         for checkpoint in reversed(handle.checkpoints()):
@@ -109,13 +106,13 @@ class EvaluationTable(LiveWidget):
     >>> EvaluationTable("quickstart")     # doctest: +SKIP
     """
 
-    state = traitlets.Dict().tag(sync=True)
+    state = synced_dict(EvaluationsState)
     _actions = {"retry": "retry", "evaluate": "evaluate", "set_rule": "set_rule"}  # noqa: RUF012
 
     @classmethod
     def _reuse_key(
-        cls, project_or_run: Run | RunHandle | str, store: Any = None, **_: Any
-    ) -> tuple[tuple[Any, ...], Any]:
+        cls, project_or_run: RunLike | str, store: StoreArg = None, **_: object
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle | None, str]]:
         if isinstance(project_or_run, str):
             api = Api(store)
             if project_or_run in api.projects():
@@ -131,7 +128,7 @@ class EvaluationTable(LiveWidget):
             api, handle = resolve_run(project_or_run, store)
         return run_key(cls, api, handle), (api, handle, handle.project)
 
-    def __init__(self, project_or_run: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, project_or_run: RunLike | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._esm, self._css, self.missing_front_end = front_end("evaluations.js")
@@ -168,7 +165,7 @@ class EvaluationTable(LiveWidget):
     def refresh(self) -> None:
         """Re-read the checkpoints, their evaluations and the project's rule."""
         with self._lock:
-            state = {
+            state: EvaluationsState = {
                 "scope": "run" if self._handle is not None else "project",
                 "project": self.project,
                 "run": {"id": self._handle.id, "name": self._handle.name} if self._handle is not None else None,
@@ -179,10 +176,10 @@ class EvaluationTable(LiveWidget):
             if state != self.state:
                 self.state = state
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         return {"text/html": evaluations_html(self.state)}
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[EvaluationRow]:
         """The rows shown now (one per checkpoint, newest first)."""
         return list(self.state.get("rows", []))
 

@@ -10,13 +10,14 @@ last expression displays as this panel.
 from __future__ import annotations
 
 import html
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import ipywidgets
 
 from launchhelm._api import RunHandle
-from launchhelm._run import Run
-from launchhelm.widgets._base import Reusable, resolve_run, run_key
+from launchhelm._types import RunLike
+from launchhelm.widgets._base import Reusable, StoreArg, resolve_run, run_key
 from launchhelm.widgets._chart import RunChart
 from launchhelm.widgets._details import RunDetails, RunLogs
 from launchhelm.widgets._evaluations import EvaluationTable
@@ -56,13 +57,19 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     @classmethod
     def _reuse_key(
-        cls, run_or_id: Run | RunHandle | str, store: Any = None, keys: Any = None, **_: Any
-    ) -> tuple[tuple[Any, ...], Any]:
+        cls,
+        run_or_id: RunLike | str,
+        store: StoreArg = None,
+        keys: Sequence[str] | str | None = None,
+        **_: object,
+    ) -> tuple[tuple[Hashable, ...], Any]:
         api, handle = resolve_run(run_or_id, store)
         chosen = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
         return run_key(cls, api, handle, chosen), (api, handle)
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, keys: Any = None) -> None:
+    def __init__(
+        self, run_or_id: RunLike | str, store: StoreArg = None, keys: Sequence[str] | str | None = None
+    ) -> None:
         if self._reused():
             return
         api, handle = self._resolved

@@ -10,13 +10,10 @@ and the chosen one, and chooses one through
 
 from __future__ import annotations
 
-from typing import Any
-
-import traitlets
-
 from launchhelm._api import RunHandle
-from launchhelm._run import Run
-from launchhelm.widgets._base import RunWidget, format_time, time_labels
+from launchhelm._types import RunLike
+from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
+from launchhelm.widgets._messages import PickerState, synced_dict
 from launchhelm.widgets._static import picker_html
 
 __all__ = ["ResumePicker", "picker_state", "status_sentence"]
@@ -45,7 +42,7 @@ def _size(n: int) -> str:
     return f"{value:.1f} GB"
 
 
-def picker_state(handle: RunHandle, confirmation: str = "") -> dict[str, Any]:
+def picker_state(handle: RunHandle, confirmation: str = "") -> PickerState:
     """Everything the picker shows, read through the query API."""
     summary = handle.summary()
     status = str(summary["status"])
@@ -115,10 +112,10 @@ class ResumePicker(RunWidget):
     """
 
     _bundle = "picker.js"
-    state = traitlets.Dict().tag(sync=True)
+    state = synced_dict(PickerState)
     _actions = {"choose": "choose"}  # noqa: RUF012
 
-    def __init__(self, run_or_id: Run | RunHandle | str, store: Any = None, *, interval: float = 2.0) -> None:
+    def __init__(self, run_or_id: RunLike | str, store: StoreArg = None, *, interval: float = 2.0) -> None:
         if self._reused():
             return
         self._init_run(interval)
@@ -132,7 +129,7 @@ class ResumePicker(RunWidget):
             if state != self.state:
                 self.state = state
 
-    def static_mimebundle(self) -> dict[str, Any]:
+    def static_mimebundle(self) -> dict[str, str]:
         return {"text/html": picker_html(self.state)}
 
     def choose(self, checkpoint_id: str) -> None:

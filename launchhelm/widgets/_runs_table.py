@@ -18,17 +18,17 @@ person sees.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, cast
 
 import ipywidgets
 import traitlets
 
 from launchhelm._api import Api
-from launchhelm._events import validate_project
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm._humanize import ago, duration, local_time
-from launchhelm._runs_view import (
+from launchhelm.runlog._events import validate_project
+from launchhelm.views._humanize import ago, duration, local_time
+from launchhelm.views._runs import (
     DEFAULT_EXTRA_COLUMNS,
     STATUSES,
     cell_text,
@@ -38,8 +38,9 @@ from launchhelm._runs_view import (
     table_columns,
     table_rows,
 )
-from launchhelm.widgets._base import LiveWidget, Reusable, front_end
+from launchhelm.widgets._base import LiveWidget, Reusable, StoreArg, front_end
 from launchhelm.widgets._compare import CompareChart
+from launchhelm.widgets._messages import RunsTableState, TableColumn, TableRow, synced_dict
 from launchhelm.widgets._static import table_html
 
 __all__ = ["RunsTable", "RunsTableView"]
@@ -48,7 +49,7 @@ __all__ = ["RunsTable", "RunsTableView"]
 class RunsTableView(LiveWidget):
     """The table part of :class:`RunsTable` (the anywidget); its traits are what the person chose."""
 
-    state = traitlets.Dict().tag(sync=True)
+    state = synced_dict(RunsTableState)
     sort_by = traitlets.Unicode("created").tag(sync=True)
     descending = traitlets.Bool(True).tag(sync=True)
     query = traitlets.Unicode("").tag(sync=True)
@@ -57,7 +58,7 @@ class RunsTableView(LiveWidget):
     selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
     @classmethod
-    def _reuse_key(cls, api: Api, project: str, **_: Any) -> tuple[tuple[Any, ...], Any]:
+    def _reuse_key(cls, api: Api, project: str, **_: object) -> tuple[tuple[Hashable, ...], Any]:
         return (cls.__qualname__, api.store.url, project), (api, project)
 
     def __init__(self, api: Api, project: str, *, interval: float = 2.0, extra_columns: int) -> None:
@@ -80,7 +81,8 @@ class RunsTableView(LiveWidget):
         with self._lock:
             now = time.time()
             frame = self._api.runs(self.project)
-            columns = table_columns(frame)
+            # views._runs builds them (shared with the command line); these are their shapes
+            columns = cast("list[TableColumn]", table_columns(frame))
             extra = [c["id"] for c in columns if c["kind"] != "base"]
             fresh = [c for c in extra if c not in self._known_columns]
             if fresh:
@@ -90,8 +92,8 @@ class RunsTableView(LiveWidget):
                 self._known_columns.update(fresh)
                 if hide:
                     self.hidden = [*self.hidden, *hide]
-            rows = table_rows(frame, now)
-            state = {
+            rows = cast("list[TableRow]", table_rows(frame, now))
+            state: RunsTableState = {
                 "project": self.project,
                 "store": self._api.store.url,
                 "columns": columns,
@@ -147,8 +149,8 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
 
     @classmethod
     def _reuse_key(
-        cls, project: str, store: Any = None, *, extra_columns: int = DEFAULT_EXTRA_COLUMNS, **_: Any
-    ) -> tuple[tuple[Any, ...], Any]:
+        cls, project: str, store: StoreArg = None, *, extra_columns: int = DEFAULT_EXTRA_COLUMNS, **_: object
+    ) -> tuple[tuple[Hashable, ...], Any]:
         if isinstance(extra_columns, bool) or not isinstance(extra_columns, int) or extra_columns < 0:
             raise InvalidArgumentError(f"extra_columns={extra_columns!r}: give how many columns to show, 0 or more")
         if not isinstance(project, str):
@@ -160,7 +162,7 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __init__(
         self,
         project: str,
-        store: Any = None,
+        store: StoreArg = None,
         *,
         interval: float = 2.0,
         extra_columns: int = DEFAULT_EXTRA_COLUMNS,
@@ -199,14 +201,14 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     # -- what a person does, from code ----------------------------------------
     def rows(self) -> list[dict[str, Any]]:
         """Every row held (one per run, newest first)."""
-        return list(self.table.state.get("rows", []))
+        return [dict(row) for row in self.table.state.get("rows", [])]
 
     def visible_rows(self) -> list[dict[str, Any]]:
         """The rows shown, filtered and sorted as chosen (what the browser draws)."""
         shown = filter_rows(self.rows(), self.table.query, self.table.statuses)
         return sort_rows(shown, self.table.sort_by, self.table.descending)
 
-    def columns(self) -> list[dict[str, str]]:
+    def columns(self) -> list[TableColumn]:
         """The columns shown (the column picker's choice)."""
         hidden = set(self.table.hidden)
         return [c for c in self.table.state.get("columns", []) if c["id"] not in hidden]

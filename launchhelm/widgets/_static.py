@@ -28,8 +28,18 @@ from __future__ import annotations
 import base64
 import copy
 import html
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from launchhelm.widgets._messages import (
+    MSG_LIVE,
+    ChartColumns,
+    ChartRewind,
+    DetailsState,
+    EvaluationsState,
+    LiveMessage,
+    PickerState,
+)
 
 __all__ = [
     "FALLBACK_CLASS",
@@ -45,8 +55,6 @@ __all__ = [
 
 #: The class of a fallback output's outer element (the front ends hide it by ``data-lh-static``).
 FALLBACK_CLASS = "launchhelm-static-fallback"
-#: Message type, kernel -> front end: the kernel is live, hide the saved picture of these models.
-MSG_LIVE = "live"
 
 #: Points per series in the saved picture (the live chart sends more).
 STATIC_POINTS = 300
@@ -54,11 +62,11 @@ STATIC_POINTS = 300
 _STYLE = "border-collapse:collapse;font-family:sans-serif;font-size:12px;margin:4px 0; border:1px solid #ddd"
 
 
-def _cell(value: Any, tag: str = "td") -> str:
+def _cell(value: object, tag: str = "td") -> str:
     return f"<{tag} style='border:1px solid #ddd;padding:2px 6px;text-align:left'>{html.escape(str(value))}</{tag}>"
 
 
-def table_html(columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: str = "", kind: str = "") -> str:
+def table_html(columns: Sequence[str], rows: Iterable[Sequence[object]], caption: str = "", kind: str = "") -> str:
     """A plain HTML table (inline styles only: a saved notebook has no stylesheet of ours)."""
     head = "".join(_cell(c, "th") for c in columns)
     body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in rows)
@@ -69,7 +77,7 @@ def table_html(columns: Sequence[str], rows: Iterable[Sequence[Any]], caption: s
     )
 
 
-def picker_html(state: dict[str, Any]) -> str:
+def picker_html(state: PickerState) -> str:
     """The "Resume…" picker as it stood: how the run ended, its checkpoints, what resume restores."""
     run = state.get("run", {})
     rows = []
@@ -89,10 +97,11 @@ def picker_html(state: dict[str, Any]) -> str:
     return "".join(parts) + "</div>"
 
 
-def evaluations_html(state: dict[str, Any]) -> str:
+def evaluations_html(state: EvaluationsState) -> str:
     """The evaluation table as it stood: one row per checkpoint, its state and scores or error."""
     rows = [(r["run_name"], r["step"], r["state"], r["detail"], r["attempts"], r["checkpoint"]) for r in state["rows"]]
-    scope = f"run {state['run']['name']}" if state.get("run") else f"project {state.get('project', '')}"
+    run = state.get("run")
+    scope = f"run {run['name']}" if run else f"project {state.get('project', '')}"
     rule = "on" if state.get("rule") else "off"
     caption = f"Evaluations of {scope} (evaluate every checkpoint: {rule})"
     return table_html(
@@ -100,15 +109,15 @@ def evaluations_html(state: dict[str, Any]) -> str:
     )
 
 
-def details_html(state: dict[str, Any]) -> str:
+def details_html(state: DetailsState) -> str:
     """The Details tab as it stood: status, config and tunables."""
-    rows = [("status", state.get("status", ""))]
+    rows: list[tuple[str, object]] = [("status", state.get("status", ""))]
     rows += [(f"config {k}", v) for k, v in dict(state.get("config") or {}).items()]
     rows += [(f"tunable {k}", v) for k, v in dict(state.get("tunables") or {}).items()]
     return table_html(["", "value"], rows, "Details", "details")
 
 
-def chart_svg(spec: dict[str, Any], points: dict[str, Any], rewinds: list[dict[str, Any]]) -> str | None:
+def chart_svg(spec: dict[str, Any], points: ChartColumns, rewinds: list[ChartRewind]) -> str | None:
     """The chart as SVG: ``spec`` with its named datasets filled in (``points`` as :func:`encode_rows` makes).
 
     None where ``vl-convert`` is not installed or cannot draw it.
@@ -148,7 +157,7 @@ def svg_img(svg: str, alt: str = "") -> str:
     return f"<img src='data:image/svg+xml;base64,{encoded}' alt='{html.escape(alt, quote=True)}'>"
 
 
-def fallback_html(static: dict[str, Any], model_ids: Sequence[str], alt: str = "") -> str | None:
+def fallback_html(static: Mapping[str, str], model_ids: Sequence[str], alt: str = "") -> str | None:
     """The fallback bundle (``text/html`` and/or ``image/svg+xml``) as one HTML block tagged with ``model_ids``."""
     parts = []
     if static.get("image/svg+xml"):
@@ -162,14 +171,14 @@ def fallback_html(static: dict[str, Any], model_ids: Sequence[str], alt: str = "
 
 
 def split_fallback(
-    data: dict[str, Any], static: dict[str, Any], model_ids: Sequence[str], alt: str = ""
+    data: dict[str, Any], static: Mapping[str, str], model_ids: Sequence[str], alt: str = ""
 ) -> dict[str, Any]:
     """The widget view's bundle; its fallback published before it as an output of its own in a kernel.
 
     Outside a Jupyter kernel (marimo, a plain IPython), nothing is
     published: the fallback's MIME types join ``data``, as before.
     """
-    from launchhelm.widgets._display import in_kernel
+    from launchhelm.widgets._kernel import in_kernel
 
     if not static:
         return data
@@ -183,6 +192,6 @@ def split_fallback(
     return data
 
 
-def live_message(model_ids: Sequence[str]) -> dict[str, Any]:
+def live_message(model_ids: Sequence[str]) -> LiveMessage:
     """What the kernel answers a view's ``ready`` with first: hide the saved pictures of these models."""
     return {"type": MSG_LIVE, "static": list(model_ids)}

@@ -19,6 +19,7 @@ import pytest
 from lhtest import run_python, spawn
 
 import launchhelm as lh
+from launchhelm.runlog import _liveness
 
 TRAIN = """
 import sys, time, launchhelm as lh
@@ -187,7 +188,7 @@ def test_a_session_on_another_host_is_dead_only_once_its_heartbeat_is_stale(shar
     proc, run_id = _start_training(shared_store_url, beat=0.2, timeout=2.0, prefix=prefix)
     handle = lh.Api(shared_store_url).run(run_id)
     session = [e for e in handle.events() if e["type"] == "session_started"][-1]
-    assert session["process"]["host_id"] != lh._liveness.host_id()  # type: ignore[attr-defined]
+    assert session["process"]["host_id"] != _liveness.host_id()
     assert handle.status == "running"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -332,9 +333,9 @@ def test_pid_reuse_is_not_mistaken_for_the_session(store_url: str) -> None:
     # a session whose recorded process start time differs from the live pid's
     run = lh.init("reuse", store=store_url)
     run.finish(close_run=False)
-    identity = lh._liveness.process_identity()  # type: ignore[attr-defined]
-    assert lh._liveness.process_state(identity) == "alive"  # type: ignore[attr-defined]
-    assert lh._liveness.process_state({**identity, "proc_start": "1"}) == "dead"  # type: ignore[attr-defined]
-    assert lh._liveness.process_state({**identity, "pid": 2**22 + 7}) == "dead"  # type: ignore[attr-defined]
-    assert lh._liveness.process_state({**identity, "host_id": "elsewhere"}) == "unknown"  # type: ignore[attr-defined]
+    identity = _liveness.process_identity()
+    assert _liveness.process_state(identity) == "alive"
+    assert _liveness.process_state({**identity, "proc_start": "1"}) == "dead"
+    assert _liveness.process_state({**identity, "pid": 2**22 + 7}) == "dead"
+    assert _liveness.process_state({**identity, "host_id": "elsewhere"}) == "unknown"
     assert os.getpid() == identity["pid"]

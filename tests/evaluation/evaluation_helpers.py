@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import launchhelm as lh
-from launchhelm._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm.storage import open_store
 
 

@@ -168,7 +168,9 @@ def test_policy_allows_every_write_a_worker_makes_and_nothing_of_the_runs(tmp_pa
     after = set(store.list(""))
     assert before <= after  # nothing a worker may not delete was deleted
     written = after - before
-    policy = lh.evaluation._queue.worker_policy("s3://bkt/root", project="evals")
+    from launchhelm.evaluation._policies import worker_policy
+
+    policy = worker_policy("s3://bkt/root", project="evals")
     puts = _policy_keys(policy, "s3:PutObject", "root")
     deletes = _policy_keys(policy, "s3:DeleteObject", "root")
     assert puts == ["projects/evals/evaluations/*", "runs/*/metrics/eval-*"]

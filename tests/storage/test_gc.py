@@ -22,8 +22,8 @@ from lhtest import BUCKET, make_store_url, proc_io, spawn
 import launchhelm as lh
 from launchhelm import _gc
 from launchhelm._cli import main as cli
-from launchhelm._events import CHECKPOINT_DELETED, EventLog
 from launchhelm._gc import collect_garbage, parse_duration
+from launchhelm.runlog._events import CHECKPOINT_DELETED, EventLog
 from launchhelm.storage import ObjectStore, Store, open_store
 
 DAY = 24 * 3600.0

@@ -315,7 +315,7 @@ def test_streaming_a_large_object_keeps_memory_flat(moto_endpoint: str) -> None:
 
 # -- checksums sent with the upload ---------------------------------------------------------
 def _crc64_b64(data: bytes) -> str:
-    from launchhelm._checksum import CRC64NVME, crc64nvme, header_value
+    from launchhelm.storage._checksum import CRC64NVME, crc64nvme, header_value
 
     return header_value(CRC64NVME, crc64nvme(data))
 
@@ -378,7 +378,7 @@ def test_gcs_uploads_carry_the_crc32c_of_their_bytes(gcs_endpoint: str) -> None:
     import base64
     import json
 
-    from launchhelm._checksum import CRC32C, crc32c, header_value
+    from launchhelm.storage._checksum import CRC32C, crc32c, header_value
 
     port = int(os.environ["STORAGE_EMULATOR_HOST"].rsplit(":", 1)[1])
     proxy = FaultyS3Proxy(port, status=500, code="x", failures=0, match="-")
@@ -434,8 +434,8 @@ def test_fake_gcs_server_keeps_an_upload_whose_crc32c_does_not_match(gcs_endpoin
 
     If this starts failing, fake-gcs-server checks the CRC32C sent: test the refusal here.
     """
-    from launchhelm._checksum import CRC32C, crc32c, header_value
     from launchhelm.storage._backends import GCSPartUpload, gcs_create
+    from launchhelm.storage._checksum import CRC32C, crc32c, header_value
 
     store = open_store(f"gs://{BUCKET}/crc-bad-{os.urandom(3).hex()}")
     assert isinstance(store, ObjectStore)

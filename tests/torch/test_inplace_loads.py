@@ -25,8 +25,9 @@ import torch
 
 import launchhelm as lh
 import launchhelm.torch as lht
-from launchhelm._sessions import summary_key
+from launchhelm.runlog._sessions import summary_key
 from launchhelm.torch import _inplace
+from launchhelm.torch._inplace import _pagecache, _plan, _reads, _zip
 
 
 def _build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -222,8 +223,8 @@ def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> 
     """S3 keeps the full-object CRC64NVME the record holds; GCS the CRC32C recorded beside it."""
     from awscrt.checksums import crc32c, crc64nvme
 
-    from launchhelm._checksum import CRC32C, CRC64NVME, header_value
     from launchhelm.storage import ObjectStore, open_store
+    from launchhelm.storage._checksum import CRC32C, CRC64NVME, header_value
 
     model, optimizer = _build()
     tr = lht.init("sums", store=store_url)
@@ -268,8 +269,8 @@ def test_tensors_read_in_many_pieces_round_trip_and_a_flip_in_a_later_piece_is_c
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Each piece is CRC'd as it lands and the CRC runs on from piece to piece, chunk to chunk."""
-    monkeypatch.setattr(_inplace, "_PIECE", 256)  # 0.weight (2 KiB) spans 8 pieces in 2 chunks
-    monkeypatch.setattr(_inplace, "_CHUNK", 1024)
+    monkeypatch.setattr(_reads, "_PIECE", 256)  # 0.weight (2 KiB) spans 8 pieces in 2 chunks
+    monkeypatch.setattr(_reads, "_CHUNK", 1024)
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     tr.load_checkpoint(artifact)
     assert _same(saved, _state(model, optimizer))
@@ -291,19 +292,19 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
 ) -> None:
     """A cold file (dropped from the page cache, as after a reboot or on another node) is read in big
     requests, each CRC'd on the other thread: the same bytes land, and a flipped byte is still caught."""
-    monkeypatch.setattr(_inplace, "_STREAM_PIECE", 512)  # 0.weight (2 KiB) is four pieces
+    monkeypatch.setattr(_reads, "_STREAM_PIECE", 512)  # 0.weight (2 KiB) is four pieces
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     path = _payload(store_url, tr, artifact)
 
-    monkeypatch.setattr(_inplace, "_cached", lambda fd, ranges: False)  # what the probe says of a cold file
+    monkeypatch.setattr(_reads, "_cached", lambda fd, ranges: False)  # what the probe says of a cold file
     streams: list[int] = []
-    stream = _inplace._stream
+    stream = _reads._stream
 
-    def counted(fd: int, pieces: list[_inplace._Piece]) -> list[tuple[int, int, int]]:
+    def counted(fd: int, pieces: list[_reads._Piece]) -> list[tuple[int, int, int]]:
         streams.append(sum(len(views) for _, views, _ in pieces))  # the buffers the reads fill
         return stream(fd, pieces)
 
-    monkeypatch.setattr(_inplace, "_stream", counted)
+    monkeypatch.setattr(_reads, "_stream", counted)
 
     tr.load_checkpoint(artifact)
     assert _same(saved, _state(model, optimizer))
@@ -329,16 +330,16 @@ def test_the_page_cache_probe_tells_a_cached_file_from_an_evicted_one(disk_dir: 
     fd = os.open(path, os.O_RDONLY)
     try:
         ranges = [(offset, 2**20) for offset in range(0, 4 * 2**20, 2**20)]
-        assert _inplace._cached(fd, ranges)
+        assert _pagecache._cached(fd, ranges)
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        assert not _inplace._cached(fd, ranges)
-        assert not _inplace._resident(fd, [0, 2**20, 3 * 2**20])
+        assert not _pagecache._cached(fd, ranges)
+        assert not _pagecache._resident(fd, [0, 2**20, 3 * 2**20])
         time.sleep(0.3)  # a probe that started a read-ahead would have its pages by now
-        assert not _inplace._cached(fd, ranges)
+        assert not _pagecache._cached(fd, ranges)
         os.pread(fd, 4 * 2**20, 0)
-        assert _inplace._resident(fd, [0, 2**20, 3 * 2**20])
-        assert _inplace._cached(fd, ranges)
+        assert _pagecache._resident(fd, [0, 2**20, 3 * 2**20])
+        assert _pagecache._cached(fd, ranges)
     finally:
         os.close(fd)
 
@@ -380,7 +381,7 @@ def _layout(value: object, path: str = "") -> list[tuple[str, object]]:
         storage = value.untyped_storage()
         geometry = (value.dtype, tuple(value.shape), value.stride(), value.storage_offset())
         return [(path, ("tensor", *geometry, storage.nbytes(), storage._checkpoint_offset))]  # type: ignore[attr-defined]
-    if isinstance(value, _inplace._Planned):
+    if isinstance(value, _plan._Planned):
         geometry = (value.dtype, value.shape, value.stride, value.offset)
         return [(path, ("tensor", *geometry, value.storage.nbytes, value.storage.offset))]
     if isinstance(value, dict):
@@ -461,7 +462,7 @@ def test_the_planning_unpickler_calls_nothing_of_the_file_and_leaves_the_rest_to
 
     def refused(data: bytes) -> bool:
         try:
-            _inplace._PlanningUnpickler(data, lambda name: 0).load()
+            _plan._PlanningUnpickler(data, lambda name: 0).load()
         except Exception:  # _Refused, or the C unpickler's own error: meta_load then says None
             return True
         return False
@@ -501,7 +502,7 @@ def test_the_header_prefetch_reads_every_entry_of_a_zip_and_of_a_zip64(
     def header_offsets(path: Path) -> list[int]:
         fd = os.open(path, os.O_RDONLY)
         try:
-            return _inplace._header_offsets(fd)
+            return _zip._header_offsets(fd)
         finally:
             os.close(fd)
 
@@ -529,16 +530,16 @@ def test_the_header_prefetch_reads_every_entry_of_a_zip_and_of_a_zip64(
 
     junk = tmp_path / "junk.pt"
     junk.write_bytes(b"not a zip" * 100)
-    with pytest.raises(_inplace._Unparsed, match="no end of central directory"):
+    with pytest.raises(_zip._Unparsed, match="no end of central directory"):
         header_offsets(junk)
-    with _inplace._headers_prefetched(junk):  # only a hint: nothing raised
+    with _pagecache._headers_prefetched(junk):  # only a hint: nothing raised
         pass
     cut = tmp_path / "cut.pt"
     cut.write_bytes(bundle.read_bytes()[: bundle.stat().st_size - 200])  # the directory's end survives, not its start
     cut.write_bytes(cut.read_bytes() + bundle.read_bytes()[-22:])
-    with pytest.raises((_inplace._Unparsed, struct.error)):
+    with pytest.raises((_zip._Unparsed, struct.error)):
         header_offsets(cut)
-    with _inplace._headers_prefetched(cut):
+    with _pagecache._headers_prefetched(cut):
         pass
 
 
@@ -554,40 +555,40 @@ def test_planning_a_cold_bundle_prefetches_its_headers_then_leaves_the_file_as_c
     torch.save({f"w{index}": torch.randn(2**18) for index in range(6)}, path)  # 1 MiB each
     fd = os.open(path, os.O_RDONLY)
     try:
-        headers = _inplace._header_offsets(fd)
+        headers = _zip._header_offsets(fd)
         middle = [int(offset) + 2**19 for offset in _tensor_offsets(path)]
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        assert not any(_inplace._residency(fd, headers))
-        with _inplace._headers_prefetched(path):
+        assert not any(_pagecache._residency(fd, headers))
+        with _pagecache._headers_prefetched(path):
             deadline = time.monotonic() + 5
-            while not _inplace._resident(fd, headers) and time.monotonic() < deadline:
+            while not _pagecache._resident(fd, headers) and time.monotonic() < deadline:
                 time.sleep(0.01)
-            assert _inplace._resident(fd, headers)
-            assert not any(_inplace._residency(fd, middle))
+            assert _pagecache._resident(fd, headers)
+            assert not any(_pagecache._residency(fd, middle))
         # the tensors' headers, not those sharing a page with data.pkl or the central directory
         inner = [h for h in headers if 4096 <= h < os.fstat(fd).st_size - 8192]
         assert len(inner) >= 4
-        assert not any(_inplace._residency(fd, inner))
+        assert not any(_pagecache._residency(fd, inner))
         assert _inplace.meta_load(path) is not None
-        assert not any(_inplace._residency(fd, inner))  # the plan itself leaves them out too
+        assert not any(_pagecache._residency(fd, inner))  # the plan itself leaves them out too
 
         os.pread(fd, 64, inner[1])  # cached before (with what the kernel read ahead): stays cached
-        before = _inplace._residency(fd, inner)
+        before = _pagecache._residency(fd, inner)
         assert before[1] and not all(before)
-        with _inplace._headers_prefetched(path):
+        with _pagecache._headers_prefetched(path):
             pass
-        assert _inplace._residency(fd, inner) == before
+        assert _pagecache._residency(fd, inner) == before
         os.pread(fd, os.fstat(fd).st_size, 0)  # all cached: all stay, and the directory is not even read
         parsed: list[int] = []
-        real = _inplace._header_offsets
-        monkeypatch.setattr(_inplace, "_header_offsets", lambda fd: parsed.append(fd) or real(fd))
-        with _inplace._headers_prefetched(path):
+        real = _zip._header_offsets
+        monkeypatch.setattr(_pagecache, "_header_offsets", lambda fd: parsed.append(fd) or real(fd))
+        with _pagecache._headers_prefetched(path):
             pass
-        assert _inplace._resident(fd, headers)
+        assert _pagecache._resident(fd, headers)
         assert parsed == []
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # cold again: parsed and prefetched
-        with _inplace._headers_prefetched(path):
+        with _pagecache._headers_prefetched(path):
             pass
         assert len(parsed) == 1
     finally:
@@ -740,16 +741,16 @@ def test_the_planner_takes_a_tensor_only_where_it_lies_inside_its_storage() -> N
 
     def plan(data: bytes) -> object:
         try:
-            return _inplace._PlanningUnpickler(data, lambda name: 128).load()
+            return _plan._PlanningUnpickler(data, lambda name: 128).load()
         except Exception:
             return None
 
     fits = plan(_tensor_pickle(1, (3,), (1,)))
-    assert isinstance(fits, _inplace._Planned)
+    assert isinstance(fits, _plan._Planned)
     assert (fits.offset, fits.shape, fits.stride, fits.dtype) == (1, (3,), (1,), torch.float32)
     assert (fits.storage.nbytes, fits.storage.offset) == (16, 128)
-    assert isinstance(plan(_tensor_pickle(0, (2, 2), (2, 1))), _inplace._Planned)
-    assert isinstance(plan(_tensor_pickle(4, (0, 7), (7, 1))), _inplace._Planned)  # empty: anywhere
+    assert isinstance(plan(_tensor_pickle(0, (2, 2), (2, 1))), _plan._Planned)
+    assert isinstance(plan(_tensor_pickle(4, (0, 7), (7, 1))), _plan._Planned)  # empty: anywhere
     for offset, size, stride in [
         (2, (3,), (1,)),  # ends one element past the storage
         (0, (2, 3), (3, 1)),  # 6 elements of 4
@@ -1123,7 +1124,7 @@ def test_the_planners_geometry_check_agrees_with_torch_on_random_views() -> None
 
     rng = random.Random(7)
     storage_elements = 24
-    storage = _inplace._PlannedStorage(torch.float32, storage_elements * 4, 0)
+    storage = _plan._PlannedStorage(torch.float32, storage_elements * 4, 0)
     seen = {True: 0, False: 0, None: 0}
     for _ in range(4000):
         dims = rng.randint(0, 4)
@@ -1138,7 +1139,7 @@ def test_the_planners_geometry_check_agrees_with_torch_on_random_views() -> None
                 running *= n
             stride = tuple(reversed(contiguous))
         offset = rng.choice([0, 0, 0, 0, 1, 5, 23, 24])
-        got = _inplace._geometry(storage, offset, size, stride)
+        got = _plan._geometry(storage, offset, size, stride)
         try:
             fixed = torch.frombuffer(bytearray(storage_elements * 4), dtype=torch.uint8).untyped_storage()
             real = torch.empty(0).set_(fixed, offset, size, stride)  # a storage set_ cannot grow
@@ -1164,7 +1165,7 @@ def test_the_layout_read_from_the_central_directory_is_where_torch_finds_each_re
     def layout(path: Path) -> tuple[bytes, dict[str, tuple[int, int, int]]] | None:
         fd = os.open(path, os.O_RDONLY)
         try:
-            return _inplace._sequential_layout(fd)
+            return _zip._sequential_layout(fd)
         finally:
             os.close(fd)
 
@@ -1217,7 +1218,7 @@ def test_a_bundle_torch_laid_out_is_planned_without_torchs_reader_and_any_other_
 
     fd = os.open(path, os.O_RDONLY)
     try:
-        found = _inplace._sequential_layout(fd)
+        found = _zip._sequential_layout(fd)
     finally:
         os.close(fd)
     assert found is not None
@@ -1256,10 +1257,10 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
     assert _same(saved, _state(model, optimizer))
     meta = _inplace.meta_load(path)
     assert meta is not None
-    storages = {id(t.storage) for t in _inplace._walk(meta)}
+    storages = {id(t.storage) for t in _plan._walk(meta)}
     assert checked == [(len(storages), len(storages))]  # every storage's header, once
 
-    real_layout = _inplace._sequential_layout
+    real_layout = _zip._sequential_layout
 
     def swapped(fd: int) -> tuple[bytes, dict[str, tuple[int, int, int]]] | None:
         found = real_layout(fd)
@@ -1273,7 +1274,7 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
         return folder, records
 
     _train(model, optimizer, 1)
-    monkeypatch.setattr(_inplace, "_sequential_layout", swapped)
+    monkeypatch.setattr(_plan, "_sequential_layout", swapped)
     with pytest.raises(lh.CheckpointError, match="is corrupted: the local zip header"):
         tr.load_checkpoint(artifact)
     with pytest.raises(lh.CheckpointError, match="local zip header"):
@@ -1291,11 +1292,11 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
         records = {**records, name: (moments["exp_avg_sq"].storage.offset + 64, *records[name][1:])}
         return folder, records
 
-    monkeypatch.setattr(_inplace, "_sequential_layout", misplaced)
+    monkeypatch.setattr(_plan, "_sequential_layout", misplaced)
     with pytest.raises(lh.CheckpointError, match="is corrupted: 1 of the storages' local zip headers"):
         tr.load_checkpoint(artifact)
     tr.clear_checkpoint_error()
-    monkeypatch.setattr(_inplace, "_sequential_layout", real_layout)
+    monkeypatch.setattr(_plan, "_sequential_layout", real_layout)
     tr.load_checkpoint(artifact)  # the file itself was never wrong
     assert _same(saved, _state(model, optimizer))
     tr.finish()

@@ -15,6 +15,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -35,6 +36,9 @@ pytestmark = browser_marks()
 
 LABEL = f"Resumed from step {RESUMED_FROM} after reaching {RESUMED_CRASH_AT}"
 WAIT_MS = 60_000
+# the run panel as the README and the docs show it, taken anew by every run of the panel's test
+# (so the picture never shows a panel the code no longer draws)
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "run-panel.png"
 
 
 @pytest.fixture(scope="module")
@@ -257,6 +261,9 @@ def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
     assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs"]
     page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
     assert not page.locator(".launchhelm-panel .lh-details").is_visible()
+    DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.locator(".launchhelm-panel").screenshot(path=str(DOCS_SCREENSHOT))
+    assert DOCS_SCREENSHOT.stat().st_size > 10_000  # a picture of a chart, not an empty box
 
     tabs.nth(3).click()
     page.wait_for_selector(".launchhelm-panel .lh-details", state="visible", timeout=WAIT_MS)

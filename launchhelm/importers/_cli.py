@@ -1,0 +1,138 @@
+"""``launchhelm import SOURCE ...``: one subcommand per source, each added by one function.
+
+A new source (``launchhelm import dcp``) is a function taking the ``import``
+command's subparsers, appended to :data:`SOURCES`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["SOURCES", "add_commands"]
+
+_STORE_HELP = "the LaunchHelm store to import into (default: $LAUNCHHELM_STORE, else ~/.launchhelm)"
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--project", "-p", required=True, help="the LaunchHelm project the runs go into")
+    # SUPPRESS: without --store here, `launchhelm --store URL import ...` keeps the top-level value
+    parser.add_argument("--store", default=argparse.SUPPRESS, help=_STORE_HELP)
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+
+
+def _done(result: Any) -> int:
+    print(
+        f"{len(result.imported)} run(s) imported, {len(result.skipped)} already imported, into project "
+        f"{result.project!r}; list them with `launchhelm runs {result.project}`"
+    )
+    return 0
+
+
+def _tensorboard(sources: Any) -> None:
+    def run(args: argparse.Namespace) -> int:
+        from launchhelm.importers import import_tensorboard
+
+        return _done(
+            import_tensorboard(args.logdir, args.project, store=args.store, progress=not args.no_progress, report=print)
+        )
+
+    parser = sources.add_parser(
+        "tensorboard",
+        help="TensorBoard event files: each folder holding events.out.tfevents.* becomes a run",
+        description="Import TensorBoard logs: each folder under LOGDIR with event files becomes a run named by its "
+        "path; scalars exactly as stored (float32), hparams as config. Importing again adds nothing.",
+    )
+    parser.add_argument("logdir", metavar="LOGDIR", help="the log folder (a local path or an fsspec URL)")
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
+def _mlflow(sources: Any) -> None:
+    def run(args: argparse.Namespace) -> int:
+        from launchhelm.importers import import_mlflow
+
+        return _done(
+            import_mlflow(
+                args.tracking_uri,
+                args.project,
+                experiment=args.experiment,
+                store=args.store,
+                progress=not args.no_progress,
+                report=print,
+            )
+        )
+
+    parser = sources.add_parser(
+        "mlflow",
+        help="an MLflow tracking store: runs, params as config, tags, every metric's full history",
+        description="Import the runs of an MLflow tracking store through MLflow's client "
+        "(pip install 'launchhelm[import-mlflow]'). Importing again adds nothing.",
+    )
+    parser.add_argument("tracking_uri", metavar="TRACKING_URI", help="sqlite:///mlflow.db, ./mlruns, http://host:5000")
+    parser.add_argument("--experiment", "-e", default=None, help="only this experiment's runs (default: all)")
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
+def _wandb(sources: Any) -> None:
+    def run(args: argparse.Namespace) -> int:
+        from launchhelm.importers import import_wandb
+
+        return _done(
+            import_wandb(args.path, args.project, store=args.store, progress=not args.no_progress, report=print)
+        )
+
+    parser = sources.add_parser(
+        "wandb",
+        help="W&B run folders (wandb/offline-run-*): config, history, summary",
+        description="Import W&B runs from their folders, read with W&B's own reader "
+        "(pip install 'launchhelm[import-wandb]'); nothing is sent anywhere. Importing again adds nothing.",
+    )
+    parser.add_argument("path", metavar="PATH", help="the wandb/ folder, one run folder, or a run-*.wandb file")
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
+def _neptune(sources: Any) -> None:
+    def run(args: argparse.Namespace) -> int:
+        from launchhelm.importers import import_neptune
+
+        return _done(
+            import_neptune(
+                args.path,
+                args.project,
+                step_multiplier=args.step_multiplier,
+                store=args.store,
+                progress=not args.no_progress,
+                report=print,
+            )
+        )
+
+    parser = sources.add_parser(
+        "neptune",
+        help="Neptune runs exported by neptune-exporter (Parquet): parameters, float series",
+        description="Import the Parquet files `neptune-exporter export` wrote (its --data-path): parameters as "
+        "config, float series as metrics. Importing again adds nothing.",
+    )
+    parser.add_argument("path", metavar="PATH", help="the exporter's data folder (default ./exports/data)")
+    parser.add_argument(
+        "--step-multiplier", type=int, default=1, help="Neptune steps are decimals: multiply them into integers"
+    )
+    _common(parser)
+    parser.set_defaults(func=run)
+
+
+#: One function per source: each adds its subcommand to ``launchhelm import``.
+SOURCES: list[Callable[[Any], None]] = [_tensorboard, _mlflow, _wandb, _neptune]
+
+
+def add_commands(sub: Any) -> None:
+    """Add ``import`` (and under it one subcommand per source) to the ``launchhelm`` command's subparsers."""
+    parser = sub.add_parser(
+        "import", help="import runs from TensorBoard, MLflow, W&B or a Neptune export (importing again adds nothing)"
+    )
+    sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
+    for add in SOURCES:
+        add(sources)

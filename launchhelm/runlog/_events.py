@@ -1,0 +1,537 @@
+"""The per-run event log and the run state folded from it.
+
+Every change to a run that more than one process could race on is an event:
+``runs/<id>/events/<seq:020d>.json``, each written with ``Store.create``. A
+writer that loses a sequence number re-reads the log and takes the next one,
+so every backend gives one total order of events. Conditional appends
+(``expect_seq``) turn the log into a compare-and-swap: resume checks the
+run's state at sequence N and only succeeds if its event lands at N + 1.
+
+Snapshots (``events/snapshot-<seq:020d>.json``) cache the state folded from
+events ``1..seq`` so that opening a run reads one snapshot and the events
+after it, whatever the log's length. They are deterministic (the same events
+give the same bytes), created with ``create`` by whoever folds
+:data:`SNAPSHOT_EVERY` events past the newest one, and verified by every
+reader: one that does not check out is ignored and the log folded from the
+start. The log stays the truth. See docs/storage.md.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    LaunchHelmError,
+    ObjectNotFoundError,
+    StorageError,
+)
+from launchhelm.storage import Store
+from launchhelm.storage._keys import (
+    event_key,
+    events_prefix,
+    parse_event_name,
+    parse_snapshot_name,
+    run_prefix,
+    snapshot_key,
+)
+
+__all__ = [
+    "CHECKPOINT",
+    "CHECKPOINT_DELETED",
+    "CONTROL_ACTION",
+    "CONTROL_APPLIED",
+    "CONTROL_TUNABLES",
+    "RESUME_CHOICE",
+    "RESUME_CHOICE_CONSUMED",
+    "REWIND",
+    "SESSION_ENDED",
+    "SESSION_STARTED",
+    "SNAPSHOT_EVERY",
+    "EventLog",
+    "RunState",
+    "SessionRecord",
+    "decode_state",
+    "encode_state",
+    "event_key",
+    "fold",
+    "read_state",
+    "run_prefix",
+]
+
+_log = logging.getLogger("launchhelm")
+
+# record types, defined once
+SESSION_STARTED = "session_started"
+SESSION_ENDED = "session_ended"
+REWIND = "rewind"
+CHECKPOINT = "checkpoint"
+#: Garbage collection removed a published checkpoint (recorded before its payload is deleted).
+CHECKPOINT_DELETED = "checkpoint_deleted"
+RESUME_CHOICE = "resume_choice"
+RESUME_CHOICE_CONSUMED = "resume_choice_consumed"
+#: A request from outside the training process: new tunable values...
+CONTROL_TUNABLES = "control_tunables"
+#: ... or an action: pause, resume, stop, checkpoint.
+CONTROL_ACTION = "control_action"
+#: The training process applied requests (or restored a checkpoint's settings).
+CONTROL_APPLIED = "control_applied"
+#: Actions that change settings a checkpoint holds (and restores): "stop"
+#: ends a session and "checkpoint" asks for a save, neither is restored.
+STATE_ACTIONS = ("pause", "resume")
+
+RUN_FORMAT = "launchhelm.run/1"
+SNAPSHOT_FORMAT = "launchhelm.snapshot/1"
+#: Whoever folds this many events past the newest snapshot creates a new one.
+SNAPSHOT_EVERY = 64
+# matched with fullmatch: "$" alone would let a trailing newline through into store keys
+_PROJECT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RUN_ID_RE = re.compile(r"^[a-z0-9]{4,64}$")
+
+
+def validate_project(project: object) -> str:
+    if not isinstance(project, str) or not _PROJECT_RE.fullmatch(project):
+        raise InvalidArgumentError(
+            f"invalid project name {project!r}: use 1-128 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit (e.g. 'quickstart')"
+        )
+    return project
+
+
+def validate_run_id(run_id: object) -> str:
+    if not isinstance(run_id, str) or not _RUN_ID_RE.fullmatch(run_id):
+        raise InvalidArgumentError(
+            f"invalid run id {run_id!r}: run ids are lowercase letters and digits, "
+            "as printed by init() or listed by Api().runs(project)"
+        )
+    return run_id
+
+
+class SequenceTaken(LaunchHelmError):
+    """A conditional append lost: the log moved past what the caller checked."""
+
+
+#: What a damaged event folds as: it keeps its place in the order, and changes nothing.
+DAMAGED = "damaged"
+
+
+def _parse_event(data: bytes, seq: int, where: str) -> dict[str, Any]:
+    """An event as stored, or (damaged: not JSON, not an object, another seq) a placeholder, with a warning."""
+    try:
+        event = json.loads(data)
+        if isinstance(event, dict) and int(event.get("seq", -1)) == seq and isinstance(event.get("type"), str):
+            return event
+        problem = "it is not an event of this sequence number"
+    except (ValueError, TypeError) as exc:
+        problem = f"it is not JSON ({exc})"
+    import warnings
+
+    warnings.warn(f"skipped the damaged event {where}: {problem}; the run is read without it", stacklevel=4)
+    return {"seq": seq, "type": DAMAGED, "time": 0.0}
+
+
+class EventLog:
+    """Append-only, totally ordered event log of one run.
+
+    Reads are incremental: events are immutable, so each is fetched once,
+    and every fetch of several events is one :meth:`Store.read_many`.
+    :meth:`state` folds the log starting from its newest snapshot;
+    :meth:`read` returns every event (for ``RunHandle.events()`` and
+    garbage collection).
+    """
+
+    def __init__(self, store: Store, run_id: str) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.prefix = events_prefix(run_id)
+        self._events: dict[int, dict[str, Any]] = {}  # fetched (or appended) events by seq
+        self._top = 0  # events 1.._top are all known to exist
+        self._snapshots: list[int] = []  # snapshot seqs in the last listing, oldest first
+        self._state: RunState | None = None  # folded through its own last_seq
+        self._trusted = 0  # seq of the newest snapshot verified (or written) here
+        #: called with each event this log appended (the live session keeps its summary current)
+        self.on_append: Callable[[dict[str, Any]], None] | None = None
+        # the training process appends from its main thread and polls for
+        # control requests from its background thread
+        self._lock = threading.RLock()
+
+    @staticmethod
+    def _key_seq(name: str) -> int | None:
+        return parse_event_name(name)
+
+    def _key(self, seq: int) -> str:
+        return event_key(self.run_id, seq)
+
+    def _list(self) -> None:
+        """One listing: events and snapshots together."""
+        seqs: set[int] = set()
+        snapshots = []
+        for name in self.store.list(self.prefix):
+            seq = self._key_seq(name)
+            if seq is not None:
+                seqs.add(seq)
+            elif (snap := parse_snapshot_name(name)) is not None:
+                snapshots.append(snap)
+        top = self._top
+        while top + 1 in seqs:
+            top += 1  # a gap is a writer mid-create: stop at the last contiguous one
+        self._top = top
+        self._snapshots = sorted(snapshots)
+
+    def _fetch(self, seqs: Iterable[int], extra: Iterable[str] = ()) -> dict[str, bytes | None]:
+        """Fetch the events not seen yet (and ``extra`` keys) in one ``read_many``."""
+        missing = [seq for seq in seqs if seq not in self._events]
+        keys = [self._key(seq) for seq in missing]
+        got = self.store.read_many([*keys, *extra]) if keys or extra else {}
+        for seq, key in zip(missing, keys, strict=True):
+            data = got.get(key)
+            if data is None:  # listed, then gone: events are never deleted while the run exists
+                raise ObjectNotFoundError(f"event {seq} of run {self.run_id} vanished from {key}", url=key)
+            self._events[seq] = _parse_event(data, seq, self.store.url_for(key))
+        return got
+
+    def read(self) -> list[dict[str, Any]]:
+        """All events, oldest first (fetching only those not yet seen)."""
+        with self._lock:
+            self._list()
+            self._fetch(range(1, self._top + 1))
+            return [self._events[seq] for seq in range(1, self._top + 1)]
+
+    def since(self, seq: int) -> list[dict[str, Any]]:
+        """The events after ``seq``, oldest first (one listing, then one ``read_many``)."""
+        with self._lock:
+            self._list()
+            self._fetch(range(seq + 1, self._top + 1))
+            return [self._events[s] for s in range(seq + 1, self._top + 1)]
+
+    def state(self, *, refresh: bool = True) -> RunState:
+        """The run's state folded through the newest event.
+
+        The first call reads the newest snapshot and the events after it in
+        one ``read_many`` (after one listing); later calls fold only new
+        events (on a local store, a log already folded is listed again only
+        if its next event exists). ``refresh=False`` skips the listing and folds what this log
+        knows (what it appended or fetched), with no request unless another
+        writer's events came in between: the live session's summary.
+        Callers must not modify the state returned.
+        """
+        with self._lock:
+            # a log already folded skips the listing where a probe finds no next event
+            if self._top == 0 or (refresh and (self._state is None or not self._nothing_new())):
+                self._list()
+            state = self._state
+            if state is None:
+                state = self._load()
+            elif state.last_seq < self._top:
+                self._fetch(range(state.last_seq + 1, self._top + 1))
+                state = fold([self._events[s] for s in range(state.last_seq + 1, self._top + 1)], state)
+            self._state = state
+            self._maybe_snapshot(state)
+            return state
+
+    def _nothing_new(self) -> bool:
+        """On a store whose ``exists`` is cheap (:attr:`Store.probe_before_listing`): whether the
+        next event is absent, so a listing would find the same contiguous log (a snapshot another
+        reader made meanwhile is only a cache). A local log's listing walks its directory and grows
+        with the log; this is one ``stat``."""
+        return self.store.probe_before_listing and not self.store.exists(self._key(self._top + 1))
+
+    @property
+    def last_seq(self) -> int:
+        return self._top
+
+    def _load(self) -> RunState:
+        """The first fold: from the newest snapshot that checks out, else from the start."""
+        top = self._top
+        if all(seq in self._events for seq in range(1, top + 1)):
+            return fold([self._events[seq] for seq in range(1, top + 1)])
+        snap = max((seq for seq in self._snapshots if seq <= top), default=0)
+        if snap == 0:
+            self._fetch(range(1, top + 1))
+            return fold([self._events[seq] for seq in range(1, top + 1)])
+        key = snapshot_key(self.run_id, snap)
+        # the snapshot, its own last event (to check it against) and the events after it: one round trip
+        got = self._fetch(range(snap, top + 1), extra=[key])
+        base = decode_state(got.get(key) or b"", self.run_id, snap, self._events[snap])
+        if base is None:
+            _log.debug("run %s: snapshot %d does not match the log; folding from the start", self.run_id, snap)
+            self._fetch(range(1, snap))
+            return fold([self._events[seq] for seq in range(1, top + 1)])
+        self._trusted = snap
+        return fold([self._events[seq] for seq in range(snap + 1, top + 1)], base)
+
+    def _maybe_snapshot(self, state: RunState) -> None:
+        """Create a snapshot once SNAPSHOT_EVERY events are past the newest trusted one; never raises."""
+        seq = state.last_seq
+        newest = max(self._trusted, self._snapshots[-1] if self._snapshots else 0)
+        if seq - newest < SNAPSHOT_EVERY or not self.store.atomic_create:
+            return
+        last = self._events.get(seq)
+        if last is None:
+            return
+        self._trusted = seq  # one try per fold position, whatever happens
+        try:
+            body = encode_state(state, self.run_id, last)
+        except (TypeError, ValueError) as exc:  # an event JSON cannot hold canonically (NaN written by hand)
+            _log.debug("run %s: no snapshot at %d: %s", self.run_id, seq, exc)
+            return
+        try:
+            self.store.create(snapshot_key(self.run_id, seq), body)
+        except AlreadyExistsError:
+            pass  # someone folded the same events: the same bytes
+        except StorageError as exc:  # a read-only credential, or the store is away: only a cache
+            _log.debug("run %s: could not write snapshot %d: %s", self.run_id, seq, exc)
+
+    def append(self, type_: str, payload: dict[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
+        """Append one event and return it (with its ``seq``).
+
+        With ``expect_seq`` the event must land at exactly that sequence
+        number, else :class:`SequenceTaken` is raised and the caller re-checks
+        the state it based its decision on.
+        """
+        with self._lock:
+            event = self._append(type_, payload, expect_seq)
+        if self.on_append is not None:
+            self.on_append(event)
+        return event
+
+    def _append(self, type_: str, payload: dict[str, Any], expect_seq: int | None) -> dict[str, Any]:
+        while True:
+            seq = expect_seq if expect_seq is not None else self._top + 1
+            event = {"seq": seq, "type": type_, "time": time.time(), **payload}
+            body = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
+            try:
+                self.store.create(self._key(seq), body)
+            except AlreadyExistsError:
+                self._list()
+                if expect_seq is not None:
+                    raise SequenceTaken(f"event {seq} of run {self.run_id} was taken by another writer") from None
+                if self._top < seq:  # taken but not yet listed: wait for it
+                    time.sleep(0.01)
+                continue
+            stored: dict[str, Any] = json.loads(body)  # exactly what readers will see (lists, not tuples)
+            self._events[seq] = stored
+            if seq == self._top + 1:
+                self._top = seq
+            return stored
+
+
+def read_state(store: Store, run_id: str) -> tuple[RunState, int]:
+    """The state of ``run_id`` and the last event folded: one listing and one ``read_many``.
+
+    Reads the newest snapshot and the events after it (verifying the
+    snapshot; one that does not check out is ignored and the whole log
+    folded), and creates a snapshot if the log has run far past the newest.
+    """
+    state = EventLog(store, run_id).state()
+    return state, state.last_seq
+
+
+@dataclass
+class SessionRecord:
+    """One session (process or DDP job) attached to a run, as the log tells it."""
+
+    id: str
+    started_at: float
+    process: dict[str, Any]
+    heartbeat_interval: float
+    heartbeat_timeout: float
+    resumed: bool = False
+    start_step: int = 0
+    ended_at: float | None = None
+    end_reason: str | None = None
+    end_step: int | None = None
+    closed_run: bool = False
+    start_seq: int = 0
+
+
+@dataclass
+class RunState:
+    """What the event log says about a run."""
+
+    sessions: list[SessionRecord] = field(default_factory=list)
+    closed: bool = False
+    closed_at: float | None = None
+    rewinds: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``)
+    deleted_checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    #: the unconsumed resume choice (checkpoint id), if any
+    resume_choice: str | None = None
+    #: sequence number of the latest control change (0: none yet): tunables,
+    #: pause or resume (stop and checkpoint requests change no saved setting)
+    last_control_seq: int = 0
+    #: control requests (tunables and actions), oldest first
+    controls: list[dict[str, Any]] = field(default_factory=list)
+    #: what training processes applied, oldest first
+    applied: list[dict[str, Any]] = field(default_factory=list)
+    last_seq: int = 0
+
+    def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
+        for event in self.checkpoints:
+            if event["checkpoint"] == checkpoint_id:
+                return event
+        return None
+
+    @property
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest published checkpoint: what ``"latest"`` restores."""
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    @property
+    def resume_checkpoint(self) -> dict[str, Any] | None:
+        """What ``"resume"`` restores: the chosen checkpoint, else the newest."""
+        if self.resume_choice is not None:
+            chosen = self.checkpoint(self.resume_choice)
+            if chosen is not None:
+                return chosen
+        return self.latest_checkpoint
+
+    @property
+    def last_applied_request(self) -> int:
+        """Sequence number of the newest request a training process applied (0: none)."""
+        return max((int(e.get("request") or 0) for e in self.applied), default=0)
+
+    def pending_controls(self) -> list[dict[str, Any]]:
+        """Requests not applied yet, in order.
+
+        Actions (pause, stop...) are aimed at a live session: one asked for
+        before the current session started is dropped, not carried into a
+        resumed process. Tunable changes wait for the next session.
+        """
+        done = self.last_applied_request
+        last = self.last_session
+        live_since = last.start_seq if last is not None and last.ended_at is None else None
+        return [
+            event
+            for event in self.controls
+            if int(event["seq"]) > done
+            and (event["type"] != CONTROL_ACTION or (live_since is not None and int(event["seq"]) > live_since))
+        ]
+
+    @property
+    def last_session(self) -> SessionRecord | None:
+        return self.sessions[-1] if self.sessions else None
+
+    @property
+    def attempt(self) -> int:
+        """The attempt number new points carry: one more per rewind."""
+        return len(self.rewinds)
+
+
+def fold(events: Iterable[dict[str, Any]], state: RunState | None = None) -> RunState:
+    """Fold the log into the run's state, continuing from ``state`` (not modified) if given.
+
+    ``fold(events[k:], fold(events[:k]))`` equals ``fold(events)``.
+    """
+    state = RunState() if state is None else copy.deepcopy(state)
+    by_id: dict[str, SessionRecord] = {s.id: s for s in state.sessions}
+    for event in events:
+        kind = event.get("type")
+        state.last_seq = int(event["seq"])
+        if kind == SESSION_STARTED:
+            rec = SessionRecord(
+                id=event["session"],
+                started_at=float(event["time"]),
+                process=dict(event.get("process", {})),
+                heartbeat_interval=float(event.get("heartbeat_interval", 5.0)),
+                heartbeat_timeout=float(event.get("heartbeat_timeout", 30.0)),
+                resumed=bool(event.get("resumed", False)),
+                start_step=int(event.get("step", 0)),
+                start_seq=int(event["seq"]),
+            )
+            state.sessions.append(rec)
+            by_id[rec.id] = rec
+        elif kind == SESSION_ENDED:
+            ended = by_id.get(event.get("session", ""))
+            if ended is not None:
+                ended.ended_at = float(event["time"])
+                ended.end_reason = event.get("reason")
+                ended.end_step = int(event.get("step", 0))
+                ended.closed_run = bool(event.get("close_run", False))
+            if event.get("close_run"):
+                state.closed = True
+                state.closed_at = float(event["time"])
+        elif kind == REWIND:
+            state.rewinds.append(dict(event))
+        elif kind == CHECKPOINT:
+            state.checkpoints.append(dict(event))
+        elif kind == CHECKPOINT_DELETED:
+            gone = event.get("checkpoint")
+            state.checkpoints = [c for c in state.checkpoints if c["checkpoint"] != gone]
+            state.deleted_checkpoints.append(dict(event))
+            if state.resume_choice == gone:
+                state.resume_choice = None
+        elif kind == RESUME_CHOICE:
+            if not any(d.get("checkpoint") == event["checkpoint"] for d in state.deleted_checkpoints):
+                state.resume_choice = event["checkpoint"]  # a choice of a deleted checkpoint is void
+        elif kind == RESUME_CHOICE_CONSUMED:
+            if state.resume_choice == event.get("checkpoint"):
+                state.resume_choice = None
+        elif kind in (CONTROL_TUNABLES, CONTROL_ACTION):
+            state.controls.append(dict(event))
+            if kind == CONTROL_TUNABLES or event.get("action") in STATE_ACTIONS:
+                state.last_control_seq = int(event["seq"])
+        elif kind == CONTROL_APPLIED:
+            state.applied.append(dict(event))
+    return state
+
+
+def _canonical(obj: Any) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
+
+
+def _event_digest(event: dict[str, Any]) -> str:
+    return hashlib.sha256(_canonical(event)).hexdigest()
+
+
+def encode_state(state: RunState, run_id: str, last_event: dict[str, Any]) -> bytes:
+    """The snapshot of ``state`` (folded through ``last_event``): deterministic JSON.
+
+    The same events give the same bytes, so racing writers ``create`` the
+    same object. It names its run and carries a digest of its last event, so
+    a reader can tell a snapshot of another log (or a damaged one) apart.
+    """
+    if int(last_event["seq"]) != state.last_seq:
+        raise InvalidArgumentError(f"snapshot of state at {state.last_seq} with event {last_event['seq']} as its last")
+    return _canonical(
+        {
+            "format": SNAPSHOT_FORMAT,
+            "run": run_id,
+            "seq": state.last_seq,
+            "last_event": _event_digest(last_event),
+            "state": dataclasses.asdict(state),
+        }
+    )
+
+
+def decode_state(data: bytes, run_id: str, seq: int, last_event: dict[str, Any]) -> RunState | None:
+    """The state in a snapshot, or None if it is not a trustworthy snapshot of this log at ``seq``.
+
+    Checks the format, the run, the sequence number, the digest of event
+    ``seq`` and that the bytes are exactly what :func:`encode_state` writes.
+    """
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict) or body.get("format") != SNAPSHOT_FORMAT:
+            return None
+        if body.get("run") != run_id or body.get("seq") != seq or body.get("last_event") != _event_digest(last_event):
+            return None
+        raw = dict(body["state"])
+        state = RunState(**{**raw, "sessions": [SessionRecord(**s) for s in raw["sessions"]]})
+        if state.last_seq != seq or encode_state(state, run_id, last_event) != data:
+            return None
+        return state
+    except Exception:  # anything malformed: not a snapshot to trust
+        return None

@@ -1,0 +1,51 @@
+"""Reading what is stored about one run: its record, chunks and furthest step."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from launchhelm._exceptions import ObjectNotFoundError, RunNotFoundError
+from launchhelm.metrics._read import furthest_logged_step
+from launchhelm.runlog._events import RunState, validate_run_id
+from launchhelm.runlog._sessions import liveness, read_beats
+from launchhelm.storage import Store
+from launchhelm.storage._keys import run_record_key
+
+__all__ = ["furthest_step", "metrics_last_step", "read_run_record"]
+
+
+def read_run_record(store: Store, run_id: str) -> dict[str, Any]:
+    """The immutable ``run.json`` of ``run_id``, or :class:`RunNotFoundError`."""
+    validate_run_id(run_id)
+    try:
+        return dict(json.loads(store.read(run_record_key(run_id))))
+    except ObjectNotFoundError:
+        raise RunNotFoundError(
+            f"no run {run_id!r} in store {store.url}; list runs with "
+            "launchhelm.Api().runs(project) or `launchhelm runs PROJECT`, and check the store "
+            "(store= argument or LAUNCHHELM_STORE)",
+            run_id=run_id,
+        ) from None
+
+
+def metrics_last_step(store: Store, run_id: str, state: RunState) -> int:
+    """The highest step any stored metric point has (0: none): the newest manifest and the chunk names."""
+    return furthest_logged_step(store, run_id)
+
+
+def furthest_step(
+    store: Store, run_id: str, state: RunState, beats: dict[str, dict[str, Any] | None] | None = None
+) -> int:
+    """The furthest step the run has reached, in any session or attempt.
+
+    Every session's heartbeat in one ``read_many`` (or ``beats``, if read
+    already), then the metrics' highest step.
+    """
+    if beats is None:
+        beats = read_beats(store, run_id, [s.id for s in state.sessions])
+    best = 0
+    for session in state.sessions:
+        step = liveness(store, run_id, session, beat=beats.get(session.id)).step
+        best = max(best, session.start_step, session.end_step or 0, step)
+    return max(best, metrics_last_step(store, run_id, state))

@@ -1,0 +1,173 @@
+"""Session heartbeats and the status they imply.
+
+Heartbeats are per-session objects (``runs/<id>/sessions/<session>.json``),
+rewritten by their own session only, never events in the shared log: they
+would flood it. A session is live while its process exists (same host) or
+while its heartbeat is younger than its timeout (another host).
+
+The live session also ``put``s the run's summary (``runs/<id>/summary.json``)
+in place of every third heartbeat; the summary carries the heartbeat, so a
+session's last heartbeat is the fresher of its heartbeat object and a summary
+naming it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from launchhelm._exceptions import InvalidArgumentError, ObjectNotFoundError
+from launchhelm.runlog._events import RunState, SessionRecord
+from launchhelm.runlog._liveness import process_state
+from launchhelm.storage import Store
+from launchhelm.storage._keys import heartbeat_key, summary_key
+
+__all__ = [
+    "DEFAULT_HEARTBEAT_INTERVAL",
+    "DEFAULT_HEARTBEAT_TIMEOUT",
+    "Liveness",
+    "heartbeat_key",
+    "liveness",
+    "parse_object",
+    "read_beats",
+    "run_status",
+    "summary_key",
+]
+
+#: Seconds between heartbeats (``LAUNCHHELM_HEARTBEAT_INTERVAL``).
+DEFAULT_HEARTBEAT_INTERVAL = 5.0
+#: Seconds without a heartbeat after which a session on another host is
+#: considered dead (``LAUNCHHELM_HEARTBEAT_TIMEOUT``).
+DEFAULT_HEARTBEAT_TIMEOUT = 30.0
+
+RUNNING, STOPPED, RESUMABLE, CLOSED = "running", "stopped", "resumable", "closed"
+
+
+def env_seconds(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={raw!r} is not a number of seconds") from None
+    if not value > 0:
+        raise InvalidArgumentError(f"{name}={raw!r} must be a positive number of seconds")
+    return value
+
+
+def parse_object(data: bytes | None) -> dict[str, Any] | None:
+    """A JSON object as stored, or None (absent, damaged, not an object)."""
+    if data is None:
+        return None
+    try:
+        found = json.loads(data)
+    except ValueError:
+        return None
+    return found if isinstance(found, dict) else None
+
+
+def fresher_beat(beat: dict[str, Any] | None, summary: dict[str, Any] | None, session_id: str) -> dict[str, Any] | None:
+    """The newer of a session's heartbeat object and a summary naming that session."""
+    if summary is None or summary.get("session") != session_id:
+        return beat
+    try:
+        from_summary = {"time": float(summary["time"]), "step": int(summary["step"])}
+    except (KeyError, TypeError, ValueError):
+        return beat
+    if beat is None or float(beat.get("time", 0.0)) < from_summary["time"]:
+        return from_summary
+    return beat
+
+
+def read_beats(
+    store: Store, run_id: str, session_ids: list[str], summary: dict[str, Any] | None = None
+) -> dict[str, dict[str, Any] | None]:
+    """Each session's latest heartbeat (None: none yet), in one ``read_many``.
+
+    Reads the run's summary too unless given, since it carries the live
+    session's heartbeat every third time.
+    """
+    keys = [heartbeat_key(run_id, s) for s in session_ids]
+    wanted = keys if summary is not None else [*keys, summary_key(run_id)]
+    got = store.read_many(wanted) if wanted else {}
+    if summary is None:
+        summary = parse_object(got.get(summary_key(run_id)))
+    return {s: fresher_beat(parse_object(got.get(k)), summary, s) for s, k in zip(session_ids, keys, strict=True)}
+
+
+def encode_heartbeat(step: int, interval: float) -> bytes:
+    return json.dumps({"time": time.time(), "step": step, "interval": interval}).encode()
+
+
+def read_heartbeat(store: Store, run_id: str, session_id: str) -> dict[str, Any] | None:
+    try:
+        return dict(json.loads(store.read(heartbeat_key(run_id, session_id))))
+    except (ObjectNotFoundError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class Liveness:
+    """What is known about a session's process."""
+
+    alive: bool
+    reason: str  # why: "process alive", "process gone", "heartbeat fresh", "heartbeat stale", "ended"
+    last_heartbeat: float
+    step: int
+
+
+_UNREAD: Any = object()
+
+
+#: Seconds a heartbeat may be ahead of this host's clock before it is not believed.
+_MAX_CLOCK_SKEW = 300.0
+
+
+def liveness(
+    store: Store, run_id: str, session: SessionRecord, now: float | None = None, beat: Any = _UNREAD
+) -> Liveness:
+    """Decide whether ``session`` is alive, as resume and status need it.
+
+    ``beat``: its latest heartbeat if already read (:func:`read_beats`), None if it has none.
+    """
+    if beat is _UNREAD:
+        beat = read_beats(store, run_id, [session.id])[session.id]
+    last = float(beat["time"]) if beat else session.started_at
+    step = int(beat["step"]) if beat else session.start_step
+    if session.ended_at is not None:
+        return Liveness(False, "ended", last, max(step, session.end_step or 0))
+    proc = process_state(session.process)
+    if proc == "dead":
+        return Liveness(False, "process gone", last, step)
+    if proc == "alive":
+        return Liveness(True, "process alive", last, step)
+    now = time.time() if now is None else now
+    if last > now + max(session.heartbeat_timeout, _MAX_CLOCK_SKEW):
+        # a damaged object or a clock far ahead: trusted, it would keep the run "running" for good
+        import warnings
+
+        warnings.warn(
+            f"session {session.id} of run {run_id} has a heartbeat {last - now:.0f}s in the future "
+            "(a damaged heartbeat, or its host's clock is wrong); it is not taken as a sign of life",
+            stacklevel=2,
+        )
+        return Liveness(False, "heartbeat from the future", last, step)
+    if now - last > session.heartbeat_timeout:
+        return Liveness(False, "heartbeat stale", last, step)
+    return Liveness(True, "heartbeat fresh", last, step)
+
+
+def run_status(state: RunState, last: Liveness | None) -> str:
+    """``running``, ``stopped``, ``resumable`` or ``closed``."""
+    if state.closed:
+        return CLOSED
+    session = state.last_session
+    if session is None or last is None:
+        return STOPPED
+    if session.ended_at is not None:
+        return RESUMABLE
+    return RUNNING if last.alive else STOPPED

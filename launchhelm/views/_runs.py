@@ -1,0 +1,339 @@
+"""What the runs table and ``launchhelm compare`` show, without the widgets extra.
+
+Rows of :meth:`Api.runs` as a person reads them (times as "3 min ago",
+durations, the status with its sentence), sorting and filtering them, the
+config diff between runs, and the text ``launchhelm compare`` prints. The
+widgets (:class:`launchhelm.widgets.RunsTable`, ``CompareChart``), the
+``%launchhelm runs`` magic and the command line share these, so each says
+the same thing. Stdlib only at import time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from launchhelm.views._humanize import ago, duration, local_time, status_sentence
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "BASE_COLUMNS",
+    "DIFF_PREFIXES",
+    "STATUSES",
+    "cell_text",
+    "cell_value",
+    "compare_text",
+    "config_diff",
+    "filter_rows",
+    "readable_runs",
+    "sort_rows",
+    "table_columns",
+    "table_rows",
+    "text_table",
+]
+
+#: Prefixes of the run-row columns the config diff compares.
+DIFF_PREFIXES = ("config.", "tunable.")
+#: The statuses a run can have, in the order the status filter lists them.
+STATUSES = ("running", "stopped", "resumable", "closed")
+#: Columns every table has: (id, label).
+BASE_COLUMNS = (
+    ("name", "Name"),
+    ("status", "Status"),
+    ("step", "Step"),
+    ("created", "Created"),
+    ("duration", "Duration"),
+    ("rewinds", "Rewinds"),
+)
+_BASE_IDS = tuple(c for c, _ in BASE_COLUMNS)
+#: Metric, config and tunable columns shown before the column picker hides the rest.
+DEFAULT_EXTRA_COLUMNS = 10
+#: Row-frame prefixes, in the order their columns come.
+_PREFIXES = (("metric.", "metric"), ("config.", "config"), ("tunable.", "tunable"))
+
+
+def _epoch(value: Any) -> float | None:
+    """A timestamp (pandas, or epoch seconds) as epoch seconds; None for none."""
+    if value is None:
+        return None
+    if hasattr(value, "timestamp"):
+        try:
+            import pandas as pd
+
+            if pd.isna(value):
+                return None
+        except (TypeError, ValueError):
+            pass
+        return float(value.timestamp())
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _plain(value: Any) -> Any:
+    """A cell value as JSON carries it: NaN is None, numpy scalars are numbers, objects their JSON."""
+    if hasattr(value, "item") and not isinstance(value, (list, dict, str, bytes)):
+        try:
+            value = value.item()
+        except (ValueError, AttributeError):
+            pass
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple, dict)):
+        try:
+            return json.loads(json.dumps(value, default=str))
+        except (TypeError, ValueError):
+            return str(value)
+    return str(value)
+
+
+def table_columns(frame: pd.DataFrame) -> list[dict[str, str]]:
+    """The table's columns: the base ones, then each ``metric.``, ``config.`` and ``tunable.`` column."""
+    columns = [{"id": c, "label": label, "kind": "base"} for c, label in BASE_COLUMNS]
+    for prefix, kind in _PREFIXES:
+        for name in frame.columns:
+            if str(name).startswith(prefix):
+                columns.append({"id": str(name), "label": str(name)[len(prefix) :], "kind": kind})
+    return columns
+
+
+def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[dict[str, Any]]:
+    """:meth:`Api.runs`' frame as the table's rows (JSON-ready).
+
+    Each row: ``id``, ``name``, ``status``, ``sentence`` ("stopped without
+    ending its session (crashed or killed); resume it; last heartbeat 3 min
+    ago"), ``step``, ``created`` and ``last_heartbeat`` (epoch seconds),
+    ``duration`` (seconds from creation to the last heartbeat, or to now
+    while running), ``sessions``, ``rewinds``, and ``values``: every
+    ``metric.``/``config.``/``tunable.`` column's value (None: missing).
+    """
+    now = time.time() if now is None else now
+    extra = [c for c in frame.columns if str(c).startswith(tuple(p for p, _ in _PREFIXES))]
+    rows = []
+    for record in frame.to_dict("records"):
+        created = _epoch(record.get("created"))
+        beat = _epoch(record.get("last_heartbeat"))
+        status = str(record.get("status"))
+        end = now if status == "running" else beat
+        rows.append(
+            {
+                "id": str(record["id"]),
+                "name": str(record.get("name")),
+                "status": status,
+                "sentence": status_sentence(status, beat, now),
+                "step": _plain(record.get("step")),
+                "created": created,
+                "last_heartbeat": beat,
+                "duration": (end - created) if end is not None and created is not None else None,
+                "sessions": _plain(record.get("sessions")),
+                "rewinds": _plain(record.get("rewinds")),
+                "values": {str(c): _plain(record.get(c)) for c in extra},
+            }
+        )
+    return rows
+
+
+def cell_value(row: dict[str, Any], column: str) -> Any:
+    """A row's value in ``column`` (a base column or a ``metric.``/``config.``/``tunable.`` one)."""
+    if column in _BASE_IDS:
+        return row.get(column)
+    return row.get("values", {}).get(column)
+
+
+def cell_text(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    if isinstance(value, (list, dict)):
+        return json.dumps(value)
+    return str(value)
+
+
+def filter_rows(rows: Iterable[dict[str, Any]], query: str = "", statuses: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """Rows whose status is among ``statuses`` (none given: any) and whose text contains every word of ``query``.
+
+    A row's text is its name, id, status and sentence, and each of its
+    values as ``column=value`` (``lr=0.001`` and ``config.lr=0.001`` both
+    match), case-insensitively.
+    """
+    words = query.lower().split()
+    chosen = set(statuses)
+    out = []
+    for row in rows:
+        if chosen and row.get("status") not in chosen:
+            continue
+        if words:
+            parts = [str(row.get("name", "")), str(row.get("id", "")), str(row.get("status", ""))]
+            parts.append(str(row.get("sentence", "")))
+            for column, value in row.get("values", {}).items():
+                text = cell_text(value)
+                parts.append(f"{column}={text}")
+                parts.append(f"{column.split('.', 1)[-1]}={text}")
+            haystack = "\n".join(parts).lower()
+            if not all(word in haystack for word in words):
+                continue
+        out.append(row)
+    return out
+
+
+def sort_rows(rows: Iterable[dict[str, Any]], column: str, descending: bool = False) -> list[dict[str, Any]]:
+    """Rows sorted by ``column``: numbers as numbers, text as text; empty cells last either way."""
+    present: list[dict[str, Any]] = []
+    missing: list[dict[str, Any]] = []
+    for row in rows:
+        (missing if cell_value(row, column) is None else present).append(row)
+
+    def key(row: dict[str, Any]) -> tuple[int, Any]:
+        value = cell_value(row, column)
+        if isinstance(value, bool):
+            return (0, int(value))
+        if isinstance(value, (int, float)):
+            return (0, value)
+        return (1, cell_text(value).lower())
+
+    return sorted(present, key=key, reverse=descending) + missing
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
+        return True
+    try:
+        return bool(a == b)
+    except Exception:  # arrays and odd objects: compare their text
+        return repr(a) == repr(b)
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def config_diff(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The ``config.`` and ``tunable.`` keys whose values differ between ``rows`` (runs-table rows).
+
+    Returns one entry per such key, sorted: ``{"key": "config.lr", "values":
+    [value in each row, None where the run has no such key]}``. A key one
+    run lacks counts as differing. With fewer than two rows nothing differs.
+    """
+    if len(rows) < 2:
+        return []
+    keys = sorted({k for row in rows for k in row if k.startswith(DIFF_PREFIXES)})
+    diff = []
+    for key in keys:
+        values = [None if _missing(row.get(key)) else row.get(key) for row in rows]
+        first = values[0]
+        if any(not _same(first, v) for v in values[1:]):
+            diff.append({"key": key, "values": values})
+    return diff
+
+
+def text_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Columns padded to their widest cell (numbers right-aligned)."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def numeric(text: str) -> bool:
+        try:
+            float(text)
+        except ValueError:
+            return False
+        return True
+
+    def line(cells: Sequence[str]) -> str:
+        return "  ".join(c.rjust(w) if numeric(c) else c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    return "\n".join([line(header), *(line(r) for r in rows)])
+
+
+def readable_runs(frame: pd.DataFrame, now: float | None = None) -> pd.DataFrame:
+    """:meth:`Api.runs`' frame for display: ``created`` as local time with "(3 min ago)", ``last_heartbeat``
+    as "3 min ago", a ``duration`` column ("1 h 12 min") after ``created``; everything else unchanged."""
+    now = time.time() if now is None else now
+    shown = frame.copy()
+    rows = table_rows(frame, now)
+    if "created" in shown.columns:
+        shown["created"] = [f"{local_time(r['created'])} ({ago(r['created'], now)})" for r in rows]
+        shown.insert(shown.columns.get_loc("created") + 1, "duration", [duration(r["duration"]) for r in rows])
+    if "last_heartbeat" in shown.columns:
+        shown["last_heartbeat"] = [ago(r["last_heartbeat"], now) for r in rows]
+    result: pd.DataFrame = shown
+    return result
+
+
+def compare_text(api: Any, run_ids: Sequence[str], keys: Sequence[str] | None = None, now: float | None = None) -> str:
+    """What ``launchhelm compare RUN RUN ...`` prints: the runs' latest values side by side, then their config diff.
+
+    Parameters
+    ----------
+    api:
+        The :class:`launchhelm.Api` of the store.
+    run_ids:
+        Two or more run ids (repeats are dropped).
+    keys:
+        Metric keys to show (default: every metric any of the runs logged).
+
+    Raises
+    ------
+    InvalidArgumentError
+        Fewer than two runs, or a key none of them logged.
+    RunNotFoundError
+        A run id not in the store.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from launchhelm._exceptions import InvalidArgumentError
+
+    chosen = list(dict.fromkeys(run_ids))
+    if len(chosen) < 2:
+        raise InvalidArgumentError(
+            f"compare needs two runs or more, got {', '.join(chosen) or 'none'}: launchhelm compare RUN RUN [RUN ...]"
+        )
+    now = time.time() if now is None else now
+    handles = [api.run(r) for r in chosen]  # an unknown id fails here, before any table
+    with ThreadPoolExecutor(max_workers=min(16, len(handles))) as pool:
+        summaries = list(pool.map(lambda h: h.summary(), handles))
+    logged = sorted({k[len("metric.") :] for row in summaries for k in row if k.startswith("metric.")})
+    if keys:
+        unknown = [k for k in keys if k not in logged]
+        if unknown:
+            raise InvalidArgumentError(
+                f"--keys {','.join(unknown)}: none of these runs logged it; "
+                f"their metrics: {', '.join(logged) or 'none'}"
+            )
+        shown = list(keys)
+    else:
+        shown = logged
+    names = [str(row["name"]) for row in summaries]
+    header = ["", *[f"{name} ({row['id']})" for name, row in zip(names, summaries, strict=True)]]
+    lines: list[list[str]] = []
+    projects = {str(h.project) for h in handles}
+    if len(projects) > 1:
+        lines.append(["project", *[str(h.project) for h in handles]])
+    for row in summaries:
+        row["_created"], row["_beat"] = _epoch(row.get("created")), _epoch(row.get("last_heartbeat"))
+    lines.append(["status", *[str(row["status"]) for row in summaries]])
+    lines.append(["step", *[cell_text(_plain(row["step"])) for row in summaries]])
+    lines.append(["created", *[f"{local_time(row['_created'])} ({ago(row['_created'], now)})" for row in summaries]])
+    spans = []
+    for row in summaries:
+        end = now if row["status"] == "running" else row["_beat"]
+        spans.append(duration(end - row["_created"]) if end is not None and row["_created"] is not None else "-")
+    lines.append(["duration", *spans])
+    lines.append(["rewinds", *[cell_text(_plain(row["rewinds"])) for row in summaries]])
+    for key in shown:
+        lines.append([key, *[cell_text(_plain(row.get(f"metric.{key}"))) or "-" for row in summaries]])
+    out = ["latest values:", text_table(header, lines)]
+    diff = config_diff(summaries)
+    if diff:
+        out += ["", "config diff:"]
+        out.append(text_table(header, [[d["key"], *[cell_text(_plain(v)) or "-" for v in d["values"]]] for d in diff]))
+    else:
+        out += ["", "config diff: none (their config and tunables agree)"]
+    return "\n".join(out)

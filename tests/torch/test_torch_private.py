@@ -1,0 +1,214 @@
+"""torch's private names, used behind one door and only on a torch they were tested with.
+
+If these fail, a torch release that renamed or changed one of its internals
+could load a checkpoint wrongly instead of slowly, or a private name crept
+into a module where the version gate does not guard it.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+
+import launchhelm as lh
+import launchhelm.torch as lht
+from launchhelm.torch import _inplace, _torch_private
+
+PACKAGE = Path(lh.__file__).resolve().parent
+DOOR = PACKAGE / "torch" / "_torch_private.py"
+#: The receivers whose private attributes are a module's own, not torch's.
+OWN = ("self", "cls")
+
+
+def _build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model[2].to(torch.bfloat16)
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
+    for _ in range(n):
+        optimizer.zero_grad()
+        x = model[0](torch.randn(8, 16)).relu()
+        model[2](x.to(torch.bfloat16)).float().pow(2).mean().backward()
+        optimizer.step()
+
+
+def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    tensors = [t.detach().clone() for t in model.state_dict().values()]
+    for entries in optimizer.state_dict()["state"].values():
+        tensors += [t.clone() for t in entries.values() if isinstance(t, torch.Tensor)]
+    return tensors
+
+
+def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def _zip_crcs(path: Path) -> list[int]:
+    with zipfile.ZipFile(io.BytesIO(path.read_bytes())) as archive:
+        return [info.CRC for info in archive.infolist() if "/data/" in info.filename and info.file_size]
+
+
+def test_the_gate_opens_only_on_a_tested_torch_with_every_private_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert _torch_private.TESTED == ("2.13",)
+    assert torch.__version__.startswith("2.13.")  # the torch these tests run on is a tested one
+    assert _torch_private.missing_names() == []
+    assert _torch_private.fast_path_available()
+    for version, tested in (("2.13.1+cu128", True), ("2.12.0", False), ("2.14.0", False), ("3.13.0", False)):
+        monkeypatch.setattr(_torch_private, "TORCH_VERSION", version)
+        assert _torch_private.fast_path_available() is tested, version
+    monkeypatch.setattr(_torch_private, "TORCH_VERSION", torch.__version__)
+    # a torch that lacks one of the names (here, one that no torch has): the gate closes
+    monkeypatch.setattr(_torch_private, "REQUIRED", (*_torch_private.REQUIRED, ("torch._C", "NoSuchReader")))
+    assert _torch_private.missing_names() == ["torch._C.NoSuchReader"]
+    assert not _torch_private.fast_path_available()
+
+
+def test_an_untested_torch_saves_and_loads_through_torchs_own_path_bitwise(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the gate closed a checkpoint is written with torch's zip CRC32s and loaded with
+    torch.load(weights_only=True) and load_state_dict: bitwise the state saved, nothing read in
+    place, and a flipped byte still refused (CRC64NVME) before anything is applied."""
+    monkeypatch.setattr(_inplace, "IN_PLACE_MIN_BYTES", 0)  # the fast path would take even this small file
+    store_url = str(tmp_path / "store")
+    model, optimizer = _build()
+    tr = lht.init("door", store=store_url)
+    tr.watch(model, optimizer)
+    _train(model, optimizer, 2)
+    fast = tr.save_checkpoint()
+    assert fast is not None
+    monkeypatch.setattr(_torch_private, "TORCH_VERSION", "2.12.0")
+    assert not _torch_private.fast_path_available()
+    _train(model, optimizer, 1)
+    saved = _state(model, optimizer)
+    artifact = tr.save_checkpoint()
+    assert artifact is not None
+    path = Path(store_url) / "runs" / tr.id / "artifacts" / artifact / f"{artifact}.pt"
+    fast_path = path.parent.parent / fast / f"{fast}.pt"
+    assert all(_zip_crcs(path)), "an untested torch saves with its own defaults"
+    assert not any(_zip_crcs(fast_path)), "a tested torch skips the CRC32s that loads never read"
+
+    _train(model, optimizer, 2)
+    assert not _same(saved, _state(model, optimizer))
+    tr._loaded_in_place = -1
+    tr.load_checkpoint(artifact)
+    assert _same(saved, _state(model, optimizer))  # bitwise, bf16 included
+    assert tr._loaded_in_place == -1 and not tr._optimizer_in_place, "nothing went in place"
+    tr.load_checkpoint(fast)  # a file the fast path wrote loads the slow way too
+    assert tr._loaded_in_place == -1
+
+    _train(model, optimizer, 1)
+    trained = _state(model, optimizer)
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    path.chmod(0o644)
+    path.write_bytes(bytes(data))
+    with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
+        tr.load_checkpoint(artifact)
+    assert _same(trained, _state(model, optimizer)), "a corrupted file changed the model"
+    tr.clear_checkpoint_error()
+
+    monkeypatch.setattr(_torch_private, "TORCH_VERSION", torch.__version__)  # the gate opens again: in place
+    tr.load_checkpoint(fast)
+    assert tr._loaded_in_place > 0
+    tr.finish()
+
+
+def _private_names_of_torch() -> set[str]:
+    """The private attribute names torch's own objects carry, as torch itself makes them: a module,
+    an optimizer with state, a tensor, a parameter, and the storage of a tensor that
+    torch.load(map_location="meta") made (where it records the file offset)."""
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.ones(1, 2)).sum().backward()
+    optimizer.step()
+    buffer = io.BytesIO()
+    torch.save({"t": torch.ones(2)}, buffer)
+    buffer.seek(0)
+    meta = torch.load(buffer, map_location="meta", weights_only=True)["t"]
+    found: set[str] = set()
+    for obj in (model, optimizer, torch.ones(1), model.weight, meta.untyped_storage(), torch.nn.Module):
+        found.update(n for n in dir(obj) if n.startswith("_") and not n.startswith("__"))
+    return found
+
+
+def _is_private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _dotted(node: ast.AST) -> str | None:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        return ".".join([node.id, *reversed(parts)])
+    return None
+
+
+def _private_uses(path: Path, torch_names: set[str]) -> list[str]:
+    """Where a module uses a private name of torch's: a private torch module or attribute reached
+    through ``torch.`` (import, attribute or a string naming it), or a private attribute torch's
+    objects carry, read off anything but the module's own objects (``self``, ``cls``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    found = []
+
+    def torch_private(dotted: str) -> bool:
+        parts = dotted.split(".")
+        return parts[0] == "torch" and any(_is_private(part) for part in parts[1:])
+
+    for node in ast.walk(tree):
+        where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Import):
+            found += [f"{where} import {a.name}" for a in node.names if torch_private(a.name)]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if torch_private(node.module) or (
+                node.module.split(".")[0] == "torch" and any(_is_private(a.name) for a in node.names)
+            ):
+                found.append(f"{where} from {node.module} import ...")
+        elif isinstance(node, ast.Attribute):
+            dotted = _dotted(node)
+            if dotted is not None and torch_private(dotted):
+                found.append(f"{where} {dotted}")
+            elif node.attr in torch_names and not (isinstance(node.value, ast.Name) and node.value.id in OWN):
+                found.append(f"{where} .{node.attr}")
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and (node.value in torch_names or torch_private(node.value))
+        ):
+            found.append(f"{where} {node.value!r}")
+    return found
+
+
+def test_torchs_private_names_are_used_only_behind_the_door() -> None:
+    """Every use of a private torch name lives in launchhelm/torch/_torch_private.py, behind
+    fast_path_available(); no allow-list is needed elsewhere. The scan itself is checked on the
+    door, where it must find the names the fast path relies on."""
+    torch_names = _private_names_of_torch()
+    assert {"_checkpoint_offset", "_non_persistent_buffers_set", "_optimizer_load_state_dict_pre_hooks"} <= torch_names
+    elsewhere = [
+        use for path in sorted(PACKAGE.rglob("*.py")) if path != DOOR for use in _private_uses(path, torch_names)
+    ]
+    assert elsewhere == [], "private torch names outside _torch_private.py:\n" + "\n".join(elsewhere)
+    door = "\n".join(_private_uses(DOOR, torch_names))
+    expected = ("torch._C.PyTorchFileReader", "'_checkpoint_offset'", "._non_persistent_buffers_set", "'torch._utils'")
+    for name in expected:
+        assert name in door, name
