@@ -86,6 +86,18 @@ def worker(args: argparse.Namespace) -> None:
         dist.barrier()
         return time.perf_counter() - start
 
+    def blocking(fn: Any, wait: Any) -> float:
+        """The slowest rank's time until ``fn`` returns; then ``wait`` (untimed). No collective runs
+        while a background save may still run its own (dcp.async_save's thread uses the default group)."""
+        dist.barrier()
+        start = time.perf_counter()
+        fn()
+        seconds = time.perf_counter() - start
+        wait()
+        times: list[float] = [0.0] * world
+        dist.all_gather_object(times, seconds)
+        return max(times)
+
     def raw(path: Path) -> None:
         with open(path, "wb", buffering=0) as f:
             for t in locals_:
@@ -114,8 +126,7 @@ def worker(args: argparse.Namespace) -> None:
             elif name == "lh":
                 seconds = timed(lambda: tr.save_checkpoint())
             elif name == "lh_async":
-                seconds = timed(lambda: tr.save_checkpoint(blocking=False))
-                tr.wait_for_checkpoint()
+                seconds = blocking(lambda: tr.save_checkpoint(blocking=False), tr.wait_for_checkpoint)
             elif name == "dcp":
                 msd, osd = get_state_dict(model, optimizer)
                 seconds = timed(lambda out=out, msd=msd, osd=osd: dcp.save({"m": msd, "o": osd}, checkpoint_id=out))
@@ -123,8 +134,10 @@ def worker(args: argparse.Namespace) -> None:
                 msd, osd = get_state_dict(model, optimizer)
                 future: list[Any] = []
                 state = {"m": msd, "o": osd}
-                seconds = timed(lambda o=out, s=state, f=future: f.append(dcp.async_save(s, checkpoint_id=o)))
-                future[0].result()
+                seconds = blocking(
+                    lambda o=out, s=state, f=future: f.append(dcp.async_save(s, checkpoint_id=o)),
+                    lambda f=future: f[0].result(),
+                )
             if round_:
                 record(name, seconds)
             if args.verbose and rank == 0:
