@@ -15,6 +15,16 @@ This is the only part of LaunchHelm that imports torch.
 
 from launchhelm._exceptions import CheckpointError
 from launchhelm._types import Rewind
-from launchhelm.torch._run import FORMAT_DISTRIBUTED, FORMAT_SINGLE, TorchRun, init
+from launchhelm.torch._run import FORMAT_DISTRIBUTED, FORMAT_SHARDED, FORMAT_SINGLE, TorchRun, init
+from launchhelm.torch._sharded import load_weights
 
-__all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SINGLE", "CheckpointError", "Rewind", "TorchRun", "init"]
+__all__ = [
+    "FORMAT_DISTRIBUTED",
+    "FORMAT_SHARDED",
+    "FORMAT_SINGLE",
+    "CheckpointError",
+    "Rewind",
+    "TorchRun",
+    "init",
+    "load_weights",
+]

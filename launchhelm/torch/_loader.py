@@ -42,6 +42,7 @@ from launchhelm.storage._checksum import CRC64NVME, file_checksums, mismatches, 
 from launchhelm.torch import _dist, _inplace
 from launchhelm.torch._formats import _FORMATS, FORMAT_SINGLE, PAYLOAD_SUFFIX
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
+from launchhelm.torch._manifest import FORMAT_SHARDED, MANIFEST_NAME
 from launchhelm.torch._rng import restore_rng, validate_rng
 from launchhelm.torch._torch_private import fast_path_available
 
@@ -136,6 +137,12 @@ class CheckpointLoader:
         if isinstance(checkpoint, str) and state.checkpoint(checkpoint) is not None:
             return _target(state.checkpoint(checkpoint))  # type: ignore[arg-type]
         path = Path(os.fspath(checkpoint)).expanduser()
+        if path.name == MANIFEST_NAME and path.is_file():
+            path = path.parent
+        if path.is_dir() and (path / MANIFEST_NAME).is_file():  # a sharded checkpoint's folder
+            known = state.checkpoint(path.name)
+            found = {**_target(known), "path": str(path.absolute())} if known is not None else {}
+            return {"checkpoint": None, **found, "path": str(path.absolute()), "format": FORMAT_SHARDED}
         if not path.is_file():
             raise CheckpointError(
                 f"no checkpoint {str(checkpoint)!r}: not 'latest', 'resume', a checkpoint id of run "
@@ -477,4 +484,5 @@ def _target(event: dict[str, Any]) -> dict[str, Any]:
         "checksums": recorded(file),
         "step": int(event["step"]),
         "format": event["format"],
+        "files": event["files"] if event["format"] == FORMAT_SHARDED else None,
     }

@@ -25,15 +25,16 @@ from typing import Any
 
 import torch
 
-from launchhelm._exceptions import CheckpointError, InvalidTypeError, LaunchHelmError
+from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run, start_run
 from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import Store, open_store
-from launchhelm.torch import _dist
+from launchhelm.torch import _dist, _sharded
 from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD_SUFFIX
 from launchhelm.torch._loader import CheckpointLoader, _gc_paused
+from launchhelm.torch._manifest import FORMAT_SHARDED
 from launchhelm.torch._payload import check_payload
 from launchhelm.torch._rng import capture_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
@@ -41,7 +42,7 @@ from launchhelm.torch._torch_private import zip_crc32_skipped
 
 _log = logging.getLogger("launchhelm")
 
-__all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SINGLE", "TorchRun", "init"]
+__all__ = ["FORMAT_DISTRIBUTED", "FORMAT_SHARDED", "FORMAT_SINGLE", "TorchRun", "init"]
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -74,6 +75,7 @@ class TorchRun(Run):
         self._loaded_in_place = 0
         self._optimizer_in_place = False  # the last load did load_state_dict's work itself (tests)
         self._snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
+        self._sharded = False  # format /3 (see _sharded): chosen by watch()
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -157,6 +159,8 @@ class TorchRun(Run):
         optimizer: torch.optim.Optimizer,
         scheduler: Any = None,
         scaler: Any = None,
+        *,
+        sharded: bool | None = None,
     ) -> None:
         """Name what checkpoints save and restore; the optimizer's ``step()`` advances ``global_step``.
 
@@ -170,6 +174,12 @@ class TorchRun(Run):
             Any LR scheduler with ``state_dict``/``load_state_dict``.
         scaler:
             A ``torch.amp.GradScaler``.
+        sharded:
+            Save sharded checkpoints (format ``launchhelm.torch.checkpoint/3``:
+            every rank writes its own shards; they load on any number of
+            ranks). None (default): when the model has DTensor parameters
+            (FSDP2 ``fully_shard``, tensor parallel). True forces it for a
+            DDP or single-process run.
         """
         if not isinstance(model, torch.nn.Module):
             raise InvalidTypeError(f"watch() takes a torch.nn.Module first, not {type(model).__name__}")
@@ -178,8 +188,15 @@ class TorchRun(Run):
         for name, obj in (("scheduler", scheduler), ("scaler", scaler)):
             if obj is not None and not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
                 raise InvalidTypeError(f"{name} {type(obj).__name__} has no state_dict()/load_state_dict()")
+        has_dtensors = _sharded.has_dtensors(model)
+        if sharded is False and has_dtensors:
+            raise InvalidArgumentError(
+                "watch(..., sharded=False): the model has DTensor parameters (FSDP2, tensor parallel), which only "
+                "sharded checkpoints hold; leave sharded unset"
+            )
         for handle in self._hooks:
             handle.remove()
+        self._sharded = bool(sharded) or has_dtensors
         self._model, self._optimizer, self._scheduler, self._scaler = _unwrap(model), optimizer, scheduler, scaler
         self._hooks = [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
@@ -280,8 +297,11 @@ class TorchRun(Run):
 
         Under DDP every rank calls it: a barrier comes first, each rank
         captures its own RNG (and ``extra``) at that point, and rank 0 uploads
-        one bundle. Metrics logged before the call are flushed by the time it
-        returns (by the time it is published, with ``blocking=False``).
+        one bundle. For a sharded checkpoint (see :meth:`watch`) every rank
+        writes the shards it holds instead, and rank 0 publishes once all are
+        stored; with ``blocking=False`` each rank copies its own shards.
+        Metrics logged before the call are flushed by the time it returns (by
+        the time it is published, with ``blocking=False``).
 
         Parameters
         ----------
@@ -330,6 +350,8 @@ class TorchRun(Run):
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
             raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=self.id, step=self._step)
+        if self._sharded:  # every rank writes its own shards
+            return _sharded.save(self, model, optimizer, records, blocking)
         artifact: str | None = None
         error: str | None = None
         if self._rank == 0:
@@ -443,7 +465,9 @@ class TorchRun(Run):
         )
 
     # -- loading --------------------------------------------------------------
-    def load_checkpoint(self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu") -> Any:
+    def load_checkpoint(
+        self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu", strict: bool = False
+    ) -> Any:
         """Restore everything a checkpoint holds and return its ``extra``.
 
         Parameters
@@ -458,6 +482,12 @@ class TorchRun(Run):
             (``extra``, tensors whose shape or dtype changed); ``"cpu"`` by
             default so peers do not inherit the saving rank's device. Model
             and optimizer tensors are read into the live ones, on their device.
+        strict:
+            For a sharded checkpoint (format /3) saved by another number of
+            ranks: True refuses it rather than give each rank r the RNG and
+            ``extra`` of saved rank ``r mod N`` (model and optimizer always
+            reshard exactly). Other formats load only on the world size that
+            saved them.
 
         Notes
         -----
@@ -494,7 +524,7 @@ class TorchRun(Run):
         model, optimizer = self._require_watch("load_checkpoint()")
         self.wait_for_checkpoint()  # "latest" includes a save still being written
         with _gc_paused():
-            return self._load(checkpoint, map_location, model, optimizer)
+            return self._load(checkpoint, map_location, model, optimizer, strict)
 
     def _load(
         self,
@@ -502,11 +532,15 @@ class TorchRun(Run):
         map_location: Any,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
+        strict: bool = False,
     ) -> Any:
         """load_checkpoint's work, once its arguments are checked (see there)."""
         loader = CheckpointLoader(self, model, optimizer, map_location)
         target = loader.resolve(checkpoint)
-        bundle, extra = loader.restore(target)
+        if target.get("format") == FORMAT_SHARDED:
+            bundle, extra = _sharded.load(self, target, model, optimizer, strict)
+        else:
+            bundle, extra = loader.restore(target)
         self._pending_error = None
         step = int(bundle["step"])
         tunables = bundle.get("tunables")

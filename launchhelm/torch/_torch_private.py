@@ -32,6 +32,7 @@ __all__ = [
     "REBUILD_TENSOR",
     "TESTED",
     "checkpoint_offset",
+    "dtensor_local_box",
     "fast_path_available",
     "file_reader",
     "load_optimizer_in_place",
@@ -289,3 +290,17 @@ def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: Any) -> boo
         param_groups.append(new_group)
     optimizer.__setstate__({"state": state, "param_groups": param_groups})
     return True
+
+
+def dtensor_local_box(t: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (global offset, local shape) of the shard a DTensor holds on this rank.
+
+    Sharded checkpoints (:mod:`launchhelm.torch._sharded`) need it for any
+    placement (uneven and empty shards, several mesh dimensions); torch computes
+    it only in a private helper, so it is reached here, on every torch version
+    (no public equivalent exists to fall back to).
+    """
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
+    return tuple(int(o) for o in offset), tuple(int(s) for s in shape)
