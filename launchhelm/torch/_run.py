@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
-from launchhelm._run import Run, start_run
+from launchhelm._run import Run
+from launchhelm._start import start_run
 from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._runinfo import read_run_record
