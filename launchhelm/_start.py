@@ -63,8 +63,8 @@ _log = logging.getLogger("launchhelm")
 def init(
     project: str,
     name: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    tunables: Mapping[str, Any] | None = None,
+    config: Mapping[str, object] | None = None,
+    tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
     *,
@@ -192,8 +192,8 @@ def start_run(
     project: str,
     *,
     name: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    tunables: Mapping[str, Any] | None = None,
+    config: Mapping[str, object] | None = None,
+    tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
     storage_options: dict[str, Any] | None = None,
@@ -302,8 +302,8 @@ def _create_run(
     store: Store,
     project: str,
     name: str | None,
-    config: Mapping[str, Any] | None,
-    tunables: Mapping[str, Any] | None,
+    config: Mapping[str, object] | None,
+    tunables: Mapping[str, object] | None,
     given_id: str | None = None,
 ) -> tuple[dict[str, Any], EventLog]:
     while True:

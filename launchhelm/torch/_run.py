@@ -624,8 +624,8 @@ def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: object, cha
 def init(
     project: str,
     name: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    tunables: Mapping[str, Any] | None = None,
+    config: Mapping[str, object] | None = None,
+    tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
     **options: Any,
