@@ -196,7 +196,9 @@ class LaunchHelmCallback(TrainerCallback):
         return str(path)
 
     # -- Trainer events --------------------------------------------------------
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._output_dir = str(args.output_dir) if args.output_dir is not None else None
         self._world = int(args.world_size)
         if state.is_world_process_zero:
@@ -213,7 +215,9 @@ class LaunchHelmCallback(TrainerCallback):
         if pending is not None or step < run.reached:
             record_restore(run, step, pending, CAUSE)
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if not state.is_world_process_zero:
             return
         # a step boundary: tunables, pause, stop and "checkpoint now" from outside apply here
