@@ -500,7 +500,7 @@ def import_runs(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None,
-    storage_options: dict[str, Any] | None,
+    storage_options: Mapping[str, object] | None,
     progress: bool,
     report: Callable[[str], None] | None = None,
     workers: int = WORKERS,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from launchhelm._exceptions import InvalidArgumentError, SourceReadError
@@ -116,7 +116,7 @@ def import_mlflow(
     *,
     experiment: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

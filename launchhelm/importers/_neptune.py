@@ -19,7 +19,7 @@ from __future__ import annotations
 import datetime
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -162,7 +162,7 @@ def import_neptune(
     *,
     step_multiplier: int = 1,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

@@ -22,7 +22,7 @@ import os
 import posixpath
 import re
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from launchhelm._exceptions import PathNotFoundError, SourceReadError
@@ -373,7 +373,7 @@ def _file_order(name: str) -> tuple[float, str]:
         return float("inf"), name
 
 
-def _sources(logdir: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> list[SourceRun]:
+def _sources(logdir: str | os.PathLike[str], storage_options: Mapping[str, object] | None) -> list[SourceRun]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(os.fspath(logdir), **(storage_options or {}))
@@ -421,7 +421,7 @@ def import_tensorboard(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     source_options: dict[str, Any] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,

@@ -27,7 +27,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -252,7 +252,7 @@ def import_wandb(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

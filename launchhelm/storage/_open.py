@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import socket
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,7 @@ def _probe(store: ObjectStore) -> None:
 
 def open_store(
     url: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     *,
     progress: bool | None = None,
 ) -> Store:

@@ -464,7 +464,7 @@ class Run:
         return metric
 
     # -- no-ops and refusals -------------------------------------------------
-    def watch(self, models: Any = None, *args: Any, **kwargs: Any) -> None:
+    def watch(self, models: Any = None, *args: object, **kwargs: object) -> None:
         """Accepted, does nothing: LaunchHelm logs no gradients or weights (``launchhelm.torch``'s ``watch()``
         is where a model and optimizer drive the step and checkpoints)."""
         return None
@@ -473,7 +473,7 @@ class Run:
         """Accepted, does nothing."""
         return None
 
-    def save(self, glob_str: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> list[str]:
+    def save(self, glob_str: str | os.PathLike[str] | None = None, *args: object, **kwargs: object) -> list[str]:
         """Accepted, uploads nothing (one warning): save checkpoints with ``run.launchhelm_run.checkpoint(path)``."""
         if "save" not in self._warned:
             self._warned.add("save")
@@ -484,33 +484,33 @@ class Run:
             )
         return []
 
-    def alert(self, title: str = "", text: str = "", *args: Any, **kwargs: Any) -> None:
+    def alert(self, title: str = "", text: str = "", *args: object, **kwargs: object) -> None:
         """Accepted: the alert is written to the log (LaunchHelm sends no notifications)."""
         _log.warning("launchhelm.wandb alert: %s: %s", title, text)
 
     def mark_preempting(self) -> None:
         """Accepted, does nothing (a preempted run stays resumable in LaunchHelm)."""
 
-    def log_code(self, *args: Any, **kwargs: Any) -> None:
+    def log_code(self, *args: object, **kwargs: object) -> None:
         """Accepted, does nothing."""
 
-    def log_artifact(self, *args: Any, **kwargs: Any) -> Any:
+    def log_artifact(self, *args: object, **kwargs: object) -> Any:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("log_artifact")
 
-    def use_artifact(self, *args: Any, **kwargs: Any) -> Any:
+    def use_artifact(self, *args: object, **kwargs: object) -> Any:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("use_artifact")
 
-    def log_model(self, *args: Any, **kwargs: Any) -> Any:
+    def log_model(self, *args: object, **kwargs: object) -> Any:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("log_model")
 
-    def use_model(self, *args: Any, **kwargs: Any) -> Any:
+    def use_model(self, *args: object, **kwargs: object) -> Any:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("use_model")
 
-    def link_model(self, *args: Any, **kwargs: Any) -> Any:
+    def link_model(self, *args: object, **kwargs: object) -> Any:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("link_model")
 

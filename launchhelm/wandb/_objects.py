@@ -46,7 +46,7 @@ class Media:
     :meth:`launchhelm.wandb.Run.log` will skip.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         self.args = args
         self.kwargs = kwargs
 
@@ -93,7 +93,7 @@ class Histogram(Media):
 class Table(Media):
     """``wandb.Table(columns=None, data=None, dataframe=None)``: rows can be added; skipped when logged."""
 
-    def __init__(self, columns: list[Any] | None = None, data: list[Any] | None = None, *args: Any, **kwargs: Any):
+    def __init__(self, columns: list[Any] | None = None, data: list[Any] | None = None, *args: object, **kwargs: object):
         super().__init__(columns, data, *args, **kwargs)
         self.columns = list(columns or [])
         self.data: list[list[Any]] = [list(row) for row in (data or [])]
@@ -110,7 +110,7 @@ class Table(Media):
 
 
 def _chart(name: str) -> Any:
-    def make(*args: Any, **kwargs: Any) -> Media:
+    def make(*args: object, **kwargs: object) -> Media:
         chart = Media(*args, **kwargs)
         chart.kind = f"plot.{name}"  # type: ignore[attr-defined]
         return chart

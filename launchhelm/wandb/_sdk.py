@@ -116,7 +116,7 @@ def init(
     reinit: bool | str | None = None,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     **ignored: Any,
 ) -> Run:
     """Start a W&B-style run stored in LaunchHelm; see :class:`Run` and docs/compat.md.
@@ -330,7 +330,7 @@ class StoredRun:
 
 
 def stored(
-    run_id: str, store: str | os.PathLike[str] | Store | None = None, storage_options: dict[str, Any] | None = None
+    run_id: str, store: str | os.PathLike[str] | Store | None = None, storage_options: Mapping[str, object] | None = None
 ) -> StoredRun:
     """Read back what a ``launchhelm.wandb`` run stored: config, summary, metric definitions, tags, notes.
 

@@ -107,7 +107,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         tabs = dict(zip(TAB_TITLES, shown, strict=True))
         return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    def _repr_mimebundle_(self, **kwargs: object) -> Any:
         from launchhelm.widgets._static import split_fallback
 
         data = super()._repr_mimebundle_(**kwargs)

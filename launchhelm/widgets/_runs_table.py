@@ -277,7 +277,7 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
             parts.extend(self.compare.static_mimebundle().values())
         return "<div class='launchhelm-static-runs'>" + "".join(parts) + "</div>"
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    def _repr_mimebundle_(self, **kwargs: object) -> Any:
         data = super()._repr_mimebundle_(**kwargs)
         if not isinstance(data, dict):
             return data
