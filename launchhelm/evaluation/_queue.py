@@ -63,7 +63,7 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +77,7 @@ from launchhelm._exceptions import (
 from launchhelm._types import Evaluation
 from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm.runlog._liveness import process_identity, process_state, requester
+from launchhelm.runlog._records import RewindEvent
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     attempt_name,
@@ -153,7 +154,7 @@ def _rule_enabled_at(entries: list[dict[str, Any]], when: float) -> bool:
     return enabled
 
 
-def _count_rewinds_before(events: list[dict[str, Any]], seq: int) -> int:
+def _count_rewinds_before(events: Sequence[RewindEvent], seq: int) -> int:
     return sum(1 for e in events if e.get("type") == REWIND and int(e["seq"]) < seq)
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from launchhelm._types import Rewind
 from launchhelm.metrics._system import SYSTEM_PREFIX
+from launchhelm.runlog._records import RewindEvent
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._messages import (
     ChartColumns,
@@ -184,7 +185,7 @@ def _column(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
 
 
-def points_from_table(table: pa.Table, rewinds: Sequence[dict[str, Any]], keys: Sequence[str] | None = None) -> Points:
+def points_from_table(table: pa.Table, rewinds: Sequence[RewindEvent], keys: Sequence[str] | None = None) -> Points:
     """The run's points, as the store holds them (``step, attempt, time, key, value``), for a chart.
 
     Non-finite values are left out; with ``keys``, only those keys. A key
