@@ -24,7 +24,9 @@ Examples
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Mapping
 from typing import Any, NoReturn
 
 from launchhelm._exceptions import LaunchHelmError, UnsupportedFeatureError
@@ -118,10 +120,10 @@ class _PreInit:
 
     __getitem__ = __setattr__ = __setitem__ = __contains__ = __iter__ = _refuse
 
-    def __getattr__(self, key: str) -> Any:
+    def __getattr__(self, key: str) -> NoReturn:
         if key.startswith("__"):  # introspection (hasattr, inspect, doctest) is not a use
             raise ConfigKeyError(key)
-        return self._refuse()
+        self._refuse()
 
     def __repr__(self) -> str:
         return f"<wandb.{self._name} before init()>"
@@ -153,7 +155,9 @@ def _require() -> Run:
     return found
 
 
-def log(data: Any, step: int | None = None, commit: bool | None = None, sync: bool | None = None) -> None:
+def log(
+    data: Mapping[str, object], step: int | None = None, commit: bool | None = None, sync: bool | None = None
+) -> None:
     """``wandb.log``: :meth:`Run.log` on the current run."""
     _require().log(data, step=step, commit=commit, sync=sync)
 
@@ -188,7 +192,7 @@ def unwatch(models: object = None) -> None:
     return None
 
 
-def save(glob_str: Any = None, *args: object, **kwargs: object) -> list[str]:
+def save(glob_str: str | os.PathLike[str] | None = None, *args: object, **kwargs: object) -> list[str]:
     """``wandb.save``: uploads nothing (see :meth:`Run.save`)."""
     found = current()
     return found.save(glob_str, *args, **kwargs) if found is not None else []
