@@ -44,6 +44,7 @@ from launchhelm.widgets._messages import (
     MSG_SNAPSHOT,
     MSG_ZOOM,
     ChartSnapshot,
+    VegaLiteSpec,
     ZoomMessage,
 )
 from launchhelm.widgets._static import STATIC_POINTS, chart_svg
@@ -81,7 +82,7 @@ def ordered_keys(keys: Sequence[str]) -> list[str]:
 VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
 
 
-def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANEL_HEIGHT) -> dict[str, Any]:
+def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANEL_HEIGHT) -> VegaLiteSpec:
     """The Vega-Lite spec: one panel per key, rewinds marked on each.
 
     Each panel layers, over the shared named datasets ``points`` and
@@ -102,7 +103,7 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
     Mark names (``line_0``, ``points_0``, ``abandoned_0``, ``rewind_rule_0``,
     ``rewind_label_0`` for panel 0) are stable, for tests and styling.
     """
-    config: dict[str, Any] = {"view": {"continuousWidth": 300, "continuousHeight": 300}}
+    config: VegaLiteSpec = {"view": {"continuousWidth": 300, "continuousHeight": 300}}
     if not keys:
         return {
             "config": config,
@@ -226,7 +227,7 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
     }
 
 
-def _system_layers(i: int, key: str, y: dict[str, Any]) -> list[dict[str, Any]]:
+def _system_layers(i: int, key: str, y: VegaLiteSpec) -> list[VegaLiteSpec]:
     """A ``system/`` panel's layers: the samples by wall time, as a line and points (no step, no rewinds)."""
     x = {"axis": {"format": "%H:%M:%S"}, "field": "time", "title": "wall time", "type": "temporal"}
     of_key = {"filter": {"equal": key, "field": "key"}}
@@ -299,7 +300,7 @@ class RunChart(LiveWidget):
         store: StoreArg = None,
         max_points: int = DEFAULT_MAX_POINTS,
         **_: object,
-    ) -> tuple[tuple[Hashable, ...], Any]:
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle]]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if isinstance(max_points, bool) or not isinstance(max_points, int) or max_points < 8:
             raise InvalidArgumentError(f"max_points={max_points!r}: give at least 8")

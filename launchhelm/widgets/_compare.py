@@ -18,9 +18,10 @@ rules in its colour. Beside the chart, the config diff: the ``config.`` and
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import traitlets
 
@@ -60,6 +61,8 @@ from launchhelm.widgets._static import table_html
 
 if TYPE_CHECKING:
     import pandas as pd
+
+T = TypeVar("T")
 
 __all__ = [
     "CompareChart",
@@ -127,7 +130,7 @@ class CompareChart(LiveWidget):
         smoothing: float = DEFAULT_SMOOTHING,
         max_points: int = DEFAULT_MAX_POINTS,
         **_: object,
-    ) -> tuple[tuple[Hashable, ...], Any]:
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, list[str] | None, list[str] | None]]:
         # checked here, in __new__, so a refused chart is never built half-way (nor kept for reuse)
         if x not in X_AXES:
             raise InvalidArgumentError(f"x={x!r}: use 'step', 'time' (wall time) or 'relative' (since each run began)")
@@ -202,7 +205,7 @@ class CompareChart(LiveWidget):
     def _open(self, run_ids: Sequence[str]) -> list[RunHandle]:
         missing = [r for r in run_ids if r not in self._handles]
         if missing:
-            opened = _parallel([lambda r=r: self._api.run(r) for r in missing])
+            opened = _parallel([partial(self._api.run, r) for r in missing])
             for handle in opened:
                 if handle.project != self.project:
                     raise RunNotFoundError(
@@ -239,7 +242,7 @@ class CompareChart(LiveWidget):
                 row = handle.summary()
             return handle.id, view, row
 
-        for run_id, view, row in _parallel([lambda h=h: one(h) for h in handles]):
+        for run_id, view, row in _parallel([partial(one, h) for h in handles]):
             self._views[run_id] = view
             if row is not None:
                 self._rows[run_id] = row
@@ -457,7 +460,7 @@ class CompareChart(LiveWidget):
         return {"text/html": f"<div class='launchhelm-static-compare'>{svg}{self.diff_html()}</div>"}
 
 
-def _parallel(calls: Sequence[Any]) -> list[Any]:
+def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     """Independent reads concurrently (each batches its own requests); results in order."""
     if len(calls) <= 1:
         return [call() for call in calls]

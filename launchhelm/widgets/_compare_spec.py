@@ -6,16 +6,19 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm._types import Rewind
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._messages import (
     CompareColumns,
+    VegaLiteSpec,
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+    import numpy.typing as npt
     import pandas as pd
 
 
@@ -97,7 +100,7 @@ def run_labels(names: Mapping[str, str]) -> dict[str, str]:
     return {run_id: (name if counts[name] == 1 else f"{name} ({run_id})") for run_id, name in names.items()}
 
 
-def ema(values: Sequence[float] | Any, weight: float) -> Any:
+def ema(values: Sequence[float] | npt.NDArray[np.float64], weight: float) -> npt.NDArray[np.float64]:
     """TensorBoard's smoothing: an exponential moving average, debiased so the start is not dragged to 0.
 
     ``s_i = w * s_(i-1) + (1 - w) * x_i`` from ``s_(-1) = 0``, shown as
@@ -113,12 +116,13 @@ def ema(values: Sequence[float] | Any, weight: float) -> Any:
     """
     import numpy as np
 
-    y = np.asarray(values, dtype=float)
+    y: npt.NDArray[np.float64] = np.asarray(values, dtype=float)
     if not 0 <= weight < 1:
         raise InvalidArgumentError(f"smoothing={weight!r}: give a weight from 0 (none) up to, not including, 1")
     n = len(y)
     if weight == 0 or n == 0:
-        return y.copy()
+        unchanged: npt.NDArray[np.float64] = y.copy()
+        return unchanged
     block = max(1, min(n, int(math.log(1e-12) / math.log(weight))))
     powers = weight ** np.arange(1, block + 1)  # w^1 .. w^block, all >= 1e-12
     blocks = -(-n // block)
@@ -133,7 +137,7 @@ def ema(values: Sequence[float] | Any, weight: float) -> Any:
         settled[1:] = ends[1:] + powers[-1] * settled[:-1]
     local[1:] += np.outer(settled[:-1], powers)
     out = local.reshape(-1)[:n]
-    result: Any = out / (1 - weight ** np.arange(1, n + 1))
+    result: npt.NDArray[np.float64] = out / (1 - weight ** np.arange(1, n + 1))
     return result
 
 
@@ -227,7 +231,21 @@ def metric_keys(history: pd.DataFrame) -> list[str]:
     return [k for k in keys if not k.startswith("eval/")] + [k for k in keys if k.startswith("eval/")]
 
 
-def rewind_rows(run_id: str, rewinds: Sequence[Rewind], history: pd.DataFrame | None) -> list[dict[str, Any]]:
+class RewindMark(TypedDict):
+    """One rewind of one run, where the charts mark it."""
+
+    run_id: str
+    to_step: int
+    reached: int
+    attempt: int
+    #: when its attempt logged its first point (ms), for the wall-time axis
+    time: float | None
+    #: seconds from the run's first point to then, for the relative axis
+    elapsed: float | None
+    label: str
+
+
+def rewind_rows(run_id: str, rewinds: Sequence[Rewind], history: pd.DataFrame | None) -> list[RewindMark]:
     """One marker per rewind: its step, and (for the wall-time axis) when its attempt logged its first point."""
     import numpy as np
 
@@ -265,7 +283,7 @@ def build_compare_spec(
     smoothed: bool = False,
     width: int = PANEL_WIDTH,
     height: int = PANEL_HEIGHT,
-) -> dict[str, Any]:
+) -> VegaLiteSpec:
     """The Vega-Lite spec: a grid of panels (one per key), a line per run coloured by run.
 
     ``runs``: ``{"id", "label", "color"}`` in legend order. Layers per panel
@@ -278,7 +296,7 @@ def build_compare_spec(
     """
     if x not in X_AXES:
         raise InvalidArgumentError(f"x={x!r}: use 'step', 'time' (wall time) or 'relative' (since each run began)")
-    config: dict[str, Any] = {"view": {"continuousWidth": 300, "continuousHeight": 300, "stroke": "#ddd"}}
+    config: VegaLiteSpec = {"view": {"continuousWidth": 300, "continuousHeight": 300, "stroke": "#ddd"}}
     if not runs or not keys:
         text = "Select runs to compare" if not runs else "No metrics logged yet"
         return {
@@ -300,8 +318,8 @@ def build_compare_spec(
         "scale": {"domain": [r["label"] for r in runs], "range": [r["color"] for r in runs]},
     }
     if x == "step":
-        x_enc: dict[str, Any] = {"field": "step", "title": "step", "type": "quantitative"}
-        rule_x: dict[str, Any] = {"field": "to_step", "title": "step", "type": "quantitative"}
+        x_enc: VegaLiteSpec = {"field": "step", "title": "step", "type": "quantitative"}
+        rule_x: VegaLiteSpec = {"field": "to_step", "title": "step", "type": "quantitative"}
         rule_filter = "true"
     elif x == "relative":
         title = "seconds since the run's first point"
@@ -322,7 +340,7 @@ def build_compare_spec(
             "type": "quantitative",
         }
         of_key = {"filter": {"equal": key, "field": "key"}}
-        layers: list[dict[str, Any]] = []
+        layers: list[VegaLiteSpec] = []
         if smoothed:
             layers.append(
                 {
@@ -439,7 +457,7 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-def _check_names(name: str, values: Any, what: str) -> list[str] | None:
+def _check_names(name: str, values: object, what: str) -> list[str] | None:
     if values is None:
         return None
     if isinstance(values, str):

@@ -15,7 +15,7 @@ from typing import Any
 
 import ipywidgets
 
-from launchhelm._api import RunHandle
+from launchhelm._api import Api, RunHandle
 from launchhelm._types import RunLike
 from launchhelm.widgets._base import Reusable, StoreArg, resolve_run, run_key
 from launchhelm.widgets._chart import RunChart
@@ -62,7 +62,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         store: StoreArg = None,
         keys: Sequence[str] | str | None = None,
         **_: object,
-    ) -> tuple[tuple[Hashable, ...], Any]:
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle]]:
         api, handle = resolve_run(run_or_id, store)
         chosen = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
         return run_key(cls, api, handle, chosen), (api, handle)
