@@ -413,7 +413,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``gc`` to the ``launchhelm`` command's subparsers."""
     gc = sub.add_parser(
         "gc",

@@ -48,7 +48,7 @@ T = TypeVar("T")
 _quieted_loops: set[int] = set()
 
 
-def _quiet_event_loop(loop: Any) -> None:
+def _quiet_event_loop(loop: object) -> None:
     """Keep the HTTP client's orphaned connection errors off the user's stderr.
 
     While a store refuses connections, aiohttp leaves tasks whose exception

@@ -7,7 +7,7 @@ import socket
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from launchhelm._exceptions import (
     InvalidArgumentError,
@@ -33,14 +33,14 @@ def _connect_timeout() -> float:
         return DEFAULT_CONNECT_TIMEOUT
 
 
-def _with_defaults(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
+def _with_defaults(kind: str | None, options: dict[str, object]) -> dict[str, object]:
     """Bounded timeouts and retries for each cloud, unless the caller chose their own."""
     connect, read = _connect_timeout(), DEFAULT_READ_TIMEOUT
     if kind is not None:
         # listing caches hide objects other processes just wrote
         options.setdefault("use_listings_cache", False)
     if kind == "s3":
-        config = dict(options.get("config_kwargs") or {})
+        config = dict(cast("Mapping[str, object]", options.get("config_kwargs") or {}))
         config.setdefault("connect_timeout", connect)
         config.setdefault("read_timeout", read)
         config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
@@ -202,7 +202,7 @@ def _quiet_azure_request_log() -> None:
         logger.setLevel(logging.WARNING)
 
 
-def _shorten_azure_backoff(fs: Any) -> None:
+def _shorten_azure_backoff(fs: object) -> None:
     """azure-storage-blob waits 15 s, 18 s, 24 s between its 3 retries (85 s for a dead endpoint,
     measured); adlfs cannot pass a retry policy, so shorten the one its client holds: 0.5, 2.5, 4.5 s."""
     policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from launchhelm._exceptions import (
     CoordinationUnsupportedError,
@@ -39,6 +39,11 @@ from launchhelm.storage._keys import run_record_key
 from launchhelm.storage._progress import Progress
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from _typeshed import SupportsWrite
+    from typing_extensions import Buffer
+
     from launchhelm.storage._backends import IncompleteUpload
 
 __all__ = ["ObjectInfo", "Store"]
@@ -111,7 +116,7 @@ class ObjectInfo:
     version: str | None = None
 
 
-def _copy(src: BinaryIO, dst: Any, block: int = _BLOCK, progress: Progress | None = None) -> None:
+def _copy(src: BinaryIO, dst: SupportsWrite[bytes], block: int = _BLOCK, progress: Progress | None = None) -> None:
     """Stream ``src`` to ``dst`` in blocks (never the whole file in memory)."""
     while chunk := src.read(block):
         dst.write(chunk)
@@ -149,7 +154,7 @@ class _CountingFile:
         self.raw = raw
         self.progress = progress
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         n = self.raw.write(data)
         self.progress.update(len(memoryview(data).cast("B")))
         return n
@@ -455,7 +460,7 @@ class Store:
     def _download(self, key: str, out: BinaryIO, progress: Progress) -> None:
         raise NotImplementedError
 
-    def _writer(self, key: str, progress: Progress) -> Any:
+    def _writer(self, key: str, progress: Progress) -> AbstractContextManager[BinaryIO]:
         raise NotImplementedError
 
     def _incomplete_uploads(self) -> builtins.list[IncompleteUpload]:
