@@ -47,7 +47,7 @@ def _plain(value: JSONValue | datetime.datetime) -> JSONValue:
     if isinstance(value, datetime.datetime):
         return value.isoformat()
     if isinstance(value, list):
-        return sorted(cast("list[str]", value))  # a string set has no order
+        return [*sorted(cast("list[str]", value))]  # a string set has no order
     return value
 
 
