@@ -29,7 +29,7 @@ from launchhelm._api import Api, RunHandle, RunView
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
 from launchhelm.runlog._events import validate_project
 from launchhelm.views._humanize import duration, local_time
-from launchhelm.views._runs import _epoch, config_diff
+from launchhelm.views._runs import ConfigDiff, _epoch, config_diff
 from launchhelm.widgets._base import LiveWidget, StoreArg, front_end
 from launchhelm.widgets._compare_spec import (
     DEFAULT_MAX_POINTS,
@@ -179,9 +179,9 @@ class CompareChart(LiveWidget):
         self._handles: dict[str, RunHandle] = {}
         self._views: dict[str, RunView] = {}
         self._rows: dict[str, dict[str, Any]] = {}
-        self._shown: tuple[Any, ...] | None = None
+        self._shown: tuple[object, ...] | None = None
         self._last_snapshot: CompareSnapshot | None = None
-        self._last_basis: tuple[Any, ...] | None = None
+        self._last_basis: tuple[object, ...] | None = None
         self.observe(self._on_view_option, names=["x_axis", "smooth", "smoothing"])
         try:
             self.set_runs(self._resolved[1] if self._resolved[1] is not None else self._project_runs())
@@ -281,7 +281,7 @@ class CompareChart(LiveWidget):
         labels = run_labels({r: self._handles[r].name for r in self._run_ids})
         return [{"id": r, "label": labels[r], "color": colors[r], "name": self._handles[r].name} for r in self._run_ids]
 
-    def diff(self) -> list[dict[str, Any]]:
+    def diff(self) -> list[ConfigDiff]:
         """The config diff: :func:`config_diff` of the compared runs' rows."""
         return config_diff([self._rows[r] for r in self._run_ids if r in self._rows])
 
@@ -377,7 +377,7 @@ class CompareChart(LiveWidget):
             self._last_snapshot = snapshot
             self.send(snapshot)
 
-    def _basis(self) -> tuple[Any, ...]:
+    def _basis(self) -> tuple[object, ...]:
         """What a snapshot is made from: each run's row and rewind counts, and the smoothing."""
         counts = []
         for run_id in self._run_ids:
