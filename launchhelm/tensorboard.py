@@ -330,7 +330,9 @@ class SummaryWriter:
             self._log({}, None)  # raises, as for scalars
         self._warn_once(what)
 
-    def add_histogram(self, tag: str, values: object, global_step: int | None = None, *args: object, **kwargs: object) -> None:
+    def add_histogram(
+        self, tag: str, values: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_histogram")
 
@@ -338,20 +340,32 @@ class SummaryWriter:
         """Accepted, not stored (one warning)."""
         self._skip("add_histogram_raw")
 
-    def add_image(self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object) -> None:
+    def add_image(
+        self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_image")
 
-    def add_images(self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object) -> None:
+    def add_images(
+        self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_images")
 
-    def add_image_with_boxes(self, tag: str, img_tensor: object, box_tensor: object, *args: object, **kwargs: object) -> None:
+    def add_image_with_boxes(
+        self, tag: str, img_tensor: object, box_tensor: object, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_image_with_boxes")
 
     def add_figure(
-        self, tag: str, figure: object, global_step: int | None = None, close: bool = True, *args: object, **kwargs: object
+        self,
+        tag: str,
+        figure: object,
+        global_step: int | None = None,
+        close: bool = True,
+        *args: object,
+        **kwargs: object,
     ) -> None:
         """Accepted, not stored (one warning); closes the figure when ``close`` (as torch does)."""
         if close:
@@ -363,15 +377,21 @@ class SummaryWriter:
                     pyplot.close(one)
         self._skip("add_figure")
 
-    def add_video(self, tag: str, vid_tensor: object, global_step: int | None = None, *args: object, **kwargs: object) -> None:
+    def add_video(
+        self, tag: str, vid_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_video")
 
-    def add_audio(self, tag: str, snd_tensor: object, global_step: int | None = None, *args: object, **kwargs: object) -> None:
+    def add_audio(
+        self, tag: str, snd_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_audio")
 
-    def add_tensor(self, tag: str, tensor: object, global_step: int | None = None, *args: object, **kwargs: object) -> None:
+    def add_tensor(
+        self, tag: str, tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_tensor")
 
@@ -383,7 +403,9 @@ class SummaryWriter:
         """Accepted, not stored (one warning)."""
         self._skip("add_onnx_graph")
 
-    def add_embedding(self, mat: object, metadata: object = None, label_img: object = None, *args: object, **kwargs: object) -> None:
+    def add_embedding(
+        self, mat: object, metadata: object = None, label_img: object = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_embedding")
 
@@ -442,7 +464,9 @@ class SummaryWriter:
 
 
 def stored_texts(
-    run_id: str, store: str | os.PathLike[str] | Store | None = None, storage_options: Mapping[str, object] | None = None
+    run_id: str,
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: Mapping[str, object] | None = None,
 ) -> list[StoredText]:
     """What ``add_text`` kept for run ``run_id``: ``[{"tag", "step", "time", "text"}]``, in logging order."""
     st = open_store(store, storage_options)
