@@ -104,7 +104,7 @@ class ObjectStore(Store):
         # s3fs sends a HEAD before every GET to decide on a concurrent ranged
         # read unless max_concurrency is 1: small objects need one GET, and
         # large ones come back through _download's own ranged reads
-        self._cat_options: dict[str, Any] = {"max_concurrency": 1} if self._kind == "s3" else {}
+        self._cat_options: dict[str, object] = {"max_concurrency": 1} if self._kind == "s3" else {}
 
     def _path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
