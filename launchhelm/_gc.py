@@ -36,7 +36,7 @@ from __future__ import annotations
 import argparse
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -336,7 +336,7 @@ def collect_garbage(
     keep_last: int | None = None,
     dry_run: bool = False,
     project: str | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     now: float | None = None,
     log: Callable[[str], None] | None = None,
     include_evaluated: bool = False,
@@ -413,7 +413,7 @@ def _cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add ``gc`` to the ``launchhelm`` command's subparsers."""
     gc = sub.add_parser(
         "gc",

@@ -71,7 +71,7 @@ def _one_line(text: str) -> str:
 
 def current_store() -> str:
     """The store the magics (and ``lh.Api()``, ``lh.init()``) use now."""
-    from launchhelm.storage._store import default_store_url
+    from launchhelm.storage._open import default_store_url
 
     return default_store_url()
 

@@ -7,9 +7,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from launchhelm.storage import Store
 
-__all__ = ["Checkpoint", "Evaluation", "Rewind", "RunLike"]
+__all__ = ["Checkpoint", "Evaluation", "JSONValue", "Rewind", "RunLike"]
+
+#: A value as JSON carries it: what ``json.loads`` returns and ``json.dumps`` takes
+#: (configs, tunables, control changes, stored records' free-form parts).
+JSONValue: TypeAlias = bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"] | None
 
 
 @runtime_checkable

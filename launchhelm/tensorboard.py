@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any
+from typing import Any, TypedDict
 
 from launchhelm._compat import RECORD_INTERVAL, CompatSession, compat_key, read_compat
 from launchhelm._exceptions import InvalidTypeError, RunFinishedError
@@ -48,6 +48,15 @@ _log = logging.getLogger("launchhelm")
 COMPAT_FORMAT = "launchhelm.tensorboard/1"
 #: Text kept per run by ``add_text`` (characters); past it texts are dropped with one warning.
 MAX_TEXT_CHARS = 4 * 1024 * 1024
+
+
+class StoredText(TypedDict):
+    """One ``add_text`` call, as the run's TensorBoard record keeps it."""
+
+    tag: str
+    step: int
+    time: float
+    text: str
 
 
 def _project_of(project: str | None, log_dir: str) -> str:
@@ -101,7 +110,7 @@ class SummaryWriter:
         *,
         project: str | None = None,
         store: str | os.PathLike[str] | Store | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, object] | None = None,
         **options: Any,
     ) -> None:
         if not log_dir:
@@ -117,7 +126,7 @@ class SummaryWriter:
         self._store = open_store(store, storage_options)
         self._options = options
         self._lock = threading.Lock()
-        self._texts: list[dict[str, Any]] = []
+        self._texts: list[StoredText] = []
         self._text_chars = 0
         self._dirty = False
         self._last_put = -math.inf
@@ -176,7 +185,7 @@ class SummaryWriter:
         return self.log_dir
 
     # -- scalars -------------------------------------------------------------
-    def _log(self, values: Mapping[str, Any], global_step: int | None) -> None:
+    def _log(self, values: Mapping[str, object], global_step: int | None) -> None:
         if self._closed:
             raise RunFinishedError(
                 f"this SummaryWriter was closed (run {self._run.id}); create a new SummaryWriter to log more",
@@ -195,7 +204,7 @@ class SummaryWriter:
     def add_scalar(
         self,
         tag: str,
-        scalar_value: Any,
+        scalar_value: object,
         global_step: int | None = None,
         walltime: float | None = None,
         new_style: bool = False,
@@ -212,7 +221,7 @@ class SummaryWriter:
     def add_scalars(
         self,
         main_tag: str,
-        tag_scalar_dict: Mapping[str, Any],
+        tag_scalar_dict: Mapping[str, object],
         global_step: int | None = None,
         walltime: float | None = None,
     ) -> None:
@@ -223,9 +232,9 @@ class SummaryWriter:
 
     def add_hparams(
         self,
-        hparam_dict: Mapping[str, Any],
-        metric_dict: Mapping[str, Any],
-        hparam_domain_discrete: Mapping[str, list[Any]] | None = None,
+        hparam_dict: Mapping[str, object],
+        metric_dict: Mapping[str, object],
+        hparam_domain_discrete: Mapping[str, list[object]] | None = None,
         run_name: str | None = None,
         global_step: int | None = None,
     ) -> None:
@@ -321,28 +330,42 @@ class SummaryWriter:
             self._log({}, None)  # raises, as for scalars
         self._warn_once(what)
 
-    def add_histogram(self, tag: str, values: Any, global_step: int | None = None, *args: Any, **kwargs: Any) -> None:
+    def add_histogram(
+        self, tag: str, values: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_histogram")
 
-    def add_histogram_raw(self, tag: str, *args: Any, **kwargs: Any) -> None:
+    def add_histogram_raw(self, tag: str, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_histogram_raw")
 
-    def add_image(self, tag: str, img_tensor: Any, global_step: int | None = None, *args: Any, **kwargs: Any) -> None:
+    def add_image(
+        self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_image")
 
-    def add_images(self, tag: str, img_tensor: Any, global_step: int | None = None, *args: Any, **kwargs: Any) -> None:
+    def add_images(
+        self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_images")
 
-    def add_image_with_boxes(self, tag: str, img_tensor: Any, box_tensor: Any, *args: Any, **kwargs: Any) -> None:
+    def add_image_with_boxes(
+        self, tag: str, img_tensor: object, box_tensor: object, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_image_with_boxes")
 
     def add_figure(
-        self, tag: str, figure: Any, global_step: int | None = None, close: bool = True, *args: Any, **kwargs: Any
+        self,
+        tag: str,
+        figure: object,
+        global_step: int | None = None,
+        close: bool = True,
+        *args: object,
+        **kwargs: object,
     ) -> None:
         """Accepted, not stored (one warning); closes the figure when ``close`` (as torch does)."""
         if close:
@@ -354,51 +377,59 @@ class SummaryWriter:
                     pyplot.close(one)
         self._skip("add_figure")
 
-    def add_video(self, tag: str, vid_tensor: Any, global_step: int | None = None, *args: Any, **kwargs: Any) -> None:
+    def add_video(
+        self, tag: str, vid_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_video")
 
-    def add_audio(self, tag: str, snd_tensor: Any, global_step: int | None = None, *args: Any, **kwargs: Any) -> None:
+    def add_audio(
+        self, tag: str, snd_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_audio")
 
-    def add_tensor(self, tag: str, tensor: Any, global_step: int | None = None, *args: Any, **kwargs: Any) -> None:
+    def add_tensor(
+        self, tag: str, tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_tensor")
 
-    def add_graph(self, model: Any, input_to_model: Any = None, *args: Any, **kwargs: Any) -> None:
+    def add_graph(self, model: object, input_to_model: object = None, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_graph")
 
-    def add_onnx_graph(self, prototxt: Any) -> None:
+    def add_onnx_graph(self, prototxt: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_onnx_graph")
 
-    def add_embedding(self, mat: Any, metadata: Any = None, label_img: Any = None, *args: Any, **kwargs: Any) -> None:
+    def add_embedding(
+        self, mat: object, metadata: object = None, label_img: object = None, *args: object, **kwargs: object
+    ) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_embedding")
 
-    def add_pr_curve(self, tag: str, labels: Any, predictions: Any, *args: Any, **kwargs: Any) -> None:
+    def add_pr_curve(self, tag: str, labels: object, predictions: object, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_pr_curve")
 
-    def add_pr_curve_raw(self, tag: str, *args: Any, **kwargs: Any) -> None:
+    def add_pr_curve_raw(self, tag: str, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_pr_curve_raw")
 
-    def add_mesh(self, tag: str, vertices: Any, *args: Any, **kwargs: Any) -> None:
+    def add_mesh(self, tag: str, vertices: object, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_mesh")
 
-    def add_custom_scalars(self, layout: Any) -> None:
+    def add_custom_scalars(self, layout: object) -> None:
         """Accepted, not stored (one warning): LaunchHelm's charts choose their own layout."""
         self._skip("add_custom_scalars")
 
-    def add_custom_scalars_multilinechart(self, tags: Any, *args: Any, **kwargs: Any) -> None:
+    def add_custom_scalars_multilinechart(self, tags: object, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_custom_scalars_multilinechart")
 
-    def add_custom_scalars_marginchart(self, tags: Any, *args: Any, **kwargs: Any) -> None:
+    def add_custom_scalars_marginchart(self, tags: object, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_custom_scalars_marginchart")
 
@@ -433,8 +464,10 @@ class SummaryWriter:
 
 
 def stored_texts(
-    run_id: str, store: str | os.PathLike[str] | Store | None = None, storage_options: dict[str, Any] | None = None
-) -> list[dict[str, Any]]:
+    run_id: str,
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: Mapping[str, object] | None = None,
+) -> list[StoredText]:
     """What ``add_text`` kept for run ``run_id``: ``[{"tag", "step", "time", "text"}]``, in logging order."""
     st = open_store(store, storage_options)
     return list(read_compat(st, run_id, "tensorboard", COMPAT_FORMAT).get("texts") or [])

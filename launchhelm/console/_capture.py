@@ -39,9 +39,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
 
 from launchhelm.console._buffer import BUFFER_BYTES, LINE_BYTES, ConsoleBuffer
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
 __all__ = [
     "BUFFER_BYTES",
@@ -97,15 +100,28 @@ def _forward(out: int, data: bytes) -> None:
 class _TeeStream:
     """A forwarding stand-in for a stream whose ``write`` cannot be wrapped in place."""
 
-    def __init__(self, stream: Any, tee: Callable[[str], Any]) -> None:
+    def __init__(self, stream: TextIO, tee: Callable[[str], object]) -> None:
         self._lh_stream = stream
         self._lh_tee = tee
 
-    def write(self, text: str) -> Any:
+    def write(self, text: str) -> object:
         return self._lh_tee(text)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._lh_stream, name)
+
+
+#: What the write queue holds: stdout's writes as they are, stderr's as one-item tuples
+#: (bytes only if a caller wrote bytes to a stream that took them).
+_Queued: TypeAlias = "str | bytes | tuple[str | bytes]"
+
+
+class _EchoTarget(Protocol):
+    """An ipykernel ``OutStream``'s ``echo``: anything with ``write`` and ``flush``."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 class _Echo:
@@ -119,24 +135,24 @@ class _Echo:
     ``OutStream`` ignores what its echo's ``write`` returns.
     """
 
-    def __init__(self, previous: Any, capture: _StreamCapture, queue: _WriteQueue) -> None:
+    def __init__(self, previous: _EchoTarget | None, capture: _StreamCapture, queue: _WriteQueue) -> None:
         self._previous = previous
         # set on the instance so ``echo.write`` finds it first (no bound method made per call)
         self.write = self._writer(queue.items.append, capture.name == "stdout")
 
-    def _writer(self, append: Callable[[Any], None], plain: bool) -> Callable[[Any], Any]:
+    def _writer(self, append: Callable[[_Queued], None], plain: bool) -> Callable[[str], object]:
         previous = self._previous
         if previous is None:
             if plain:
                 return append  # the C-level append itself
 
-            def write_err(text: Any) -> None:
+            def write_err(text: str) -> None:
                 append((text,))
 
             return write_err
         hand_on = previous.write
 
-        def write_on(text: Any) -> Any:
+        def write_on(text: str) -> object:
             append(text if plain else (text,))
             return hand_on(text)
 
@@ -163,7 +179,7 @@ class _WriteQueue:
     """
 
     def __init__(self, owner: _Capture) -> None:
-        self.items: list[Any] = []
+        self.items: list[_Queued] = []
         self._owner = owner
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -191,15 +207,15 @@ class _WriteQueue:
             batch = items[:n]
             del items[:n]
             try:
-                text = "".join(batch)  # stdout alone: the usual case
+                text = "".join(cast("list[str]", batch))  # stdout alone: the usual case
             except TypeError:  # stderr's tuples among them (or something that is no str)
                 self._feed_mixed(batch)
             else:
                 self._feed_text(text, "stdout")
             return True
 
-    def _feed_mixed(self, batch: list[Any]) -> None:
-        run: list[Any] = []
+    def _feed_mixed(self, batch: list[_Queued]) -> None:
+        run: list[str | bytes] = []
         stream = "stdout"
         for item in batch:
             name = "stderr" if type(item) is tuple else "stdout"
@@ -208,11 +224,11 @@ class _WriteQueue:
                     self._feed(run, stream)
                     run = []
                 stream = name
-            run.append(item[0] if name == "stderr" else item)
+            run.append(item[0] if isinstance(item, tuple) else item)
         if run:
             self._feed(run, stream)
 
-    def _feed(self, batch: list[Any], stream: str) -> None:
+    def _feed(self, batch: list[str | bytes], stream: str) -> None:
         try:
             text = "".join(x if isinstance(x, str) else bytes(x).decode("utf-8", "replace") for x in batch)
         except Exception:  # never let the copy break the program's output
@@ -233,7 +249,7 @@ class _WriteQueue:
         self.drain()
 
 
-def _is_outstream(stream: Any) -> bool:
+def _is_outstream(stream: object) -> bool:
     iostream = sys.modules.get("ipykernel.iostream")
     return iostream is not None and isinstance(stream, iostream.OutStream) and hasattr(stream, "echo")
 
@@ -378,7 +394,7 @@ class _StreamCapture:
         queue = self._owner.write_queue()
         items, drain, most, plain = queue.items, queue.drain, _QUEUE_ITEMS, self.name == "stdout"
 
-        def write(text: Any) -> Any:
+        def write(text: str) -> object:
             # twice per print(): the write, one append to the shared queue (its drainer hands it on),
             # and a length check (a loop whose writes release the GIL for a moment, as a file's do,
             # can keep the drainer from it: then the writer drains)

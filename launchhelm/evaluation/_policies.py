@@ -22,9 +22,9 @@ nor the project's rule.
 from __future__ import annotations
 
 import itertools
-from typing import Any
 
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm._types import JSONValue
 from launchhelm.runlog._events import validate_project
 from launchhelm.storage._keys import policy_patterns
 
@@ -65,7 +65,7 @@ def _gcs_name_test(object_prefix: str, pattern: str) -> str:
     return "(" + " && ".join([anchored, *found]) + ")"
 
 
-def gcs_worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
+def gcs_worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, JSONValue]:
     """A bucket IAM policy (with IAM Conditions) for evaluation workers of a ``gs://`` store.
 
     Apply it with ``gcloud storage buckets set-iam-policy gs://BUCKET policy.json`` after
@@ -81,8 +81,8 @@ def gcs_worker_policy(store_url: str, project: str | None = None, principal: str
     read = [_gcs_name_test(objects, p + "*") for p in scopes["read"]]
     read += [f"{listed}.startsWith({_quote(key_root + p)})" for p in scopes["list"]]
 
-    def binding(role: str, title: str, description: str, tests: list[str]) -> dict[str, Any]:
-        condition = {"title": title, "description": description, "expression": " || ".join(tests)}
+    def binding(role: str, title: str, description: str, tests: list[str]) -> dict[str, JSONValue]:
+        condition: dict[str, JSONValue] = {"title": title, "description": description, "expression": " || ".join(tests)}
         return {"role": role, "members": [member], "condition": condition}
 
     return {
@@ -135,7 +135,9 @@ def _azure_block(actions: list[str], tests: list[str], listing: bool = False) ->
     return f"((!({matches})) OR ({' OR '.join(tests)}))"
 
 
-def azure_worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
+def azure_worker_policy(
+    store_url: str, project: str | None = None, principal: str | None = None
+) -> dict[str, JSONValue]:
     """A role assignment (with ABAC conditions) for evaluation workers of an ``az://`` store.
 
     Create it with ``az role assignment create --assignee PRINCIPAL --role ROLE --scope SCOPE
@@ -186,7 +188,7 @@ def azure_worker_policy(store_url: str, project: str | None = None, principal: s
     }
 
 
-def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, Any]:
+def worker_policy(store_url: str, project: str | None = None, principal: str | None = None) -> dict[str, JSONValue]:
     """A least-privilege S3 bucket policy for evaluation workers of ``store_url``.
 
     For ``gs://`` and ``az://`` stores: the GCS IAM policy or Azure role
@@ -218,7 +220,7 @@ def worker_policy(store_url: str, project: str | None = None, principal: str | N
         return f"arn:aws:s3:::{bucket}/{key(pattern)}"
 
     who = principal or "arn:aws:iam::ACCOUNT_ID:role/launchhelm-evaluation-worker"
-    allow: dict[str, Any] = {"Effect": "Allow", "Principal": {"AWS": who}}
+    allow: dict[str, JSONValue] = {"Effect": "Allow", "Principal": {"AWS": who}}
     return {
         "Version": "2012-10-17",
         "Statement": [

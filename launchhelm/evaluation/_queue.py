@@ -63,9 +63,9 @@ import re
 import threading
 import time
 import weakref
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -76,7 +76,8 @@ from launchhelm._exceptions import (
 )
 from launchhelm._types import Evaluation
 from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
-from launchhelm.runlog._liveness import process_identity, process_state, requester
+from launchhelm.runlog._liveness import ProcessIdentity, process_identity, process_state, requester
+from launchhelm.runlog._records import Requester, RewindEvent
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     attempt_name,
@@ -98,6 +99,9 @@ from launchhelm.storage._keys import (
     score_chunk_key,
 )
 
+if TYPE_CHECKING:
+    from typing_extensions import NotRequired
+
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
     "Claim",
@@ -116,6 +120,30 @@ REQUEST_FORMAT = "launchhelm.evaluation/1"
 #: epoch's (lapsed or released) holder from ever publishing.
 RESULT, FENCE = "result", "fence"
 SCORE_PREFIX = "eval/"
+
+
+class EvaluationRequest(TypedDict):
+    """``.../request.json``: what :meth:`EvaluationQueue.queue` creates, once per checkpoint."""
+
+    format: str
+    id: str
+    project: str
+    run_id: str
+    checkpoint: str
+    step: int
+    checkpoint_time: float
+    queued_at: float
+    #: ``"rule"`` or ``"manual"``; requests queued by earlier versions lack it (a rule's)
+    reason: NotRequired[str]
+
+
+class RuleEntry(TypedDict):
+    """One change of a project's evaluate-every-checkpoint rule."""
+
+    enabled: bool
+    time: float
+    by: Requester
+
 
 _CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -141,11 +169,11 @@ def parse_evaluation_id(value: object) -> tuple[str, str]:
     )
 
 
-def _dumps(body: Mapping[str, Any]) -> bytes:
+def _dumps(body: Mapping[str, object]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _rule_enabled_at(entries: list[dict[str, Any]], when: float) -> bool:
+def _rule_enabled_at(entries: list[RuleEntry], when: float) -> bool:
     enabled = False
     for entry in entries:
         if float(entry["time"]) <= when:
@@ -153,7 +181,7 @@ def _rule_enabled_at(entries: list[dict[str, Any]], when: float) -> bool:
     return enabled
 
 
-def _count_rewinds_before(events: list[dict[str, Any]], seq: int) -> int:
+def _count_rewinds_before(events: Sequence[RewindEvent], seq: int) -> int:
     return sum(1 for e in events if e.get("type") == REWIND and int(e["seq"]) < seq)
 
 
@@ -223,7 +251,7 @@ class _Listed:
 @dataclass(frozen=True)
 class _LeaseView:
     worker: str
-    process: dict[str, Any]
+    process: ProcessIdentity
     started_at: float
     expires: float
 
@@ -245,7 +273,7 @@ class Claim:
     worker: str
     lease_seconds: float
     started_at: float
-    request: dict[str, Any]
+    request: EvaluationRequest
 
     @property
     def id(self) -> str:
@@ -292,7 +320,7 @@ class EvaluationQueue:
         self.project = validate_project(project)
         self._cache: dict[str, dict[str, Any]] = {}
         self._renewals: dict[str, tuple[str, _LeaseView]] = {}  # attempt prefix -> newest lease read
-        self._rules: dict[str, dict[str, Any]] = {}
+        self._rules: dict[str, RuleEntry] = {}
         self._logs: dict[str, EventLog] = {}
         self._closed_runs: set[str] = set()
 
@@ -326,8 +354,8 @@ class EvaluationQueue:
             listed.add(name)
         return listed if listed.request else None
 
-    def request(self, listed: _Listed) -> dict[str, Any]:
-        return self._read_immutable(request_key(listed.base))
+    def request(self, listed: _Listed) -> EvaluationRequest:
+        return cast("EvaluationRequest", self._read_immutable(request_key(listed.base)))
 
     def slot(self, listed: _Listed, attempt: int, epoch: int) -> dict[str, Any]:
         return self._read_immutable(result_key(attempt_prefix(listed.base, attempt), epoch))
@@ -427,12 +455,12 @@ class EvaluationQueue:
         return records
 
     # -- the rule -----------------------------------------------------------
-    def rule_entries(self) -> list[dict[str, Any]]:
+    def rule_entries(self) -> list[RuleEntry]:
         """Every change of the project's evaluate-every-checkpoint rule, oldest first."""
         prefix = rule_prefix(self.project)
         for name in self.store.list(prefix):
             if parse_rule_name(name) is not None and name not in self._rules:
-                self._rules[name] = dict(json.loads(self.store.read(f"{prefix}/{name}")))
+                self._rules[name] = cast("RuleEntry", dict(json.loads(self.store.read(f"{prefix}/{name}"))))
         return [self._rules[name] for name in sorted(self._rules)]
 
     def rule_enabled(self) -> bool:
@@ -445,7 +473,7 @@ class EvaluationQueue:
             entries = self.rule_entries()
             if entries and bool(entries[-1]["enabled"]) == enabled:
                 return enabled
-            body = {"enabled": enabled, "time": time.time(), "by": requester()}
+            body: RuleEntry = {"enabled": enabled, "time": time.time(), "by": requester()}
             try:
                 self.store.create(rule_key(self.project, len(self._rules) + 1), _dumps(body))
             except AlreadyExistsError:
@@ -458,7 +486,7 @@ class EvaluationQueue:
         checkpoint = str(event["checkpoint"])
         if not _CHECKPOINT_ID_RE.fullmatch(checkpoint):
             raise CheckpointError(f"checkpoint id {checkpoint!r} cannot name an evaluation", run_id=run_id)
-        body = {
+        body: EvaluationRequest = {
             "format": REQUEST_FORMAT,
             "id": evaluation_id(run_id, checkpoint),
             "project": self.project,

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from launchhelm.importers._common import ImportResult
+
+    #: The subparsers of a command (``parser.add_subparsers()``).
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = ["SOURCES", "add_commands"]
 
@@ -22,7 +30,7 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
 
 
-def _done(result: Any) -> int:
+def _done(result: ImportResult) -> int:
     print(
         f"{len(result.imported)} run(s) imported, {len(result.skipped)} already imported, into project "
         f"{result.project!r}; list them with `launchhelm runs {result.project}`"
@@ -30,7 +38,7 @@ def _done(result: Any) -> int:
     return 0
 
 
-def _tensorboard(sources: Any) -> None:
+def _tensorboard(sources: Subparsers) -> None:
     def run(args: argparse.Namespace) -> int:
         from launchhelm.importers import import_tensorboard
 
@@ -49,7 +57,7 @@ def _tensorboard(sources: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _mlflow(sources: Any) -> None:
+def _mlflow(sources: Subparsers) -> None:
     def run(args: argparse.Namespace) -> int:
         from launchhelm.importers import import_mlflow
 
@@ -76,7 +84,7 @@ def _mlflow(sources: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _wandb(sources: Any) -> None:
+def _wandb(sources: Subparsers) -> None:
     def run(args: argparse.Namespace) -> int:
         from launchhelm.importers import import_wandb
 
@@ -95,7 +103,7 @@ def _wandb(sources: Any) -> None:
     parser.set_defaults(func=run)
 
 
-def _neptune(sources: Any) -> None:
+def _neptune(sources: Subparsers) -> None:
     def run(args: argparse.Namespace) -> int:
         from launchhelm.importers import import_neptune
 
@@ -125,10 +133,10 @@ def _neptune(sources: Any) -> None:
 
 
 #: One function per source: each adds its subcommand to ``launchhelm import``.
-SOURCES: list[Callable[[Any], None]] = [_tensorboard, _mlflow, _wandb, _neptune]
+SOURCES: list[Callable[[Subparsers], None]] = [_tensorboard, _mlflow, _wandb, _neptune]
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Subparsers) -> None:
     """Add ``import`` (and under it one subcommand per source) to the ``launchhelm`` command's subparsers."""
     parser = sub.add_parser(
         "import", help="import runs from TensorBoard, MLflow, W&B or a Neptune export (importing again adds nothing)"

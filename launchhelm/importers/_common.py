@@ -28,6 +28,7 @@ from array import array
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import (
@@ -38,6 +39,7 @@ from launchhelm._exceptions import (
     MissingExtraError,
     StorageError,
 )
+from launchhelm._types import JSONValue
 from launchhelm.metrics._layout import Manifest, SegmentRef
 from launchhelm.metrics._points import RESERVED_KEYS, validate_key
 from launchhelm.metrics._segments import encode_segment
@@ -90,7 +92,7 @@ _ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz"
 _ID_LENGTH = 12
 
 
-def require(module: str, extra: str, what: str) -> Any:
+def require(module: str, extra: str, what: str) -> ModuleType:
     """Import ``module`` (a source's reader), or raise :class:`MissingExtraError` naming the extra."""
     import importlib
 
@@ -167,10 +169,10 @@ class SourceRun:
     label: str  #: how messages name the run
     read: Callable[[Recorder], None]
     name: str = ""
-    config: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, JSONValue] = field(default_factory=dict)
     created: float | None = None
     ended: float | None = None
-    imported: dict[str, Any] = field(default_factory=dict)
+    imported: dict[str, object] = field(default_factory=dict)
 
 
 def _fix_key(key: str) -> str | None:
@@ -219,10 +221,10 @@ class Recorder:
         self.run_id = run_id
         self.source = source
         self.name = source.name or source.key
-        self.config: dict[str, Any] = dict(source.config)
+        self.config: dict[str, JSONValue] = dict(source.config)
         self.created = source.created
         self.ended = source.ended
-        self.imported: dict[str, Any] = dict(source.imported)
+        self.imported: dict[str, object] = dict(source.imported)
         #: values the source gives as the run's summary (W&B's): they override the latest point
         self.summary: dict[str, float] = {}
         self.skipped: dict[str, int] = {}  # what was not imported, counted by description
@@ -500,7 +502,7 @@ def import_runs(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None,
-    storage_options: dict[str, Any] | None,
+    storage_options: Mapping[str, object] | None,
     progress: bool,
     report: Callable[[str], None] | None = None,
     workers: int = WORKERS,

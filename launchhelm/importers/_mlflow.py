@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import heapq
 import os
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
 from launchhelm._exceptions import InvalidArgumentError, SourceReadError
 from launchhelm.importers._common import ImportResult, Recorder, SourceRun, import_runs, require
 from launchhelm.storage import Store
+
+if TYPE_CHECKING:
+    from mlflow.entities import Experiment, Run
+    from mlflow.tracking import MlflowClient
 
 __all__ = ["import_mlflow"]
 
@@ -28,12 +32,13 @@ _EXTRA = "import-mlflow"
 _PAGE = 1000
 
 
-def _client(tracking_uri: str) -> Any:
+def _client(tracking_uri: str) -> MlflowClient:
     tracking = require("mlflow.tracking", _EXTRA, "importing from MLflow")
-    return tracking.MlflowClient(tracking_uri=tracking_uri)
+    client: MlflowClient = tracking.MlflowClient(tracking_uri=tracking_uri)
+    return client
 
 
-def _experiments(client: Any, tracking_uri: str, experiment: str | None) -> list[Any]:
+def _experiments(client: MlflowClient, tracking_uri: str, experiment: str | None) -> list[Experiment]:
     if experiment is not None:
         found = client.get_experiment_by_name(experiment)
         if found is None:
@@ -45,8 +50,8 @@ def _experiments(client: Any, tracking_uri: str, experiment: str | None) -> list
     return _all_experiments(client)
 
 
-def _all_experiments(client: Any) -> list[Any]:
-    experiments: list[Any] = []
+def _all_experiments(client: MlflowClient) -> list[Experiment]:
+    experiments: list[Experiment] = []
     token = None
     while True:
         page = client.search_experiments(max_results=_PAGE, page_token=token)
@@ -56,8 +61,8 @@ def _all_experiments(client: Any) -> list[Any]:
             return experiments
 
 
-def _runs(client: Any, experiment_ids: list[str]) -> list[Any]:
-    runs: list[Any] = []
+def _runs(client: MlflowClient, experiment_ids: list[str]) -> list[Run]:
+    runs: list[Run] = []
     token = None
     while True:
         page = client.search_runs(
@@ -69,7 +74,7 @@ def _runs(client: Any, experiment_ids: list[str]) -> list[Any]:
             return runs
 
 
-def _source(client: Any, tracking_uri: str, run: Any, experiment_name: str) -> SourceRun:
+def _source(client: MlflowClient, tracking_uri: str, run: Run, experiment_name: str) -> SourceRun:
     info, data = run.info, run.data
     run_id = str(info.run_id)
     name = str(info.run_name or data.tags.get("mlflow.runName") or run_id)
@@ -116,7 +121,7 @@ def import_mlflow(
     *,
     experiment: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

@@ -19,12 +19,13 @@ from __future__ import annotations
 import datetime
 import os
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError, SourceReadError
+from launchhelm._types import JSONValue
 from launchhelm.importers._common import ImportResult, Recorder, SourceRun, import_runs
 from launchhelm.storage import Store
 
@@ -42,11 +43,11 @@ _PARAMETERS = {
 _COLUMNS = ["project_id", "run_id", "attribute_path", "attribute_type", "step", "timestamp", *_PARAMETERS.values()]
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: JSONValue | datetime.datetime) -> JSONValue:
     if isinstance(value, datetime.datetime):
         return value.isoformat()
     if isinstance(value, list):
-        return sorted(value)  # a string set has no order
+        return [*sorted(cast("list[str]", value))]  # a string set has no order
     return value
 
 
@@ -66,8 +67,8 @@ def _read_parts(parts: list[Path], recorder: Recorder, step_multiplier: int) -> 
             ) from exc
         tables.append(table)
     table = pa.concat_tables(tables, promote_options="permissive")
-    sys_values: dict[str, Any] = {}
-    config: dict[str, Any] = {}
+    sys_values: dict[str, JSONValue] = {}
+    config: dict[str, JSONValue] = {}
     kinds = table.column("attribute_type").to_pylist()
     paths = table.column("attribute_path").to_pylist()
     columns = {name: table.column(name) for name in _PARAMETERS.values()}
@@ -162,7 +163,7 @@ def import_neptune(
     *,
     step_multiplier: int = 1,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

@@ -22,8 +22,13 @@ import os
 import posixpath
 import re
 import struct
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, BinaryIO
+
+from launchhelm._types import JSONValue
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
 
 from launchhelm._exceptions import PathNotFoundError, SourceReadError
 from launchhelm.importers._common import ImportResult, Recorder, SourceRun, import_runs
@@ -169,8 +174,8 @@ def _plugin(buf: bytes, start: int, end: int) -> tuple[str, bytes]:
 
 
 # -- google.protobuf.Value, as the hparams plugin stores values ----------------------------
-def _struct_value(buf: bytes, start: int, end: int) -> Any:
-    value: Any = None
+def _struct_value(buf: bytes, start: int, end: int) -> JSONValue:
+    value: JSONValue = None
     for number, wire, a, b in _fields(buf, start, end):
         if number == 2 and wire == 1:
             value = _DOUBLE.unpack_from(buf, a)[0]
@@ -179,11 +184,12 @@ def _struct_value(buf: bytes, start: int, end: int) -> Any:
         elif number == 4 and wire == 0:
             value = bool(a)
         elif number == 5 and wire == 2:  # Struct: map<string, Value> fields = 1
-            value = {}
+            fields: dict[str, JSONValue] = {}
             for f, w, ea, eb in _fields(buf, a, b):
                 if f == 1 and w == 2:
                     key, item = _entry(buf, ea, eb)
-                    value[key] = item
+                    fields[key] = item
+            value = fields
         elif number == 6 and wire == 2:  # ListValue: repeated Value values = 1
             value = [_struct_value(buf, va, vb) for f, w, va, vb in _fields(buf, a, b) if f == 1 and w == 2]
         elif number == 1:
@@ -191,8 +197,9 @@ def _struct_value(buf: bytes, start: int, end: int) -> Any:
     return value
 
 
-def _entry(buf: bytes, start: int, end: int) -> tuple[str, Any]:
-    key, value = "", None
+def _entry(buf: bytes, start: int, end: int) -> tuple[str, JSONValue]:
+    key: str = ""
+    value: JSONValue = None
     for number, wire, a, b in _fields(buf, start, end):
         if number == 1 and wire == 2:
             key = buf[a:b].decode("utf-8", "replace")
@@ -201,11 +208,11 @@ def _entry(buf: bytes, start: int, end: int) -> tuple[str, Any]:
     return key, value
 
 
-def _session_start_hparams(content: bytes) -> dict[str, Any] | None:
+def _session_start_hparams(content: bytes) -> dict[str, JSONValue] | None:
     """The hparams of an ``HParamsPluginData`` holding a ``SessionStartInfo`` (field 3), else None."""
     for number, wire, a, b in _fields(content):
         if number == 3 and wire == 2:
-            hparams: dict[str, Any] = {}
+            hparams: dict[str, JSONValue] = {}
             for f, w, ea, eb in _fields(content, a, b):
                 if f == 1 and w == 2:
                     key, value = _entry(content, ea, eb)
@@ -239,7 +246,7 @@ def _corrupt(path: str, at: int, what: str) -> SourceReadError:
     )
 
 
-def read_event_file(f: Any, path: str, recorder: Recorder, plugins: dict[str, str]) -> None:
+def read_event_file(f: BinaryIO, path: str, recorder: Recorder, plugins: dict[str, str]) -> None:
     """Feed one event file's scalars (and hparams as config) to ``recorder``, every checksum verified.
 
     ``plugins`` maps tags to the plugin their first value named (later
@@ -355,7 +362,7 @@ def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: di
         ) from None
 
 
-def _event_files(fs: Any, root: str) -> dict[str, list[str]]:
+def _event_files(fs: AbstractFileSystem, root: str) -> dict[str, list[str]]:
     """``{folder: its event files, oldest first}`` under ``root``."""
     runs: dict[str, list[str]] = {}
     for folder, _dirs, files in fs.walk(root):
@@ -373,7 +380,7 @@ def _file_order(name: str) -> tuple[float, str]:
         return float("inf"), name
 
 
-def _sources(logdir: str | os.PathLike[str], storage_options: dict[str, Any] | None) -> list[SourceRun]:
+def _sources(logdir: str | os.PathLike[str], storage_options: Mapping[str, object] | None) -> list[SourceRun]:
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(os.fspath(logdir), **(storage_options or {}))
@@ -421,8 +428,8 @@ def import_tensorboard(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
-    source_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
+    source_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

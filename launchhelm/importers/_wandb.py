@@ -27,7 +27,7 @@ import os
 import re
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,7 @@ def _records(core: str, path: Path) -> Iterator[dict[str, Any]]:
         )
 
 
-def _number(value: Any) -> float | None:
+def _number(value: object) -> float | None:
     if isinstance(value, bool):
         return float(value)
     if isinstance(value, (int, float)):
@@ -87,7 +87,7 @@ def _number(value: Any) -> float | None:
     return None
 
 
-def _time(text: Any) -> float | None:
+def _time(text: object) -> float | None:
     """Seconds since the epoch of W&B's RFC 3339 times (nanoseconds and ``Z`` included)."""
     if not isinstance(text, str) or not text:
         return None
@@ -252,7 +252,7 @@ def import_wandb(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     progress: bool = True,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:

@@ -23,7 +23,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.pytorch.callbacks import Callback
@@ -43,6 +43,11 @@ from launchhelm._integration import (
 from launchhelm._run import Run
 from launchhelm.storage import Store, open_store
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
+
+if TYPE_CHECKING:
+    import lightning.pytorch as pl
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.utilities.types import STEP_OUTPUT
 
 _log = logging.getLogger("launchhelm")
 
@@ -108,8 +113,8 @@ class LaunchHelmLogger(Logger):
         self,
         project: str | None = None,
         name: str | None = None,
-        config: Mapping[str, Any] | None = None,
-        tunables: Mapping[str, Any] | None = None,
+        config: Mapping[str, object] | None = None,
+        tunables: Mapping[str, object] | None = None,
         resume: str | None = None,
         store: str | os.PathLike[str] | Store | None = None,
         *,
@@ -124,7 +129,7 @@ class LaunchHelmLogger(Logger):
         self._store_arg = store
         self._init: dict[str, Any] = {"name": name, "tunables": tunables, "resume": resume, "store": store, **options}
         self._config = dict(config or {})
-        self._hparams: dict[str, Any] = {}
+        self._hparams: dict[str, object] = {}
         self._pending: PendingRestore | None = None
         self._published: set[int] = set()
         self._callback = LaunchHelmCallback(self)
@@ -146,7 +151,7 @@ class LaunchHelmLogger(Logger):
         """The callback to add to ``Trainer(callbacks=[...])``: RNG in checkpoints, hyperparameters, rewinds."""
         return self._callback
 
-    def _start(self, hparams: Mapping[str, Any]) -> None:
+    def _start(self, hparams: Mapping[str, object]) -> None:
         if self._run is None:
             self._hparams.update(hparams)
         _ = self.run
@@ -171,14 +176,14 @@ class LaunchHelmLogger(Logger):
         return None
 
     @property
-    def experiment(self) -> Any:
+    def experiment(self) -> Run | _RunWhenUsed:
         """The :class:`launchhelm.Run` (on rank 0)."""
         if self._run is not None:
             return self._run
         return _RunWhenUsed(self)
 
     @rank_zero_only
-    def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+    def log_hyperparams(self, params: object, *args: object, **kwargs: object) -> None:
         """Hyperparameters become the run's config when they arrive before it starts (the callback sees to it)."""
         values = dict(vars(params)) if not isinstance(params, Mapping) and hasattr(params, "__dict__") else params
         if not isinstance(values, Mapping):
@@ -196,7 +201,7 @@ class LaunchHelmLogger(Logger):
             )
 
     @rank_zero_only
-    def log_metrics(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
+    def log_metrics(self, metrics: Mapping[str, object], step: int | None = None) -> None:
         values: dict[str, float] = {}
         for key, value in metrics.items():
             if isinstance(value, torch.Tensor):
@@ -208,7 +213,7 @@ class LaunchHelmLogger(Logger):
         if values:
             self.run.log(values, step=step)
 
-    def log_graph(self, model: Any, input_array: Any = None) -> None:
+    def log_graph(self, model: object, input_array: object = None) -> None:
         """Does nothing: LaunchHelm keeps no model graphs."""
 
     @rank_zero_only
@@ -222,7 +227,7 @@ class LaunchHelmLogger(Logger):
         if self._run is not None:
             self._run.flush()
 
-    def after_save_checkpoint(self, checkpoint_callback: Any) -> None:
+    def after_save_checkpoint(self, checkpoint_callback: ModelCheckpoint) -> None:
         """Publish the file ``ModelCheckpoint`` has just written (Lightning calls this on rank 0)."""
         path = getattr(checkpoint_callback, "_last_checkpoint_saved", "") or ""
         step = getattr(checkpoint_callback, "_last_global_step_saved", None)
@@ -297,19 +302,19 @@ class LaunchHelmCallback(Callback):
         self._logger = logger
         self._loaded = False  # this fit restored a checkpoint
 
-    def _logger_of(self, trainer: Any) -> LaunchHelmLogger | None:
+    def _logger_of(self, trainer: pl.Trainer) -> LaunchHelmLogger | None:
         if self._logger is None:
             self._logger = next((lg for lg in trainer.loggers if isinstance(lg, LaunchHelmLogger)), None)
         return self._logger
 
-    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # before ModelCheckpoint's setup (Lightning runs checkpoint callbacks last), which names its folder
         # after the run: start the run now, with the hyperparameters as config
         self._loaded = False
         logger = self._logger_of(trainer)
         if logger is None or not trainer.is_global_zero:
             return
-        hparams: dict[str, Any] = {}
+        hparams: dict[str, object] = {}
         datamodule = getattr(trainer, "datamodule", None)
         for source in (datamodule, pl_module):
             initial = getattr(source, "hparams_initial", None)
@@ -317,17 +322,21 @@ class LaunchHelmCallback(Callback):
                 hparams.update(initial)
         logger._start(hparams)
 
-    def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         # Lightning builds the checkpoint on every rank and writes rank 0's: gather each rank's RNG into it
         world = int(getattr(trainer, "world_size", 1) or 1)
         mine = {"rank": int(trainer.global_rank), **capture_rng()}
-        records: list[Any] = [mine]
+        records: list[object] = [mine]
         if world > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
             records = [None] * world
             torch.distributed.all_gather_object(records, mine)
         checkpoint["launchhelm"] = {"format": RNG_FORMAT, "world_size": world, "rng_by_rank": records}
 
-    def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
+    def on_load_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         # Lightning restores modules and callbacks before the fit loop makes its dataloader iterator:
         # setting the RNG here gives the same shuffle, worker seeds and dropout as the run that saved it
         record = checkpoint.get("launchhelm")
@@ -354,14 +363,16 @@ class LaunchHelmCallback(Callback):
         if logger is not None and trainer.is_global_zero:
             logger._restored(int(checkpoint.get("global_step", 0)))
 
-    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         logger = self._logger_of(trainer)
         if self._loaded or logger is None or not trainer.is_global_zero or logger._run is None:
             return
         if trainer.global_step < logger._run.reached:
             logger._restored(int(trainer.global_step))  # a resumed run trained again from scratch: a rewind too
 
-    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int
+    ) -> None:
         logger = self._logger_of(trainer)
         if logger is not None and trainer.is_global_zero and logger._run is not None:
             # a step boundary: tunable changes and pause/stop from outside apply here

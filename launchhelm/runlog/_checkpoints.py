@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from launchhelm._exceptions import InvalidArgumentError, PathNotFoundError
 from launchhelm._types import Checkpoint
@@ -26,6 +26,9 @@ from launchhelm.runlog._records import CheckpointEvent
 from launchhelm.storage import Store
 from launchhelm.storage._checksum import CRC32C, CRC64NVME, SHA256, Checksum, file_checksums, recorded
 from launchhelm.storage._keys import artifact_prefix
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = [
     "ChecksumWriter",
@@ -175,7 +178,7 @@ class ChecksumWriter:
             self._written += len(piece)
             self._writeback.wrote(self._written)
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
         if len(view) < self._MIN_THREADED:
             self.checksum.update(view)

@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -49,8 +49,10 @@ from launchhelm.runlog._records import (
     REWIND,
     SESSION_ENDED,
     SESSION_STARTED,
+    CheckpointDeletedEvent,
     DamagedEvent,
     Event,
+    RewindEvent,
 )
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
@@ -61,6 +63,9 @@ from launchhelm.storage._keys import (
     run_prefix,
     snapshot_key,
 )
+
+#: An event type RunState keeps a copy of.
+HeldT = TypeVar("HeldT", RewindEvent, CheckpointDeletedEvent)
 
 __all__ = [
     "CHECKPOINT",
@@ -374,15 +379,16 @@ class RunState:
     sessions: list[SessionRecord] = field(default_factory=list)
     closed: bool = False
     closed_at: float | None = None
-    # The events below are the ``_records`` types named in each comment. They are held as plain dicts
-    # because code outside the run log (Api, gc, the evaluation queue, launchhelm.torch) reads them as such.
+    # The events below are the ``_records`` types named in each comment. Checkpoints and control
+    # events are held as plain dicts because code outside the run log (Api, launchhelm.torch) reads
+    # them as such.
     #: ``rewind`` events (:class:`_records.RewindEvent`)
-    rewinds: list[dict[str, Any]] = field(default_factory=list)
+    rewinds: list[RewindEvent] = field(default_factory=list)
     #: ``checkpoint`` events still published (:class:`_records.CheckpointEvent`)
     checkpoints: list[dict[str, Any]] = field(default_factory=list)
     #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``;
     #: :class:`_records.CheckpointDeletedEvent`)
-    deleted_checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    deleted_checkpoints: list[CheckpointDeletedEvent] = field(default_factory=list)
     #: the unconsumed resume choice (checkpoint id), if any
     resume_choice: str | None = None
     #: sequence number of the latest control change (0: none yet): tunables,
@@ -446,8 +452,13 @@ class RunState:
         return len(self.rewinds)
 
 
-def _held(event: Event) -> dict[str, Any]:
-    """A copy of ``event`` as :class:`RunState` holds it (a plain dict, see its fields)."""
+def _held(event: HeldT) -> HeldT:
+    """A copy of ``event`` as :class:`RunState` holds it."""
+    return event.copy()
+
+
+def _held_dict(event: Event) -> dict[str, Any]:
+    """A copy of ``event`` as a plain dict (the :class:`RunState` fields held so)."""
     return cast("dict[str, Any]", event.copy())
 
 
@@ -490,7 +501,7 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
         elif event["type"] == REWIND:
             state.rewinds.append(_held(event))
         elif event["type"] == CHECKPOINT:
-            state.checkpoints.append(_held(event))
+            state.checkpoints.append(_held_dict(event))
         elif event["type"] == CHECKPOINT_DELETED:
             gone = event.get("checkpoint")
             state.checkpoints = [c for c in state.checkpoints if c["checkpoint"] != gone]
@@ -504,14 +515,14 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None
         elif event["type"] == CONTROL_TUNABLES:
-            state.controls.append(_held(event))
+            state.controls.append(_held_dict(event))
             state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_ACTION:
-            state.controls.append(_held(event))
+            state.controls.append(_held_dict(event))
             if event.get("action") in STATE_ACTIONS:
                 state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_APPLIED:
-            state.applied.append(_held(event))
+            state.applied.append(_held_dict(event))
     return state
 
 

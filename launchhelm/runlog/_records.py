@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict
 
+from launchhelm._types import JSONValue
+
 if TYPE_CHECKING:
     from typing import TypeAlias
 
@@ -54,7 +56,7 @@ __all__ = [
 ]
 
 #: A value as JSON carries it (config, tunables, control changes).
-Json: TypeAlias = bool | int | float | str | list["Json"] | dict[str, "Json"] | None
+Json: TypeAlias = JSONValue
 
 # -- event types, spelled once ----------------------------------------------------------------
 SessionStartedType = Literal["session_started"]

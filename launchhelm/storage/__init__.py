@@ -17,15 +17,10 @@ from launchhelm._exceptions import (
     StoreUnreachableError,
 )
 from launchhelm.storage._backends import IncompleteUpload
-from launchhelm.storage._store import (
-    LocalStore,
-    MemoryStore,
-    ObjectInfo,
-    ObjectStore,
-    Store,
-    default_store_url,
-    open_store,
-)
+from launchhelm.storage._local import LocalStore
+from launchhelm.storage._object import MemoryStore, ObjectStore
+from launchhelm.storage._open import default_store_url, open_store
+from launchhelm.storage._store import ObjectInfo, Store
 
 __all__ = [
     "AlreadyExistsError",

@@ -14,12 +14,14 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from launchhelm.views._humanize import ago, duration, local_time, status_sentence
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from launchhelm._api import Api
 
 __all__ = [
     "BASE_COLUMNS",
@@ -146,7 +148,7 @@ def cell_value(row: dict[str, Any], column: str) -> Any:
     return row.get("values", {}).get(column)
 
 
-def cell_text(value: Any) -> str:
+def cell_text(value: object) -> str:
     if value is None:
         return ""
     if isinstance(value, float):
@@ -201,7 +203,7 @@ def sort_rows(rows: Iterable[dict[str, Any]], column: str, descending: bool = Fa
     return sorted(present, key=key, reverse=descending) + missing
 
 
-def _same(a: Any, b: Any) -> bool:
+def _same(a: object, b: object) -> bool:
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return True
     try:
@@ -210,11 +212,18 @@ def _same(a: Any, b: Any) -> bool:
         return repr(a) == repr(b)
 
 
-def _missing(value: Any) -> bool:
+def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def config_diff(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+class ConfigDiff(TypedDict):
+    """A key whose value differs between runs, and its value in each (None: the run has none)."""
+
+    key: str
+    values: list[object]
+
+
+def config_diff(rows: Sequence[Mapping[str, object]]) -> list[ConfigDiff]:
     """The ``config.`` and ``tunable.`` keys whose values differ between ``rows`` (runs-table rows).
 
     Returns one entry per such key, sorted: ``{"key": "config.lr", "values":
@@ -224,7 +233,7 @@ def config_diff(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     if len(rows) < 2:
         return []
     keys = sorted({k for row in rows for k in row if k.startswith(DIFF_PREFIXES)})
-    diff = []
+    diff: list[ConfigDiff] = []
     for key in keys:
         values = [None if _missing(row.get(key)) else row.get(key) for row in rows]
         first = values[0]
@@ -267,7 +276,7 @@ def readable_runs(frame: pd.DataFrame, now: float | None = None) -> pd.DataFrame
     return result
 
 
-def compare_text(api: Any, run_ids: Sequence[str], keys: Sequence[str] | None = None, now: float | None = None) -> str:
+def compare_text(api: Api, run_ids: Sequence[str], keys: Sequence[str] | None = None, now: float | None = None) -> str:
     """What ``launchhelm compare RUN RUN ...`` prints: the runs' latest values side by side, then their config diff.
 
     Parameters

@@ -24,8 +24,10 @@ Examples
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, NoReturn
 
 from launchhelm._exceptions import LaunchHelmError, UnsupportedFeatureError
 from launchhelm.wandb._config import Config, ConfigError, ConfigKeyError, Metric, Summary
@@ -113,15 +115,15 @@ class _PreInit:
     def __init__(self, name: str) -> None:
         object.__setattr__(self, "_name", name)
 
-    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+    def _refuse(self, *args: object, **kwargs: object) -> NoReturn:
         raise WandbUsageError(f"call launchhelm.wandb.init() before using wandb.{self._name}")
 
     __getitem__ = __setattr__ = __setitem__ = __contains__ = __iter__ = _refuse
 
-    def __getattr__(self, key: str) -> Any:
+    def __getattr__(self, key: str) -> NoReturn:
         if key.startswith("__"):  # introspection (hasattr, inspect, doctest) is not a use
             raise ConfigKeyError(key)
-        return self._refuse()
+        self._refuse()
 
     def __repr__(self) -> str:
         return f"<wandb.{self._name} before init()>"
@@ -153,7 +155,9 @@ def _require() -> Run:
     return found
 
 
-def log(data: Any, step: int | None = None, commit: bool | None = None, sync: bool | None = None) -> None:
+def log(
+    data: Mapping[str, object], step: int | None = None, commit: bool | None = None, sync: bool | None = None
+) -> None:
     """``wandb.log``: :meth:`Run.log` on the current run."""
     _require().log(data, step=step, commit=commit, sync=sync)
 
@@ -165,53 +169,61 @@ def finish(exit_code: int | None = None, quiet: bool | None = None) -> None:
         found.finish(exit_code=exit_code, quiet=quiet)
 
 
-def define_metric(name: str, step_metric: Any = None, *args: Any, **kwargs: Any) -> Metric:
+def define_metric(
+    name: str,
+    step_metric: str | Metric | None = None,
+    step_sync: bool | None = None,
+    hidden: bool | None = None,
+    summary: str | None = None,
+    goal: str | None = None,
+    overwrite: bool | None = None,
+) -> Metric:
     """``wandb.define_metric``: :meth:`Run.define_metric` on the current run."""
-    return _require().define_metric(name, step_metric, *args, **kwargs)
+    return _require().define_metric(name, step_metric, step_sync, hidden, summary, goal, overwrite)
 
 
-def watch(models: Any = None, *args: Any, **kwargs: Any) -> None:
+def watch(models: object = None, *args: object, **kwargs: object) -> None:
     """``wandb.watch``: accepted, does nothing (see :meth:`Run.watch`)."""
     return None
 
 
-def unwatch(models: Any = None) -> None:
+def unwatch(models: object = None) -> None:
     """``wandb.unwatch``: accepted, does nothing."""
     return None
 
 
-def save(glob_str: Any = None, *args: Any, **kwargs: Any) -> list[str]:
+def save(glob_str: str | os.PathLike[str] | None = None, *args: object, **kwargs: object) -> list[str]:
     """``wandb.save``: uploads nothing (see :meth:`Run.save`)."""
     found = current()
     return found.save(glob_str, *args, **kwargs) if found is not None else []
 
 
-def alert(title: str = "", text: str = "", *args: Any, **kwargs: Any) -> None:
+def alert(title: str = "", text: str = "", *args: object, **kwargs: object) -> None:
     """``wandb.alert``: written to the log (see :meth:`Run.alert`)."""
     _require().alert(title, text)
 
 
-def login(*args: Any, **kwargs: Any) -> bool:
+def login(*args: object, **kwargs: object) -> bool:
     """``wandb.login``: nothing to log in to; returns True."""
     return True
 
 
-def setup(*args: Any, **kwargs: Any) -> None:
+def setup(*args: object, **kwargs: object) -> None:
     """``wandb.setup``: nothing to set up."""
     return None
 
 
-def termlog(message: str = "", *args: Any, **kwargs: Any) -> None:
+def termlog(message: str = "", *args: object, **kwargs: object) -> None:
     """``wandb.termlog``: prints ``wandb: message`` to stderr."""
     print(f"wandb: {message}", file=sys.stderr)
 
 
-def termwarn(message: str = "", *args: Any, **kwargs: Any) -> None:
+def termwarn(message: str = "", *args: object, **kwargs: object) -> None:
     """``wandb.termwarn``: prints ``wandb: WARNING message`` to stderr."""
     print(f"wandb: WARNING {message}", file=sys.stderr)
 
 
-def termerror(message: str = "", *args: Any, **kwargs: Any) -> None:
+def termerror(message: str = "", *args: object, **kwargs: object) -> None:
     """``wandb.termerror``: prints ``wandb: ERROR message`` to stderr."""
     print(f"wandb: ERROR {message}", file=sys.stderr)
 
@@ -219,32 +231,32 @@ def termerror(message: str = "", *args: Any, **kwargs: Any) -> None:
 class Artifact:
     """``wandb.Artifact``: refused with :class:`~launchhelm.UnsupportedFeatureError` (see :data:`REFUSED`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         refuse("Artifact")
 
 
 class Api:
     """``wandb.Api``: refused; read runs with :class:`launchhelm.Api` (see :data:`REFUSED`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         refuse("Api")
 
 
-def sweep(*args: Any, **kwargs: Any) -> Any:
+def sweep(*args: object, **kwargs: object) -> NoReturn:
     """``wandb.sweep``: refused (see :data:`REFUSED`)."""
     refuse("sweep")
 
 
-def agent(*args: Any, **kwargs: Any) -> Any:
+def agent(*args: object, **kwargs: object) -> NoReturn:
     """``wandb.agent``: refused (see :data:`REFUSED`)."""
     refuse("agent")
 
 
-def controller(*args: Any, **kwargs: Any) -> Any:
+def controller(*args: object, **kwargs: object) -> NoReturn:
     """``wandb.controller``: refused (see :data:`REFUSED`)."""
     refuse("controller")
 
 
-def restore(*args: Any, **kwargs: Any) -> Any:
+def restore(*args: object, **kwargs: object) -> NoReturn:
     """``wandb.restore``: refused (see :data:`REFUSED`)."""
     refuse("restore")

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, KeysView, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._integration import plain_config
+from launchhelm._types import JSONValue
 from launchhelm.wandb._objects import Media
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ class ConfigKeyError(LaunchHelmError, AttributeError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
-def _as_mapping(values: Any, what: str) -> dict[str, Any]:
+def _as_mapping(values: object, what: str) -> dict[str, object]:
     """A config given as W&B takes it: a dict, an argparse Namespace or any object with ``__dict__``."""
     if values is None:
         return {}
@@ -52,8 +53,9 @@ def _as_mapping(values: Any, what: str) -> dict[str, Any]:
     raise InvalidTypeError(f"{what} is a {type(values).__name__}; pass a dict or an argparse.Namespace")
 
 
-def _plain(value: Any) -> Any:
-    return plain_config({"v": value})["v"]
+def _plain(value: object) -> JSONValue:
+    plain: JSONValue = plain_config({"v": value})["v"]
+    return plain
 
 
 # -- config and summary ---------------------------------------------------------
@@ -66,13 +68,16 @@ class Config:
     ``str``).
     """
 
-    def __init__(self, values: Mapping[str, Any] | None = None, on_change: Callable[[], None] | None = None) -> None:
+    _items: dict[str, JSONValue]
+    _on_change: Callable[[], None] | None
+
+    def __init__(self, values: Mapping[str, object] | None = None, on_change: Callable[[], None] | None = None) -> None:
         object.__setattr__(self, "_items", {})
         object.__setattr__(self, "_on_change", on_change)
         if values:
             self._items.update(plain_config(values))
 
-    def _set(self, key: str, value: Any, allow_val_change: bool | None) -> None:
+    def _set(self, key: str, value: object, allow_val_change: bool | None) -> None:
         if not isinstance(key, str):
             raise InvalidTypeError(f"config keys are strings; got {type(key).__name__} {key!r}")
         key = key.strip("-")  # W&B strips the dashes of argparse-style names
@@ -88,20 +93,20 @@ class Config:
         if self._on_change is not None:
             self._on_change()
 
-    def update(self, values: Any, allow_val_change: bool | None = None) -> None:
+    def update(self, values: object, allow_val_change: bool | None = None) -> None:
         """Add or set keys (a dict, an argparse Namespace or an object's attributes)."""
         for key, value in _as_mapping(values, "config").items():
             self._set(key, value, allow_val_change)
         self._changed()
 
-    def setdefaults(self, values: Mapping[str, Any]) -> None:
+    def setdefaults(self, values: Mapping[str, object]) -> None:
         """Set the keys not set yet."""
         for key, value in _as_mapping(values, "config").items():
             if key.strip("-") not in self._items:
                 self._set(key, value, False)
         self._changed()
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> dict[str, JSONValue]:
         """A copy of the config as a plain dict."""
         return json.loads(json.dumps(self._items))  # type: ignore[no-any-return]
 
@@ -111,7 +116,7 @@ class Config:
         """The value of ``key``, or ``default``."""
         return self._items.get(key, default)
 
-    def keys(self) -> Any:
+    def keys(self) -> KeysView[str]:
         """The config's keys."""
         return self._items.keys()
 
@@ -134,7 +139,7 @@ class Config:
             raise ConfigKeyError(key)
         return self[key]
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: object) -> None:
         self._set(key, value, None)
         self._changed()
 
@@ -167,7 +172,7 @@ class Summary:
         object.__setattr__(self, "_owner", owner)
 
     @property
-    def _items(self) -> dict[str, Any]:
+    def _items(self) -> dict[str, JSONValue]:
         return self._owner._summary
 
     def __getitem__(self, key: str) -> Any:
@@ -181,7 +186,7 @@ class Summary:
             raise ConfigKeyError(key)
         return self[key]
 
-    def __setitem__(self, key: str, value: Any) -> None:
+    def __setitem__(self, key: str, value: object) -> None:
         if not isinstance(key, str):
             raise InvalidTypeError(f"summary keys are strings; got {type(key).__name__} {key!r}")
         plain = _plain(value) if not isinstance(value, Media) else repr(value)
@@ -196,7 +201,7 @@ class Summary:
             del self._items[key]
             self._owner._dirty = True
 
-    def update(self, values: Mapping[str, Any]) -> None:
+    def update(self, values: Mapping[str, object]) -> None:
         """Set several values."""
         for key, value in dict(values).items():
             self[key] = value
@@ -205,7 +210,7 @@ class Summary:
         """The value of ``key``, or ``default``."""
         return self._items.get(key, default)
 
-    def keys(self) -> Any:
+    def keys(self) -> KeysView[str]:
         """The summary's keys."""
         return self._items.keys()
 
@@ -224,6 +229,16 @@ class Summary:
 
     def __repr__(self) -> str:
         return f"launchhelm.wandb.Summary({self._items!r})"
+
+
+class MetricRecord(TypedDict):
+    """A :class:`Metric` as the run's W&B record stores it."""
+
+    step_metric: str | None
+    summary: list[str]
+    goal: str | None
+    hidden: bool
+    step_sync: bool
 
 
 class Metric:
@@ -245,7 +260,7 @@ class Metric:
         self.hidden = hidden
         self.step_sync = step_sync
 
-    def as_record(self) -> dict[str, Any]:
+    def as_record(self) -> MetricRecord:
         """As stored in the run's W&B record."""
         return {
             "step_metric": self.step_metric,

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import launchhelm as lh
 from launchhelm._compat import RECORD_INTERVAL
@@ -21,10 +21,11 @@ from launchhelm._compat import compat_key as _compat_key
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
 from launchhelm._run import _install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm._start import start_run
+from launchhelm._types import JSONValue
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.storage import Store
 from launchhelm.wandb._config import SUMMARY_MODES, Config, Metric, Summary, _Aggregate
-from launchhelm.wandb._objects import Media, WandbUsageError, refuse
+from launchhelm.wandb._objects import Media, Settings, WandbUsageError, refuse
 
 __all__ = [
     "COMPAT_FORMAT",
@@ -43,7 +44,7 @@ def compat_key(run_id: str) -> str:
     return _compat_key(run_id, "wandb")
 
 
-def _summary_value(value: Any) -> Any:
+def _summary_value(value: object) -> JSONValue:
     """A logged value as the summary keeps it: numbers as numbers, strings and bools as they are."""
     if value is None or isinstance(value, (bool, str, int)):
         return value
@@ -53,7 +54,7 @@ def _summary_value(value: Any) -> Any:
 
 
 def _flatten(
-    data: Mapping[str, Any], path: tuple[str, ...], out: dict[str, Any], paths: dict[str, tuple[str, ...]]
+    data: Mapping[str, object], path: tuple[str, ...], out: dict[str, object], paths: dict[str, tuple[str, ...]]
 ) -> None:
     # history shows a nested dict's leaves as "outer.inner"; the summary keeps them nested, as W&B's
     for key, value in data.items():
@@ -95,13 +96,13 @@ class Run:
         run_id: str,
         wandb_id: str,
         name: str,
-        config: Mapping[str, Any],
+        config: Mapping[str, object],
         tags: list[str],
         notes: str | None,
         group: str | None,
         job_type: str | None,
         directory: str | None,
-        settings: Any,
+        settings: Settings | None,
         init_options: dict[str, Any],
         disabled: bool,
     ) -> None:
@@ -125,9 +126,9 @@ class Run:
         self._init_options = init_options
         self._lock = threading.Lock()
         self._lh: _Session | None = None
-        self._created_config: dict[str, Any] = {}
+        self._created_config: dict[str, object] = {}
         self.config = Config(config, on_change=self._config_changed)
-        self._summary: dict[str, Any] = {}
+        self._summary: dict[str, JSONValue] = {}
         self.summary = Summary(self)
         self._metrics: dict[str, Metric] = {}
         self._resolved: dict[str, Metric | None] = {}  # metric key -> its definition (globs resolved once)
@@ -135,7 +136,7 @@ class Run:
         self._keys: dict[str, str | None] = {}  # W&B key -> LaunchHelm metric key (None: not storable)
         self._paths: dict[str, tuple[str, ...]] = {}  # "outer.inner" -> where the summary keeps it
         self._step = 0
-        self._pending: dict[str, Any] = {}
+        self._pending: dict[str, object] = {}
         self._dirty = True
         self._last_put = -math.inf  # monotonic time of the last put of the W&B record
         self._exit_code: int | None = None
@@ -207,7 +208,7 @@ class Run:
         self._attach(run, config)
         return run
 
-    def _attach(self, run: _Session, created_config: Mapping[str, Any]) -> None:
+    def _attach(self, run: _Session, created_config: Mapping[str, object]) -> None:
         self._created_config = dict(created_config)
         run.after_flush = self._put_record
         self._lh = run
@@ -256,7 +257,7 @@ class Run:
     # -- logging -------------------------------------------------------------
     def log(
         self,
-        data: Mapping[str, Any],
+        data: Mapping[str, object],
         step: int | None = None,
         commit: bool | None = None,
         sync: bool | None = None,
@@ -279,7 +280,7 @@ class Run:
             )
         if not isinstance(data, Mapping):
             raise InvalidTypeError(f"log() takes a dict of values, not {type(data).__name__}")
-        flat: dict[str, Any] = {}
+        flat: dict[str, object] = {}
         _flatten(data, (), flat, self._paths)
         if step is not None:
             if isinstance(step, bool) or not hasattr(step, "__index__") or int(step) < 0:
@@ -382,7 +383,7 @@ class Run:
         self._resolved[key] = found
         return found
 
-    def _note_summary(self, row: Mapping[str, Any]) -> None:
+    def _note_summary(self, row: Mapping[str, object]) -> None:
         with self._lock:
             for key, value in row.items():
                 if isinstance(value, Media):
@@ -464,16 +465,16 @@ class Run:
         return metric
 
     # -- no-ops and refusals -------------------------------------------------
-    def watch(self, models: Any = None, *args: Any, **kwargs: Any) -> None:
+    def watch(self, models: object = None, *args: object, **kwargs: object) -> None:
         """Accepted, does nothing: LaunchHelm logs no gradients or weights (``launchhelm.torch``'s ``watch()``
         is where a model and optimizer drive the step and checkpoints)."""
         return None
 
-    def unwatch(self, models: Any = None) -> None:
+    def unwatch(self, models: object = None) -> None:
         """Accepted, does nothing."""
         return None
 
-    def save(self, glob_str: str | os.PathLike[str] | None = None, *args: Any, **kwargs: Any) -> list[str]:
+    def save(self, glob_str: str | os.PathLike[str] | None = None, *args: object, **kwargs: object) -> list[str]:
         """Accepted, uploads nothing (one warning): save checkpoints with ``run.launchhelm_run.checkpoint(path)``."""
         if "save" not in self._warned:
             self._warned.add("save")
@@ -484,33 +485,33 @@ class Run:
             )
         return []
 
-    def alert(self, title: str = "", text: str = "", *args: Any, **kwargs: Any) -> None:
+    def alert(self, title: str = "", text: str = "", *args: object, **kwargs: object) -> None:
         """Accepted: the alert is written to the log (LaunchHelm sends no notifications)."""
         _log.warning("launchhelm.wandb alert: %s: %s", title, text)
 
     def mark_preempting(self) -> None:
         """Accepted, does nothing (a preempted run stays resumable in LaunchHelm)."""
 
-    def log_code(self, *args: Any, **kwargs: Any) -> None:
+    def log_code(self, *args: object, **kwargs: object) -> None:
         """Accepted, does nothing."""
 
-    def log_artifact(self, *args: Any, **kwargs: Any) -> Any:
+    def log_artifact(self, *args: object, **kwargs: object) -> NoReturn:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("log_artifact")
 
-    def use_artifact(self, *args: Any, **kwargs: Any) -> Any:
+    def use_artifact(self, *args: object, **kwargs: object) -> NoReturn:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("use_artifact")
 
-    def log_model(self, *args: Any, **kwargs: Any) -> Any:
+    def log_model(self, *args: object, **kwargs: object) -> NoReturn:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("log_model")
 
-    def use_model(self, *args: Any, **kwargs: Any) -> Any:
+    def use_model(self, *args: object, **kwargs: object) -> NoReturn:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("use_model")
 
-    def link_model(self, *args: Any, **kwargs: Any) -> Any:
+    def link_model(self, *args: object, **kwargs: object) -> NoReturn:
         """Refused: see :data:`launchhelm.wandb.REFUSED`."""
         refuse("link_model")
 

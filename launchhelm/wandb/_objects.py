@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import sys
 import types
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from launchhelm._exceptions import LaunchHelmError, UnsupportedFeatureError
 
@@ -46,7 +47,7 @@ class Media:
     :meth:`launchhelm.wandb.Run.log` will skip.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: object, **kwargs: object) -> None:
         self.args = args
         self.kwargs = kwargs
 
@@ -93,24 +94,30 @@ class Histogram(Media):
 class Table(Media):
     """``wandb.Table(columns=None, data=None, dataframe=None)``: rows can be added; skipped when logged."""
 
-    def __init__(self, columns: list[Any] | None = None, data: list[Any] | None = None, *args: Any, **kwargs: Any):
+    def __init__(
+        self,
+        columns: Sequence[object] | None = None,
+        data: Sequence[Sequence[object]] | None = None,
+        *args: object,
+        **kwargs: object,
+    ):
         super().__init__(columns, data, *args, **kwargs)
         self.columns = list(columns or [])
-        self.data: list[list[Any]] = [list(row) for row in (data or [])]
+        self.data: list[list[object]] = [list(row) for row in (data or [])]
 
-    def add_data(self, *values: Any) -> None:
+    def add_data(self, *values: object) -> None:
         """Append a row, as W&B's table does."""
         self.data.append(list(values))
 
-    def add_column(self, name: str, data: list[Any], optional: bool = False) -> None:
+    def add_column(self, name: str, data: Sequence[object], optional: bool = False) -> None:
         """Append a column, as W&B's table does."""
         self.columns.append(name)
         for row, value in zip(self.data, data, strict=False):
             row.append(value)
 
 
-def _chart(name: str) -> Any:
-    def make(*args: Any, **kwargs: Any) -> Media:
+def _chart(name: str) -> Callable[..., Media]:
+    def make(*args: object, **kwargs: object) -> Media:
         chart = Media(*args, **kwargs)
         chart.kind = f"plot.{name}"  # type: ignore[attr-defined]
         return chart
@@ -140,7 +147,7 @@ sys.modules.setdefault("launchhelm.wandb.plot", plot)
 class Settings:
     """``wandb.Settings(...)``: accepted and kept (``settings.<name>``); none changes what LaunchHelm does."""
 
-    def __init__(self, **settings: Any) -> None:
+    def __init__(self, **settings: object) -> None:
         self.__dict__.update(settings)
 
     def __repr__(self) -> str:

@@ -103,22 +103,22 @@ def _mode(mode: str | None) -> str:
 def init(
     project: str | None = None,
     name: str | None = None,
-    config: Any = None,
+    config: object = None,
     id: str | None = None,
     resume: bool | str | None = None,
     tags: list[str] | tuple[str, ...] | None = None,
     notes: str | None = None,
     dir: str | os.PathLike[str] | None = None,
     mode: str | None = None,
-    settings: Settings | Mapping[str, Any] | None = None,
+    settings: Settings | Mapping[str, object] | None = None,
     resume_from: str | None = None,
     group: str | None = None,
     job_type: str | None = None,
     reinit: bool | str | None = None,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
-    **ignored: Any,
+    storage_options: Mapping[str, object] | None = None,
+    **ignored: object,
 ) -> Run:
     """Start a W&B-style run stored in LaunchHelm; see :class:`Run` and docs/compat.md.
 
@@ -201,7 +201,7 @@ def init(
         k: ignored[k] for k in ("system_metrics", "capture_console", "flush_interval") if k in ignored
     }
 
-    def make(store_obj: Store | None, project_: str, config_: Mapping[str, Any], disabled: bool) -> Run:
+    def make(store_obj: Store | None, project_: str, config_: Mapping[str, object], disabled: bool) -> Run:
         return Run(
             store=store_obj,
             project=project_,
@@ -331,7 +331,9 @@ class StoredRun:
 
 
 def stored(
-    run_id: str, store: str | os.PathLike[str] | Store | None = None, storage_options: dict[str, Any] | None = None
+    run_id: str,
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: Mapping[str, object] | None = None,
 ) -> StoredRun:
     """Read back what a ``launchhelm.wandb`` run stored: config, summary, metric definitions, tags, notes.
 

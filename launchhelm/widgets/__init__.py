@@ -21,7 +21,7 @@ adds the ``%launchhelm`` magic. The names are imported on first use, so
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from launchhelm.widgets._chart import RunChart
@@ -55,7 +55,7 @@ _WHERE = {
 }
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> type:
     where = _WHERE.get(name)
     if where is None:
         raise AttributeError(f"module 'launchhelm.widgets' has no attribute {name!r}")
@@ -65,7 +65,7 @@ def __getattr__(name: str) -> Any:
         raise ImportError(
             f"launchhelm.widgets.{name} needs the widgets extra: pip install 'launchhelm[widgets]' ({exc})"
         ) from exc
-    value = getattr(module, name)
+    value: type = getattr(module, name)
     globals()[name] = value
     return value
 

@@ -169,7 +169,7 @@ class Reusable:
     _reuse_as: tuple[Hashable, ...] | None = None
     _resolved: Any = None
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+    def __new__(cls, *args: object, **kwargs: object) -> Any:
         key, resolved = cls._reuse_key(*args, **kwargs)
         with _registry_lock:
             existing = _registry.get(key)

@@ -10,7 +10,10 @@ the plain-text repr alone.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from launchhelm._types import RunLike
 
 from launchhelm.widgets._kernel import in_kernel
 
@@ -20,7 +23,7 @@ __all__ = ["in_kernel", "run_display", "run_mimebundle"]
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 
 
-def run_mimebundle(run: Any) -> dict[str, Any]:
+def run_mimebundle(run: RunLike) -> dict[str, object]:
     """The run's panel as a MIME bundle, its plain-text repr included."""
     text = repr(run)
     if not in_kernel():
@@ -38,7 +41,7 @@ def run_mimebundle(run: Any) -> dict[str, Any]:
     return bundle
 
 
-def run_display(run: Any) -> Any:
+def run_display(run: RunLike) -> object:
     """What marimo shows for a run: the run panel, its tabs live."""
     from launchhelm.widgets._panel import RunPanel
 

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar, cast
 
 import traitlets
 
+from launchhelm._types import JSONValue
+
 if TYPE_CHECKING:
     from typing import TypeAlias
 
@@ -36,7 +38,7 @@ __all__ = [
 ]
 
 #: A value as JSON carries it (config and tunable values, diff cells).
-Json: TypeAlias = bool | int | float | str | list["Json"] | dict[str, "Json"] | None
+Json: TypeAlias = JSONValue
 #: A Vega-Lite spec, built in the kernel (``build_spec``), embedded by the front end.
 VegaLiteSpec: TypeAlias = dict[str, Any]
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import ipywidgets
 
-from launchhelm._api import RunHandle
+from launchhelm._api import Api, RunHandle
 from launchhelm._types import RunLike
 from launchhelm.widgets._base import Reusable, StoreArg, resolve_run, run_key
 from launchhelm.widgets._chart import RunChart
@@ -62,7 +62,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         store: StoreArg = None,
         keys: Sequence[str] | str | None = None,
         **_: object,
-    ) -> tuple[tuple[Hashable, ...], Any]:
+    ) -> tuple[tuple[Hashable, ...], tuple[Api, RunHandle]]:
         api, handle = resolve_run(run_or_id, store)
         chosen = (keys,) if isinstance(keys, str) else (tuple(keys) if keys is not None else None)
         return run_key(cls, api, handle, chosen), (api, handle)
@@ -107,7 +107,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         tabs = dict(zip(TAB_TITLES, shown, strict=True))
         return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    def _repr_mimebundle_(self, **kwargs: object) -> Any:
         from launchhelm.widgets._static import split_fallback
 
         data = super()._repr_mimebundle_(**kwargs)

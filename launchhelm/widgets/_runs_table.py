@@ -58,7 +58,7 @@ class RunsTableView(LiveWidget):
     selected = traitlets.List(traitlets.Unicode()).tag(sync=True)
 
     @classmethod
-    def _reuse_key(cls, api: Api, project: str, **_: object) -> tuple[tuple[Hashable, ...], Any]:
+    def _reuse_key(cls, api: Api, project: str, **_: object) -> tuple[tuple[Hashable, ...], tuple[Api, str]]:
         return (cls.__qualname__, api.store.url, project), (api, project)
 
     def __init__(self, api: Api, project: str, *, interval: float = 2.0, extra_columns: int) -> None:
@@ -150,7 +150,7 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     @classmethod
     def _reuse_key(
         cls, project: str, store: StoreArg = None, *, extra_columns: int = DEFAULT_EXTRA_COLUMNS, **_: object
-    ) -> tuple[tuple[Hashable, ...], Any]:
+    ) -> tuple[tuple[Hashable, ...], Api]:
         if isinstance(extra_columns, bool) or not isinstance(extra_columns, int) or extra_columns < 0:
             raise InvalidArgumentError(f"extra_columns={extra_columns!r}: give how many columns to show, 0 or more")
         if not isinstance(project, str):
@@ -277,7 +277,7 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
             parts.extend(self.compare.static_mimebundle().values())
         return "<div class='launchhelm-static-runs'>" + "".join(parts) + "</div>"
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    def _repr_mimebundle_(self, **kwargs: object) -> Any:
         data = super()._repr_mimebundle_(**kwargs)
         if not isinstance(data, dict):
             return data

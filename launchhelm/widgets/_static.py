@@ -29,7 +29,6 @@ import base64
 import copy
 import html
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
 
 from launchhelm.widgets._messages import (
     MSG_LIVE,
@@ -39,6 +38,7 @@ from launchhelm.widgets._messages import (
     EvaluationsState,
     LiveMessage,
     PickerState,
+    VegaLiteSpec,
 )
 
 __all__ = [
@@ -117,7 +117,7 @@ def details_html(state: DetailsState) -> str:
     return table_html(["", "value"], rows, "Details", "details")
 
 
-def chart_svg(spec: dict[str, Any], points: ChartColumns, rewinds: list[ChartRewind]) -> str | None:
+def chart_svg(spec: VegaLiteSpec, points: ChartColumns, rewinds: list[ChartRewind]) -> str | None:
     """The chart as SVG: ``spec`` with its named datasets filled in (``points`` as :func:`encode_rows` makes).
 
     None where ``vl-convert`` is not installed or cannot draw it.
@@ -171,8 +171,8 @@ def fallback_html(static: Mapping[str, str], model_ids: Sequence[str], alt: str 
 
 
 def split_fallback(
-    data: dict[str, Any], static: Mapping[str, str], model_ids: Sequence[str], alt: str = ""
-) -> dict[str, Any]:
+    data: dict[str, object], static: Mapping[str, str], model_ids: Sequence[str], alt: str = ""
+) -> dict[str, object]:
     """The widget view's bundle; its fallback published before it as an output of its own in a kernel.
 
     Outside a Jupyter kernel (marimo, a plain IPython), nothing is

@@ -33,7 +33,7 @@ from launchhelm.runlog._events import (
 from launchhelm.runlog._sessions import heartbeat_key, liveness, summary_key
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, StoreAccessDeniedError, open_store
-from launchhelm.storage._store import LocalStore
+from launchhelm.storage._local import LocalStore
 
 
 def _long_log(store: Store, events: int, close: bool = True) -> tuple[str, list[dict[str, Any]]]:

@@ -9,7 +9,8 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from launchhelm.widgets._chart import build_spec, chart_rows, encode_rows, long_points, new_points, points_from_table
+from launchhelm.widgets._chart import build_spec
+from launchhelm.widgets._chart_data import chart_rows, encode_rows, long_points, new_points, points_from_table
 from launchhelm.widgets._downsample import minmax_indices
 
 

@@ -17,7 +17,7 @@ from rewound_runs import BACK_TO, END, REACHED, rewound_run
 
 import launchhelm as lh
 from launchhelm.widgets import CompareChart
-from launchhelm.widgets._compare import PALETTE, build_compare_spec, compare_points, ema, run_colors, run_labels
+from launchhelm.widgets._compare_spec import PALETTE, build_compare_spec, compare_points, ema, run_colors, run_labels
 from launchhelm.widgets._downsample import minmax_indices
 
 pytest.importorskip("torch")
