@@ -87,7 +87,7 @@ class Checkpoint:
         checkpoints recorded that way by earlier versions; ``""`` for newer
         ones, which record ``checksums`` instead.
     format:
-        ``launchhelm.torch.checkpoint/1`` or ``/2``, or ``file`` / ``directory``
+        ``launchhelm.torch.checkpoint/1``, ``/2`` or ``/3`` (sharded), or ``file`` / ``directory``
         for plain ``run.checkpoint(path)`` artifacts.
     steps_to_redo:
         The furthest step the run reached minus ``step``: what restoring it replays.
@@ -101,6 +101,8 @@ class Checkpoint:
     checksums:
         ``{"crc64nvme": hex}`` of the payload (single file) or of its
         manifest, plus ``"crc32c"`` on GCS; ``{"sha256": hex}`` for older ones.
+    world_size:
+        How many ranks saved it (1: a single process).
     """
 
     id: str
@@ -115,6 +117,7 @@ class Checkpoint:
     chosen_for_resume: bool
     files: dict[str, int]
     checksums: dict[str, str] = field(default_factory=dict)
+    world_size: int = 1
 
 
 @dataclass(frozen=True)

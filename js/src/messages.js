@@ -54,6 +54,8 @@ export const MSG = /** @type {const} */ ({
  * @property {number} step
  * @property {string} saved_at
  * @property {string} size
+ * @property {number} shards
+ * @property {string} layout
  * @property {number} steps_to_redo
  * @property {boolean} before_last_control_change
  * @property {boolean} latest
@@ -70,6 +72,7 @@ export const MSG = /** @type {const} */ ({
  * @property {boolean} can_choose
  * @property {string} restores
  * @property {string} confirmation
+ * @property {string} earlier
  * @property {PickerCheckpoint[]} checkpoints
  */
 

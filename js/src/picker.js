@@ -49,11 +49,12 @@ function render({ model, el }) {
         );
         return h(
           "tr",
-          { class: "lh-checkpoint", dataset: { checkpoint: c.id, step: String(c.step) } },
+          { class: "lh-checkpoint", dataset: { checkpoint: c.id, step: String(c.step), shards: String(c.shards) } },
           h("td", { class: "lh-num" }, String(c.step)),
           h("td", { class: "lh-saved" }, withTimes(c.saved_at, state.times)),
           h("td", { class: "lh-num" }, String(c.steps_to_redo)),
-          h("td", { class: "lh-num" }, c.size),
+          h("td", { class: "lh-num lh-size" }, c.size),
+          h("td", { class: "lh-layout" }, c.layout || ""),
           h("td", {}, marks),
           h("td", {}, button),
         );
@@ -72,6 +73,7 @@ function render({ model, el }) {
               h("th", {}, "Saved at"),
               h("th", {}, "Steps to redo"),
               h("th", {}, "Size"),
+              h("th", {}, "Shards"),
               h("th", {}, ""),
               h("th", {}, ""),
             ),
@@ -81,7 +83,9 @@ function render({ model, el }) {
       );
     }
     root.append(h("p", { class: "lh-restores" }, state.restores || ""));
+    // at most one of the two: the confirmation while the choice is pending, then (neutral) its history
     if (state.confirmation) root.append(h("p", { class: "lh-confirmation", role: "status" }, state.confirmation));
+    else if (state.earlier) root.append(h("p", { class: "lh-earlier" }, state.earlier));
   });
 }
 

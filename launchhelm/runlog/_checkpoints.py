@@ -255,4 +255,5 @@ def checkpoint_record(run_id: str, state: RunState, stored: Mapping[str, Any], r
         chosen_for_resume=state.resume_choice == event["checkpoint"],
         files={f["name"]: int(f["size"]) for f in event.get("files", [])},
         checksums=recorded(event.get("checksums") or stored),
+        world_size=int(event.get("world_size", 1)),
     )

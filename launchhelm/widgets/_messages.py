@@ -92,6 +92,10 @@ class PickerCheckpoint(TypedDict):
     step: int
     saved_at: str
     size: str
+    #: shard objects of a sharded (/3) checkpoint; 0 for others
+    shards: int
+    #: "4 shards, saved on 2 ranks" for a sharded checkpoint; "" for others
+    layout: str
     steps_to_redo: int
     before_last_control_change: bool
     latest: bool
@@ -107,7 +111,10 @@ class PickerState(TypedDict):
     times: dict[str, float]
     can_choose: bool
     restores: str
+    #: the confirmation of this picker's "Choose", only while that choice is pending
     confirmation: str
+    #: a choice made here that is history (used by a resume, replaced, or on a run since closed)
+    earlier: str
     checkpoints: list[PickerCheckpoint]
 
 

@@ -1,22 +1,35 @@
 """``ResumePicker``: the "Resume…" list of a run's checkpoints.
 
 It says how the run ended ("stopped without ending its session, last
-heartbeat ..., furthest step N"), lists its checkpoints with the steps each
-leaves to redo, marks those saved before the last control change, the latest
-and the chosen one, and chooses one through
+heartbeat ..., furthest step N"), lists its checkpoints with their size (and,
+sharded, their shards and the ranks that saved them) and the steps each leaves
+to redo, marks those saved before the last control change, the latest and the
+chosen one, and chooses one through
 :meth:`launchhelm.RunHandle.choose_for_resume`: the next
 ``load_checkpoint("resume")`` restores it, once.
+
+What it says never contradicts itself: one sentence says what the next
+``load_checkpoint("resume")`` restores (or that a closed run has no next
+resume), the green confirmation of a "Choose" shows only while that choice is
+still the one a resume takes, and a choice a resume already used (or a later
+choice replaced) is history, said in plain text.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from launchhelm._api import RunHandle
-from launchhelm._types import RunLike
+from launchhelm._types import Checkpoint, RunLike
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
-from launchhelm.widgets._messages import PickerState, synced_dict
+from launchhelm.widgets._messages import PickerCheckpoint, PickerState, synced_dict
 from launchhelm.widgets._static import picker_html
 
-__all__ = ["ResumePicker", "picker_state", "status_sentence"]
+__all__ = ["Choice", "ResumePicker", "picker_state", "status_sentence"]
+
+# written by launchhelm.torch (which widgets do not import): a manifest plus one object per shard
+_SHARDED_FORMAT = "launchhelm.torch.checkpoint/3"
+_MANIFEST = "manifest.json"
 
 
 def status_sentence(status: str, last_heartbeat: float | None, step: int) -> str:
@@ -42,22 +55,83 @@ def _size(n: int) -> str:
     return f"{value:.1f} GB"
 
 
-def picker_state(handle: RunHandle, confirmation: str = "") -> PickerState:
-    """Everything the picker shows, read through the query API."""
+def _layout(checkpoint: Checkpoint) -> tuple[int, str]:
+    """``(shards, text)``: a sharded checkpoint's shard objects and the ranks that saved it; ``(0, "")`` else."""
+    if checkpoint.format != _SHARDED_FORMAT:
+        return 0, ""
+    shards = sum(1 for name in checkpoint.files if name != _MANIFEST)
+    ranks = checkpoint.world_size
+    return shards, f"{shards} shard{'s' * (shards != 1)}, saved on {ranks} rank{'s' * (ranks != 1)}"
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A checkpoint chosen with this picker's "Choose": the confirmation stays true only while it is pending."""
+
+    checkpoint_id: str
+    step: int
+
+
+def _choice_sentences(choice: Choice | None, checkpoints: list[Checkpoint], closed: bool) -> tuple[str, str]:
+    """``(confirmation, earlier)``: the green confirmation while ``choice`` is what a resume takes, else its history."""
+    if choice is None:
+        return "", ""
+    pending = next((c for c in checkpoints if c.chosen_for_resume), None)
+    if pending is not None and pending.id == choice.checkpoint_id and not closed:
+        restores = f'the next load_checkpoint("resume") restores step {choice.step}'
+        return f"Chosen: {restores} (checkpoint {choice.checkpoint_id}).", ""
+    if pending is not None and pending.id == choice.checkpoint_id:
+        why = "not used: the run was closed"
+    elif pending is not None:
+        why = f"replaced by a later choice, step {pending.step}"
+    elif all(c.id != choice.checkpoint_id for c in checkpoints):
+        why = "its checkpoint was deleted since"
+    else:  # still listed and no longer pending: a resume consumed it
+        why = "already used by a resume"
+    return "", f"Chosen earlier: step {choice.step} ({why}; checkpoint {choice.checkpoint_id})."
+
+
+def picker_state(handle: RunHandle, choice: Choice | None = None) -> PickerState:
+    """Everything the picker shows, read through the query API.
+
+    ``choice`` is the checkpoint last chosen with this picker, if any: its
+    confirmation is shown while it is pending, as history once not.
+    """
     summary = handle.summary()
     status = str(summary["status"])
     step = int(summary["step"])
+    closed = status == "closed"
     checkpoints = handle.checkpoints()
     last_heartbeat = handle.last_heartbeat
     latest = checkpoints[-1].id if checkpoints else None
     resume = next((c for c in checkpoints if c.chosen_for_resume), None) or (checkpoints[-1] if checkpoints else None)
     if resume is None:
         restores = 'No checkpoint yet: load_checkpoint("resume") has nothing to restore.'
+    elif closed:  # a closed run is never resumed: "the next resume restores ..." would be false
+        restores = 'This run is closed, so no load_checkpoint("resume") will restore any of its checkpoints.'
     elif resume.chosen_for_resume:
         restores = f'The next load_checkpoint("resume") restores step {resume.step} (chosen, checkpoint {resume.id}).'
     else:
         restores = (
             f'The next load_checkpoint("resume") restores step {resume.step} (the latest, checkpoint {resume.id}).'
+        )
+    confirmation, earlier = _choice_sentences(choice, checkpoints, closed)
+    rows: list[PickerCheckpoint] = []
+    for c in reversed(checkpoints):  # newest first
+        shards, text = _layout(c)
+        rows.append(
+            {
+                "id": c.id,
+                "step": c.step,
+                "saved_at": format_time(c.saved_at),
+                "size": _size(c.size),
+                "shards": shards,
+                "layout": text,
+                "steps_to_redo": c.steps_to_redo,
+                "before_last_control_change": c.before_last_control_change,
+                "latest": c.id == latest,
+                "chosen": c.chosen_for_resume and not closed,
+            }
         )
     return {
         "run": {"id": handle.id, "name": handle.name, "project": handle.project},
@@ -66,22 +140,11 @@ def picker_state(handle: RunHandle, confirmation: str = "") -> PickerState:
         "step": step,
         # epoch seconds of each time in the text above and below, for the browser to show as people read them
         "times": time_labels(last_heartbeat, *(c.saved_at for c in checkpoints)),
-        "can_choose": status != "closed",
+        "can_choose": not closed,
         "restores": restores,
         "confirmation": confirmation,
-        "checkpoints": [
-            {
-                "id": c.id,
-                "step": c.step,
-                "saved_at": format_time(c.saved_at),
-                "size": _size(c.size),
-                "steps_to_redo": c.steps_to_redo,
-                "before_last_control_change": c.before_last_control_change,
-                "latest": c.id == latest,
-                "chosen": c.chosen_for_resume,
-            }
-            for c in reversed(checkpoints)  # newest first
-        ],
+        "earlier": earlier,
+        "checkpoints": rows,
     }
 
 
@@ -119,13 +182,13 @@ class ResumePicker(RunWidget):
         if self._reused():
             return
         self._init_run(interval)
-        self._confirmation = ""
+        self._choice: Choice | None = None
         self.refresh()
 
     def refresh(self) -> None:
         """Re-read the run's status and checkpoints."""
         with self._lock:
-            state = picker_state(self._handle, self._confirmation)
+            state = picker_state(self._handle, self._choice)
             if state != self.state:
                 self.state = state
 
@@ -136,7 +199,5 @@ class ResumePicker(RunWidget):
         """Make ``checkpoint_id`` the one the next ``load_checkpoint("resume")`` restores (as "Choose" does)."""
         chosen = self._handle.choose_for_resume(checkpoint_id)
         with self._lock:
-            self._confirmation = (
-                f'Chosen: the next load_checkpoint("resume") restores step {chosen.step} (checkpoint {chosen.id}).'
-            )
+            self._choice = Choice(chosen.id, chosen.step)
             self.refresh()

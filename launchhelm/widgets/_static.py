@@ -85,15 +85,19 @@ def picker_html(state: PickerState) -> str:
         marks = [m for m, on in (("latest", c["latest"]), ("chosen", c["chosen"])) if on]
         if c["before_last_control_change"]:
             marks.append("before the last control change")
-        rows.append((c["step"], c["saved_at"], c["size"], c["steps_to_redo"], ", ".join(marks), c["id"]))
+        rows.append(
+            (c["step"], c["saved_at"], c["size"], c.get("layout", ""), c["steps_to_redo"], ", ".join(marks), c["id"])
+        )
     parts = [
         f"<div class='launchhelm-static-picker'><b>Resume… {html.escape(str(run.get('name', '')))}</b> "
         f"<code>{html.escape(str(run.get('id', '')))}</code>: {html.escape(state.get('sentence', ''))}",
-        table_html(["step", "saved", "size", "steps to redo", "", "checkpoint"], rows, kind="picker"),
+        table_html(["step", "saved", "size", "shards", "steps to redo", "", "checkpoint"], rows, kind="picker"),
         f"<div>{html.escape(state.get('restores', ''))}</div>",
     ]
     if state.get("confirmation"):
         parts.append(f"<div><b>{html.escape(state['confirmation'])}</b></div>")
+    elif state.get("earlier"):
+        parts.append(f"<div>{html.escape(state['earlier'])}</div>")
     return "".join(parts) + "</div>"
 
 

@@ -1,4 +1,5 @@
-"""Every code block of the README, the getting-started page and the guides runs, so the docs never rot.
+"""Every code block of the README, the getting-started page, the guides and the other pages that show code
+(W&B and TensorBoard scripts, importers, long runs) runs, so the docs never rot.
 
 Each page runs top to bottom in a fresh interpreter against a temporary store
 (``LAUNCHHELM_STORE`` is a new folder, the spool too, the working directory a
@@ -38,6 +39,9 @@ PAGES = [
     ROOT / "docs" / "index.md",
     ROOT / "docs" / "getting-started.md",
     *sorted((ROOT / "docs" / "guides").glob("*.md")),
+    ROOT / "docs" / "compat.md",
+    ROOT / "docs" / "importers.md",
+    ROOT / "docs" / "long-runs.md",
 ]
 RUN = {"python", "bash"}
 NOT_CODE = {"text"}
@@ -54,6 +58,7 @@ SLOW = {
     "distributed.md",
     "steering.md",
     "evaluation.md",
+    "importers.md",
 }
 
 

@@ -1,7 +1,7 @@
 """Importing TensorBoard, MLflow and W&B runs: sources made here by the real packages (torch's
 SummaryWriter, MLflow with a sqlite store, wandb in offline mode) come out exact (values, steps, names,
-config), importing twice adds nothing, a resumed source keeps both attempts, and a truncated or corrupt
-source gives a clear error and no run at all."""
+config), on local, S3, GCS and Azure stores, importing twice adds nothing, a resumed source keeps both
+attempts, and a truncated or corrupt source gives a clear error and no run at all."""
 
 from __future__ import annotations
 
@@ -138,6 +138,47 @@ def test_importing_tensorboard_again_adds_nothing_through_the_command_line(
     assert out.count("already imported  ") == 3 and "0 run(s) imported, 3 already imported" in out
     assert _all_keys(store) == before
     assert sorted(lh.Api(store).run_ids("tb")) == sorted(ids)
+
+
+def _imported(store: str, project: str) -> dict[str, tuple[Any, ...]]:
+    """Each run of ``project`` as read back: config, every point (all attempts), rewinds, status."""
+    out = {}
+    for name, handle in _by_name(store, project).items():
+        frame = handle.history(duplicates="all")
+        frame = frame[sorted(frame.columns)].sort_values(["step", "attempt"], kind="stable").reset_index(drop=True)
+        rewinds = [(r.to_step, r.reached, r.attempt) for r in handle.rewinds()]
+        out[name] = (handle.config, frame, rewinds, handle.summary()["status"])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["gcs", "azure"])
+def test_tensorboard_imports_exactly_into_gcs_and_azure_stores(
+    tb_logdir: Path, tmp_path: Path, backend: str, request: pytest.FixtureRequest
+) -> None:
+    """The same source into a local store and into fake-gcs-server / Azurite: the same runs, read back alike."""
+    store = make_store_url(backend, tmp_path, request)
+    result = import_tensorboard(tb_logdir, "tb", store=store, progress=False)
+    assert sorted(r.name for r in result.imported) == ["cifar/seed1", "mnist", "mnist/sweep"]
+    local = str(tmp_path / "local")
+    import_tensorboard(tb_logdir, "tb", store=local, progress=False)
+    remote, reference = _imported(store, "tb"), _imported(local, "tb")
+    assert sorted(remote) == sorted(reference) == ["cifar/seed1", "mnist", "mnist/sweep"]
+    for name, (config, frame, rewinds, status) in remote.items():
+        ref_config, ref_frame, ref_rewinds, ref_status = reference[name]
+        assert (config, rewinds, status) == (ref_config, ref_rewinds, ref_status), name
+        assert frame.equals(ref_frame), f"{name}:\n{frame}\n{ref_frame}"
+    # and exact against what was logged, not only alike: float32 as TensorBoard stored it, both attempts
+    config, frame, rewinds, status = remote["mnist"]
+    loss = frame.dropna(subset=["train/loss"])
+    assert loss[loss["attempt"] == 0]["train/loss"].tolist() == [float(np.float32(v)) for v in LOSS[:100]]
+    assert loss[loss["attempt"] == 1]["train/loss"].tolist() == [float(np.float32(v)) for v in LOSS[100:]]
+    assert frame.dropna(subset=["eval/exact"])["eval/exact"].tolist() == EXACT
+    assert config["optimizer"] == "adamw" and rewinds == [(79, 290, 1)] and status == "closed"
+    # a second import of the same source adds nothing on these stores either
+    before = _all_keys(store)
+    again = import_tensorboard(tb_logdir, "tb", store=store, progress=False)
+    assert not again.imported and len(again.skipped) == 3 and _all_keys(store) == before
 
 
 def _copy_run(tb_logdir: Path, tmp_path: Path) -> tuple[Path, Path]:

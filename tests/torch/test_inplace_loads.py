@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_helpers import build_model, payload_path, same_tensors, snapshot_state, train_steps
 
 import launchhelm as lh
 import launchhelm.torch as lht
@@ -30,51 +31,21 @@ from launchhelm.torch import _inplace
 from launchhelm.torch._inplace import _pagecache, _plan, _reads, _zip
 
 
-def _build(seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    model[2].to(torch.bfloat16)  # a bf16 layer: bytes are bytes
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
-    for _ in range(n):
-        optimizer.zero_grad()
-        x = model[0](torch.randn(8, 16)).relu()
-        model[2](x.to(torch.bfloat16)).float().pow(2).mean().backward()
-        optimizer.step()
-
-
-def _payload(store_url: str, tr: lh.Run, artifact: str) -> Path:
-    return Path(store_url) / "runs" / tr.id / "artifacts" / artifact / f"{artifact}.pt"
-
-
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    tensors = [t.detach().clone() for t in model.state_dict().values()]
-    for entries in optimizer.state_dict()["state"].values():
-        tensors += [t.clone() for t in entries.values() if isinstance(t, torch.Tensor)]
-    return tensors
-
-
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
-
-
 def _saved_then_trained_on(
     tmp_path: Path, extra: object = None
 ) -> tuple[str, lht.TorchRun, torch.nn.Module, torch.optim.Optimizer, list[torch.Tensor], str]:
     """A run on a local store that saved a checkpoint (with ``extra``) after 2 steps and trained a
     third: (store, run, model, optimizer, the state saved, the checkpoint's id)."""
     store_url = str(tmp_path / "store")
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("inplace", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
-    saved = _state(model, optimizer)
+    train_steps(model, optimizer, 2)
+    saved = snapshot_state(model, optimizer)
     artifact = tr.save_checkpoint(extra=extra)
     assert artifact is not None
-    _train(model, optimizer, 1)
-    assert not _same(saved, _state(model, optimizer))
+    train_steps(model, optimizer, 1)
+    assert not same_tensors(saved, snapshot_state(model, optimizer))
     return store_url, tr, model, optimizer, saved, artifact
 
 
@@ -99,19 +70,19 @@ def in_place_always(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("in_place_always")
 def test_a_load_reads_tensor_bytes_into_the_watched_tensors_themselves(store_url: str) -> None:
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("inplace", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 3)
+    train_steps(model, optimizer, 3)
     artifact = tr.save_checkpoint(extra={"position": torch.arange(5)})
-    saved = _state(model, optimizer)
-    _train(model, optimizer, 2)
-    assert not _same(saved, _state(model, optimizer))
+    saved = snapshot_state(model, optimizer)
+    train_steps(model, optimizer, 2)
+    assert not same_tensors(saved, snapshot_state(model, optimizer))
     memory = [p.data_ptr() for p in model.parameters()]
     memory += [t.data_ptr() for st in optimizer.state.values() for t in st.values()]
 
     extra = tr.load_checkpoint(artifact)
-    assert _same(saved, _state(model, optimizer))  # bitwise, bf16 included
+    assert same_tensors(saved, snapshot_state(model, optimizer))  # bitwise, bf16 included
     assert torch.equal(extra["position"], torch.arange(5))
     # the same memory: the parameters and AdamW's moments were written, not replaced
     assert memory == [p.data_ptr() for p in model.parameters()] + [
@@ -119,23 +90,23 @@ def test_a_load_reads_tensor_bytes_into_the_watched_tensors_themselves(store_url
     ]
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     assert tr._loaded_in_place >= 3 * params  # weights and both AdamW moments
-    _train(model, optimizer, 1)  # and training goes on from there
+    train_steps(model, optimizer, 1)  # and training goes on from there
     tr.finish()
 
 
 @pytest.mark.usefixtures("in_place_always")
 def test_tensors_that_changed_shape_dtype_or_have_no_state_yet_load_the_usual_way(tmp_path: Path) -> None:
     store_url = str(tmp_path / "store")
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("inplace", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
+    train_steps(model, optimizer, 2)
     artifact = tr.save_checkpoint()
     saved_weights = [t.clone() for t in model.state_dict().values()]
-    saved = _state(model, optimizer)
+    saved = snapshot_state(model, optimizer)
 
     # a fresh optimizer (no state yet) and a layer now in float64: those go through fresh memory
-    fresh, fresh_opt = _build(seed=1)
+    fresh, fresh_opt = build_model(seed=1)
     fresh[0].to(torch.float64)
     tr.watch(fresh, fresh_opt)
     tr.load_checkpoint(artifact)
@@ -143,7 +114,7 @@ def test_tensors_that_changed_shape_dtype_or_have_no_state_yet_load_the_usual_wa
     assert got[0].dtype == torch.float64 and torch.equal(got[0], saved_weights[0].double())
     assert all(torch.equal(a, b) for a, b in zip(got[2:], saved_weights[2:], strict=True))
     # optimizer state as load_state_dict gives it: cast to its parameter's dtype (float64 for layer 0)
-    restored = _state(fresh, fresh_opt)[len(saved_weights) :]
+    restored = snapshot_state(fresh, fresh_opt)[len(saved_weights) :]
     assert all(torch.equal(a.to(b.dtype), b) for a, b in zip(saved[len(saved_weights) :], restored, strict=True))
     assert 0 < tr._loaded_in_place < sum(t.numel() * t.element_size() for t in saved)
 
@@ -174,13 +145,13 @@ def _flip(path: Path, key: str, at: int, bit: int) -> None:
 @pytest.mark.usefixtures("in_place_always")
 def test_a_flipped_byte_in_tensor_bytes_read_in_place_poisons_the_next_step(tmp_path: Path) -> None:
     store_url = str(tmp_path / "store")
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("inplace", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
+    train_steps(model, optimizer, 2)
     artifact = tr.save_checkpoint()
     assert artifact is not None
-    _flip(_payload(store_url, tr, artifact), "0.weight", 10, 0x04)
+    _flip(payload_path(store_url, tr, artifact), "0.weight", 10, 0x04)
     step = tr.global_step
     with pytest.raises(lh.CheckpointError, match=r"does not match its crc64nvme.*next optimizer step"):
         tr.load_checkpoint(artifact)
@@ -193,13 +164,13 @@ def test_a_flipped_byte_in_tensor_bytes_read_in_place_poisons_the_next_step(tmp_
 def test_a_flipped_byte_in_the_pickle_is_caught_by_the_crc_and_changes_nothing(tmp_path: Path) -> None:
     """A flip that still unpickles (inside the run id string): only the CRC can tell."""
     store_url = str(tmp_path / "store")
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("inplace", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
+    train_steps(model, optimizer, 2)
     artifact = tr.save_checkpoint()
     assert artifact is not None
-    path = _payload(store_url, tr, artifact)
+    path = payload_path(store_url, tr, artifact)
     data = bytearray(path.read_bytes())
     at = data.index(tr.id.encode())  # the first copy is in data.pkl, before every tensor
     assert at < _tensor_offset(path, "0.weight")
@@ -207,11 +178,11 @@ def test_a_flipped_byte_in_the_pickle_is_caught_by_the_crc_and_changes_nothing(t
     path.chmod(0o644)
     path.write_bytes(bytes(data))
     assert torch.load(path, weights_only=True)["run_id"] != tr.id  # torch.load alone would take it
-    _train(model, optimizer, 1)
-    before = _state(model, optimizer)
+    train_steps(model, optimizer, 1)
+    before = snapshot_state(model, optimizer)
     with pytest.raises(lh.CheckpointError, match=r"nothing was applied.*does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
-    assert _same(before, _state(model, optimizer))  # small file: verified before anything was applied
+    assert same_tensors(before, snapshot_state(model, optimizer))  # small file: verified before anything was applied
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         optimizer.step()  # the fail-together rule: no training on after a failed load...
     tr.clear_checkpoint_error()
@@ -226,10 +197,10 @@ def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> 
     from launchhelm.storage import ObjectStore, open_store
     from launchhelm.storage._checksum import CRC32C, CRC64NVME, header_value
 
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("sums", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 1)
+    train_steps(model, optimizer, 1)
     artifact = tr.save_checkpoint()
     (record,) = lh.Api(store_url).run(tr.id).checkpoints()
     store = open_store(store_url)
@@ -273,10 +244,10 @@ def test_tensors_read_in_many_pieces_round_trip_and_a_flip_in_a_later_piece_is_c
     monkeypatch.setattr(_reads, "_CHUNK", 1024)
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     tr.load_checkpoint(artifact)
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     assert tr._loaded_in_place > 0
 
-    path = _payload(store_url, tr, artifact)
+    path = payload_path(store_url, tr, artifact)
     data = bytearray(path.read_bytes())
     data[_tensor_offset(path, "0.weight") + 1024 + 3 * 256 + 7] ^= 0x10  # piece 4 of the second chunk
     path.chmod(0o644)
@@ -294,7 +265,7 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
     requests, each CRC'd on the other thread: the same bytes land, and a flipped byte is still caught."""
     monkeypatch.setattr(_reads, "_STREAM_PIECE", 512)  # 0.weight (2 KiB) is four pieces
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
-    path = _payload(store_url, tr, artifact)
+    path = payload_path(store_url, tr, artifact)
 
     monkeypatch.setattr(_reads, "_cached", lambda fd, ranges: False)  # what the probe says of a cold file
     streams: list[int] = []
@@ -307,7 +278,7 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
     monkeypatch.setattr(_reads, "_stream", counted)
 
     tr.load_checkpoint(artifact)
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     assert tr._loaded_in_place > 0
     assert streams and streams[0] >= 6  # every weight, bias and AdamW moment went through the stream
 
@@ -362,7 +333,7 @@ def test_a_load_returns_before_its_summary_is_put_and_readers_see_its_rewind_mea
     try:
         tr.load_checkpoint("latest")  # returns while its summary's put is held
         assert entered.wait(10)
-        assert _same(saved, _state(model, optimizer))
+        assert same_tensors(saved, snapshot_state(model, optimizer))
         assert json.loads(store.read(key))["rewinds"] == 0  # the summary is behind the log
         assert lh.Api(store_url).run(tr.id).summary()["rewinds"] == 1  # readers fold the log's tail
     finally:
@@ -401,17 +372,17 @@ def test_the_planning_unpickler_gives_what_torch_load_gives_on_meta(tmp_path: Pa
     """The plan's fast C unpickler makes exactly torch.load(map_location="meta")'s bundle: the same
     containers and values, the same tensors (dtype, shape, stride, storage offset, file offset),
     with a bf16 layer, tied weights, a scheduler and a nested extra."""
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tied = torch.nn.Linear(3, 3)
     model.append(tied)
     model.register_buffer("tied_view", tied.weight.detach()[1:])  # a view into another tensor's storage
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, 2)
     tr = lht.init("plan", store=str(tmp_path / "store"))
     tr.watch(model, optimizer, scheduler=scheduler)
-    _train(model, optimizer, 2)
+    train_steps(model, optimizer, 2)
     artifact = tr.save_checkpoint(extra={"epoch": 3, "nested": [1, (2.5, "x"), {"a": None, "b": True}]})
     assert artifact is not None
-    path = _payload(str(tmp_path / "store"), tr, artifact)
+    path = payload_path(str(tmp_path / "store"), tr, artifact)
     fast = _inplace.meta_load(path)
     assert fast is not None
     meta = torch.load(path, map_location="meta", weights_only=True)
@@ -430,13 +401,13 @@ def test_a_bundle_torch_plans_loads_in_place_all_the_same(tmp_path: Path) -> Non
     byte in a tensor is still caught."""
     extra = {"shape": torch.Size([2, 3])}
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path, extra)
-    path = _payload(store_url, tr, artifact)
+    path = payload_path(store_url, tr, artifact)
     assert _inplace.meta_load(path) is None  # torch plans this one
     weight = model[0].weight
     assert tr.load_checkpoint(artifact) == extra
     assert model[0].weight is weight
     assert tr._loaded_in_place > 0
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     _flip(path, "0.weight", 5, 0x10)
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
@@ -478,14 +449,14 @@ def test_the_planning_unpickler_calls_nothing_of_the_file_and_leaves_the_rest_to
     assert not refused(b"\x80\x02ccollections\nOrderedDict\n)R.")
 
     store_url = str(tmp_path / "store")
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("plan", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 1)
+    train_steps(model, optimizer, 1)
     extra = {"shape": torch.Size([2, 3]), "dtype": torch.float16}
     artifact = tr.save_checkpoint(extra=extra)
     assert artifact is not None
-    assert _inplace.meta_load(_payload(store_url, tr, artifact)) is None  # torch.Size: torch plans
+    assert _inplace.meta_load(payload_path(store_url, tr, artifact)) is None  # torch.Size: torch plans
     assert tr.load_checkpoint(artifact) == extra
     tr.finish()
 
@@ -510,8 +481,8 @@ def test_the_header_prefetch_reads_every_entry_of_a_zip_and_of_a_zip64(
         with zipfile.ZipFile(path) as archive:
             return [info.header_offset for info in archive.infolist()]
 
-    model, optimizer = _build()
-    _train(model, optimizer, 1)
+    model, optimizer = build_model()
+    train_steps(model, optimizer, 1)
     bundle = tmp_path / "bundle.pt"
     torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, bundle)
     assert len(stdlib(bundle)) > 10
@@ -641,7 +612,7 @@ def test_a_load_runs_with_the_cyclic_collector_paused_and_leaves_it_as_it_was(
         tr.load_checkpoint(artifact)
         still_off = not gc.isenabled()
         gc.enable()
-        path = _payload(store_url, tr, artifact)
+        path = payload_path(store_url, tr, artifact)
         path.chmod(0o644)
         path.write_bytes(b"not a checkpoint")
         with pytest.raises(lh.CheckpointError):
@@ -655,7 +626,7 @@ def test_a_load_runs_with_the_cyclic_collector_paused_and_leaves_it_as_it_was(
     assert after > 0, "the collector did not come back on after the load"
     assert still_off, "a load turned on a collector the caller had turned off"
     assert on_after_error, "a load that raised left the collector off"
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     tr.clear_checkpoint_error()
     tr.finish()
 
@@ -680,17 +651,17 @@ def test_load_state_dict_is_skipped_only_where_it_would_copy_each_tensor_onto_it
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     pending = model[0].weight.pow(2).sum()  # a graph that saved 0.weight before the load
     tr.load_checkpoint(artifact)
-    assert calls == [] and _same(saved, _state(model, optimizer))
+    assert calls == [] and same_tensors(saved, snapshot_state(model, optimizer))
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         pending.backward()  # as after torch's load_state_dict: the weights' versions moved on
     assert _inplace.IN_PLACE_MIN_BYTES == 0
 
     hooked: list[list[str]] = []
     handle = model[0].register_load_state_dict_pre_hook(lambda _m, sd, prefix, *_: hooked.append(sorted(sd)))
-    _train(model, optimizer, 1)
+    train_steps(model, optimizer, 1)
     tr.load_checkpoint(artifact)
     assert calls == ["Sequential"] and hooked and "0.weight" in hooked[0]
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     handle.remove()
     tr.finish()
 
@@ -709,7 +680,7 @@ def test_load_state_dict_is_skipped_only_where_it_would_copy_each_tensor_onto_it
     opt.step()
     tr.load_checkpoint(artifact)
     assert calls == ["Sequential"], "batch norm loads its own way: torch's load_state_dict must run"
-    assert _same(before, list(norm.state_dict().values()))
+    assert same_tensors(before, list(norm.state_dict().values()))
     tr.finish()
 
 
@@ -814,13 +785,13 @@ def test_a_transformer_shaped_model_loads_wholly_in_place_and_bitwise(
         tr = lht.init("gpt", store=str(tmp_path / f"store-{tie}"))
         tr.watch(model, optimizer)
         step(model, optimizer)
-        saved = _state(model, optimizer)
+        saved = snapshot_state(model, optimizer)
         artifact = tr.save_checkpoint()
         assert artifact is not None
         step(model, optimizer)
         calls.clear()
         tr.load_checkpoint(artifact)
-        assert _same(saved, _state(model, optimizer)), f"tied={tie}"
+        assert same_tensors(saved, snapshot_state(model, optimizer)), f"tied={tie}"
         assert calls == (["load"] if tie else []), f"tied={tie}"
         n_tensors = len(saved)
         tensor_bytes = sum(t.numel() * t.element_size() for t in saved)
@@ -851,13 +822,13 @@ def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verifie
     tr._loaded_in_place = -1
     tr.load_checkpoint(artifact)
     assert tr._loaded_in_place == -1, "nothing goes through the in-place path"
-    assert _same(saved, _state(model, optimizer))
-    _train(model, optimizer, 1)
-    trained = _state(model, optimizer)
-    _flip(_payload(store_url, tr, artifact), "0.weight", 3, 0x01)
+    assert same_tensors(saved, snapshot_state(model, optimizer))
+    train_steps(model, optimizer, 1)
+    trained = snapshot_state(model, optimizer)
+    _flip(payload_path(store_url, tr, artifact), "0.weight", 3, 0x01)
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
-    assert _same(trained, _state(model, optimizer)), "a corrupted file changed the model"
+    assert same_tensors(trained, snapshot_state(model, optimizer)), "a corrupted file changed the model"
     tr.clear_checkpoint_error()
     tr.finish()
 
@@ -888,7 +859,7 @@ def test_the_state_dict_keeps_its_module_versions_through_a_planned_load(tmp_pat
     optimizer.step()
     artifact = tr.save_checkpoint()
     assert artifact is not None
-    assert torch.load(_payload(store_url, tr, artifact), weights_only=True)["model"]._metadata["0"]["version"] == 3
+    assert torch.load(payload_path(store_url, tr, artifact), weights_only=True)["model"]._metadata["0"]["version"] == 3
     tr.load_checkpoint(artifact)
     assert model[0].loaded_version == 3
     assert tr._loaded_in_place > 0
@@ -964,15 +935,15 @@ def test_optimizer_state_goes_in_place_by_the_saved_groups_and_only_for_the_stoc
             model(torch.randn(4, 8)).sum().backward()
             model[1].bias.grad = None  # one parameter never gets momentum
             optimizer.step()
-        saved = _state(model, optimizer)
+        saved = snapshot_state(model, optimizer)
         artifact = tr.save_checkpoint()
         assert artifact is not None
         model(torch.randn(4, 8)).sum().backward()
         optimizer.step()
-        assert not _same(saved, _state(model, optimizer))
+        assert not same_tensors(saved, snapshot_state(model, optimizer))
         momentum = [optimizer.state[p]["momentum_buffer"].data_ptr() for p in model[2].parameters()]
         tr.load_checkpoint(artifact)
-        assert _same(saved, _state(model, optimizer))
+        assert same_tensors(saved, snapshot_state(model, optimizer))
         weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         if kind is _OwnLoading:
             assert optimizer.loaded_by_hand
@@ -995,7 +966,7 @@ def test_loads_reuse_one_summary_thread_and_the_session_end_joins_it(tmp_path: P
     first = summary_threads()
     assert len(first) == 1
     for _ in range(3):
-        _train(model, optimizer, 1)
+        train_steps(model, optimizer, 1)
         tr.load_checkpoint(artifact)
     assert summary_threads() == first
     tr._settle_summary()
@@ -1072,7 +1043,7 @@ def test_the_optimizer_loaded_in_place_is_the_one_load_state_dict_makes(tmp_path
     tr.load_checkpoint(artifact)
     assert tr._optimizer_in_place
 
-    bundle = torch.load(_payload(store_url, tr, artifact), weights_only=True)
+    bundle = torch.load(payload_path(store_url, tr, artifact), weights_only=True)
     torch.manual_seed(5)
     reference = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
     reference_optimizer = make(_two_groups(reference))
@@ -1160,7 +1131,7 @@ def test_the_layout_read_from_the_central_directory_is_where_torch_finds_each_re
     import zipfile
 
     _, tr, _, _, _, artifact = _saved_then_trained_on(tmp_path)
-    path = _payload(str(tmp_path / "store"), tr, artifact)
+    path = payload_path(str(tmp_path / "store"), tr, artifact)
 
     def layout(path: Path) -> tuple[bytes, dict[str, tuple[int, int, int]]] | None:
         fd = os.open(path, os.O_RDONLY)
@@ -1201,7 +1172,7 @@ def test_a_bundle_torch_laid_out_is_planned_without_torchs_reader_and_any_other_
     plan is the one torch's own meta load gives. An archive version this torch does not read goes
     to torch's reader, which refuses it: no plan, and the load is torch's (and so is its error)."""
     _, tr, _, _, _, artifact = _saved_then_trained_on(tmp_path)
-    path = _payload(str(tmp_path / "store"), tr, artifact)
+    path = payload_path(str(tmp_path / "store"), tr, artifact)
     tr.finish()
     opened: list[str] = []
     real_reader = torch._C.PyTorchFileReader
@@ -1244,7 +1215,7 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
     passes the CRC (every byte of the file is still read once) and is caught by those checks: the
     load fails, the next step refuses to train, and with the true layout it loads bitwise."""
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
-    path = _payload(store_url, tr, artifact)
+    path = payload_path(store_url, tr, artifact)
     checked: list[tuple[int, int]] = []
     real_whole_crc = _inplace.InPlaceLoad._whole_crc
 
@@ -1254,7 +1225,7 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
 
     monkeypatch.setattr(_inplace.InPlaceLoad, "_whole_crc", whole_crc)
     tr.load_checkpoint(artifact)
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     meta = _inplace.meta_load(path)
     assert meta is not None
     storages = {id(t.storage) for t in _plan._walk(meta)}
@@ -1273,7 +1244,7 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
         records[first], records[second] = records[second], records[first]
         return folder, records
 
-    _train(model, optimizer, 1)
+    train_steps(model, optimizer, 1)
     monkeypatch.setattr(_plan, "_sequential_layout", swapped)
     with pytest.raises(lh.CheckpointError, match="is corrupted: the local zip header"):
         tr.load_checkpoint(artifact)
@@ -1298,7 +1269,7 @@ def test_a_load_checks_each_local_header_where_the_layout_put_its_data(
     tr.clear_checkpoint_error()
     monkeypatch.setattr(_plan, "_sequential_layout", real_layout)
     tr.load_checkpoint(artifact)  # the file itself was never wrong
-    assert _same(saved, _state(model, optimizer))
+    assert same_tensors(saved, snapshot_state(model, optimizer))
     tr.finish()
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch_helpers import build_model, payload_path, same_tensors, snapshot_state, train_steps
 
 import launchhelm as lh
 import launchhelm.torch as lht
@@ -23,32 +24,6 @@ PACKAGE = Path(lh.__file__).resolve().parent
 DOOR = PACKAGE / "torch" / "_torch_private.py"
 #: The receivers whose private attributes are a module's own, not torch's.
 OWN = ("self", "cls")
-
-
-def _build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-    model[2].to(torch.bfloat16)
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def _train(model: torch.nn.Module, optimizer: torch.optim.Optimizer, n: int) -> None:
-    for _ in range(n):
-        optimizer.zero_grad()
-        x = model[0](torch.randn(8, 16)).relu()
-        model[2](x.to(torch.bfloat16)).float().pow(2).mean().backward()
-        optimizer.step()
-
-
-def _state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    tensors = [t.detach().clone() for t in model.state_dict().values()]
-    for entries in optimizer.state_dict()["state"].values():
-        tensors += [t.clone() for t in entries.values() if isinstance(t, torch.Tensor)]
-    return tensors
-
-
-def _same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 def _zip_crcs(path: Path) -> list[int]:
@@ -79,41 +54,41 @@ def test_an_untested_torch_saves_and_loads_through_torchs_own_path_bitwise(
     place, and a flipped byte still refused (CRC64NVME) before anything is applied."""
     monkeypatch.setattr(_inplace, "IN_PLACE_MIN_BYTES", 0)  # the fast path would take even this small file
     store_url = str(tmp_path / "store")
-    model, optimizer = _build()
+    model, optimizer = build_model()
     tr = lht.init("door", store=store_url)
     tr.watch(model, optimizer)
-    _train(model, optimizer, 2)
+    train_steps(model, optimizer, 2)
     fast = tr.save_checkpoint()
     assert fast is not None
     monkeypatch.setattr(_torch_private, "TORCH_VERSION", "2.12.0")
     assert not _torch_private.fast_path_available()
-    _train(model, optimizer, 1)
-    saved = _state(model, optimizer)
+    train_steps(model, optimizer, 1)
+    saved = snapshot_state(model, optimizer)
     artifact = tr.save_checkpoint()
     assert artifact is not None
-    path = Path(store_url) / "runs" / tr.id / "artifacts" / artifact / f"{artifact}.pt"
+    path = payload_path(store_url, tr, artifact)
     fast_path = path.parent.parent / fast / f"{fast}.pt"
     assert all(_zip_crcs(path)), "an untested torch saves with its own defaults"
     assert not any(_zip_crcs(fast_path)), "a tested torch skips the CRC32s that loads never read"
 
-    _train(model, optimizer, 2)
-    assert not _same(saved, _state(model, optimizer))
+    train_steps(model, optimizer, 2)
+    assert not same_tensors(saved, snapshot_state(model, optimizer))
     tr._loaded_in_place = -1
     tr.load_checkpoint(artifact)
-    assert _same(saved, _state(model, optimizer))  # bitwise, bf16 included
+    assert same_tensors(saved, snapshot_state(model, optimizer))  # bitwise, bf16 included
     assert tr._loaded_in_place == -1 and not tr._optimizer_in_place, "nothing went in place"
     tr.load_checkpoint(fast)  # a file the fast path wrote loads the slow way too
     assert tr._loaded_in_place == -1
 
-    _train(model, optimizer, 1)
-    trained = _state(model, optimizer)
+    train_steps(model, optimizer, 1)
+    trained = snapshot_state(model, optimizer)
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0x01
     path.chmod(0o644)
     path.write_bytes(bytes(data))
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
         tr.load_checkpoint(artifact)
-    assert _same(trained, _state(model, optimizer)), "a corrupted file changed the model"
+    assert same_tensors(trained, snapshot_state(model, optimizer)), "a corrupted file changed the model"
     tr.clear_checkpoint_error()
 
     monkeypatch.setattr(_torch_private, "TORCH_VERSION", torch.__version__)  # the gate opens again: in place

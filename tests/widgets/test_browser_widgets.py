@@ -11,7 +11,9 @@ again" re-queueing a failed evaluation, the run panel's tabs.
 
 from __future__ import annotations
 
+import os
 import re
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -36,9 +38,19 @@ pytestmark = browser_marks()
 
 LABEL = f"Resumed from step {RESUMED_FROM} after reaching {RESUMED_CRASH_AT}"
 WAIT_MS = 60_000
-# the run panel as the README and the docs show it, taken anew by every run of the panel's test
-# (so the picture never shows a panel the code no longer draws)
+# the run panel as the README and the docs show it, taken by the panel's test; written there only when
+# asked (LAUNCHHELM_UPDATE_SCREENSHOTS=1), so a test run leaves the tree clean. Otherwise the test takes
+# it to a temporary folder and fails if its size no longer matches the docs' picture (which is then stale)
 DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "images" / "run-panel.png"
+UPDATE_SCREENSHOTS = os.environ.get("LAUNCHHELM_UPDATE_SCREENSHOTS") == "1"
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """``(width, height)`` from a PNG's header."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
+    width, height = struct.unpack(">II", head[16:24])
+    return int(width), int(height)
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +220,10 @@ def test_choose_in_the_picker_makes_that_checkpoint_the_resume_one(
     assert "saved before the last control change" in rows.nth(1).inner_text()
     assert "saved before the last control change" not in rows.nth(0).inner_text()
 
+    # each row's size; these single-process checkpoints have no shards to count
+    assert all(re.fullmatch(r"\d+\.\d kB", s) for s in page.locator(".lh-picker .lh-size").all_inner_texts())
+    assert page.locator(".lh-picker .lh-layout").all_inner_texts() == ["", "", ""]
+
     rows.nth(1).get_by_role("button", name="Choose").click()
     confirmation = page.wait_for_selector(".lh-picker .lh-confirmation", timeout=WAIT_MS)
     assert confirmation is not None
@@ -215,6 +231,18 @@ def test_choose_in_the_picker_makes_that_checkpoint_the_resume_one(
     chosen = lh.Api(runs.store).run(runs.stopped).resume_checkpoint()
     assert chosen is not None and chosen.step == 64 and chosen.id == rows.nth(1).get_attribute("data-checkpoint")
     page.wait_for_selector(".lh-picker tr.lh-checkpoint[data-step='64'] .lh-chosen", timeout=WAIT_MS)
+
+    # another notebook chooses step 96: the green "Chosen: ... step 64" gives way to one plain line of history
+    lh.Api(runs.store).run(runs.stopped).choose_for_resume(str(rows.nth(0).get_attribute("data-checkpoint")))
+    earlier = page.wait_for_selector(".lh-picker .lh-earlier", timeout=WAIT_MS)
+    assert earlier is not None
+    assert earlier.inner_text().startswith("Chosen earlier: step 64 (replaced by a later choice, step 96;")
+    assert _count(page, ".lh-picker .lh-confirmation") == 0
+    assert page.inner_text(".lh-picker .lh-restores").startswith(
+        'The next load_checkpoint("resume") restores step 96 (chosen'
+    )
+    color = page.locator(".lh-picker .lh-earlier").evaluate("e => getComputedStyle(e).color")
+    assert color != "rgb(27, 94, 32)"  # not the confirmation's green
 
 
 def test_the_evaluation_table_shows_states_and_try_again_requeues(
@@ -252,7 +280,7 @@ def test_the_evaluation_table_shows_states_and_try_again_requeues(
 
 
 def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
-    page: Any, server: JupyterServer, runs: WidgetRuns
+    page: Any, server: JupyterServer, runs: WidgetRuns, tmp_path: Path
 ) -> None:
     _show(page, server, "panel.ipynb", [f"import launchhelm as lh\nlh.Api({runs.store!r}).run({runs.resumed!r})"])
     panel = page.wait_for_selector(".launchhelm-panel", timeout=WAIT_MS)
@@ -261,9 +289,13 @@ def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
     assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs"]
     page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
     assert not page.locator(".launchhelm-panel .lh-details").is_visible()
-    DOCS_SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.locator(".launchhelm-panel").screenshot(path=str(DOCS_SCREENSHOT))
-    assert DOCS_SCREENSHOT.stat().st_size > 10_000  # a picture of a chart, not an empty box
+    shot = DOCS_SCREENSHOT if UPDATE_SCREENSHOTS else tmp_path / "run-panel.png"
+    page.locator(".launchhelm-panel").screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000  # a picture of a chart, not an empty box
+    assert _png_size(shot) == _png_size(DOCS_SCREENSHOT), (
+        f"the run panel is now {_png_size(shot)} pixels, docs/images/run-panel.png {_png_size(DOCS_SCREENSHOT)}: "
+        "retake it with LAUNCHHELM_UPDATE_SCREENSHOTS=1 python -m pytest tests/widgets/test_browser_widgets.py -k panel"
+    )
 
     tabs.nth(3).click()
     page.wait_for_selector(".launchhelm-panel .lh-details", state="visible", timeout=WAIT_MS)
@@ -275,6 +307,11 @@ def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
     tabs.nth(1).click()
     page.wait_for_selector(".launchhelm-panel .lh-picker", state="visible", timeout=WAIT_MS)
     assert page.locator(".launchhelm-panel .lh-picker tr.lh-checkpoint").count() == 6
+    # closed, its step-64 choice consumed by the resume: nothing promises a next resume or a pending choice
+    assert page.inner_text(".launchhelm-panel .lh-picker .lh-restores") == (
+        'This run is closed, so no load_checkpoint("resume") will restore any of its checkpoints.'
+    )
+    assert _count(page, ".launchhelm-panel .lh-picker .lh-confirmation, .launchhelm-panel .lh-picker .lh-chosen") == 0
     tabs.nth(2).click()
     page.wait_for_selector(".launchhelm-panel .lh-evaluations", state="visible", timeout=WAIT_MS)
 
