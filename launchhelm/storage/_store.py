@@ -69,10 +69,6 @@ _CONDITIONAL_PROTOCOLS = {
     "abfss": "Azure If-None-Match: *",
 }
 
-#: Seconds to wait for a TCP connection to a store's endpoint (``LAUNCHHELM_CONNECT_TIMEOUT``).
-DEFAULT_CONNECT_TIMEOUT = 5.0
-#: Seconds to wait for an answer once a request is sent.
-DEFAULT_READ_TIMEOUT = 60.0
 #: Requests a batched read keeps in flight on an object store: enough that
 #: round trips, not the store's request rate, stay what a large read waits on.
 DEFAULT_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)
@@ -701,7 +697,7 @@ class ObjectStore(Store):
     def __init__(
         self, fs: AbstractFileSystem, root: str, url: str, protocol: str, progress: bool | None = None
     ) -> None:
-        from launchhelm.storage._backends import kind_of
+        from launchhelm.storage._backends import kind_of, tune_client
 
         self.fs = fs
         self.root = root.rstrip("/")
@@ -710,6 +706,7 @@ class ObjectStore(Store):
         self.progress = progress
         self.atomic_create = protocol in _CONDITIONAL_PROTOCOLS
         _quiet_event_loop(getattr(fs, "loop", None))
+        tune_client(fs, protocol)
         self._kind = kind_of(protocol)
         self._bucket_checked = False
         # s3fs sends a HEAD before every GET to decide on a concurrent ranged
@@ -774,7 +771,13 @@ class ObjectStore(Store):
         self._bucket_checked = True
 
     def _retrying(self, op: Callable[[], T], key: str | None, action: str = "access to") -> T:
-        """Run one request, retrying transient failures with backoff; raise a StorageError otherwise."""
+        """Run one request, retrying transient failures with backoff; raise a StorageError otherwise.
+
+        A request that timed out is not tried again here: the client library
+        already tried it, each time for the whole timeout (see ``_backends``).
+        """
+        from launchhelm.storage._backends import no_answer
+
         delay = 0.05
         for attempt in range(self.retries):
             try:
@@ -783,10 +786,13 @@ class ObjectStore(Store):
                 raise
             except Exception as exc:
                 problem = classify(exc)
-                if problem.kind == TRANSIENT and attempt < self.retries - 1:
+                if problem.kind == TRANSIENT and attempt < self.retries - 1 and not no_answer(exc):
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
+                if problem.kind == TRANSIENT and problem.status is None and problem.code is None:
+                    # no answer at all (timed out, or every connection broke): the store is not answering
+                    problem = Problem(UNREACHABLE, problem.detail)
                 error = self._error(problem, key, action)
                 if problem.kind == MISSING and action == "writing":
                     # a write never misses an object: is the bucket gone?
@@ -1106,37 +1112,16 @@ def default_store_url() -> str:
 
 
 def _connect_timeout() -> float:
-    try:
-        return float(os.environ.get("LAUNCHHELM_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_CONNECT_TIMEOUT
+    from launchhelm.storage._backends import connect_timeout
+
+    return connect_timeout()
 
 
 def _with_defaults(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
     """Bounded timeouts and retries for each cloud, unless the caller chose their own."""
-    connect, read = _connect_timeout(), DEFAULT_READ_TIMEOUT
-    if kind is not None:
-        # listing caches hide objects other processes just wrote
-        options.setdefault("use_listings_cache", False)
-    if kind == "s3":
-        config = dict(options.get("config_kwargs") or {})
-        config.setdefault("connect_timeout", connect)
-        config.setdefault("read_timeout", read)
-        config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
-        # botocore keeps 10 connections by default: read_many's concurrency needs as many
-        config.setdefault("max_pool_connections", DEFAULT_READ_CONCURRENCY)
-        options["config_kwargs"] = config
-    elif kind == "gcs":
-        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
-            options["token"] = "anon"  # an emulator takes no credentials (as google-cloud-storage does)
-        if "requests_timeout" not in options:
-            import aiohttp
+    from launchhelm.storage._backends import client_options
 
-            options["requests_timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
-    elif kind == "azure":
-        options.setdefault("connection_timeout", int(connect) or 1)
-        options.setdefault("read_timeout", int(read))
-    return options
+    return client_options(kind, options)
 
 
 _reachable: set[tuple[str, int]] = set()

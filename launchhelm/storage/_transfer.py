@@ -52,15 +52,18 @@ def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay
 
     A connection that breaks mid-transfer is transient; an endpoint that
     refuses connections is retried too, since a part upload already had a
-    working connection moments before.
+    working connection moments before. A request that timed out is not: the
+    client library already tried it, each time for the whole timeout.
     """
+    from launchhelm.storage._backends import no_answer
+
     delay = first_delay
     for attempt in range(attempts):
         try:
             return op()
         except Exception as exc:
             kind = classify(exc).kind
-            if kind not in (TRANSIENT, UNREACHABLE) or attempt == attempts - 1:
+            if kind not in (TRANSIENT, UNREACHABLE) or attempt == attempts - 1 or no_answer(exc):
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
