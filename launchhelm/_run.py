@@ -292,6 +292,7 @@ class Run:
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
         self._outage_since: float | None = None  # wall time the store stopped answering (said once)
+        self._answers = 0  # chunks the store took: a flush that wrote one shows the store answers
         self._control_seq = control_seq
         self._control_interval = control_interval
         self._control_cursor = control_cursor  # newest request seen by the poller
@@ -532,6 +533,7 @@ class Run:
                     spool.pending(self._chunk_number - 1, end, self._chunk_number)
                 try:
                     self._store.create(key, data)
+                    self._answers += 1  # the store answered: an outage's end is said after a real request
                     self._unsealed[key] = data  # the compactor needs no GET for our own chunks
                     break
                 except AlreadyExistsError:
@@ -1062,8 +1064,10 @@ class Run:
                     self._sample_system()
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
+                    answers = self._answers
                     self._flush(drain=False)
-                    self._store_answered()
+                    if self._answers != answers:  # a flush with nothing to write asked the store nothing
+                        self._store_answered()
                     self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:

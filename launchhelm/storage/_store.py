@@ -722,7 +722,9 @@ class ObjectStore(Store):
         """The one StorageError a user sees for a failed request."""
         where = self.url_for(key) if key else self.url
         kind = self._kind or ""
-        if problem.kind == UNREACHABLE:
+        # no answer at all (timed out, or every connection broke): the store is not answering
+        no_answer = problem.kind == TRANSIENT and problem.status is None and problem.code is None
+        if problem.kind == UNREACHABLE or no_answer:
             return self._unreachable(problem.detail)
         if problem.kind == DENIED:
             hint = _CREDENTIAL_HINTS.get(kind, "the credentials in storage_options")
@@ -790,9 +792,6 @@ class ObjectStore(Store):
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
-                if problem.kind == TRANSIENT and problem.status is None and problem.code is None:
-                    # no answer at all (timed out, or every connection broke): the store is not answering
-                    problem = Problem(UNREACHABLE, problem.detail)
                 error = self._error(problem, key, action)
                 if problem.kind == MISSING and action == "writing":
                     # a write never misses an object: is the bucket gone?
