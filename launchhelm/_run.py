@@ -1057,7 +1057,7 @@ class Run:
         system_every = self._system_interval
         next_sample = now + system_every if system_every is not None else math.inf
         while not self._stop.wait(max(0.0, min(next_flush, next_beat, next_poll, next_sample) - time.monotonic())):
-            now = time.monotonic()
+            now, asked = time.monotonic(), time.time()
             try:
                 if system_every is not None and now >= next_sample:
                     next_sample = now + system_every
@@ -1080,7 +1080,7 @@ class Run:
                 self._last_error = None
             except Exception as exc:  # keep going: the store may come back
                 self._last_error = exc
-                self._store_failed(exc)
+                self._store_failed(exc, since=asked)  # a blackhole answers only after the timeouts
 
     def _leave_in_spool(self, exc: BaseException) -> None:
         """The session ends without the store: what it lacks stays on disk, and the user is told where."""
@@ -1115,11 +1115,14 @@ class Run:
             return f"points are held {where}"
         return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
 
-    def _store_failed(self, exc: BaseException) -> None:
-        """The first failure of an outage: one line saying what failed, since when, and what is held where."""
+    def _store_failed(self, exc: BaseException, since: float | None = None) -> None:
+        """The first failure of an outage: one line saying what failed, since when, and what is held where.
+
+        ``since``: when the request that failed was sent (default: now).
+        """
         if self._outage_since is not None:
             return
-        self._outage_since = time.time()
+        self._outage_since = time.time() if since is None else since
         since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         _log.warning(

@@ -73,7 +73,8 @@ DEFAULT_CONNECT_TIMEOUT = 5.0
 #: Seconds to wait for the next bytes of an answer once a request is sent (``LAUNCHHELM_READ_TIMEOUT``).
 #: Not the whole transfer's time: a large download or upload that keeps moving never times out.
 DEFAULT_READ_TIMEOUT = 20.0
-#: Tries of one request by the client library (botocore's "standard" retries: resets, throttling, 5xx).
+#: Tries of one request by the client library, the first included (botocore's "standard" retries:
+#: resets, throttling, 5xx). botocore's ``max_attempts`` counts the retries only: s3fs made 3 of it 4 tries.
 CLIENT_ATTEMPTS = 3
 #: Requests a batched read keeps in flight on an object store (the HTTP client's connection pool).
 _READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)
@@ -115,7 +116,7 @@ def client_options(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
         config = dict(options.get("config_kwargs") or {})
         config.setdefault("connect_timeout", connect)
         config.setdefault("read_timeout", read)
-        config.setdefault("retries", {"max_attempts": CLIENT_ATTEMPTS, "mode": "standard"})
+        config.setdefault("retries", {"total_max_attempts": CLIENT_ATTEMPTS, "mode": "standard"})
         # botocore keeps 10 connections by default: read_many's concurrency needs as many
         config.setdefault("max_pool_connections", _READ_CONCURRENCY)
         options["config_kwargs"] = config

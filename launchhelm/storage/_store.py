@@ -959,7 +959,17 @@ class ObjectStore(Store):
 
     def _refuse_taken(self, key: str) -> None:
         # cheap early answer before streaming GBs; the commit checks it again, atomically
-        if self._retrying(lambda: self.fs.isfile(self._path(key)), key, "reading"):
+        path = self._path(key)
+
+        def taken() -> bool:
+            # not fs.isfile: s3fs's answers False on any error, so a store that does not answer
+            # cost the whole timeout twice (here, then at the commit)
+            try:
+                return bool(self.fs.info(path).get("type") == "file")
+            except FileNotFoundError:
+                return False
+
+        if self._retrying(taken, key, "reading"):
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
 
     @contextmanager
