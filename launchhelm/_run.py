@@ -1191,7 +1191,8 @@ class Run:
                     time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                     continue
                 self._leave_in_spool(exc)
-                raise
+                # our error says what and where; the HTTP client's chain beneath it is noise to the user
+                raise exc from None
             except BaseException as exc:
                 self._leave_in_spool(exc)
                 raise

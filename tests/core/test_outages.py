@@ -309,3 +309,85 @@ def test_a_30s_outage_during_logging_a_compaction_a_save_and_an_evaluation(
     # what the user reads: one line each way, in each process, and nothing else
     _said_plainly(stderr, "trainer")
     _said_plainly(worker_err, "worker")
+
+
+# -- finish() while the store takes connections and never answers ------------------------------------
+_FINISH = textwrap.dedent(
+    """
+    import sys, time
+    import launchhelm as lh
+    store, endpoint = sys.argv[1:3]
+    run = lh.init("outage", store=store, storage_options={"client_kwargs": {"endpoint_url": endpoint}},
+                  system_metrics=False, capture_console=False, flush_interval=0.2, heartbeat_interval=0.5)
+    step = 0
+    def log_for(seconds):
+        global step
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            for _ in range(100):
+                run.log({"x": float(step)}, step=step)
+                step += 1
+            time.sleep(0.005)
+    log_for(1.5)
+    print("DOWN?", flush=True)
+    assert sys.stdin.readline().strip() == "down"
+    log_for(2.0)
+    print("RUN", run.id, step, flush=True)
+    started = time.monotonic()
+    try:
+        run.finish()
+    finally:
+        print("FINISH", round(time.monotonic() - started, 1), flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_finish_while_the_store_never_answers_gives_up_in_bounded_time_and_recover_uploads_all(
+    proxy: RequestCounter, moto_endpoint: str, tmp_path: Path
+) -> None:
+    """A blackhole (connections taken, never answered) at the end of a run: finish() waits
+    LAUNCHHELM_FINISH_TIMEOUT plus at most one request's timeouts, says what it left in the spool, and
+    ``launchhelm recover`` uploads every point."""
+    store = f"s3://{BUCKET}/{secrets.token_hex(6)}"
+    spool = str(tmp_path / "spool")
+    env = child_env(LAUNCHHELM_SPOOL=spool, LAUNCHHELM_FINISH_TIMEOUT="3", LAUNCHHELM_READ_TIMEOUT="2")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _FINISH, store, f"http://127.0.0.1:{proxy.port}"],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    try:
+        assert child.stdout.readline().strip() == "DOWN?"
+        proxy.blackhole()
+        child.stdin.write("down\n")
+        child.stdin.flush()
+        out, err = child.communicate(timeout=120)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    assert child.returncode != 0  # finish() raised: the run's end is not stored
+    assert "StoreUnreachableError" in err.splitlines()[-1], err[-3000:]
+    took = float(out.split("FINISH", 1)[1].split()[0])
+    # the finish timeout, then at most the request in flight: 3 tries of 2 s, and the backoffs
+    assert took < 3 + 3 * 2 + 10, took
+    kept = [line for line in err.splitlines() if "kept in the spool at" in line]
+    assert len(kept) == 1 and "launchhelm recover" in kept[0], err[-3000:]
+    assert not [w for w in ("never retrieved", "Task exception", "aiohttp") if w in err], err[-3000:]
+    run_id, steps = out.split("RUN", 1)[1].split()[:2]
+    proxy.restore()
+    recovered = subprocess.run(
+        [str(Path(sys.executable).with_name("launchhelm")), "--store", store, "recover"],
+        env={**env, "AWS_ENDPOINT_URL": moto_endpoint},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert recovered.returncode == 0, recovered.stderr[-3000:]
+    opened = lh.storage.open_store(store, {"client_kwargs": {"endpoint_url": moto_endpoint}})
+    assert lh.Api(opened).run(run_id).history()["x"].tolist() == [float(s) for s in range(int(steps))]
