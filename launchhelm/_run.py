@@ -1123,13 +1123,12 @@ class Run:
         if self._outage_since is not None:
             return
         self._outage_since = time.time() if since is None else since
-        since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         _log.warning(
             "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
             self.id,
             self._store.url,
-            since,
+            time.strftime("%H:%M:%S", time.localtime(self._outage_since)),
             reason,
             self._held_points(),
         )

@@ -159,7 +159,7 @@ def tune_client(fs: Any, protocol: str) -> None:
     if client is not None:
         _drop_expect(client.meta.events)
     elif getattr(fs, "session", None) is None:
-        from aiobotocore.session import AioSession
+        from aiobotocore.session import AioSession  # type: ignore[import-untyped]
 
         session = AioSession(**getattr(fs, "kwargs", {}))
         _drop_expect(session.get_component("event_emitter"))
