@@ -18,7 +18,7 @@ import threading
 import time
 from collections import Counter
 
-__all__ = ["FORWARD", "BLACKHOLE", "REFUSE", "RequestCounter"]
+__all__ = ["BLACKHOLE", "FORWARD", "REFUSE", "RequestCounter"]
 
 #: What the proxy does with connections: forward them, refuse new ones, or take them and never answer.
 FORWARD, REFUSE, BLACKHOLE = "forward", "refuse", "blackhole"

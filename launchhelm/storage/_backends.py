@@ -26,7 +26,7 @@ most ``LAUNCHHELM_CONNECT_TIMEOUT`` for a connection and
 most :data:`CLIENT_ATTEMPTS` times by the client library. Retry layers do
 not multiply: s3fs's own retry loop (5 tries of each client call, each with
 the client's 3) is turned off, and LaunchHelm's retries do not try again a
-request that got no answer at all (:func:`no_answer`). A blackholed S3
+request that got no answer at all (``_errors.no_answer``). A blackholed S3
 endpoint then fails a request after about ``3 x LAUNCHHELM_READ_TIMEOUT``
 (measured before: over ten minutes, as the layers multiplied).
 
@@ -62,7 +62,6 @@ __all__ = [
     "endpoint_of",
     "incomplete_uploads",
     "kind_of",
-    "no_answer",
     "part_upload_for",
     "read_timeout",
     "tune_client",
@@ -175,35 +174,6 @@ def _no_expect_header(params: Any = None, **_: Any) -> None:
     headers = params.get("headers") if isinstance(params, dict) else None
     if isinstance(headers, dict):
         headers.pop("Expect", None)
-
-
-_TIMEOUT_NAMES = {
-    "ReadTimeoutError",
-    "ConnectTimeoutError",
-    "ConnectTimeout",
-    "ServerTimeoutError",
-    "SocketTimeoutError",
-    "ConnectionTimeoutError",
-    "FSTimeoutError",
-    "TimeoutError",
-    "timeout",
-}
-
-
-def no_answer(exc: BaseException) -> bool:
-    """True if ``exc`` is a request that timed out: no connection, or no answer, within the timeouts.
-
-    The client library has tried such a request :data:`CLIENT_ATTEMPTS` times, each waiting the
-    whole timeout; trying it again would only make a dead store hang its caller longer.
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if any(t.__name__ in _TIMEOUT_NAMES for t in type(current).__mro__):
-            return True
-        current = current.__cause__ or current.__context__
-    return False
 
 
 def _sync(fs: Any, coro_fn: Any, *args: Any, **kwargs: Any) -> Any:

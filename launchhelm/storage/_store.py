@@ -42,7 +42,17 @@ from launchhelm._exceptions import (
     StoreAccessDeniedError,
     StoreUnreachableError,
 )
-from launchhelm.storage._errors import DENIED, EXISTS, MISSING, NO_BUCKET, TRANSIENT, UNREACHABLE, Problem, classify
+from launchhelm.storage._errors import (
+    DENIED,
+    EXISTS,
+    MISSING,
+    NO_BUCKET,
+    TRANSIENT,
+    UNREACHABLE,
+    Problem,
+    classify,
+    no_answer,
+)
 from launchhelm.storage._keys import run_record_key
 from launchhelm.storage._progress import Progress
 
@@ -723,8 +733,8 @@ class ObjectStore(Store):
         where = self.url_for(key) if key else self.url
         kind = self._kind or ""
         # no answer at all (timed out, or every connection broke): the store is not answering
-        no_answer = problem.kind == TRANSIENT and problem.status is None and problem.code is None
-        if problem.kind == UNREACHABLE or no_answer:
+        silent = problem.kind == TRANSIENT and problem.status is None and problem.code is None
+        if problem.kind == UNREACHABLE or silent:
             return self._unreachable(problem.detail)
         if problem.kind == DENIED:
             hint = _CREDENTIAL_HINTS.get(kind, "the credentials in storage_options")
@@ -778,8 +788,6 @@ class ObjectStore(Store):
         A request that timed out is not tried again here: the client library
         already tried it, each time for the whole timeout (see ``_backends``).
         """
-        from launchhelm.storage._backends import no_answer
-
         delay = 0.05
         for attempt in range(self.retries):
             try:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Protocol, TypeVar
 
-from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify
+from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify, no_answer
 from launchhelm.storage._progress import Progress
 
 __all__ = ["PART_SIZE", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
@@ -55,8 +55,6 @@ def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay
     working connection moments before. A request that timed out is not: the
     client library already tried it, each time for the whole timeout.
     """
-    from launchhelm.storage._backends import no_answer
-
     delay = first_delay
     for attempt in range(attempts):
         try:
