@@ -292,6 +292,7 @@ class Run:
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
         self._outage_since: float | None = None  # wall time the store stopped answering (said once)
+        self._outage_lock = threading.Lock()  # the flusher, a save and a compaction may all fail at once
         self._answers = 0  # chunks the store took: a flush that wrote one shows the store answers
         self._control_seq = control_seq
         self._control_interval = control_interval
@@ -1120,9 +1121,10 @@ class Run:
 
         ``since``: when the request that failed was sent (default: now).
         """
-        if self._outage_since is not None:
-            return
-        self._outage_since = time.time() if since is None else since
+        with self._outage_lock:
+            if self._outage_since is not None:
+                return
+            self._outage_since = time.time() if since is None else since
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         _log.warning(
             "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
@@ -1134,10 +1136,11 @@ class Run:
         )
 
     def _store_answered(self) -> None:
-        if self._outage_since is None:
-            return
-        lasted = time.time() - self._outage_since
-        self._outage_since = None
+        with self._outage_lock:
+            if self._outage_since is None:
+                return
+            lasted = time.time() - self._outage_since
+            self._outage_since = None
         _log.warning(
             "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",
             self.id,

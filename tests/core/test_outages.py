@@ -216,14 +216,15 @@ def _pace(steps: list[tuple[float, float]]) -> float:
     return medians[len(medians) // 4]
 
 
-def _said_plainly(stderr: str, who: str) -> None:
+def _said_plainly(stderr: str, who: str, stdout: list[str]) -> None:
     """Exactly one line saying the store stopped answering, one saying it answers again, nothing else."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     down = [line for line in lines if "is not answering since" in line]
     up = [line for line in lines if "answers again after" in line]
-    assert len(down) == 1 and len(up) == 1, f"{who}: {stderr[-4000:]}"
-    assert not [w for w in _FOREIGN if w in stderr], f"{who}: {stderr[-4000:]}"
-    assert len(lines) == 2, f"{who}: {stderr[-4000:]}"
+    shown = f"{who}: stderr:\n{stderr[-4000:]}\nstdout:\n" + "\n".join(s[:300] for s in stdout)
+    assert len(down) == 1 and len(up) == 1, shown
+    assert not [w for w in _FOREIGN if w in stderr], shown
+    assert len(lines) == 2, shown
 
 
 @pytest.mark.slow
@@ -307,8 +308,8 @@ def test_a_30s_outage_during_logging_a_compaction_a_save_and_an_evaluation(
     assert sorted(scored["eval/step"].tolist()) == sorted(float(c.step) for c in run.checkpoints())
 
     # what the user reads: one line each way, in each process, and nothing else
-    _said_plainly(stderr, "trainer")
-    _said_plainly(worker_err, "worker")
+    _said_plainly(stderr, "trainer", out)
+    _said_plainly(worker_err, "worker", worker_out.splitlines())
 
 
 # -- finish() while the store takes connections and never answers ------------------------------------
