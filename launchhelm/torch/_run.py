@@ -422,6 +422,8 @@ class TorchRun(Run):
             try:
                 self._write(snapshot, artifact, step, control_seq)
             except BaseException as exc:
+                if isinstance(exc, ConnectionError):
+                    self._store_failed(exc)  # said once with the session's other outage lines
                 self._save_error = CheckpointError(
                     f"background save of checkpoint {artifact} (step {step}) failed: {type(exc).__name__}: {exc}",
                     run_id=self.id,
