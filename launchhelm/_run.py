@@ -279,6 +279,8 @@ class Run:
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
         self._outage_since: float | None = None  # wall time the store stopped answering (said once)
+        self._outage_lock = threading.Lock()  # the flusher, a save and a compaction may all fail at once
+        self._answers = 0  # chunks the store took: a flush that wrote one shows the store answers
         self._control_seq = control_seq
         self._control_interval = control_interval
         self._control_cursor = control_cursor  # newest request seen by the poller
@@ -519,6 +521,7 @@ class Run:
                     spool.pending(self._chunk_number - 1, end, self._chunk_number)
                 try:
                     self._store.create(key, data)
+                    self._answers += 1  # the store answered: an outage's end is said after a real request
                     self._unsealed[key] = data  # the compactor needs no GET for our own chunks
                     break
                 except AlreadyExistsError:
@@ -1042,15 +1045,17 @@ class Run:
         system_every = self._system_interval
         next_sample = now + system_every if system_every is not None else math.inf
         while not self._stop.wait(max(0.0, min(next_flush, next_beat, next_poll, next_sample) - time.monotonic())):
-            now = time.monotonic()
+            now, asked = time.monotonic(), time.time()
             try:
                 if system_every is not None and now >= next_sample:
                     next_sample = now + system_every
                     self._sample_system()
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
+                    answers = self._answers
                     self._flush(drain=False)
-                    self._store_answered()
+                    if self._answers != answers:  # a flush with nothing to write asked the store nothing
+                        self._store_answered()
                     self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:
@@ -1063,7 +1068,7 @@ class Run:
                 self._last_error = None
             except Exception as exc:  # keep going: the store may come back
                 self._last_error = exc
-                self._store_failed(exc)
+                self._store_failed(exc, since=asked)  # a blackhole answers only after the timeouts
 
     def _leave_in_spool(self, exc: BaseException) -> None:
         """The session ends without the store: what it lacks stays on disk, and the user is told where."""
@@ -1098,27 +1103,31 @@ class Run:
             return f"points are held {where}"
         return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
 
-    def _store_failed(self, exc: BaseException) -> None:
-        """The first failure of an outage: one line saying what failed, since when, and what is held where."""
-        if self._outage_since is not None:
-            return
-        self._outage_since = time.time()
-        since = time.strftime("%H:%M:%S", time.localtime(self._outage_since))
+    def _store_failed(self, exc: BaseException, since: float | None = None) -> None:
+        """The first failure of an outage: one line saying what failed, since when, and what is held where.
+
+        ``since``: when the request that failed was sent (default: now).
+        """
+        with self._outage_lock:
+            if self._outage_since is not None:
+                return
+            self._outage_since = time.time() if since is None else since
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
         _log.warning(
             "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
             self.id,
             self._store.url,
-            since,
+            time.strftime("%H:%M:%S", time.localtime(self._outage_since)),
             reason,
             self._held_points(),
         )
 
     def _store_answered(self) -> None:
-        if self._outage_since is None:
-            return
-        lasted = time.time() - self._outage_since
-        self._outage_since = None
+        with self._outage_lock:
+            if self._outage_since is None:
+                return
+            lasted = time.time() - self._outage_since
+            self._outage_since = None
         _log.warning(
             "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",
             self.id,
@@ -1171,7 +1180,8 @@ class Run:
                     time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
                     continue
                 self._leave_in_spool(exc)
-                raise
+                # our error says what and where; the HTTP client's chain beneath it is noise to the user
+                raise exc from None
             except BaseException as exc:
                 self._leave_in_spool(exc)
                 raise

@@ -17,6 +17,12 @@ same host); a worker stalled past its lease is fenced and its result is
 dropped. Ctrl-C releases the lease, so another worker takes the evaluation
 at once.
 
+An outage of the store is ridden out: the worker says once that the store
+stopped answering and once that it answers again; meanwhile it keeps its
+claim, and a score function that failed because the store was unreachable
+(its download, say) runs again once it answers, rather than being recorded
+as failed. A result is published once the store takes it.
+
 Access: a worker reads ``runs/`` and ``projects/<p>/``, and writes only
 under ``projects/<p>/evaluations/`` and ``runs/*/metrics/eval-*``
 (``launchhelm policy evaluation --store s3://...`` prints the S3 policy).
@@ -43,6 +49,7 @@ from launchhelm.evaluation._queue import (
     DEFAULT_LEASE_SECONDS,
     DONE,
     FAILED,
+    RESULT,
     SCORE_PREFIX,
     Claim,
     EvaluationQueue,
@@ -93,12 +100,71 @@ def _check_scores(returned: object) -> dict[str, float]:
     return scores
 
 
+def _unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what caused it) is the store not answering, as opposed to an answer."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if isinstance(current, (ConnectionError, TimeoutError)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class _StoreWatch:
+    """One line when the store stops answering, one when it answers again, from any of the worker's threads."""
+
+    def __init__(self, worker: str, url: str) -> None:
+        self._worker = worker
+        self._url = url
+        self._lock = threading.Lock()
+        self.since: float | None = None  # wall time of the first failure of the current outage
+        self.doing = ""  # what the worker holds meanwhile, for the first line
+
+    def failed(self, exc: BaseException) -> bool:
+        """True if ``exc`` is an outage (said once); False for any other error (the caller says it)."""
+        if not _unreachable(exc):
+            return False
+        with self._lock:
+            if self.since is not None:
+                return True
+            self.since = time.time()
+        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
+        _log.warning(
+            "launchhelm: evaluation worker %s: the store %s is not answering since %s (%s); %s; retrying",
+            self._worker,
+            self._url,
+            time.strftime("%H:%M:%S", time.localtime(self.since)),
+            reason,
+            self.doing or "nothing is lost",
+        )
+        return True
+
+    def answered(self) -> None:
+        with self._lock:
+            if self.since is None:
+                return
+            lasted, self.since = time.time() - self.since, None
+        _log.warning(
+            "launchhelm: evaluation worker %s: the store %s answers again after %.0fs; going on",
+            self._worker,
+            self._url,
+            lasted,
+        )
+
+
+#: Longest wait between tries while the store is not answering.
+_OUTAGE_RETRY = 2.0
+
+
 class _LeaseKeeper:
     """Renews a claim every quarter lease until stopped; notices when it is fenced."""
 
-    def __init__(self, queue: EvaluationQueue, claim: Claim) -> None:
+    def __init__(self, queue: EvaluationQueue, claim: Claim, watch: _StoreWatch | None = None) -> None:
         self._queue = queue
         self._claim = claim
+        self._watch = watch
         self._stop = threading.Event()
         self.lost = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"launchhelm-lease-{claim.id}", daemon=True)
@@ -126,7 +192,11 @@ class _LeaseKeeper:
                     return
                 number += 1
                 self._queue.renew(self._claim, number)
+                if self._watch is not None:
+                    self._watch.answered()
             except Exception as exc:  # the store may come back before the lease lapses
+                if self._watch is not None:
+                    self._watch.failed(exc)
                 _log.debug("renewing the lease on %s failed: %s", self._claim.id, exc)
 
 
@@ -386,6 +456,7 @@ class EvaluationWorker:
             store = open_store(self.store_url, self.storage_options)
             store.require_coordination("evaluation workers")
             queue = EvaluationQueue(store, self.project)
+            self._watch = _StoreWatch(self.name, store.url)
             _log.info("worker %s serving project %s in %s", self.name, self.project, store.url)
             while max_evaluations is None or taken < max_evaluations:
                 if time.monotonic() >= next_discovery:
@@ -407,19 +478,33 @@ class EvaluationWorker:
             _log.info("worker %s interrupted; stopped after %d evaluations", self.name, finished)
         return finished
 
-    @staticmethod
-    def _discover(queue: EvaluationQueue) -> None:
+    _watch: _StoreWatch | None = None
+
+    def _store_failed(self, exc: BaseException) -> bool:
+        """An outage is said once (True); other errors are the caller's to say (False)."""
+        return self._watch is not None and self._watch.failed(exc)
+
+    def _store_answered(self) -> None:
+        if self._watch is not None:
+            self._watch.answered()
+
+    def _discover(self, queue: EvaluationQueue) -> None:
         try:
             queue.discover()
         except Exception as exc:  # the sweep is a safety net: try again next time
-            _log.warning("looking for checkpoints to queue failed: %s", exc)
+            if not self._store_failed(exc):
+                _log.warning("looking for checkpoints to queue failed: %s", exc)
+            return
+        self._store_answered()
 
     def _claim_next(self, queue: EvaluationQueue) -> Claim | None:
         try:
             listing = queue.scan()
         except Exception as exc:  # the store may come back: a worker outlives a blip
-            _log.warning("could not list the queue of project %s: %s", self.project, exc)
+            if not self._store_failed(exc):
+                _log.warning("could not list the queue of project %s: %s", self.project, exc)
             return None
+        self._store_answered()
         candidates: list[tuple[float, str, _Listed]] = []
         for listed in listing.values():
             if listed.objects(listed.attempt).logged:
@@ -429,64 +514,60 @@ class EvaluationWorker:
                     _log.info("logged the scores of %s, which its worker left unlogged", listed.id)
                 candidates.append((float(queue.request(listed)["queued_at"]), listed.id, listed))
             except Exception as exc:
-                _log.warning("could not look at evaluation %s: %s", listed.id, exc)
+                if not self._store_failed(exc):
+                    _log.warning("could not look at evaluation %s: %s", listed.id, exc)
         candidates.sort(key=lambda c: c[:2])  # oldest queued first
         for _, _, listed in candidates:
             try:
                 claim = queue.try_claim(listed, self.name, self.lease_seconds)
             except Exception as exc:
-                _log.warning("could not take evaluation %s: %s", listed.id, exc)
+                if not self._store_failed(exc):
+                    _log.warning("could not take evaluation %s: %s", listed.id, exc)
                 continue
             if claim is not None:
                 return claim
         return None
 
     def _evaluate(self, store: Store, queue: EvaluationQueue, claim: Claim) -> bool:
-        """Run the function on one claimed evaluation and publish the outcome; True if published."""
-        keeper = _LeaseKeeper(queue, claim)
+        """Run the function on one claimed evaluation and publish the outcome; True if published.
+
+        While the store is not answering, the claim is kept (its lease keeper
+        retries the renewals): a function that failed for want of the store
+        runs again once it answers, and the outcome is published once the
+        store takes it.
+        """
+        keeper = _LeaseKeeper(queue, claim, self._watch)
         keeper.start()
-        ctx: EvaluationContext | None = None
         outcome: dict[str, Any]
         _log.info("evaluating %s (run %s, step %s)", claim.checkpoint, claim.run_id, claim.request.get("step"))
+        if self._watch is not None:
+            self._watch.doing = f"evaluation {claim.id} keeps its lease and goes on when the store is back"
         try:
-            try:
-                event, run_attempt, state = queue.checkpoint_event(claim.run_id, claim.checkpoint)
-                ctx = EvaluationContext(store=store, claim=claim, event=event, state=state, keeper=keeper)
-                scores = _check_scores(self.function(ctx))
-                outcome = {
-                    "state": DONE,
-                    "scores": scores,
-                    "step": ctx.step,
-                    "run_attempt": run_attempt,
-                    # the checkpoint's time: the points sit beside the training
-                    # metrics of that step, not at the moment they were scored
-                    "point_time": float(event["time"]),
-                }
-            except Exception as exc:
-                outcome = {
-                    "state": FAILED,
-                    "error": f"{type(exc).__name__}: {exc}",
-                    "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
-                }
-            finally:
-                if ctx is not None:
-                    ctx._cleanup()
-            keeper.stop()
+            while True:
+                outcome, failed_on_store = self._run_function(store, queue, claim, keeper)
+                if not failed_on_store or keeper.lost.is_set():
+                    break
+                self._until_answered(store, claim, keeper)
             published = False
             if not keeper.lost.is_set():  # fenced: publishing would fail on the fence anyway
                 try:
-                    published = queue.publish(claim, outcome)
+                    published = self._publish(queue, claim, outcome, keeper)
                 except Exception as exc:  # the next worker takes it once the lease lapses
                     _log.warning("could not publish the result of %s: %s", claim.id, exc)
+                    keeper.stop()
                     _release(queue, claim)
                     return False
+            keeper.stop()
         except BaseException:  # Ctrl-C, SystemExit: give the lease up for the next worker
             keeper.stop()
             _release(queue, claim)
             raise
+        finally:
+            if self._watch is not None:
+                self._watch.doing = ""
         if published:
             try:
-                queue.finish(claim, outcome)
+                self._through_outage(lambda: queue.finish(claim, outcome), None)
             except Exception as exc:  # the next worker's scan logs them (EvaluationQueue.repair)
                 _log.warning("the result of %s is in, but logging its scores failed: %s", claim.id, exc)
         if not published:
@@ -498,6 +579,88 @@ class EvaluationWorker:
         else:
             _log.warning("evaluation %s failed: %s", claim.id, outcome["error"])
         return published
+
+    def _publish(self, queue: EvaluationQueue, claim: Claim, outcome: dict[str, Any], keeper: _LeaseKeeper) -> bool:
+        """Publish the outcome, through an outage; True if it is ours that stands."""
+        tries = [0]
+
+        def attempt() -> bool:
+            tries[0] += 1
+            return queue.publish(claim, outcome)
+
+        if self._through_outage(attempt, keeper):
+            return True
+        if tries[0] == 1:
+            return False
+        # an earlier try may have landed with its answer lost: then the slot holds our result
+        body = self._through_outage(lambda: queue._read_immutable(claim.slot_key), keeper)
+        return bool(
+            body.get("kind") == RESULT
+            and body.get("worker") == claim.worker
+            and body.get("epoch") == claim.epoch
+            and body.get("attempt") == claim.attempt
+        )
+
+    def _run_function(
+        self, store: Store, queue: EvaluationQueue, claim: Claim, keeper: _LeaseKeeper
+    ) -> tuple[dict[str, Any], bool]:
+        """The outcome of one call of the score function, and whether it failed because the store did not answer."""
+        ctx: EvaluationContext | None = None
+        try:
+            event, run_attempt, state = queue.checkpoint_event(claim.run_id, claim.checkpoint)
+            ctx = EvaluationContext(store=store, claim=claim, event=event, state=state, keeper=keeper)
+            scores = _check_scores(self.function(ctx))
+            outcome = {
+                "state": DONE,
+                "scores": scores,
+                "step": ctx.step,
+                "run_attempt": run_attempt,
+                # the checkpoint's time: the points sit beside the training
+                # metrics of that step, not at the moment they were scored
+                "point_time": float(event["time"]),
+            }
+            self._store_answered()
+            return outcome, False
+        except Exception as exc:
+            outcome = {
+                "state": FAILED,
+                "error": f"{type(exc).__name__}: {exc}",
+                "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+            }
+            return outcome, self._store_failed(exc)
+        finally:
+            if ctx is not None:
+                ctx._cleanup()
+
+    def _until_answered(self, store: Store, claim: Claim, keeper: _LeaseKeeper) -> None:
+        """Wait, keeping the claim, until the store answers (or the lease is lost)."""
+        delay = 0.25
+        while not keeper.lost.is_set():
+            time.sleep(delay)
+            try:
+                store.exists(claim.slot_key)
+            except Exception as exc:
+                if not self._store_failed(exc):
+                    raise
+                delay = min(delay * 2, _OUTAGE_RETRY)
+                continue
+            self._store_answered()
+            return
+
+    def _through_outage(self, op: Callable[[], Any], keeper: _LeaseKeeper | None) -> Any:
+        """``op()``, tried again while the store is not answering (until it answers, or the lease is lost)."""
+        delay = 0.25
+        while True:
+            try:
+                out = op()
+            except Exception as exc:
+                if not self._store_failed(exc) or (keeper is not None and keeper.lost.is_set()):
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, _OUTAGE_RETRY)
+                continue
+            self._store_answered()
+            return out
 
 
 def evaluate(

@@ -18,6 +18,18 @@ one on a lost race), GCS's session is cancelled, Azure's uncommitted blocks
 are dropped. What a killed process leaves behind is found by
 :func:`incomplete_uploads` for ``launchhelm gc``.
 
+Timeouts and retries (:func:`client_options`, :func:`tune_client`): a store
+that stops answering must fail a request in bounded time, not hang the
+flusher, a checkpoint save or an evaluation worker. Each request waits at
+most ``LAUNCHHELM_CONNECT_TIMEOUT`` for a connection and
+``LAUNCHHELM_READ_TIMEOUT`` for the next bytes of an answer, and is tried at
+most :data:`CLIENT_ATTEMPTS` times by the client library. Retry layers do
+not multiply: s3fs's own retry loop (5 tries of each client call, each with
+the client's 3) is turned off, and LaunchHelm's retries do not try again a
+request that got no answer at all (``_errors.no_answer``). A blackholed S3
+endpoint then fails a request after about ``3 x LAUNCHHELM_READ_TIMEOUT``
+(measured before: over ten minutes, as the layers multiplied).
+
 This module imports no backend library at import time; each function runs
 only once the matching file system exists.
 """
@@ -39,14 +51,32 @@ from launchhelm.storage._transfer import PART_SIZE
 GCS_CHUNK = 32 * 2**20
 
 __all__ = [
+    "CLIENT_ATTEMPTS",
+    "DEFAULT_CONNECT_TIMEOUT",
+    "DEFAULT_READ_TIMEOUT",
     "IncompleteUpload",
     "abort_incomplete",
     "bucket_exists",
+    "client_options",
+    "connect_timeout",
     "endpoint_of",
     "incomplete_uploads",
     "kind_of",
     "part_upload_for",
+    "read_timeout",
+    "tune_client",
 ]
+
+#: Seconds to wait for a TCP connection to a store's endpoint (``LAUNCHHELM_CONNECT_TIMEOUT``).
+DEFAULT_CONNECT_TIMEOUT = 5.0
+#: Seconds to wait for the next bytes of an answer once a request is sent (``LAUNCHHELM_READ_TIMEOUT``).
+#: Not the whole transfer's time: a large download or upload that keeps moving never times out.
+DEFAULT_READ_TIMEOUT = 20.0
+#: Tries of one request by the client library, the first included (botocore's "standard" retries:
+#: resets, throttling, 5xx). botocore's ``max_attempts`` counts the retries only: s3fs made 3 of it 4 tries.
+CLIENT_ATTEMPTS = 3
+#: Requests a batched read keeps in flight on an object store (the HTTP client's connection pool).
+_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)
 
 S3, GCS, AZURE = "s3", "gcs", "azure"
 _KINDS = {"s3": S3, "s3a": S3, "gs": GCS, "gcs": GCS, "az": AZURE, "abfs": AZURE, "abfss": AZURE}
@@ -55,6 +85,95 @@ _KINDS = {"s3": S3, "s3a": S3, "gs": GCS, "gcs": GCS, "az": AZURE, "abfs": AZURE
 def kind_of(protocol: str) -> str | None:
     """``"s3"``, ``"gcs"``, ``"azure"``, or None for any other protocol."""
     return _KINDS.get(protocol)
+
+
+def _seconds(variable: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(variable) or default)
+    except ValueError:
+        return default
+    return value if value > 0 else default
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a connection: ``$LAUNCHHELM_CONNECT_TIMEOUT``, else 5."""
+    return _seconds("LAUNCHHELM_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT)
+
+
+def read_timeout() -> float:
+    """Seconds to wait for the next bytes of an answer: ``$LAUNCHHELM_READ_TIMEOUT``, else 20."""
+    return _seconds("LAUNCHHELM_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)
+
+
+def client_options(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """Bounded timeouts and retries for each cloud's file system, unless the caller chose their own."""
+    connect, read = connect_timeout(), read_timeout()
+    if kind is not None:
+        # listing caches hide objects other processes just wrote
+        options.setdefault("use_listings_cache", False)
+    if kind == S3:
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", connect)
+        config.setdefault("read_timeout", read)
+        config.setdefault("retries", {"total_max_attempts": CLIENT_ATTEMPTS, "mode": "standard"})
+        # botocore keeps 10 connections by default: read_many's concurrency needs as many
+        config.setdefault("max_pool_connections", _READ_CONCURRENCY)
+        options["config_kwargs"] = config
+    elif kind == GCS:
+        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
+            options["token"] = "anon"  # an emulator takes no credentials (as google-cloud-storage does)
+        if "requests_timeout" not in options:
+            import aiohttp
+
+            options["requests_timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
+    elif kind == AZURE:
+        options.setdefault("connection_timeout", int(connect) or 1)
+        options.setdefault("read_timeout", int(read) or 1)
+    return options
+
+
+def tune_client(fs: Any, protocol: str) -> None:
+    """Settings a file system takes only as attributes, set once it exists.
+
+    S3:
+
+    - s3fs retries each client call 5 times on timeouts and resets, and the
+      client (botocore) has already tried it :data:`CLIENT_ATTEMPTS` times:
+      a blackholed endpoint held one request for 15 read timeouts (and
+      LaunchHelm's own retries multiplied that again). The client's retries
+      cover what s3fs's did (resets, throttling, 5xx), and LaunchHelm retries
+      a body cut off mid-read.
+    - botocore asks for ``Expect: 100-continue`` on every upload with a
+      file-like body (every ``PutObject`` and ``UploadPart`` s3fs sends), and
+      aiohttp then waits for the ``100 Continue`` with no timeout at all: an
+      endpoint that takes the connection and never answers held a write
+      forever (measured). The header is dropped; an upload S3 refuses costs
+      its body's bytes once, as any other request does.
+    """
+    if kind_of(protocol) != S3:
+        return
+    if getattr(fs, "retries", 1) != 1:
+        fs.retries = 1
+    client = getattr(fs, "_s3", None)
+    if client is not None:
+        _drop_expect(client.meta.events)
+    elif getattr(fs, "session", None) is None:
+        from aiobotocore.session import AioSession  # type: ignore[import-untyped]
+
+        session = AioSession(**getattr(fs, "kwargs", {}))
+        _drop_expect(session.get_component("event_emitter"))
+        fs.session = session  # s3fs makes its client from this session; a refresh keeps it
+
+
+def _drop_expect(events: Any) -> None:
+    # registered after botocore's own handler that adds the header, so it runs after it
+    events.register_last("before-call.s3", _no_expect_header, unique_id="launchhelm-no-expect")
+
+
+def _no_expect_header(params: Any = None, **_: Any) -> None:
+    headers = params.get("headers") if isinstance(params, dict) else None
+    if isinstance(headers, dict):
+        headers.pop("Expect", None)
 
 
 def _sync(fs: Any, coro_fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass
 
-__all__ = ["Problem", "classify"]
+__all__ = ["Problem", "classify", "no_answer"]
 
 #: Kinds of problem, most specific first.
 EXISTS = "exists"  # put-if-absent lost: the object is there
@@ -165,3 +165,32 @@ def classify(exc: BaseException) -> Problem:
     if isinstance(exc, OSError) and exc.errno == errno.EBUSY:
         return problem(TRANSIENT)
     return problem(OTHER)
+
+
+_TIMEOUT_NAMES = {
+    "ReadTimeoutError",
+    "ConnectTimeoutError",
+    "ConnectTimeout",
+    "ServerTimeoutError",
+    "SocketTimeoutError",
+    "ConnectionTimeoutError",
+    "FSTimeoutError",
+    "TimeoutError",
+    "timeout",
+}
+
+
+def no_answer(exc: BaseException) -> bool:
+    """True if ``exc`` is a request that timed out: no connection, or no answer, within the timeouts.
+
+    The client library has tried such a request several times (``_backends.CLIENT_ATTEMPTS``), each
+    waiting the whole timeout; trying it again would only make a dead store hang its caller longer.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if any(t.__name__ in _TIMEOUT_NAMES for t in type(current).__mro__):
+            return True
+        current = current.__cause__ or current.__context__
+    return False

@@ -19,7 +19,17 @@ from launchhelm._exceptions import (
     StoreAccessDeniedError,
     StoreUnreachableError,
 )
-from launchhelm.storage._errors import DENIED, EXISTS, MISSING, NO_BUCKET, TRANSIENT, UNREACHABLE, Problem, classify
+from launchhelm.storage._errors import (
+    DENIED,
+    EXISTS,
+    MISSING,
+    NO_BUCKET,
+    TRANSIENT,
+    UNREACHABLE,
+    Problem,
+    classify,
+    no_answer,
+)
 from launchhelm.storage._progress import Progress
 from launchhelm.storage._store import (
     _BLOCK,
@@ -90,7 +100,7 @@ class ObjectStore(Store):
     def __init__(
         self, fs: AbstractFileSystem, root: str, url: str, protocol: str, progress: bool | None = None
     ) -> None:
-        from launchhelm.storage._backends import kind_of
+        from launchhelm.storage._backends import kind_of, tune_client
 
         self.fs = fs
         self.root = root.rstrip("/")
@@ -99,6 +109,7 @@ class ObjectStore(Store):
         self.progress = progress
         self.atomic_create = protocol in _CONDITIONAL_PROTOCOLS
         _quiet_event_loop(getattr(fs, "loop", None))
+        tune_client(fs, protocol)
         self._kind = kind_of(protocol)
         self._bucket_checked = False
         # s3fs sends a HEAD before every GET to decide on a concurrent ranged
@@ -114,7 +125,9 @@ class ObjectStore(Store):
         """The one StorageError a user sees for a failed request."""
         where = self.url_for(key) if key else self.url
         kind = self._kind or ""
-        if problem.kind == UNREACHABLE:
+        # no answer at all (timed out, or every connection broke): the store is not answering
+        silent = problem.kind == TRANSIENT and problem.status is None and problem.code is None
+        if problem.kind == UNREACHABLE or silent:
             return self._unreachable(problem.detail)
         if problem.kind == DENIED:
             hint = _CREDENTIAL_HINTS.get(kind, "the credentials in storage_options")
@@ -163,7 +176,11 @@ class ObjectStore(Store):
         self._bucket_checked = True
 
     def _retrying(self, op: Callable[[], T], key: str | None, action: str = "access to") -> T:
-        """Run one request, retrying transient failures with backoff; raise a StorageError otherwise."""
+        """Run one request, retrying transient failures with backoff; raise a StorageError otherwise.
+
+        A request that timed out is not tried again here: the client library
+        already tried it, each time for the whole timeout (see ``_backends``).
+        """
         delay = 0.05
         for attempt in range(self.retries):
             try:
@@ -172,7 +189,7 @@ class ObjectStore(Store):
                 raise
             except Exception as exc:
                 problem = classify(exc)
-                if problem.kind == TRANSIENT and attempt < self.retries - 1:
+                if problem.kind == TRANSIENT and attempt < self.retries - 1 and not no_answer(exc):
                     time.sleep(delay)
                     delay = min(delay * 2, 1.0)
                     continue
@@ -343,7 +360,17 @@ class ObjectStore(Store):
 
     def _refuse_taken(self, key: str) -> None:
         # cheap early answer before streaming GBs; the commit checks it again, atomically
-        if self._retrying(lambda: self.fs.isfile(self._path(key)), key, "reading"):
+        path = self._path(key)
+
+        def taken() -> bool:
+            # not fs.isfile: s3fs's answers False on any error, so a store that does not answer
+            # cost the whole timeout twice (here, then at the commit)
+            try:
+                return bool(self.fs.info(path).get("type") == "file")
+            except FileNotFoundError:
+                return False
+
+        if self._retrying(taken, key, "reading"):
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
 
     @contextmanager

@@ -7,7 +7,6 @@ import socket
 import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
 
 from launchhelm._exceptions import (
     InvalidArgumentError,
@@ -16,7 +15,7 @@ from launchhelm._exceptions import (
 )
 from launchhelm.storage._local import LocalStore
 from launchhelm.storage._object import MemoryStore, ObjectStore
-from launchhelm.storage._store import DEFAULT_CONNECT_TIMEOUT, DEFAULT_READ_CONCURRENCY, DEFAULT_READ_TIMEOUT, Store
+from launchhelm.storage._store import Store
 
 __all__ = ["default_store_url", "open_store"]
 
@@ -27,37 +26,16 @@ def default_store_url() -> str:
 
 
 def _connect_timeout() -> float:
-    try:
-        return float(os.environ.get("LAUNCHHELM_CONNECT_TIMEOUT", DEFAULT_CONNECT_TIMEOUT))
-    except ValueError:
-        return DEFAULT_CONNECT_TIMEOUT
+    from launchhelm.storage._backends import connect_timeout
+
+    return connect_timeout()
 
 
 def _with_defaults(kind: str | None, options: dict[str, object]) -> dict[str, object]:
     """Bounded timeouts and retries for each cloud, unless the caller chose their own."""
-    connect, read = _connect_timeout(), DEFAULT_READ_TIMEOUT
-    if kind is not None:
-        # listing caches hide objects other processes just wrote
-        options.setdefault("use_listings_cache", False)
-    if kind == "s3":
-        config = dict(cast("Mapping[str, object]", options.get("config_kwargs") or {}))
-        config.setdefault("connect_timeout", connect)
-        config.setdefault("read_timeout", read)
-        config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
-        # botocore keeps 10 connections by default: read_many's concurrency needs as many
-        config.setdefault("max_pool_connections", DEFAULT_READ_CONCURRENCY)
-        options["config_kwargs"] = config
-    elif kind == "gcs":
-        if os.environ.get("STORAGE_EMULATOR_HOST") and "token" not in options:
-            options["token"] = "anon"  # an emulator takes no credentials (as google-cloud-storage does)
-        if "requests_timeout" not in options:
-            import aiohttp
+    from launchhelm.storage._backends import client_options
 
-            options["requests_timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=connect, sock_read=read)
-    elif kind == "azure":
-        options.setdefault("connection_timeout", int(connect) or 1)
-        options.setdefault("read_timeout", int(read))
-    return options
+    return client_options(kind, options)
 
 
 _reachable: set[tuple[str, int]] = set()

@@ -61,10 +61,6 @@ _CONDITIONAL_PROTOCOLS = {
     "abfss": "Azure If-None-Match: *",
 }
 
-#: Seconds to wait for a TCP connection to a store's endpoint (``LAUNCHHELM_CONNECT_TIMEOUT``).
-DEFAULT_CONNECT_TIMEOUT = 5.0
-#: Seconds to wait for an answer once a request is sent.
-DEFAULT_READ_TIMEOUT = 60.0
 #: Requests a batched read keeps in flight on an object store: enough that
 #: round trips, not the store's request rate, stay what a large read waits on.
 DEFAULT_READ_CONCURRENCY = int(os.environ.get("LAUNCHHELM_READ_CONCURRENCY") or 64)

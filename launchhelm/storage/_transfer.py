@@ -24,7 +24,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, BinaryIO, Protocol, TypeVar
 
-from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify
+from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify, no_answer
 from launchhelm.storage._progress import Progress
 
 __all__ = ["PART_SIZE", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
@@ -52,7 +52,8 @@ def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay
 
     A connection that breaks mid-transfer is transient; an endpoint that
     refuses connections is retried too, since a part upload already had a
-    working connection moments before.
+    working connection moments before. A request that timed out is not: the
+    client library already tried it, each time for the whole timeout.
     """
     delay = first_delay
     for attempt in range(attempts):
@@ -60,7 +61,7 @@ def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay
             return op()
         except Exception as exc:
             kind = classify(exc).kind
-            if kind not in (TRANSIENT, UNREACHABLE) or attempt == attempts - 1:
+            if kind not in (TRANSIENT, UNREACHABLE) or attempt == attempts - 1 or no_answer(exc):
                 raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)

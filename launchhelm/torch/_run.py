@@ -372,6 +372,13 @@ class TorchRun(Run):
                     artifact = self._start_background_save(model, optimizer, records)
             except Exception as exc:
                 error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, ConnectionError):
+                    # said once with the session's other outage lines; nothing was published
+                    self._store_failed(exc)
+                    error += (
+                        "; nothing was published (the previous checkpoint is still the latest): "
+                        "save again once the store answers"
+                    )
         artifact, error = _dist.broadcast((artifact, error), self._world)
         if error is not None:
             raise CheckpointError(f"checkpoint at step {self._step} was not saved: {error}", run_id=self.id)
@@ -421,6 +428,8 @@ class TorchRun(Run):
             try:
                 self._write(snapshot, artifact, step, control_seq)
             except BaseException as exc:
+                if isinstance(exc, ConnectionError):
+                    self._store_failed(exc)  # said once with the session's other outage lines
                 self._save_error = CheckpointError(
                     f"background save of checkpoint {artifact} (step {step}) failed: {type(exc).__name__}: {exc}",
                     run_id=self.id,
