@@ -40,7 +40,7 @@ from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
+from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, pause, validate_key
 from launchhelm.metrics._spool import Spool, recover_run
 from launchhelm.metrics._system import SystemSampler, system_interval
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
@@ -179,6 +179,11 @@ def _warm_up_encoder() -> None:
         buffer.append(0, 0, 0.0, {"warm-up": 0.0})
         encode_buffer(buffer)
         buffer.latest()
+        # the compactor's modules too: imported by the first compaction, in the background thread,
+        # loading them would hold the GIL for tens of milliseconds while the training loop runs
+        import pyarrow.compute
+        import pyarrow.parquet  # noqa: F401
+
         _warmed_up = True
 
 
@@ -502,6 +507,7 @@ class Run:
                     spool.dir, self.session_id, self._flushed_end, end, names, max_bytes=self._chunk_values * 12
                 ):
                     self._write_chunk(piece.buffer, piece.end)
+                    pause()
                 with self._lock:
                     if self._flushed_end == spool.position():
                         self._spilled = False  # caught up: log() buffers again
@@ -1064,6 +1070,8 @@ class Run:
                     next_flush = now + self._flush_interval
                     self._flush(drain=False)
                     self._store_answered()
+                    if self._spool is not None:
+                        self._spool.prepare()
                     self._flush_console()
                     self._compact(only_if_due=True)
                 if now >= next_beat:
