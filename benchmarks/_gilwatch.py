@@ -138,7 +138,9 @@ class Watch:
         if threading.get_ident() == self._thread_ident():
             return
         if phase == "start":
-            self.enter(f"gc gen{info['generation']}" + (" (training thread)" if threading.get_ident() == self._main else ""))
+            self.enter(
+                f"gc gen{info['generation']}" + (" (training thread)" if threading.get_ident() == self._main else "")
+            )
         else:
             self.leave()
 

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launchhelm.metrics._points import pause
+
 if TYPE_CHECKING:
     import numpy as np
 
@@ -74,7 +76,7 @@ class KeyIds:
             np.cumsum(length[:-1], out=start[1:])
             flat = np.fromiter((k for s in shapes for k in s), dtype=np.uint32, count=int(length.sum()))
             cached = self._arrays = (len(shapes), (length, start, flat))
-        return cached[1]  # type: ignore[no-any-return]
+        return cached[1]
 
 
 class PointBuffer:
@@ -207,6 +209,8 @@ _ROW_HEAD = struct.Struct("<BqidH")
 _PAIR = struct.Struct("<Id")
 _ROW = 2
 _HEADER_BYTES = 8
+#: Spooled rows parsed in one numpy pass (the background thread pauses between passes).
+_PARSE_ROWS = 1 << 13
 
 
 @dataclass
@@ -252,7 +256,7 @@ def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer
             continue
         pairs = _ROW_HEAD.unpack_from(data, pos + 4)[4]
         size = 4 + length
-        count = (stop - pos) // size
+        count = min((stop - pos) // size, _PARSE_ROWS)
         if size == 27 + 12 * pairs and count > 1:
             view = np.frombuffer(data, dtype=_row_dtype(pairs), count=count, offset=pos)
             same = (view["len"] == length) & (view["type"] == _ROW) & (view["pairs"] == pairs)
@@ -264,7 +268,11 @@ def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer
                 out.attempts.frombytes(run["attempt"].astype(np.int32).tobytes())
                 out.times.frombytes(run["time"].astype(np.float64).tobytes())
                 # each row's layout: the distinct key orders among these rows (nearly always one)
-                shapes, which = np.unique(ours[kids].reshape(n, pairs), axis=0, return_inverse=True)
+                matrix = ours[kids].reshape(n, pairs)
+                if not (matrix != matrix[0]).any():
+                    shapes, which = matrix[:1], np.zeros(n, dtype=np.int64)
+                else:
+                    shapes, which = np.unique(matrix, axis=0, return_inverse=True)
                 names = keys.names
                 ids = []
                 for shape in shapes:
@@ -275,14 +283,15 @@ def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer
                 values = np.stack([run[f"v{j}"] for j in range(pairs)], axis=1).reshape(-1)
                 out.values.frombytes(values.astype(np.float64).tobytes())
                 pos += n * size
+                pause()  # a slice at a time: the training thread gets the GIL between them
                 continue
         _, step, attempt, when, pairs = _ROW_HEAD.unpack_from(data, pos + 4)
         row: dict[str, float] = {}
         for j in range(pairs):
             kid, value = _PAIR.unpack_from(data, pos + 4 + _ROW_HEAD.size + j * _PAIR.size)
-            found = spool_names.get(kid)
-            if found is not None:
-                row[found] = value
+            known = spool_names.get(kid)
+            if known is not None:
+                row[known] = value
         if row:
             out.append(step, attempt, when, row)
         pos += size

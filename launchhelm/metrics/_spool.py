@@ -59,12 +59,15 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+; mmap has no name for it before Python 
 
 def _populate(mm: mmap.mmap, start: int, length: int) -> None:
     """Fault in (for writing) ``length`` bytes of ``mm`` from ``start`` (page-aligned), where Linux can."""
-    if length <= 0:
-        return
-    try:
-        mm.madvise(_MADV_POPULATE_WRITE, start, length)
-    except (OSError, ValueError, AttributeError):
-        pass  # an older kernel or another system: log() faults the pages in itself, as before
+    from launchhelm.metrics._points import pause
+
+    step = 2**18  # the call holds the GIL: a quarter MiB at a time, with pauses between
+    for at in range(start, start + max(0, length), step):
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE, at, min(step, start + length - at))
+        except (OSError, ValueError, AttributeError):
+            return  # an older kernel, another system, or log() closed the file: it faults pages in itself
+        pause()
 
 
 def spool_root() -> Path:
@@ -94,8 +97,9 @@ class Spool:
         self._fd = -1
         self._pos = 0
         self._lock = threading.Lock()  # rotation and closing against the flush thread
-        self._ready: tuple[int, mmap.mmap, int] | None = None  # the next file, made ready by prepare()
-        self._retired: list[tuple[mmap.mmap, int]] = []  # files moved past, unmapped by retire()
+        self._ready: list[tuple[int, mmap.mmap, int]] = []  # the next file, made ready by prepare()
+        self._made = -1  # the highest file number made so far
+        self._retired: list[tuple[mmap.mmap, int]] = []  # ready files not used, unmapped by retire()
         self._open_next()
 
     # -- files ----------------------------------------------------------------------
@@ -111,51 +115,62 @@ class Spool:
 
     def _open_next(self) -> None:
         """Move on to the next file: the one the flush thread made ready, if it did (creating a file
-        and unmapping one can wait on the file system's journal: not in ``log()``)."""
+        can wait on the file system's journal: better not in ``log()``).
+
+        The file left behind is unmapped here and now (a fraction of a millisecond, once per file):
+        kept mapped until the next flush, a burst's written pages would all count in the RSS."""
         k = self._file + 1
-        ready = self._ready
+        try:
+            ready: tuple[int, mmap.mmap, int] | None = self._ready.pop()  # atomic: no lock in log()
+        except IndexError:
+            ready = None
         if ready is not None and ready[0] == k:
-            self._ready = None
             _, mm, fd = ready
         else:
+            if ready is not None:
+                self._retired.append(ready[1:])
             with self._lock:  # the flush thread may be making this very file ready
-                ready, self._ready = self._ready, None
+                try:
+                    ready = self._ready.pop()
+                except IndexError:
+                    ready = None
                 if ready is not None and ready[0] == k:
                     _, mm, fd = ready
                 else:
                     if ready is not None:
                         self._retired.append(ready[1:])
                     mm, fd = self._map(k)
-        if self._mm is not None:
-            self._retired.append((self._mm, self._fd))  # unmapped by the flush thread (retire)
+                    self._made = max(self._made, k)
+        old_mm, old_fd = self._mm, self._fd
         self._file = k
         self._mm, self._fd, self._pos = mm, fd, len(_HEADER)
+        if old_mm is not None:
+            old_mm.close()
+            os.close(old_fd)
         for key, kid in self._ids.items():  # each file defines every key it may use
             self._write_key(key, kid)
 
     def prepare(self) -> None:
-        """From the flush thread: unmap the files left behind, make the next file ready, and fault in
-        the pages the next appends will write, so ``log()`` finds them mapped."""
+        """From the flush thread: make the next file ready, and fault in the pages the next appends
+        will write, so ``log()`` finds them mapped."""
         self.retire()
         with self._lock:
             mm = self._mm
             if mm is None:
                 return  # closed
-            ready = self._ready
-            if ready is not None and ready[0] <= self._file:  # left behind by a rotation that made its own
-                self._ready = None
-                self._retired.append(ready[1:])
-                ready = None
-            if ready is None and self._pos > FILE_BYTES // 2:
-                ready = (self._file + 1, *self._map(self._file + 1))
+            k = self._file + 1
+            # never a file made before (log() may be moving onto it right now, without the lock)
+            if not self._ready and k > self._made and self._pos > FILE_BYTES // 2:
+                ready = (k, *self._map(k))
+                self._made = k
                 _populate(ready[1], 0, PREFAULT_BYTES)
-                self._ready = ready
+                self._ready.append(ready)
             start = self._pos & ~(mmap.PAGESIZE - 1)
             _populate(mm, start, min(FILE_BYTES, start + PREFAULT_BYTES) - start)
         self.retire()
 
     def retire(self) -> None:
-        """Unmap and close the files the writer has moved past (the flush thread's job, not ``log()``'s)."""
+        """Unmap and close ready files a rotation did not use."""
         while True:
             try:
                 mm, fd = self._retired.pop()
@@ -240,9 +255,8 @@ class Spool:
                 self._mm.close()
                 os.close(self._fd)
                 self._mm = None
-            if self._ready is not None:
-                self._retired.append(self._ready[1:])
-                self._ready = None
+            self._retired += [r[1:] for r in self._ready]
+            self._ready.clear()
             self.retire()
             self._state.close()
             os.close(self._state_fd)
