@@ -452,7 +452,7 @@ class Run:
         self._compaction_memory = compaction_memory
         # a chunk: its bytes are kept for the compactor, and its decoded table is read by it: a few of
         # them fit the working set
-        self._chunk_values = max(1024, compaction_memory // 256)
+        self._chunk_values = max(1024, compaction_memory // 128)
         self._max_held = max(self._chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
         self._buffer.limit = self._chunk_values
 
