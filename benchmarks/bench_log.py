@@ -32,7 +32,12 @@ Training-thread stalls (``--stall-seconds``, default 60; 0 skips)
     * Batches of 100 ``log()`` calls of 3 metrics, then a 5 ms sleep (a training step's shape), with
       flushes every 0.5 s and compactions running: per-batch p50/p99/p99.9/max in ms beside the same
       loop writing into a dict, mean ``log()`` µs, whether history reads back exactly, and how long
-      each background step took (count, longest, total). Targets: p99.9 <= 1 ms, max <= 2 ms.
+      each background step took (count, longest, total). Targets: p99.9 <= 1 ms, max <= 2 ms. Each batch
+      is also printed less the time the kernel kept the thread waiting for a CPU (schedstat): on a shared,
+      busy machine that is other processes' noise, and the dict baseline shows how much of it there is.
+    * ``--explain``: both loops again under a GIL watchdog (a thread napping 0.2 ms; a late wake-up not
+      explained by CPU waits is a wait for the GIL), put down to the background step running then; and
+      each background step probed alone on realistic sizes (``benchmarks/_gilwatch.py``).
 
 Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
 any miss): ``log()`` mean <= 5 µs, ``log()`` p99 <= 20 µs, ``finish()`` <= 50 ms, warm history
@@ -242,14 +247,21 @@ def bench_sampler(store_dir: Path, rows: list[dict[str, float]]) -> dict[str, fl
 STALL_BATCH = 100  # log() calls per batch, 3 metrics each, then a 5 ms sleep (a training step's shape)
 
 
-def _batches(seconds: float, log: Callable[[dict[str, float]], None]) -> tuple[list[int], list[int]]:
-    """Per-batch wall time (ns) of STALL_BATCH calls of ``log``, and per-call times, for ``seconds``."""
+def _batches(seconds: float, log: Callable[[dict[str, float]], None]) -> tuple[list[int], list[int], list[int]]:
+    """Per-batch wall time (ns) of STALL_BATCH calls of ``log``, per-call times, for ``seconds``; and per
+    batch the wall time less the time the thread waited for a CPU (the kernel's run-queue delay: on a busy
+    machine, other processes' noise; what is left is running and waiting for the GIL)."""
+    from _gilwatch import RunDelay
+
+    queued = RunDelay()
     pc = time.perf_counter_ns
     batches: list[int] = []
     calls: list[int] = []
+    own: list[int] = []
     deadline = time.monotonic() + seconds
     step = 0
     while time.monotonic() < deadline:
+        q0 = queued()
         t0 = pc()
         for _ in range(STALL_BATCH):
             x = float(step)
@@ -257,14 +269,20 @@ def _batches(seconds: float, log: Callable[[dict[str, float]], None]) -> tuple[l
             log({"loss": 1.0 / (x + 1.0), "lr": 3e-4, "grad_norm": x})
             calls.append(pc() - c0)
             step += 1
-        batches.append(pc() - t0)
+        wall = pc() - t0
+        batches.append(wall)
+        own.append(max(0, wall - int((queued() - q0) * 1e9)))
         time.sleep(0.005)
-    return batches, calls
+    queued.close()
+    return batches, calls, own
 
 
-def bench_stalls(store_dir: Path, seconds: float) -> dict[str, Any]:
+def bench_stalls(store_dir: Path, seconds: float, explain: bool = False) -> dict[str, Any]:
     """The training thread's stalls: 100-log batches for ``seconds`` with flushes (every 0.5 s) and compactions
-    running, beside the same loop writing into a dict; and which background steps took longest."""
+    running, beside the same loop writing into a dict; and which background steps took longest.
+
+    With ``explain``, both loops run once more (as long) under the GIL watchdog of ``_gilwatch``, and each
+    background step is probed alone: which step holds the GIL how long."""
     import launchhelm
     import launchhelm._run as run_module
 
@@ -297,7 +315,7 @@ def bench_stalls(store_dir: Path, seconds: float) -> dict[str, Any]:
             run.log(d, step=step[0])
             step[0] += 1
 
-        lh_batches, lh_calls = _batches(seconds, log)
+        lh_batches, lh_calls, lh_own = _batches(seconds, log)
         run.finish()
     finally:
         for name, fn in originals.items():
@@ -309,15 +327,55 @@ def bench_stalls(store_dir: Path, seconds: float) -> dict[str, Any]:
         sink[n[0]] = d
         n[0] += 1
 
-    base_batches, _ = _batches(seconds, write)
+    base_batches, _, base_own = _batches(seconds, write)
     out["lh"] = lh_batches
     out["base"] = base_batches
+    out["lh_own"] = lh_own
+    out["base_own"] = base_own
     out["log_mean_us"] = statistics.fmean(lh_calls) / 1000 if lh_calls else math.nan
     out["points"] = step[0]
     out["spans"] = {k: (len(v), max(v), sum(v)) for k, v in spans.items()}
     frame = launchhelm.Api(str(store_dir)).run(run.id).history()
     out["exact"] = len(frame) == step[0] and bool((frame["grad_norm"].to_numpy() == frame["step"].to_numpy()).all())
+    if explain:
+        out["explain"] = explain_stalls(store_dir, seconds)
     return out
+
+
+def explain_stalls(store_dir: Path, seconds: float) -> list[str]:
+    """Where stalls come from: the stall loop again under the GIL watchdog (LaunchHelm's background steps
+    tagged), the dict loop under it (the noise floor), and each background step probed alone."""
+    import _gilwatch
+
+    import launchhelm
+
+    lines: list[str] = []
+    with _gilwatch.watching() as watch:
+        run = launchhelm.init(
+            "bench-explain", store=str(store_dir), flush_interval=0.5, system_metrics=False, capture_console=False
+        )
+        step = [0]
+
+        def log(d: dict[str, float]) -> None:
+            run.log(d, step=step[0])
+            step[0] += 1
+
+        _batches(seconds, log)
+        run.finish()
+    lines += watch.table(f"launchhelm loop, {seconds:.0f} s under the watchdog")
+    sink: dict[int, dict[str, float]] = {}
+
+    def write(d: dict[str, float]) -> None:
+        sink[len(sink)] = d
+
+    with _gilwatch.watching(tag=False) as watch:
+        _batches(seconds, write)
+    lines += watch.table(f"dict loop (the noise floor), {seconds:.0f} s under the watchdog")
+    lines.append("  each background step alone (a worker thread; the watchdog naps 0.2 ms beside it):")
+    lines.append(f"    {'step':<60}{'GIL hold ms, median':>20}{'max':>8}{'wall ms':>9}")
+    for name, hold, longest, wall in _gilwatch.probe_steps():
+        lines.append(f"    {name:<60}{hold:>20.2f}{longest:>8.2f}{wall:>9.2f}")
+    return lines
 
 
 def check_history(frame: Any, rows: list[dict[str, float]]) -> str:
@@ -504,6 +562,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="seconds of 100-log batches with flushes and compactions running, and as long for the dict "
         "baseline (default 60; 0 skips)",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="after the stall loops, find where stalls come from: both loops again under a GIL watchdog with "
+        "LaunchHelm's background steps tagged, and each step probed alone (adds 2 x --stall-seconds and ~1 min)",
+    )
     parser.add_argument("--check", action="store_true", help="exit with status 1 if a target is missed")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.reads < 2:
@@ -605,26 +669,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in others:
         print(f"  {line}")
     if args.stall_seconds > 0:
-        stalls = bench_stalls(root / "stalls", args.stall_seconds)
+        stalls = bench_stalls(root / "stalls", args.stall_seconds, explain=args.explain)
         print()
         print(
             f"Training-thread stalls: batches of {STALL_BATCH} log() calls (3 metrics) then a 5 ms sleep, "
             f"{args.stall_seconds:.0f} s each, flushes every 0.5 s and compactions running:"
         )
-        print(f"  {'ms per batch':<22}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>8}{'>2 ms':>7}  batches")
-        for label, key in (("launchhelm log()", "lh"), ("dict write baseline", "base")):
+        print(f"  {'ms per batch':<40}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>8}{'>2 ms':>7}  batches")
+        for label, key in (
+            ("launchhelm log(), wall", "lh"),
+            ("dict write baseline, wall", "base"),
+            ("launchhelm log(), less CPU waits", "lh_own"),
+            ("dict write baseline, less CPU waits", "base_own"),
+        ):
             b = [x / 1e6 for x in stalls[key]]
             over = sum(1 for x in b if x > 2.0)
             print(
-                f"  {label:<22}{percentile(b, 50):>8.3f}{percentile(b, 99):>8.3f}{percentile(b, 99.9):>8.3f}"
+                f"  {label:<40}{percentile(b, 50):>8.3f}{percentile(b, 99):>8.3f}{percentile(b, 99.9):>8.3f}"
                 f"{max(b):>8.3f}{over:>7}  {len(b):,}"
             )
+        print(
+            "  (less CPU waits: each batch's wall time less the time the kernel kept the thread waiting for a CPU;\n"
+            "   on a busy machine that is other processes' noise; what is left is running and waiting for the GIL)"
+        )
         lh_b = [x / 1e6 for x in stalls["lh"]]
+        base_b = [x / 1e6 for x in stalls["base"]]
+        lh_own = [x / 1e6 for x in stalls["lh_own"]]
         checks = [
-            ("p99.9 per batch <= 1 ms", percentile(lh_b, 99.9) <= 1.0),
-            ("max per batch <= 2 ms", max(lh_b) <= 2.0),
+            ("p99.9 per batch <= 1 ms (wall)", percentile(lh_b, 99.9) <= 1.0),
+            ("max per batch <= 2 ms (wall)", max(lh_b) <= 2.0),
+            ("p99.9 per batch <= 1 ms (less CPU waits)", percentile(lh_own, 99.9) <= 1.0),
+            ("max per batch <= 2 ms (less CPU waits)", max(lh_own) <= 2.0),
             ("mean log() <= 5 µs", stalls["log_mean_us"] <= 5.0),
         ]
+        if percentile(base_b, 99.9) > 1.0 or max(base_b) > 2.0:
+            print(
+                f"  the dict baseline itself misses the wall targets here (p99.9 {percentile(base_b, 99.9):.2f} ms, "
+                f"max {max(base_b):.2f} ms): the machine is too noisy for wall-clock tails; see 'less CPU waits'"
+            )
         print(f"  mean log(): {stalls['log_mean_us']:.2f} µs over {stalls['points']:,} calls")
         print(f"  history exact: {'yes' if stalls['exact'] else 'NO'}")
         print("  background steps (count, longest ms, total ms):")
@@ -634,6 +716,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"  {label}: {'PASS' if ok else 'MISS'}")
             all_ok = all_ok and ok
         all_ok = all_ok and stalls["exact"]
+        if "explain" in stalls:
+            print()
+            print("Where the stalls come from (--explain):")
+            for line in stalls["explain"]:
+                print(f"  {line}")
     print()
     print("PASS/MISS is informational" + ("" if not args.check else "; --check given") + ".")
     if lh["check"]:

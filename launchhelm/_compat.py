@@ -41,8 +41,9 @@ class CompatSession(Run):
 
     after_flush: Callable[[], None] | None = None
 
-    def _flush(self, drain: bool = True) -> None:
-        super()._flush(drain)
+    def _flush(self, drain: bool = True) -> bool:
+        more = super()._flush(drain)
         hook = self.after_flush
         if hook is not None:
             hook()
+        return more

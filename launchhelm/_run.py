@@ -38,7 +38,7 @@ from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
+from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, pause, validate_key
 from launchhelm.metrics._spool import Spool
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
@@ -166,6 +166,11 @@ def _warm_up_encoder() -> None:
         buffer.append(0, 0, 0.0, {"warm-up": 0.0})
         encode_buffer(buffer)
         buffer.latest()
+        # the compactor's modules too: imported by the first compaction, in the background thread,
+        # loading them would hold the GIL for tens of milliseconds while the training loop runs
+        import pyarrow.compute
+        import pyarrow.parquet  # noqa: F401
+
         _warmed_up = True
 
 
@@ -265,6 +270,7 @@ class Run:
         self._known_keys: set[str] = set()
         self._chunk_number = 0
         self._unsealed: dict[str, bytes] = {}  # our chunks not yet in a segment
+        self._unsealed_bytes = 0
         self._spool: Spool | None = None  # points on local disk until the store has them
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
         self._sampler: SystemSampler | None = None
@@ -433,7 +439,8 @@ class Run:
     def _set_memory(self, compaction_memory: int) -> None:
         """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
         self._compaction_memory = compaction_memory
-        # a chunk's points, encoded, take about 64 bytes a value at most: a few of them fit the working set
+        # a chunk: its bytes are kept for the compactor, and its decoded table is read by it: a few of
+        # them fit the working set
         self._chunk_values = max(1024, compaction_memory // 128)
         self._max_held = max(self._chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
         self._buffer.limit = self._chunk_values
@@ -459,12 +466,15 @@ class Run:
         """Write every buffered point to the store now (blocking)."""
         self._flush(drain=True)
 
-    def _flush(self, drain: bool = True) -> None:
+    def _flush(self, drain: bool = True) -> bool:
         """Write what is buffered; with ``drain``, also every point spooled when the buffer let go.
 
         Each cut buffer is one chunk. A chunk's ``create`` that fails leaves it
         (and those after it) for the next try, unless memory let go of them
-        meanwhile: then the spool has them.
+        meanwhile: then the spool has them. Without ``drain``, stops once a
+        segment's worth of chunk bytes waits for compaction (they are kept for
+        it: memory), and returns True: more is left for the next round, after
+        the compaction.
         """
         with self._io_lock:
             while True:
@@ -485,18 +495,24 @@ class Run:
                         except BaseException:
                             self._put_back(work[i:])
                             raise
-                    return
+                        if not drain and i + 1 < len(work) and self._unsealed_bytes >= BYTES_PER_SEGMENT:
+                            self._put_back(work[i + 1 :])
+                            return True
+                    return False
                 assert spool is not None and self._flushed_end is not None
                 for piece in read_spool(
                     spool.dir, self.session_id, self._flushed_end, end, names, max_bytes=self._chunk_values * 12
                 ):
                     self._write_chunk(piece.buffer, piece.end)
+                    if not drain and self._unsealed_bytes >= BYTES_PER_SEGMENT:
+                        break
+                    pause()
                 with self._lock:
                     if self._flushed_end == spool.position():
                         self._spilled = False  # caught up: log() buffers again
-                        return
+                        return False
                 if not drain:
-                    return
+                    return True
 
     def _put_back(self, buffers: list[PointBuffer]) -> None:
         with self._lock:
@@ -523,6 +539,7 @@ class Run:
                     self._store.create(key, data)
                     self._answers += 1  # the store answered: an outage's end is said after a real request
                     self._unsealed[key] = data  # the compactor needs no GET for our own chunks
+                    self._unsealed_bytes += len(data)
                     break
                 except AlreadyExistsError:
                     continue  # a chunk number taken by an earlier, ambiguous write
@@ -579,7 +596,7 @@ class Run:
             known = self._unsealed
             if only_if_due and len(known) < CHUNKS_PER_SEGMENT and sum(map(len, known.values())) < BYTES_PER_SEGMENT:
                 return
-            self._unsealed = {}
+            self._unsealed, self._unsealed_bytes = {}, 0
         if self._compactor is None:
             self._compactor = Compactor(self._store, self.id, by=self.session_id, memory=self._compaction_memory)
         compactor = self._compactor
@@ -1052,12 +1069,19 @@ class Run:
                     self._sample_system()
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
-                    answers = self._answers
-                    self._flush(drain=False)
-                    if self._answers != answers:  # a flush with nothing to write asked the store nothing
-                        self._store_answered()
-                    self._flush_console()
-                    self._compact(only_if_due=True)
+                    while True:
+                        answers = self._answers
+                        more = self._flush(drain=False)
+                        if self._answers != answers:  # a flush with nothing to write asked the store nothing
+                            self._store_answered()
+                        if self._spool is not None:
+                            self._spool.prepare()
+                        self._flush_console()
+                        self._compact(only_if_due=True)
+                        # catching up (a segment's worth at a time), within a flush interval: heartbeats
+                        # and control polls must not wait on a flood
+                        if not more or self._stop.is_set() or time.monotonic() >= next_flush:
+                            break
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
                     self._heartbeat()
@@ -1172,6 +1196,10 @@ class Run:
         deadline = time.monotonic() + env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT)
         while True:
             try:
+                # a segment's worth at a time, compacted between: the chunk bytes kept for the
+                # compactor stay bounded however much the spool holds
+                while self._flush(drain=False):
+                    self._compact(only_if_due=True)
                 self._flush()
                 break
             except ConnectionError as exc:

@@ -22,43 +22,70 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from launchhelm.metrics._points import pause
+
 if TYPE_CHECKING:
     import numpy as np
 
 __all__ = ["KeyIds", "PointBuffer", "read_spool"]
 
-#: Bytes a buffered value takes in memory, roughly: its value and key id, and its row's share of the rest.
-BYTES_PER_VALUE = 17
+#: Bytes a buffered value takes in memory, roughly: its value, and its row's share of the rest
+#: (step, attempt, time and layout id: 24 bytes a row, 5 values a row taken as typical).
+BYTES_PER_VALUE = 13
 
 
 class KeyIds:
-    """The session's metric names, each given a small integer once (shared by its buffers)."""
+    """The session's metric names, each given a small integer once, and the rows' layouts (shared by its buffers).
 
-    __slots__ = ("ids", "layouts", "names")
+    A layout is the keys of one ``log()`` call, in order; most rows repeat one
+    of a few, so a row keeps its layout's id rather than a key id per value.
+    """
+
+    __slots__ = ("_arrays", "ids", "layouts", "names", "shapes")
 
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}
         self.names: list[str] = []
-        # the ids of a row's keys, by the row's keys in order: most rows repeat one of a few layouts
-        self.layouts: dict[tuple[str, ...], array[int]] = {}
+        self.layouts: dict[tuple[str, ...], int] = {}  # layout id by the row's keys in order
+        self.shapes: list[tuple[int, ...]] = []  # key ids by layout id
+        self._arrays: tuple[int, Any] | None = None
 
-    def layout(self, keys: tuple[str, ...]) -> array[int]:
-        ids = self.ids
-        for key in keys:
-            if key not in ids:
-                ids[key] = len(self.names)
-                self.names.append(key)
-        found = self.layouts[keys] = array("I", [ids[k] for k in keys])
+    def key_id(self, key: str) -> int:
+        found = self.ids.get(key)
+        if found is None:
+            found = self.ids[key] = len(self.names)
+            self.names.append(key)
         return found
+
+    def layout(self, keys: tuple[str, ...]) -> int:
+        shape = tuple(self.key_id(k) for k in keys)
+        found = self.layouts[keys] = len(self.shapes)
+        self.shapes.append(shape)
+        return found
+
+    def arrays(self, upto: int) -> tuple[Any, Any, Any]:
+        """``(length, start, flat)`` numpy arrays over the first ``upto`` layouts: each layout's key count,
+        where its ids start in ``flat``, and every layout's key ids end to end."""
+        import numpy as np
+
+        cached = self._arrays
+        if cached is None or cached[0] < upto:
+            shapes = list(self.shapes)  # a snapshot: the training thread may add layouts meanwhile
+            length = np.fromiter((len(s) for s in shapes), dtype=np.int64, count=len(shapes))
+            start = np.zeros(len(shapes), dtype=np.int64)
+            np.cumsum(length[:-1], out=start[1:])
+            flat = np.fromiter((k for s in shapes for k in s), dtype=np.uint32, count=int(length.sum()))
+            cached = self._arrays = (len(shapes), (length, start, flat))
+        return cached[1]
 
 
 class PointBuffer:
-    """Rows of points in columns: per row ``step``, ``attempt``, ``time``, value count; per value key id and value.
+    """Rows of points in columns: per row ``step``, ``attempt``, ``time``, layout id; per value the value.
 
     ``end`` is where the spool stood after the last row (None without a spool).
     """
 
-    __slots__ = ("attempts", "counts", "end", "keys", "kids", "limit", "steps", "times", "values")
+    __slots__ = ("attempts", "end", "keys", "limit", "rows", "steps", "times", "values")
 
     def __init__(self, keys: KeyIds, limit: int) -> None:
         self.keys = keys
@@ -66,8 +93,7 @@ class PointBuffer:
         self.steps: array[int] = array("q")
         self.attempts: array[int] = array("i")
         self.times: array[float] = array("d")
-        self.counts: array[int] = array("I")
-        self.kids: array[int] = array("I")
+        self.rows: array[int] = array("I")  # layout id of each row
         self.values: array[float] = array("d")
         self.end: tuple[int, int] | None = None
 
@@ -80,8 +106,7 @@ class PointBuffer:
         self.steps.append(step)
         self.attempts.append(attempt)
         self.times.append(now)
-        self.counts.append(len(layout))
-        self.kids.extend(layout)
+        self.rows.append(layout)
         self.values.extend(row.values())
         return len(self.values) >= self.limit
 
@@ -97,18 +122,64 @@ class PointBuffer:
         steps = np.frombuffer(self.steps, dtype=np.int64)
         return int(steps.min()), int(steps.max())
 
-    def columns(self) -> tuple[np.ndarray[Any, Any], ...]:
-        """``(step, attempt, time, key id, value)``, one entry per value (numpy, no copy of values)."""
+    def counts(self) -> np.ndarray[Any, Any]:
+        """Values per row (numpy)."""
         import numpy as np
 
-        counts = np.frombuffer(self.counts, dtype=np.uint32) if self.counts else np.zeros(0, np.uint32)
+        if not self.rows:
+            return np.zeros(0, np.int64)
+        rows = np.frombuffer(self.rows, dtype=np.uint32)
+        length = self.keys.arrays(int(rows.max()) + 1)[0]
+        return length[rows]  # type: ignore[no-any-return]
+
+    def key_ids_used(self) -> np.ndarray[Any, Any]:
+        """The key ids the buffer's rows use, ascending (numpy)."""
+        import numpy as np
+
+        if not self.rows:
+            return np.zeros(0, np.uint32)
+        rows = np.frombuffer(self.rows, dtype=np.uint32)
+        length, start, flat = self.keys.arrays(int(rows.max()) + 1)
+        layouts = np.flatnonzero(np.bincount(rows))
+        return np.unique(np.concatenate([flat[start[i] : start[i] + length[i]] for i in layouts]))
+
+    def _counts_and_kids(self, first_row: int = 0, stop_row: int | None = None) -> tuple[Any, Any]:
+        """Values per row, and the key id of each value, for rows ``first_row`` to ``stop_row``."""
+        import numpy as np
+
+        if not self.rows:
+            return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        rows = np.frombuffer(self.rows, dtype=np.uint32)[first_row:stop_row]
+        if not len(rows):
+            return np.zeros(0, np.int64), np.zeros(0, np.uint32)
+        top = int(rows.max())
+        length, start, flat = self.keys.arrays(top + 1)
+        counts = length[rows]
+        first = int(rows[0])
+        if not (rows != first).any():  # one layout throughout (the usual case)
+            shape = flat[start[first] : start[first] + length[first]]
+            return counts, np.tile(shape, len(rows))
+        ends = np.cumsum(counts)
+        within = np.arange(int(ends[-1]), dtype=np.int64) - np.repeat(ends - counts, counts)
+        return counts, flat[np.repeat(start[rows], counts) + within]
+
+    def columns(self, first: int = 0, stop: int | None = None, first_value: int = 0) -> tuple[Any, ...]:
+        """``(step, attempt, time, key id, value)``, one entry per value (numpy): of every row, or of
+        rows ``first`` up to ``stop``, whose first value is value number ``first_value``."""
+        import numpy as np
+
+        stop = len(self.rows) if stop is None else stop
+        counts, kids = self._counts_and_kids(first, stop)
 
         def per_value(column: array[Any], dtype: Any) -> np.ndarray[Any, Any]:
-            base = np.frombuffer(column, dtype=dtype) if len(column) else np.zeros(0, dtype)
+            base = np.frombuffer(column, dtype=dtype)[first:stop] if len(column) else np.zeros(0, dtype)
             return np.repeat(base, counts)
 
-        kids = np.frombuffer(self.kids, dtype=np.uint32) if self.kids else np.zeros(0, np.uint32)
-        values = np.frombuffer(self.values, dtype=np.float64) if self.values else np.zeros(0, np.float64)
+        values = (
+            np.frombuffer(self.values, dtype=np.float64)[first_value : first_value + len(kids)]
+            if self.values
+            else np.zeros(0, np.float64)
+        )
         return (
             per_value(self.steps, np.int64),
             per_value(self.attempts, np.int32),
@@ -123,7 +194,7 @@ class PointBuffer:
 
         if not self.values:
             return {}
-        kids = np.frombuffer(self.kids, dtype=np.uint32)[::-1]
+        kids = self._counts_and_kids()[1][::-1]
         ids, where = np.unique(kids, return_index=True)
         values = np.frombuffer(self.values, dtype=np.float64)[::-1][where]
         names = self.keys.names
@@ -138,6 +209,8 @@ _ROW_HEAD = struct.Struct("<BqidH")
 _PAIR = struct.Struct("<Id")
 _ROW = 2
 _HEADER_BYTES = 8
+#: Spooled rows parsed in one numpy pass (the background thread pauses between passes).
+_PARSE_ROWS = 1 << 13
 
 
 @dataclass
@@ -169,13 +242,10 @@ def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer
     """
     import numpy as np
 
-    ids = out.keys.ids
-    for name in spool_names.values():
-        if name not in ids:
-            out.keys.layout((name,))
+    keys = out.keys
     ours = np.zeros(max(spool_names, default=-1) + 1, dtype=np.uint32)
     for kid, name in spool_names.items():
-        ours[kid] = ids[name]
+        ours[kid] = keys.key_id(name)
     pos = 0
     while pos + 4 <= stop:
         (length,) = _LEN.unpack_from(data, pos)
@@ -186,7 +256,7 @@ def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer
             continue
         pairs = _ROW_HEAD.unpack_from(data, pos + 4)[4]
         size = 4 + length
-        count = (stop - pos) // size
+        count = min((stop - pos) // size, _PARSE_ROWS)
         if size == 27 + 12 * pairs and count > 1:
             view = np.frombuffer(data, dtype=_row_dtype(pairs), count=count, offset=pos)
             same = (view["len"] == length) & (view["type"] == _ROW) & (view["pairs"] == pairs)
@@ -197,19 +267,31 @@ def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer
                 out.steps.frombytes(run["step"].astype(np.int64).tobytes())
                 out.attempts.frombytes(run["attempt"].astype(np.int32).tobytes())
                 out.times.frombytes(run["time"].astype(np.float64).tobytes())
-                out.counts.frombytes(np.full(n, pairs, dtype=np.uint32).tobytes())
-                out.kids.frombytes(ours[kids].tobytes())
+                # each row's layout: the distinct key orders among these rows (nearly always one)
+                matrix = ours[kids].reshape(n, pairs)
+                if not (matrix != matrix[0]).any():
+                    shapes, which = matrix[:1], np.zeros(n, dtype=np.int64)
+                else:
+                    shapes, which = np.unique(matrix, axis=0, return_inverse=True)
+                names = keys.names
+                ids = []
+                for shape in shapes:
+                    row_keys = tuple(names[int(k)] for k in shape)
+                    found = keys.layouts.get(row_keys)
+                    ids.append(keys.layout(row_keys) if found is None else found)
+                out.rows.frombytes(np.asarray(ids, dtype=np.uint32)[which.reshape(-1)].tobytes())
                 values = np.stack([run[f"v{j}"] for j in range(pairs)], axis=1).reshape(-1)
                 out.values.frombytes(values.astype(np.float64).tobytes())
                 pos += n * size
+                pause()  # a slice at a time: the training thread gets the GIL between them
                 continue
         _, step, attempt, when, pairs = _ROW_HEAD.unpack_from(data, pos + 4)
         row: dict[str, float] = {}
         for j in range(pairs):
             kid, value = _PAIR.unpack_from(data, pos + 4 + _ROW_HEAD.size + j * _PAIR.size)
-            found = spool_names.get(kid)
-            if found is not None:
-                row[found] = value
+            known = spool_names.get(kid)
+            if known is not None:
+                row[known] = value
         if row:
             out.append(step, attempt, when, row)
         pos += size

@@ -34,6 +34,7 @@ from launchhelm.metrics._layout import (
     parse_chunk,
     read_manifest,
 )
+from launchhelm.metrics._points import pause
 from launchhelm.metrics._segments import SEGMENT_FORMAT, decode_chunk, plain_points, points_schema
 from launchhelm.storage import Store
 from launchhelm.storage._keys import manifest_name, new_segment_name
@@ -402,6 +403,7 @@ class Compactor:
                 if held_rows >= self.batch_rows:
                     write(held)
                     held, held_rows = [], 0
+                pause()  # between batches, the training thread gets the GIL
             if held:
                 write(held)
         return SegmentRef(key, level, rows, path.stat().st_size, int(first or 0), int(last or 0))

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import io
 import numbers
+import threading
+import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -144,34 +146,73 @@ def _strings(names: Sequence[str]) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), len(raw), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(raw))])
 
 
+#: Values encoded at a time: the background thread pauses between such pieces (see :func:`pause`).
+SLICE_VALUES = 1 << 15
+#: Seconds of a pause: long enough for a training thread waiting for the GIL to wake and take it.
+PAUSE_SECONDS = 0.0002
+
+
+def pause() -> None:
+    """Let the training thread have the GIL, when called from a background thread.
+
+    Python hands the GIL to a waiting thread only after 5 ms of another's
+    bytecode, and ``sleep(0)`` gives it back before a waiting thread wakes: a
+    short real sleep between pieces of work is what keeps ``log()`` from
+    stalling behind them. The training thread itself never waits here.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        time.sleep(PAUSE_SECONDS)
+
+
 def encode_buffer(buffer: PointBuffer) -> bytes:
     """Encode a :class:`~launchhelm.metrics._buffer.PointBuffer` as one chunk: numpy and Arrow over its
-    columns, no Python loop per value."""
+    columns, no Python loop per value, a record batch of at most :data:`SLICE_VALUES` values at a time."""
     import numpy as np
     import pyarrow as pa
 
-    steps, attempts, times, kids, values = buffer.columns()
     names = buffer.keys.names
-    # the chunk's dictionary holds only the keys it uses, in order of their ids (first logged first)
-    present = np.bincount(kids, minlength=len(names)) > 0 if len(kids) else np.zeros(len(names), dtype=bool)
-    renumber = (np.cumsum(present) - 1).astype(np.int32)
-    used = [names[i] for i in np.flatnonzero(present)]
-    keys = pa.DictionaryArray.from_arrays(_column(pa.int32(), np.ascontiguousarray(renumber[kids])), _strings(used))
-    table = pa.Table.from_arrays(
+    # the chunk's dictionary holds only the keys it uses, in order of their ids (first logged first);
+    # one dictionary for every batch (an IPC file cannot replace it)
+    used = buffer.key_ids_used()
+    renumber = np.zeros(len(names), dtype=np.int32)
+    renumber[used] = np.arange(len(used), dtype=np.int32)
+    dictionary = _strings([names[i] for i in used])
+    schema = pa.schema(
         [
-            _column(pa.int64(), np.ascontiguousarray(steps, dtype=np.int64)),
-            _column(pa.int32(), np.ascontiguousarray(attempts, dtype=np.int32)),
-            _column(pa.float64(), np.ascontiguousarray(times, dtype=np.float64)),
-            keys,
-            _column(pa.float64(), np.ascontiguousarray(values, dtype=np.float64)),
+            ("step", pa.int64()),
+            ("attempt", pa.int32()),
+            ("time", pa.float64()),
+            ("key", pa.dictionary(pa.int32(), pa.string())),
+            ("value", pa.float64()),
         ],
-        names=["step", "attempt", "time", "key", "value"],
-    ).replace_schema_metadata({b"format": CHUNK_FORMAT})
+        metadata={b"format": CHUNK_FORMAT},
+    )
+    ends = np.cumsum(buffer.counts())
     sink = io.BytesIO()
     # no Arrow thread pool in a training process: see decode_segment
     options = pa.ipc.IpcWriteOptions(compression="lz4", use_threads=False)
-    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
-        writer.write_table(table)
+    with pa.ipc.new_file(sink, schema, options=options) as writer:
+        first = first_value = 0
+        while first < len(ends) or not first:
+            stop = max(first + 1, int(np.searchsorted(ends, first_value + SLICE_VALUES, side="right")))
+            stop = min(stop, len(ends))
+            steps, attempts, times, kids, values = buffer.columns(first, stop, first_value)
+            keys = pa.DictionaryArray.from_arrays(_column(pa.int32(), np.ascontiguousarray(renumber[kids])), dictionary)
+            batch = pa.RecordBatch.from_arrays(
+                [
+                    _column(pa.int64(), np.ascontiguousarray(steps, dtype=np.int64)),
+                    _column(pa.int32(), np.ascontiguousarray(attempts, dtype=np.int32)),
+                    _column(pa.float64(), np.ascontiguousarray(times, dtype=np.float64)),
+                    keys,
+                    _column(pa.float64(), np.ascontiguousarray(values, dtype=np.float64)),
+                ],
+                schema=schema,
+            )
+            writer.write_batch(batch)
+            if stop >= len(ends):
+                break
+            first, first_value = stop, int(ends[stop - 1])
+            pause()
     return sink.getvalue()
 
 

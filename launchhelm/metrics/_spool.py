@@ -52,6 +52,22 @@ _KEY_HEAD = struct.Struct("<BI")  # type K, id
 # state: next chunk number, pending chunk number (-1: none), pending end (file, offset), flushed (file, offset)
 _STATE = struct.Struct("<qqqqqq")
 _ROW, _KEY = 2, 1
+#: Bytes of the spool faulted in ahead of the writer by the flush thread (see Spool.prepare).
+PREFAULT_BYTES = 2**20
+_MADV_POPULATE_WRITE = 23  # Linux 5.14+; mmap has no name for it before Python 3.13
+
+
+def _populate(mm: mmap.mmap, start: int, length: int) -> None:
+    """Fault in (for writing) ``length`` bytes of ``mm`` from ``start`` (page-aligned), where Linux can."""
+    from launchhelm.metrics._points import pause
+
+    step = 2**18  # the call holds the GIL: a quarter MiB at a time, with pauses between
+    for at in range(start, start + max(0, length), step):
+        try:
+            mm.madvise(_MADV_POPULATE_WRITE, at, min(step, start + length - at))
+        except (OSError, ValueError, AttributeError):
+            return  # an older kernel, another system, or log() closed the file: it faults pages in itself
+        pause()
 
 
 def spool_root() -> Path:
@@ -81,25 +97,87 @@ class Spool:
         self._fd = -1
         self._pos = 0
         self._lock = threading.Lock()  # rotation and closing against the flush thread
+        self._ready: list[tuple[int, mmap.mmap, int]] = []  # the next file, made ready by prepare()
+        self._made = -1  # the highest file number made so far
+        self._retired: list[tuple[mmap.mmap, int]] = []  # ready files not used, unmapped by retire()
         self._open_next()
 
     # -- files ----------------------------------------------------------------------
     def _path(self, k: int) -> Path:
         return self.dir / f"{self.session_id}-{k:06d}.log"
 
-    def _open_next(self) -> None:
-        self._file += 1
-        fd = os.open(self._path(self._file), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+    def _map(self, k: int) -> tuple[mmap.mmap, int]:
+        fd = os.open(self._path(k), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, FILE_BYTES)
         mm = mmap.mmap(fd, FILE_BYTES)
         mm[: len(_HEADER)] = _HEADER
+        return mm, fd
+
+    def _open_next(self) -> None:
+        """Move on to the next file: the one the flush thread made ready, if it did (creating a file
+        can wait on the file system's journal: better not in ``log()``).
+
+        The file left behind is unmapped here and now (a fraction of a millisecond, once per file):
+        kept mapped until the next flush, a burst's written pages would all count in the RSS."""
+        k = self._file + 1
+        try:
+            ready: tuple[int, mmap.mmap, int] | None = self._ready.pop()  # atomic: no lock in log()
+        except IndexError:
+            ready = None
+        if ready is not None and ready[0] == k:
+            _, mm, fd = ready
+        else:
+            if ready is not None:
+                self._retired.append(ready[1:])
+            with self._lock:  # the flush thread may be making this very file ready
+                try:
+                    ready = self._ready.pop()
+                except IndexError:
+                    ready = None
+                if ready is not None and ready[0] == k:
+                    _, mm, fd = ready
+                else:
+                    if ready is not None:
+                        self._retired.append(ready[1:])
+                    mm, fd = self._map(k)
+                    self._made = max(self._made, k)
         old_mm, old_fd = self._mm, self._fd
+        self._file = k
         self._mm, self._fd, self._pos = mm, fd, len(_HEADER)
         if old_mm is not None:
             old_mm.close()
             os.close(old_fd)
         for key, kid in self._ids.items():  # each file defines every key it may use
             self._write_key(key, kid)
+
+    def prepare(self) -> None:
+        """From the flush thread: make the next file ready, and fault in the pages the next appends
+        will write, so ``log()`` finds them mapped."""
+        self.retire()
+        with self._lock:
+            mm = self._mm
+            if mm is None:
+                return  # closed
+            k = self._file + 1
+            # never a file made before (log() may be moving onto it right now, without the lock)
+            if not self._ready and k > self._made and self._pos > FILE_BYTES // 2:
+                ready = (k, *self._map(k))
+                self._made = k
+                _populate(ready[1], 0, PREFAULT_BYTES)
+                self._ready.append(ready)
+            start = self._pos & ~(mmap.PAGESIZE - 1)
+            _populate(mm, start, min(FILE_BYTES, start + PREFAULT_BYTES) - start)
+        self.retire()
+
+    def retire(self) -> None:
+        """Unmap and close ready files a rotation did not use."""
+        while True:
+            try:
+                mm, fd = self._retired.pop()
+            except IndexError:  # none left (or another thread took the last)
+                return
+            mm.close()
+            os.close(fd)
 
     def _write_key(self, key: str, kid: int) -> None:
         raw = key.encode()
@@ -163,6 +241,7 @@ class Spool:
     def flushed(self, end: tuple[int, int], next_number: int) -> None:
         """After the chunk landed: the store has every point up to ``end``; drop files wholly before it."""
         _STATE.pack_into(self._state, 0, next_number, -1, 0, 0, end[0], end[1])
+        self.retire()
         for k in range(end[0]):
             try:
                 self._path(k).unlink()
@@ -176,6 +255,9 @@ class Spool:
                 self._mm.close()
                 os.close(self._fd)
                 self._mm = None
+            self._retired += [r[1:] for r in self._ready]
+            self._ready.clear()
+            self.retire()
             self._state.close()
             os.close(self._state_fd)
         if remove:

@@ -166,3 +166,44 @@ def test_a_resumed_torch_run_rewinds_from_the_last_step_logged_before_the_kill(
     (rewind,) = handle.rewinds()
     assert rewind.to_step == 50
     assert rewind.reached == last_logged
+
+
+def test_files_made_ready_by_the_flush_thread_keep_every_row_in_order(tmp_path: Path) -> None:
+    """The flush thread makes the next spool file ready (log() only switches maps); rows of mixed layouts
+    read back exactly across the switches, live and after the session died with a ready file unused."""
+    from launchhelm.metrics._buffer import read_spool
+    from launchhelm.metrics._points import decode_chunks
+    from launchhelm.metrics._spool import Spool, recover_session
+    from launchhelm.storage import open_store
+
+    spool = Spool("run", "s", {}, directory=tmp_path / "spool")
+    rows = 0
+    used_ready = 0
+    # over two 8 MiB files, then on until a file is ready and waits (a session that dies then leaves it)
+    while rows < 500_000 or not spool._ready:
+        i = rows
+        spool.append(i, 0, 1.0, {"a": float(i)} if i % 7 else {"b": -float(i), "a": float(i)})
+        rows += 1
+        if i % 10_000 == 0:
+            before = spool._file
+            ready = bool(spool._ready)
+            spool.prepare()
+            used_ready += ready and spool._file == before
+    assert spool._file >= 2 and used_ready and spool._ready
+    end, names = spool.position(), spool.key_names()
+    steps, a_values, b_values = [], [], []
+    for piece in read_spool(spool.dir, "s", (0, 8), end, names, max_bytes=1 << 20):
+        step, _, _, kid, value = piece.buffer.columns()
+        keys = piece.buffer.keys.names
+        a = [keys[int(k)] == "a" for k in kid]
+        steps += [int(s) for s, is_a in zip(step, a, strict=True) if is_a]
+        a_values += [float(v) for v, is_a in zip(value, a, strict=True) if is_a]
+        b_values += [float(v) for v, is_a in zip(value, a, strict=True) if not is_a]
+    assert steps == list(range(rows))
+    assert a_values == [float(i) for i in range(rows)]
+    assert b_values == [-float(i) for i in range(0, rows, 7)]
+    spool.close(remove=False)  # as a killed session leaves it
+    store = open_store(str(tmp_path / "store"))
+    assert recover_session(store, "run", "s", spool.dir, lambda number: False) == rows + len(b_values)
+    table = decode_chunks(store.read(f"runs/run/metrics/{key}") for key in store.list("runs/run/metrics/"))
+    assert sorted(table.column("step").to_pylist()) == sorted(steps + list(range(0, rows, 7)))
