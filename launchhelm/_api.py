@@ -27,6 +27,7 @@ from launchhelm.metrics._project import (
     SettledRun,
     eval_dirs,
     list_project,
+    project_frame,
     publish,
 )
 from launchhelm.metrics._read import PointReader
@@ -969,7 +970,11 @@ class Api:
             if not isinstance(runs, Collection) or not all(isinstance(r, str) for r in runs):
                 raise InvalidTypeError(f"runs={runs!r}: give a list of run ids (strings), or None for every run")
         read = read_project(self.store, project, list(runs) if runs is not None else None)
-        return _project_frame([(r.run_id, r.frame(keys, duplicates)) for r in read])
+        parts = [(r.run_id, r.points, [(w.attempt, w.to_step) for w in r.rewinds]) for r in read]
+        frame: pd.DataFrame | None = project_frame(parts, keys, duplicates)
+        if frame is None:  # a run with nothing to show: concat's rules for empty frames, run by run
+            frame = _project_frame([(r.run_id, r.frame(keys, duplicates)) for r in read])
+        return frame
 
     def build_project_history(self, project: str) -> int:
         """Publish a new generation of the project dataset now; return how many runs it holds.

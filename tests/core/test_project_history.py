@@ -36,7 +36,9 @@ from launchhelm.storage._keys import (
 PROJECT = "sweep"
 
 
-def _per_run(api: lh.Api, project: str, keys: object = None, duplicates: str = "all", runs: object = None) -> pd.DataFrame:
+def _per_run(
+    api: lh.Api, project: str, keys: object = None, duplicates: str = "all", runs: object = None
+) -> pd.DataFrame:
     """The reference: each run's own ``RunHandle.history``, newest first (what Api.history did before)."""
     ids = api.run_ids(project) if runs is None else list(runs)  # type: ignore[call-overload]
     handles = [api.run(r) for r in ids]
@@ -123,7 +125,9 @@ def test_the_project_dataset_reads_exactly_as_each_run_does(two_backends: str) -
     _same(api)
     assert api.history(PROJECT, runs=[scored])["eval/acc"].notna().sum() == 1
     # a store written before the dataset (or with it deleted) reads the same, run by run
-    api.store.delete_many([f"{project_history_prefix(PROJECT)}/{k}" for k in api.store.list(project_history_prefix(PROJECT))])
+    api.store.delete_many(
+        [f"{project_history_prefix(PROJECT)}/{k}" for k in api.store.list(project_history_prefix(PROJECT))]
+    )
     assert _vouched(api.store) == set()
     pd.testing.assert_frame_equal(read_and_never_write(api), _per_run(api, PROJECT))
 
@@ -142,7 +146,11 @@ def test_a_damaged_or_missing_manifest_or_segment_falls_back_to_each_runs_own_re
     manifest = Path(store) / project_history_manifest_key(PROJECT, listing.newest)
     good = manifest.read_bytes()
     reference = _per_run(api, PROJECT)
-    for damage in [b"{not json", b'{"format": "launchhelm.project-history/99", "generation": 1}', good[: len(good) // 2]]:
+    for damage in [
+        b"{not json",
+        b'{"format": "launchhelm.project-history/99", "generation": 1}',
+        good[: len(good) // 2],
+    ]:
         manifest.write_bytes(damage)
         assert _vouched(api.store) == set()
         pd.testing.assert_frame_equal(read_and_never_write(api), reference)
@@ -236,3 +244,47 @@ def test_compact_project_builds_the_dataset_from_the_command_line(
     assert _vouched(lh.Api(store).store) == set(settled)
     assert os.path.isdir(Path(store) / project_history_prefix(PROJECT) / "segments")
     assert _project.BUILD_AFTER > 2  # so the read above would not have built it by itself
+
+
+def test_many_runs_pivot_in_one_pass_exactly_as_run_by_run() -> None:
+    import numpy as np
+    import pyarrow as pa
+
+    from launchhelm._api import ProjectRun
+    from launchhelm._types import Rewind
+    from launchhelm.metrics._project import project_frame
+    from launchhelm.metrics._segments import points_schema
+
+    rng = np.random.default_rng(7)
+    runs = []
+    for i in range(40):
+        n = int(rng.integers(3, 60))
+        step = rng.integers(0, 12, n)
+        attempt = np.sort(rng.integers(0, 3, n)).astype(np.int32)  # attempts arrive in order
+        names = rng.choice(["loss", "acc", "lr", f"k{i % 4}", "eval/x"], n)
+        names[:3] = rng.permutation(["loss", "acc", "lr"])  # every run logs these, first in its own order
+        value = np.where(rng.random(n) < 0.05, np.nan, rng.normal(size=n))
+        table = pa.Table.from_arrays(
+            [
+                pa.array(step),
+                pa.array(attempt),
+                pa.array(1.7e9 + rng.random(n) * 1e4),
+                pa.array(names),
+                pa.array(value),
+            ],
+            schema=points_schema(),
+        )
+        rewinds = [
+            Rewind(to_step=int(rng.integers(0, 10)), reached=12, cause="t", checkpoint=None, attempt=a)
+            for a in (1, 2)
+            if i % 3 and (attempt >= a).any()
+        ]
+        runs.append(ProjectRun(f"r{i:02d}", "n", float(i), "closed", 1, rewinds, table))
+    for keys in (None, ["lr", "loss", "nope"], "acc"):
+        for duplicates in ("all", "last"):
+            parts = [(r.run_id, r.points, [(w.attempt, w.to_step) for w in r.rewinds]) for r in runs]
+            fast = project_frame(parts, keys, duplicates)
+            slow = _project_frame([(r.run_id, r.frame(keys, duplicates)) for r in runs])
+            pd.testing.assert_frame_equal(fast, slow)
+    # a run with nothing to show: concat's own rules for empty frames apply, so the caller goes run by run
+    assert project_frame([("a", runs[0].points, []), ("b", runs[1].points.slice(0, 0), [])]) is None
