@@ -57,7 +57,7 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["Api", "RunHandle", "RunView"]
+__all__ = ["Api", "ProjectReader", "ProjectRun", "RunHandle", "RunView", "read_project", "settled_views"]
 
 
 @dataclass(frozen=True)

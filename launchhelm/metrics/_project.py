@@ -604,6 +604,7 @@ def project_frame(
                     columns.setdefault(c, None)
 
     # rows: (run, step, attempt) or (run, step), sorted
+    ks: tuple[Any, ...]
     if duplicates == "all":
         by = np.lexsort((attempt, step, run))
         ks = (run[by], step[by], attempt[by])
