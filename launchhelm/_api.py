@@ -32,7 +32,7 @@ from launchhelm.metrics._project import (
 )
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
-from launchhelm.metrics._spool import recover_run, recover_runs
+from launchhelm.metrics._spool import recover_run, spool_root
 from launchhelm.metrics._system import STREAMS, default_points, system_frame
 from launchhelm.runlog._checkpoints import checkpoint_record
 from launchhelm.runlog._control import ACTIONS, check_tunable_changes, in_force
@@ -49,7 +49,7 @@ from launchhelm.runlog._liveness import requester
 from launchhelm.runlog._runinfo import furthest_step, read_run_record
 from launchhelm.runlog._sessions import Liveness, liveness, run_status
 from launchhelm.runlog._summary import run_rows
-from launchhelm.runlog._table import project_rows
+from launchhelm.runlog._table import mark_row, project_rows
 from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import PROJECTS, parse_project_listing, project_runs_prefix
 
@@ -149,7 +149,7 @@ class RunHandle:
         nothing), so a handle made while the run trained sees the points its
         process logged in its last seconds once that process is gone.
         """
-        recover_run(self._store, self.id)
+        recover_points(self._store, self.project, [self.id])
 
     def _state(self) -> RunState:
         self._recover()
@@ -629,6 +629,22 @@ def _in_parallel(calls: Sequence[Any]) -> list[Any]:
         return list(pool.map(lambda call: call(), calls))
 
 
+def recover_points(store: Store, project: str, run_ids: Sequence[str]) -> set[str]:
+    """Upload what sessions killed on this host spooled for ``run_ids``; return the runs that got points.
+
+    Such a run changed without a session: its row marker is touched, so the
+    runs table's index and the project's history dataset (which both trust
+    a run only while its marker is unchanged) read it afresh, on any host.
+    """
+    root = spool_root()
+    if not root.is_dir():
+        return set()
+    changed = {r for r in run_ids if (root / r).is_dir() and recover_run(store, r, root)}
+    for run_id in changed:
+        mark_row(store, project, run_id, "recovered", "recovered")
+    return changed
+
+
 @dataclass(frozen=True)
 class _Rewound:
     """The part of a run's state :func:`abandoned_mask` reads: its rewinds' attempts and steps."""
@@ -734,7 +750,7 @@ def read_project(
     listing = list_project(store, project)
     wanted = listing.run_ids if runs is None else runs
     # a session killed on this host: its spooled points go up first, and its run is read by itself
-    recovered = {r for r in dict.fromkeys(wanted) if recover_run(store, r)}
+    recovered = recover_points(store, project, [r for r in dict.fromkeys(wanted) if r in set(listing.run_ids)])
     found = {r: _from_dataset(e, t) for r, (e, t) in reader.read(listing, wanted, recovered).items()}
     rest = [r for r in dict.fromkeys(wanted) if r not in found]
     if rest:
@@ -913,7 +929,7 @@ class Api:
 
         validate_project(project)
         run_ids = self.run_ids(project)
-        recover_runs(self.store, run_ids)  # sessions killed on this host: their last points first
+        recover_points(self.store, project, run_ids)  # sessions killed on this host: their last points first
         rows = [_timestamps(row) for row in project_rows(self.store, project, run_ids)]
         extra = sorted({k for row in rows for k in row if k.startswith("config.")})
         extra += sorted({k for row in rows for k in row if k.startswith("tunable.")})
