@@ -834,8 +834,10 @@ def settled_views(
     import pandas as pd
 
     listing = list_project(store, project)
+    listed = set(listing.run_ids)
+    recovered = recover_points(store, project, [r for r in run_ids if r in listed])
     views = {}
-    for run_id, (entry, points) in reader.read(listing, run_ids).items():
+    for run_id, (entry, points) in reader.read(listing, run_ids, recovered).items():
         run = _from_dataset(entry, points)
         summary = {
             "id": run.run_id,
@@ -969,6 +971,18 @@ class Api:
             sorted by step then attempt. A metric a run never logged is NaN
             in its rows.
 
+        Notes
+        -----
+        Settled runs (closed, or their last session ended) are read from the
+        project's history dataset: a few requests for all of them, whatever
+        their number. Every other run, and any run changed since the dataset
+        was built (resumed, scored by an evaluation), is read by itself, so
+        the answer is always each run's own :meth:`RunHandle.history`. Once
+        a call has read 8 settled runs by themselves, it publishes a new
+        generation of the dataset holding them (when the store lets it
+        write); ``launchhelm compact --project P`` does it ahead of time.
+        See ``docs/storage.md``, "A project's history in a few segments".
+
         Examples
         --------
         >>> frame = lh.Api().history("quickstart", keys=["loss"])   # doctest: +SKIP
@@ -993,7 +1007,7 @@ class Api:
         return frame
 
     def build_project_history(self, project: str) -> int:
-        """Publish a new generation of the project dataset now; return how many runs it holds.
+        """Bring the project's history dataset up to date now; return how many runs its newest generation holds.
 
         What ``launchhelm compact --project P`` does: reads every settled run
         (last session ended, or closed) the dataset does not hold yet, one by
