@@ -85,7 +85,7 @@ def _vouched(store: lh.storage.Store) -> set[str]:
     return set(reader.read(list_project(store, PROJECT), lh.Api(store).run_ids(PROJECT)))
 
 
-@pytest.fixture(params=["local", "s3"])
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.slow)])
 def two_backends(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return make_store_url(request.param, tmp_path, request)
 
@@ -188,7 +188,7 @@ def test_the_compare_chart_reads_settled_runs_from_the_dataset(tmp_path: Path) -
     from launchhelm.widgets import CompareChart
 
     store = str(tmp_path / "store")
-    settled = [_settled_run(store, i, rewind=i == 1) for i in range(8)]
+    settled = [_settled_run(store, i, rewind=i == 1, close=i != 3) for i in range(8)]
     api = lh.Api(store)
     api.build_project_history(PROJECT)
     chart = CompareChart(PROJECT, runs=settled, store=api)
@@ -196,6 +196,15 @@ def test_the_compare_chart_reads_settled_runs_from_the_dataset(tmp_path: Path) -
         assert chart._from_dataset == set(settled)
         pd.testing.assert_frame_equal(chart.history(), _per_run(api, PROJECT, runs=settled))
         assert [r.to_step for r in chart._views[settled[1]].rewinds] == [5]
+        resumed = lh.init(PROJECT, store=store, resume=settled[3], flush_interval=3600, system_metrics=False)
+        resumed.global_step = 50
+        resumed.log({"loss": 0.25})
+        resumed.flush()
+        chart.refresh()  # the resumed run is read by itself from now on, live
+        assert chart._from_dataset == set(settled) - {settled[3]}
+        pd.testing.assert_frame_equal(chart.history(), _per_run(api, PROJECT, runs=settled))
+        assert 0.25 in chart.history().query(f"run == '{settled[3]}'")["loss"].tolist()
+        resumed.finish()
     finally:
         chart.close()
 
