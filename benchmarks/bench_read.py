@@ -23,7 +23,7 @@ requests; ``Api.runs()`` over 1,000 runs in <= 3 s; a live poll in <= 5
 requests; local: 43,200-flush history in <= 0.5 s. Issue 25: ``Api.history(project)`` over
 1,000 settled runs in <= 3 s and <= 100 requests.
 
-    python benchmarks/bench_read.py                      # everything (about 10 minutes here)
+    python benchmarks/bench_read.py                      # everything (about 15 minutes here)
     python benchmarks/bench_read.py --flushes 500 --runs 100 --quick
 """
 
