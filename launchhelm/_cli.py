@@ -153,6 +153,9 @@ def _cmd_compact(args: argparse.Namespace) -> int:
     from launchhelm.metrics._layout import list_metrics, read_manifest
 
     api = Api(args.store)
+    if not args.run and args.project is None:
+        print("launchhelm compact: give run ids, or --project P (or both)", file=sys.stderr)
+        return 2
     api.store.require_coordination("compacting a run's metrics")
     for run_id in args.run:
         api.run(run_id)  # RunNotFoundError before any write
@@ -166,6 +169,12 @@ def _cmd_compact(args: argparse.Namespace) -> int:
         print(
             f"run {run_id}: compacted {result.chunks} chunks; its points are in {where}"
             + (f"; deleted {result.deleted} objects past the grace period" if result.deleted else "")
+        )
+    if args.project is not None:
+        held = api.build_project_history(args.project)
+        print(
+            f"project {args.project}: its history dataset holds {held} settled runs "
+            "(runs still running, or stopped without ending their session, are read by themselves)"
         )
     return 0
 
@@ -239,7 +248,7 @@ _EXAMPLES = {
     "show": "examples:\n  launchhelm show 1o5sxsjc --events",
     "tune": "examples:\n  launchhelm tune 1o5sxsjc lr=1e-4 grad_clip=0.5",
     "control": "examples:\n  launchhelm control 1o5sxsjc pause\n  launchhelm control 1o5sxsjc checkpoint",
-    "compact": "examples:\n  launchhelm compact 1o5sxsjc",
+    "compact": "examples:\n  launchhelm compact 1o5sxsjc\n  launchhelm compact --project quickstart",
     "recover": "examples:\n  launchhelm recover  # every run this host spooled",
     "compare": "examples:\n  launchhelm compare 1o5sxsjc 7k2m0qpz --keys train/loss,eval/accuracy",
     "logs": "examples:\n  launchhelm logs 1o5sxsjc --follow --tail 20",
@@ -283,7 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     compact = sub.add_parser(
         "compact", help="merge a run's metric chunks into Parquet segments now (finishes what a dead session left)"
     )
-    compact.add_argument("run", nargs="+")
+    compact.add_argument("run", nargs="*")
+    compact.add_argument(
+        "--project",
+        default=None,
+        help="also merge the project's settled runs into its history dataset (what Api.history(project) reads)",
+    )
     compact.set_defaults(func=_cmd_compact)
     recover = sub.add_parser(
         "recover", help="upload metrics a killed process on this host spooled but never flushed (all runs, or RUN)"

@@ -44,6 +44,7 @@ __all__ = [
     "manifest_name",
     "metrics_prefix",
     "new_index_name",
+    "new_project_segment_name",
     "new_segment_name",
     "parse_chunk_name",
     "parse_console_name",
@@ -57,6 +58,8 @@ __all__ = [
     "parse_segment_name",
     "parse_snapshot_name",
     "policy_patterns",
+    "project_history_manifest_key",
+    "project_history_prefix",
     "project_record_key",
     "project_run_marker",
     "project_runs_prefix",
@@ -69,6 +72,7 @@ __all__ = [
     "rule_prefix",
     "run_prefix",
     "run_record_key",
+    "score_chunk_dir",
     "score_chunk_key",
     "sessions_prefix",
     "snapshot_key",
@@ -227,9 +231,14 @@ def chunk_key(run_id: str, session_id: str, number: int, first_step: int, last_s
     return f"{metrics_prefix(run_id)}/{session_id}/{number:08d}-{first_step}-{last_step}{_ARROW}"
 
 
+def score_chunk_dir(checkpoint: str, attempt: int) -> str:
+    """``eval-<ckpt>-a<k:04d>``: the "session" folder an evaluation attempt's scores are written under."""
+    return f"{EVAL_CHUNK_PREFIX}{checkpoint}-a{attempt:04d}"
+
+
 def score_chunk_key(run_id: str, checkpoint: str, attempt: int, step: int) -> str:
     """``runs/<run>/metrics/eval-<ckpt>-a<k>/00000000-<s>-<s>.arrow``: an evaluation attempt's scores."""
-    return chunk_key(run_id, f"{EVAL_CHUNK_PREFIX}{checkpoint}-a{attempt:04d}", 0, step, step)
+    return chunk_key(run_id, score_chunk_dir(checkpoint, attempt), 0, step, step)
 
 
 def parse_chunk_name(name: str) -> tuple[str, int, int, int] | None:
@@ -271,6 +280,28 @@ def parse_manifest_name(name: str) -> int | None:
         return int(name[len(_MANIFEST) : -len(_JSON)])
     except ValueError:
         return None
+
+
+# -- the project's history dataset ---------------------------------------------
+def project_history_prefix(project: str) -> str:
+    """``projects/<p>/history``: settled runs' metrics merged into a few segments, by generation."""
+    return f"{PROJECTS}/{project}/history"
+
+
+def project_history_manifest_key(project: str, generation: int) -> str:
+    """``projects/<p>/history/manifest-<gen:020d>.json``: generation ``gen`` of the project's dataset.
+
+    Listed names parse with :func:`parse_manifest_name` (the same shape as a run's manifests).
+    """
+    return f"{project_history_prefix(project)}/{manifest_name(generation)}"
+
+
+def new_project_segment_name(generation: int) -> str:
+    """``segments/<gen:020d>-<token>.parquet`` (relative to :func:`project_history_prefix`): never reused.
+
+    Listed names parse with :func:`parse_segment_name`.
+    """
+    return f"{SEGMENT_DIR}/{generation:020d}-{os.urandom(8).hex()}{_PARQUET}"
 
 
 # -- console -----------------------------------------------------------------
@@ -414,6 +445,10 @@ ROWS: dict[str, Callable[[], str]] = {
     "runs/<run>/metrics/eval-<ckpt>-a<k>/00000000-<s>-<s>.arrow": lambda: score_chunk_key("run", "ckpt", 1, 5),
     "runs/<run>/metrics/segments/L<level>-<token>.parquet": lambda: f"{metrics_prefix('run')}/{new_segment_name(2)}",
     "runs/<run>/metrics/manifest-<seq:020d>.json": lambda: manifest_key("run", 7),
+    "projects/<p>/history/manifest-<gen:020d>.json": lambda: project_history_manifest_key("p", 7),
+    "projects/<p>/history/segments/<gen:020d>-<token>.parquet": lambda: (
+        f"{project_history_prefix('p')}/{new_project_segment_name(7)}"
+    ),
     "runs/<run>/console/<session>/<n:08d>.txt": lambda: console_key("run", "session", 3),
     "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
     "runs/<run>/artifacts/<id>/...": lambda: f"{artifact_prefix('run', 'id')}/model.pt",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import traitlets
 
-from launchhelm._api import Api, RunHandle, RunView
+from launchhelm._api import Api, ProjectReader, RunHandle, RunView, settled_views
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
 from launchhelm.runlog._events import validate_project
 from launchhelm.views._humanize import duration, local_time
@@ -179,6 +179,8 @@ class CompareChart(LiveWidget):
         self._handles: dict[str, RunHandle] = {}
         self._views: dict[str, RunView] = {}
         self._rows: dict[str, dict[str, Any]] = {}
+        self._project_reader = ProjectReader(self._api.store, project)
+        self._from_dataset: set[str] = set()  # runs whose view came from the project dataset
         self._shown: tuple[object, ...] | None = None
         self._last_snapshot: CompareSnapshot | None = None
         self._last_basis: tuple[object, ...] | None = None
@@ -231,8 +233,19 @@ class CompareChart(LiveWidget):
         return any(row.get("status") == "running" for row in self._rows.values())
 
     def _read(self) -> None:
-        """Each run's summary row and new points, the runs read concurrently (a few requests each)."""
-        handles = [self._handles[r] for r in self._run_ids]
+        """Each run's summary row and new points, the runs read concurrently (a few requests each).
+
+        Settled runs the project dataset holds are read from it, as
+        :meth:`Api.history` reads them (a few requests for all of them).
+        """
+        unread = [r for r in self._run_ids if r not in self._views]
+        if self._from_dataset or len(unread) > 1:
+            settled = settled_views(self._api.store, self.project, self._run_ids, self._keys, self._project_reader)
+            for run_id in self._from_dataset - set(settled):
+                self._views.pop(run_id, None)  # changed since (resumed, scored): read by itself again
+            self._from_dataset = set(settled)
+            self._views.update(settled)
+        handles = [self._handles[r] for r in self._run_ids if r not in self._from_dataset]
 
         def one(handle: RunHandle) -> tuple[str, RunView, dict[str, Any] | None]:
             view = handle.poll(keys=self._keys)
@@ -242,10 +255,16 @@ class CompareChart(LiveWidget):
                 row = handle.summary()
             return handle.id, view, row
 
+        def summary(handle: RunHandle) -> tuple[str, dict[str, Any]]:
+            return handle.id, handle.summary()
+
+        fresh = [partial(summary, self._handles[r]) for r in self._from_dataset if r not in self._rows]
         for run_id, view, row in _parallel([partial(one, h) for h in handles]):
             self._views[run_id] = view
             if row is not None:
                 self._rows[run_id] = row
+        for run_id, row in _parallel(fresh):
+            self._rows[run_id] = row
 
     def history(self) -> pd.DataFrame:
         """The compared runs' history as :meth:`Api.history` returns it (``run`` column first)."""
