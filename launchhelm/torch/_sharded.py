@@ -30,6 +30,7 @@ import torch
 
 from launchhelm._exceptions import CheckpointError
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+from launchhelm.storage import LocalStore
 from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm.torch import _dist
 from launchhelm.torch._manifest import (
@@ -53,6 +54,9 @@ __all__ = ["FORMAT_SHARDED", "has_dtensors", "load", "save"]
 
 _log = logging.getLogger("launchhelm")
 _READ_THREADS = 8
+#: Blocks (of BLOCK_SIZE) one read request covers: large enough to stream, small enough to spread
+#: a shard's reads over the threads (and an object store's connections).
+_PIECE_BLOCKS = 4
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (global offset, shape) of a chunk
 
@@ -392,18 +396,45 @@ def _publish(
 
 # -- loading ---------------------------------------------------------------------------------
 class _Source:
-    """Where a checkpoint's objects are read: a store prefix, or a local folder."""
+    """Where a checkpoint's objects are read: a store prefix, or a local folder.
 
-    def __init__(self, run: TorchRun, target: dict[str, Any]) -> None:
-        self.store = run._store
-        self.folder = Path(target["path"]) if target.get("path") else None
+    Local files (a folder, or a ``LocalStore``) are read with ``preadv`` straight into
+    the memory that keeps the bytes; other stores answer ranged GETs, copied in once.
+    """
+
+    def __init__(self, run: TorchRun | None, target: dict[str, Any], folder: Path | None = None) -> None:
+        self.store = run._store if run is not None else None
         self.prefix = str(target.get("key", "")).rsplit("/", 1)[0]
+        if folder is None and target.get("path"):
+            folder = Path(target["path"])
+        if folder is None and isinstance(self.store, LocalStore):
+            folder = self.store.root / self.prefix
+        self.folder = folder
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
 
-    def read(self, name: str, start: int, end: int) -> bytes:
+    def _fd(self, name: str) -> int:
+        with self._lock:
+            fd = self._fds.get(name)
+            if fd is None:
+                assert self.folder is not None
+                fd = self._fds[name] = os.open(self.folder / name, os.O_RDONLY)
+            return fd
+
+    def read_into(self, name: str, start: int, view: memoryview) -> int:
+        """Fill ``view`` with the object's bytes from ``start``; how many there were."""
         if self.folder is not None:
-            with open(self.folder / name, "rb", buffering=0) as f:
-                return os.pread(f.fileno(), end - start, start)
-        return self.store.read_range(f"{self.prefix}/{name}", start, end)
+            fd, done = self._fd(name), 0
+            while done < len(view):
+                n = os.preadv(fd, [view[done:]], start + done)
+                if n == 0:
+                    break
+                done += n
+            return done
+        assert self.store is not None
+        data = self.store.read_range(f"{self.prefix}/{name}", start, start + len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def whole(self, name: str) -> bytes:
         if self.folder is not None:
@@ -411,7 +442,14 @@ class _Source:
             if path.stat().st_size > MAX_MANIFEST_BYTES:
                 raise CheckpointError(f"{path} is larger than a manifest may be")
             return path.read_bytes()
+        assert self.store is not None
         return self.store.read(f"{self.prefix}/{name}")
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 @dataclass
@@ -486,25 +524,133 @@ def _plan_reads(entry: dict[str, Any], objects: list[str], block: int, box: Box,
     return reads
 
 
-def _do_read(source: _Source, read: _Read, where: str) -> None:
-    data = source.read(read.obj, read.start, read.end)
-    if len(data) != read.end - read.start:
-        raise CheckpointError(f"{where}: object {read.obj} is shorter than its record (truncated)")
-    for i, expected in enumerate(read.crcs):
-        block = memoryview(data)[i * read.block : (i + 1) * read.block]
-        if f"{crc64nvme(block):016x}" != expected:
-            at = read.start + i * read.block
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, without a copy."""
+    if t.numel() == 0:
+        return memoryview(bytearray())
+    view: memoryview = t.view(-1).view(torch.uint8).numpy().data
+    return view.cast("B")
+
+
+class _Reader:
+    """Runs planned reads in pieces on a thread pool, each block checked against its CRC64NVME.
+
+    Where the overlap a read fills is one contiguous run of both the saved chunk and
+    the destination (a shard that equals, or lies along the first dimension of, a saved
+    chunk: FSDP2's case, at any world size), its whole blocks are read straight into the
+    destination tensor and checked there; only a block that straddles the overlap's ends
+    goes through a block-sized scratch buffer. Any other overlap is read into one buffer
+    and copied out with its strides.
+    """
+
+    def __init__(self, source: _Source, where: str) -> None:
+        self.source = source
+        self.where = where
+
+    def _fill(self, obj: str, start: int, view: memoryview) -> None:
+        if self.source.read_into(obj, start, view) != len(view):
+            raise CheckpointError(f"{self.where}: object {obj} is shorter than its record (truncated)")
+
+    def _check(self, read: _Read, index: int, data: memoryview) -> None:
+        if f"{crc64nvme(data):016x}" != read.crcs[index]:
+            at = read.start + index * read.block
             raise CheckpointError(
-                f"{where}: object {read.obj} does not match its crc64nvme at bytes {at}..{at + len(block)}: corrupted"
+                f"{self.where}: object {read.obj} does not match its crc64nvme at bytes {at}..{at + len(data)}: "
+                "corrupted"
             )
-    if read.dest.numel() == 0:
-        return
-    count = read.strides[0] * (read.overlap[0] - 1) + 1 if read.overlap else 1
-    for stride, size in zip(read.strides[1:], read.overlap[1:], strict=True):
-        count += stride * (size - 1)
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)[read.first : read.first + count * read.dtype.itemsize]
-    src = flat.view(read.dtype).as_strided(read.overlap, read.strides)
-    read.dest.copy_(src)
+
+    def tasks(self, read: _Read) -> list[Any]:
+        """Callables that together read, check and place ``read``."""
+        size = read.dtype.itemsize
+        numel = math.prod(read.overlap)
+        count = read.strides[0] * (read.overlap[0] - 1) + 1 if read.overlap else 1
+        for stride, extent in zip(read.strides[1:], read.overlap[1:], strict=True):
+            count += stride * (extent - 1)
+        blocks = [
+            (i, read.start + i * read.block, min(read.start + (i + 1) * read.block, read.end))
+            for i in range(len(read.crcs))
+        ]
+        if numel and count == numel and read.dest.is_contiguous():
+            return self._direct(read, blocks, numel * size)
+        return self._strided(read, blocks, count * size)
+
+    def _direct(self, read: _Read, blocks: list[tuple[int, int, int]], nbytes: int) -> list[Any]:
+        out = _bytes_view(read.dest)
+        lo = read.start + read.first  # where the destination's bytes start in the object
+        hi = lo + nbytes
+        tasks: list[Any] = []
+        run: list[tuple[int, int, int]] = []
+
+        def direct(group: list[tuple[int, int, int]]) -> None:
+            first, last = group[0][1], group[-1][2]
+            target = out[first - lo : last - lo]
+            self._fill(read.obj, first, target)
+            for index, b0, b1 in group:
+                self._check(read, index, target[b0 - first : b1 - first])
+
+        def edge(index: int, b0: int, b1: int) -> None:
+            scratch = memoryview(bytearray(b1 - b0))
+            self._fill(read.obj, b0, scratch)
+            self._check(read, index, scratch)
+            a, b = max(b0, lo), min(b1, hi)
+            out[a - lo : b - lo] = scratch[a - b0 : b - b0]
+
+        for index, b0, b1 in blocks:
+            if lo <= b0 and b1 <= hi:
+                run.append((index, b0, b1))
+                if len(run) == _PIECE_BLOCKS:
+                    tasks.append(lambda g=run: direct(g))
+                    run = []
+                continue
+            if run:
+                tasks.append(lambda g=run: direct(g))
+                run = []
+            tasks.append(lambda i=index, b0=b0, b1=b1: edge(i, b0, b1))
+        if run:
+            tasks.append(lambda g=run: direct(g))
+        return tasks
+
+    def _strided(self, read: _Read, blocks: list[tuple[int, int, int]], span: int) -> list[Any]:
+        scratch = torch.empty(read.end - read.start, dtype=torch.uint8)
+        data = _bytes_view(scratch)
+        pieces = [blocks[i : i + _PIECE_BLOCKS] for i in range(0, len(blocks), _PIECE_BLOCKS)]
+        left = [len(pieces)]
+        lock = threading.Lock()
+
+        def piece(group: list[tuple[int, int, int]]) -> None:
+            first, last = group[0][1], group[-1][2]
+            target = data[first - read.start : last - read.start]
+            self._fill(read.obj, first, target)
+            for index, b0, b1 in group:
+                self._check(read, index, target[b0 - first : b1 - first])
+            with lock:
+                left[0] -= 1
+                done = left[0] == 0
+            if done and read.dest.numel():  # the last piece in places the overlap
+                flat = scratch[read.first : read.first + span]
+                read.dest.copy_(flat.view(read.dtype).as_strided(read.overlap, read.strides))
+
+        return [lambda g=group: piece(g) for group in pieces]
+
+    def run(self, reads: list[_Read]) -> None:
+        tasks = [task for read in reads for task in self.tasks(read)]
+        try:
+            if len(tasks) <= 1:
+                for task in tasks:
+                    task()
+                return
+            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(tasks))) as pool:
+                futures = [pool.submit(task) for task in tasks]
+                try:
+                    for future in futures:
+                        future.result()
+                finally:
+                    for future in futures:
+                        future.cancel()
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{self.where}: object {Path(str(exc.filename)).name} is missing") from None
+        finally:
+            self.source.close()
 
 
 def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, where: str) -> int:
@@ -587,9 +733,7 @@ def prepare(
         dest = torch.empty(box[1], dtype=dtype_named(entry["dtype"], key))
         fresh[key] = (t, dest, box)
         reads += _plan_reads(entry, objects, manifest["block_size"], box, dest)
-    with ThreadPoolExecutor(max_workers=max(1, min(_READ_THREADS, len(reads)))) as pool:
-        for future in [pool.submit(_do_read, source, r, f"checkpoint {where}") for r in reads]:
-            future.result()
+    _Reader(source, f"checkpoint {where}").run(reads)
 
     def tensor(key: str) -> Any:
         if key not in fresh:
@@ -754,10 +898,6 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
             raise CheckpointError(f"checkpoint {where}: {key} is {shape} there and {tuple(live[key].shape)} here")
         full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
         reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
-    source = _Source.__new__(_Source)
-    source.folder, source.prefix = folder, ""
-    with ThreadPoolExecutor(max_workers=max(1, min(_READ_THREADS, len(reads)))) as pool:
-        for future in [pool.submit(_do_read, source, r, f"checkpoint {where}") for r in reads]:
-            future.result()
+    _Reader(_Source(None, {}, folder), f"checkpoint {where}").run(reads)
     target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
     return model
