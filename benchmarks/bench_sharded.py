@@ -250,7 +250,7 @@ def worker(args: argparse.Namespace) -> None:
                     s = state(model, optimizer)
                     record(name, timed(lambda s=s: dcp.load(s, checkpoint_id=dcp_dir)), round_)
                     set_state_dict(model, optimizer, model_state_dict=s["m"], optim_state_dict=s["o"])
-        if world == 4:  # the 2-rank job's checkpoints, resharded onto 4 ranks
+        if world == 4 and (work / "store2").is_dir():  # the 2-rank job's checkpoints, resharded onto 4 ranks
             api = lh.Api(str(work / "store2"))
             [run_id] = api.run_ids("bench")
             folder = work / "store2" / "runs" / run_id / "artifacts" / api.run(run_id).checkpoints()[-1].id

@@ -479,6 +479,9 @@ class _Prepared:
     scaler: Any = None
     rng: dict[str, Any] = field(default_factory=dict)
     extra: Any = None
+    #: Reads already verified that fill live tensors in place once every rank agrees (local files only).
+    in_place: list[_Read] = field(default_factory=list)
+    reader: _Reader | None = None
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -546,6 +549,7 @@ class _Reader:
     def __init__(self, source: _Source, where: str) -> None:
         self.source = source
         self.where = where
+        self._local = threading.local()
 
     def _fill(self, obj: str, start: int, view: memoryview) -> None:
         if self.source.read_into(obj, start, view) != len(view):
@@ -559,6 +563,14 @@ class _Reader:
                 "corrupted"
             )
 
+    @staticmethod
+    def _blocks(read: _Read) -> list[tuple[int, int, int]]:
+        """(index, start, end) in the object of each block ``read`` covers."""
+        return [
+            (i, read.start + i * read.block, min(read.start + (i + 1) * read.block, read.end))
+            for i in range(len(read.crcs))
+        ]
+
     def tasks(self, read: _Read) -> list[Any]:
         """Callables that together read, check and place ``read``."""
         size = read.dtype.itemsize
@@ -566,10 +578,7 @@ class _Reader:
         count = read.strides[0] * (read.overlap[0] - 1) + 1 if read.overlap else 1
         for stride, extent in zip(read.strides[1:], read.overlap[1:], strict=True):
             count += stride * (extent - 1)
-        blocks = [
-            (i, read.start + i * read.block, min(read.start + (i + 1) * read.block, read.end))
-            for i in range(len(read.crcs))
-        ]
+        blocks = self._blocks(read)
         if numel and count == numel and read.dest.is_contiguous():
             return self._direct(read, blocks, numel * size)
         return self._strided(read, blocks, count * size)
@@ -632,8 +641,26 @@ class _Reader:
 
         return [lambda g=group: piece(g) for group in pieces]
 
-    def run(self, reads: list[_Read]) -> None:
+    def _verify(self, read: _Read) -> list[Any]:
+        """Tasks that read ``read``'s blocks into a scratch buffer of their thread and check them, keeping nothing."""
+        blocks = self._blocks(read)
+
+        def piece(group: list[tuple[int, int, int]]) -> None:
+            first, last = group[0][1], group[-1][2]
+            scratch = getattr(self._local, "scratch", None)
+            if scratch is None or scratch.numel() < last - first:
+                scratch = self._local.scratch = torch.empty(last - first, dtype=torch.uint8)
+            target = _bytes_view(scratch)[: last - first]
+            self._fill(read.obj, first, target)
+            for index, b0, b1 in group:
+                self._check(read, index, target[b0 - first : b1 - first])
+
+        return [lambda g=blocks[i : i + _PIECE_BLOCKS]: piece(g) for i in range(0, len(blocks), _PIECE_BLOCKS)]
+
+    def run(self, reads: list[_Read], verify: list[_Read] | None = None) -> None:
+        """Read, check and place ``reads``; only read and check ``verify``. Raises CheckpointError."""
         tasks = [task for read in reads for task in self.tasks(read)]
+        tasks += [task for read in verify or () for task in self._verify(read)]
         try:
             if len(tasks) <= 1:
                 for task in tasks:
@@ -651,6 +678,17 @@ class _Reader:
             raise CheckpointError(f"{self.where}: object {Path(str(exc.filename)).name} is missing") from None
         finally:
             self.source.close()
+
+
+def _fits_in_place(local: torch.Tensor, dtype: torch.dtype, box: Box) -> bool:
+    """Whether a live local tensor can take a local file's bytes as they are (no cast, no device copy)."""
+    return (
+        local.device.type == "cpu"
+        and local.dtype == dtype
+        and local.layout == torch.strided
+        and local.is_contiguous()
+        and tuple(local.shape) == tuple(box[1])
+    )
 
 
 def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, where: str) -> int:
@@ -721,7 +759,9 @@ def prepare(
         )
     objects = [o["name"] for o in manifest["objects"]]
     reads: list[_Read] = []
+    in_place: list[_Read] = []
     fresh: dict[str, tuple[torch.Tensor, torch.Tensor, Box]] = {}
+    kept: dict[str, torch.Tensor] = {}
     for key, t in live.items():
         entry = saved[key]
         if list(entry["shape"]) != list(t.shape):
@@ -729,13 +769,21 @@ def prepare(
                 f"checkpoint {where}: {key} is {tuple(entry['shape'])} there and {tuple(t.shape)} in the live "
                 "state; nothing was read"
             )
-        box, _local = _box(t)
-        dest = torch.empty(box[1], dtype=dtype_named(entry["dtype"], key))
+        box, local = _box(t)
+        dtype = dtype_named(entry["dtype"], key)
+        if source.folder is not None and _fits_in_place(local, dtype, box):
+            kept[key] = t
+            in_place += _plan_reads(entry, objects, manifest["block_size"], box, local)
+            continue
+        dest = torch.empty(box[1], dtype=dtype)
         fresh[key] = (t, dest, box)
         reads += _plan_reads(entry, objects, manifest["block_size"], box, dest)
-    _Reader(source, f"checkpoint {where}").run(reads)
+    reader = _Reader(source, f"checkpoint {where}")
+    reader.run(reads, verify=in_place)
 
     def tensor(key: str) -> Any:
+        if key in kept:  # filled in place when applied
+            return kept[key]
         if key not in fresh:
             raise CheckpointError(f"checkpoint {where}: state refers to an unknown tensor {key!r}")
         live_t, dest, _unused = fresh[key]
@@ -763,6 +811,8 @@ def prepare(
         optimizer=decode_value(state.get("optimizer"), tensor, f"checkpoint {where}"),
         scheduler=decode_value(state.get("scheduler")),
         scaler=decode_value(state.get("scaler")),
+        in_place=in_place,
+        reader=reader,
     )
     if isinstance(prepared.bundle["tunables"], dict):
         prepared.bundle["tunables"] = dict(prepared.bundle["tunables"])
@@ -789,6 +839,9 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
     """Put a verified load's state into the model, optimizer, scheduler, scaler and RNG; its ``extra``."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    if prepared.in_place and prepared.reader is not None:
+        # every rank verified these bytes in prepare(); read again (and checked again) into the live shards
+        prepared.reader.run(prepared.in_place)
     with _run_hooks_off(run, optimizer):
         set_state_dict(model, optimizer, model_state_dict=prepared.model, optim_state_dict=prepared.optimizer)
     if run._scheduler is not None:
