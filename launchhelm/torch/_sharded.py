@@ -50,7 +50,7 @@ from launchhelm.torch._rng import restore_rng, validate_rng
 if TYPE_CHECKING:
     from launchhelm.torch._run import TorchRun
 
-__all__ = ["FORMAT_SHARDED", "has_dtensors", "load", "save"]
+__all__ = ["FORMAT_SHARDED", "Survey", "has_dtensors", "load", "save", "survey"]
 
 _log = logging.getLogger("launchhelm")
 _READ_THREADS = 8
@@ -185,20 +185,22 @@ def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Te
     return {"name": key.rsplit("/", 1)[-1], "size": position, CRC64NVME: f"{whole:016x}", "chunks": records}
 
 
-def save(
-    run: TorchRun,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    records: list[dict[str, Any]],
-    blocking: bool = True,
-) -> str | None:
-    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
+@dataclass
+class Survey:
+    """What one rank holds to save: taken before the save's one gather, which carries :meth:`shared`."""
 
-    ``blocking=False``: each rank copies its chunks into host buffers reused
-    from save to save and returns; a thread per rank writes them and commits
-    (one save in flight: the next save waits for it).
-    """
-    rank, world = run._rank, run._world
+    offer: list[list[Any]]  # [key, dtype, global shape, offset, local shape, nbytes] per tensor
+    problem: str | None
+    artifact: str | None  # rank 0's new id; None elsewhere
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: Any = None
+
+    def shared(self) -> tuple[list[list[Any]], str | None, str | None]:
+        return self.offer, self.problem, self.artifact
+
+
+def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Survey:
+    """This rank's state dicts and what it offers to write; never raises (a problem is reported)."""
     problem: str | None = None
     offer: list[list[Any]] = []
     tensors: dict[str, torch.Tensor] = {}
@@ -220,8 +222,35 @@ def save(
             offer.append([key, dtype_name(t.dtype), list(t.shape), list(offset), list(shape), nbytes])
     except Exception as exc:
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-    artifact = new_artifact_id(run._step) if rank == 0 else None
-    gathered = _dist.all_gather((offer, problem, artifact), world)
+    artifact = new_artifact_id(run._step) if run._rank == 0 else None
+    return Survey(offer, problem, artifact, tensors, state)
+
+
+def save(
+    run: TorchRun,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    records: list[dict[str, Any]],
+    blocking: bool = True,
+    surveyed: Survey | None = None,
+) -> str | None:
+    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
+
+    ``surveyed``: this rank's :func:`survey`, taken before ``records`` were
+    gathered, each record carrying its rank's ``Survey.shared()`` as
+    ``"shards"``; without it the survey is taken and gathered here.
+
+    ``blocking=False``: each rank copies its chunks into host buffers reused
+    from save to save and returns; a thread per rank writes them and commits
+    (one save in flight: the next save waits for it).
+    """
+    rank, world = run._rank, run._world
+    mine_survey = surveyed if surveyed is not None else survey(run, model, optimizer)
+    tensors, state = mine_survey.tensors, mine_survey.state
+    if surveyed is not None:
+        gathered = [tuple(r["shards"]) for r in records]
+    else:
+        gathered = _dist.all_gather(mine_survey.shared(), world)
     artifact = gathered[0][2]
     failed = [f"rank {r}: {g[1]}" for r, g in enumerate(gathered) if g[1]]
     if not failed:
