@@ -1,6 +1,6 @@
 """Benchmark of sharded checkpoints (format /3) on 2 and 4 gloo ranks, beside their baselines.
 
-    python benchmarks/bench_sharded.py [--size-mb 1200] [--repeat 3] [--s3-size-mb 240]
+    python benchmarks/bench_sharded.py [--size-mb 1200] [--repeat 3] [--s3-size-mb 160]
 
 Launches itself under ``torchrun --standalone`` with 2, then 4 ranks (CPU, gloo). Each job
 builds ``--layers`` square ``nn.Linear`` layers under FSDP2 (``fully_shard``) with AdamW after
@@ -337,7 +337,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--ranks", type=lambda v: [int(n) for n in v.split(",")], default=[2, 4], help="e.g. 2,4")
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--s3-size-mb", type=float, default=240.0, help="model+AdamW on S3 (0: skip S3)")
+    parser.add_argument("--s3-size-mb", type=float, default=160.0, help="model+AdamW on S3 (0: skip S3)")
     parser.add_argument("--s3-repeat", type=int, default=2)
     parser.add_argument("--dir", default=None, help="where the stores and files go (default: the temp dir)")
     parser.add_argument("--verbose", action="store_true", help="print each timed section")

@@ -347,8 +347,9 @@ class TorchRun(Run):
             "rng": capture_rng(),
             "extra": extra,
             "placement": _dist.placement(self._rank),
-            "shards": survey.shared() if survey is not None else None,
         }
+        if survey is not None:
+            mine["shards"] = survey.shared()
         records = _dist.all_gather(mine, self._world) if self._world > 1 else [mine]
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
