@@ -45,6 +45,7 @@ from launchhelm.torch._manifest import (
     object_name,
     validate_manifest,
 )
+from launchhelm.torch._records import LoadTarget, RankRecord
 from launchhelm.torch._rng import restore_rng, validate_rng
 
 if TYPE_CHECKING:
@@ -230,7 +231,7 @@ def save(
     run: TorchRun,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    records: list[dict[str, Any]],
+    records: list[RankRecord],
     blocking: bool = True,
     surveyed: Survey | None = None,
 ) -> str | None:
@@ -247,8 +248,9 @@ def save(
     rank, world = run._rank, run._world
     mine_survey = surveyed if surveyed is not None else survey(run, model, optimizer)
     tensors, state = mine_survey.tensors, mine_survey.state
+    gathered: list[tuple[list[list[Any]], str | None, str | None]]
     if surveyed is not None:
-        gathered = [tuple(r["shards"]) for r in records]
+        gathered = [r["shards"] for r in records]
     else:
         gathered = _dist.all_gather(mine_survey.shared(), world)
     artifact = gathered[0][2]
@@ -431,11 +433,11 @@ class _Source:
     the memory that keeps the bytes; other stores answer ranged GETs, copied in once.
     """
 
-    def __init__(self, run: TorchRun | None, target: dict[str, Any], folder: Path | None = None) -> None:
+    def __init__(self, run: TorchRun | None, target: LoadTarget | None, folder: Path | None = None) -> None:
         self.store = run._store if run is not None else None
-        self.prefix = str(target.get("key", "")).rsplit("/", 1)[0]
-        if folder is None and target.get("path"):
-            folder = Path(target["path"])
+        self.prefix = str(target.get("key", "")).rsplit("/", 1)[0] if target is not None else ""
+        if folder is None and target is not None and target.get("path"):
+            folder = Path(str(target["path"]))
         if folder is None and isinstance(self.store, LocalStore):
             folder = self.store.root / self.prefix
         self.folder = folder
@@ -758,7 +760,7 @@ def _check_placement(run: TorchRun, saved: Any, where: str) -> None:
 
 
 def prepare(
-    run: TorchRun, target: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
+    run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
 ) -> _Prepared:
     """Read, verify and decode everything this rank restores; nothing is applied."""
     where = target.get("checkpoint") or target.get("path") or "checkpoint"
@@ -882,7 +884,7 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
 
 
 def load(
-    run: TorchRun, target: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
+    run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
 ) -> tuple[dict[str, Any], Any]:
     """Every rank: prepare, agree, apply, agree (the fail-together rule); the bundle's step etc. and ``extra``."""
     prepared: _Prepared | None = None
@@ -980,6 +982,6 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
             raise CheckpointError(f"checkpoint {where}: {key} is {shape} there and {tuple(live[key].shape)} here")
         full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
         reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
-    _Reader(_Source(None, {}, folder), f"checkpoint {where}").run(reads)
+    _Reader(_Source(None, None, folder), f"checkpoint {where}").run(reads)
     target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
     return model
