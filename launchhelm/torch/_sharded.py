@@ -7,7 +7,9 @@ own, with a CRC64NVME per block; rank 0 writes a JSON manifest and publishes
 the ``checkpoint`` event, which is the commit. A load plans, from the
 manifest, the byte ranges that overlap the tensors this rank holds now, reads
 them concurrently, checks every block it read, and applies nothing until
-every rank has.
+every rank has. From local files the checked bytes are not kept: once every
+rank agrees they are read again, straight into the live shards, so a load
+holds no second copy of the state.
 """
 
 from __future__ import annotations
