@@ -20,7 +20,9 @@ Then, on S3 (a real ``moto_server`` on 127.0.0.1, started here, behind ``tests/h
 adding 20 ms to every request, an in-region S3 round trip), a smaller model of ``--s3-size-mb``
 (moto holds every object in its memory and runs on the same two cores): ``save_checkpoint()`` on
 an ``s3://`` store beside ``dcp.save`` with torch's fsspec writer (``FsspecWriter``) at its
-defaults. ``--s3-size-mb 0`` skips it.
+defaults. ``--s3-size-mb 0`` skips it. moto shares the machine's cores with the ranks and is
+itself the ceiling on a small machine (time a plain s3fs write beside it to see where it lies):
+the S3 figure says most where moto has cores to spare.
 
 Method: a time is the slowest rank's (every timed section starts after a barrier and ends with
 one). Memory pages freed a moment ago are fast to fill and memory left free for a few seconds is
