@@ -56,6 +56,8 @@ class RankRecord(TypedDict):
     rng: RngRecord
     extra: object
     placement: Placement
+    #: sharded saves only: the rank's offer, problem and (rank 0) new checkpoint id (``_sharded.Survey.shared``)
+    shards: NotRequired[tuple[list[list[Any]], str | None, str | None]]
 
 
 class ControlState(TypedDict):

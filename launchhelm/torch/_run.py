@@ -349,6 +349,8 @@ class TorchRun(Run):
         except CheckpointError as exc:
             problem = str(exc)
         _dist.barrier(self._world)
+        # sharded: what each rank holds travels in this one gather (a non-blocking save's only collective)
+        survey = _sharded.survey(self, model, optimizer) if self._sharded else None
         mine: RankRecord = {
             "rank": self._rank,
             "problem": problem,
@@ -356,12 +358,14 @@ class TorchRun(Run):
             "extra": extra,
             "placement": _dist.placement(self._rank),
         }
+        if survey is not None:
+            mine["shards"] = survey.shared()
         records = _dist.all_gather(mine, self._world) if self._world > 1 else [mine]
         problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
         if problems:
             raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=self.id, step=self._step)
         if self._sharded:  # every rank writes its own shards
-            return _sharded.save(self, model, optimizer, records, blocking)
+            return _sharded.save(self, model, optimizer, records, blocking, survey)
         artifact: str | None = None
         error: str | None = None
         if self._rank == 0:

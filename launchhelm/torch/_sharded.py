@@ -7,7 +7,9 @@ own, with a CRC64NVME per block; rank 0 writes a JSON manifest and publishes
 the ``checkpoint`` event, which is the commit. A load plans, from the
 manifest, the byte ranges that overlap the tensors this rank holds now, reads
 them concurrently, checks every block it read, and applies nothing until
-every rank has.
+every rank has. From local files the checked bytes are not kept: once every
+rank agrees they are read again, straight into the live shards, so a load
+holds no second copy of the state.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import torch
 
 from launchhelm._exceptions import CheckpointError
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+from launchhelm.storage import LocalStore
 from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm.torch import _dist
 from launchhelm.torch._manifest import (
@@ -50,10 +53,13 @@ from launchhelm.torch._rng import restore_rng, validate_rng
 if TYPE_CHECKING:
     from launchhelm.torch._run import TorchRun
 
-__all__ = ["FORMAT_SHARDED", "has_dtensors", "load", "save"]
+__all__ = ["FORMAT_SHARDED", "Survey", "has_dtensors", "load", "save", "survey"]
 
 _log = logging.getLogger("launchhelm")
 _READ_THREADS = 8
+#: Blocks (of BLOCK_SIZE) one read request covers: large enough to stream, small enough to spread
+#: a shard's reads over the threads (and an object store's connections).
+_PIECE_BLOCKS = 4
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (global offset, shape) of a chunk
 
@@ -182,20 +188,22 @@ def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Te
     return {"name": key.rsplit("/", 1)[-1], "size": position, CRC64NVME: f"{whole:016x}", "chunks": records}
 
 
-def save(
-    run: TorchRun,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
-    records: list[RankRecord],
-    blocking: bool = True,
-) -> str | None:
-    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
+@dataclass
+class Survey:
+    """What one rank holds to save: taken before the save's one gather, which carries :meth:`shared`."""
 
-    ``blocking=False``: each rank copies its chunks into host buffers reused
-    from save to save and returns; a thread per rank writes them and commits
-    (one save in flight: the next save waits for it).
-    """
-    rank, world = run._rank, run._world
+    offer: list[list[Any]]  # [key, dtype, global shape, offset, local shape, nbytes] per tensor
+    problem: str | None
+    artifact: str | None  # rank 0's new id; None elsewhere
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: Any = None
+
+    def shared(self) -> tuple[list[list[Any]], str | None, str | None]:
+        return self.offer, self.problem, self.artifact
+
+
+def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Survey:
+    """This rank's state dicts and what it offers to write; never raises (a problem is reported)."""
     problem: str | None = None
     offer: list[list[Any]] = []
     tensors: dict[str, torch.Tensor] = {}
@@ -217,8 +225,36 @@ def save(
             offer.append([key, dtype_name(t.dtype), list(t.shape), list(offset), list(shape), nbytes])
     except Exception as exc:
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-    artifact = new_artifact_id(run._step) if rank == 0 else None
-    gathered = _dist.all_gather((offer, problem, artifact), world)
+    artifact = new_artifact_id(run._step) if run._rank == 0 else None
+    return Survey(offer, problem, artifact, tensors, state)
+
+
+def save(
+    run: TorchRun,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    records: list[RankRecord],
+    blocking: bool = True,
+    surveyed: Survey | None = None,
+) -> str | None:
+    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
+
+    ``surveyed``: this rank's :func:`survey`, taken before ``records`` were
+    gathered, each record carrying its rank's ``Survey.shared()`` as
+    ``"shards"``; without it the survey is taken and gathered here.
+
+    ``blocking=False``: each rank copies its chunks into host buffers reused
+    from save to save and returns; a thread per rank writes them and commits
+    (one save in flight: the next save waits for it).
+    """
+    rank, world = run._rank, run._world
+    mine_survey = surveyed if surveyed is not None else survey(run, model, optimizer)
+    tensors, state = mine_survey.tensors, mine_survey.state
+    gathered: list[tuple[list[list[Any]], str | None, str | None]]
+    if surveyed is not None:
+        gathered = [r["shards"] for r in records]
+    else:
+        gathered = _dist.all_gather(mine_survey.shared(), world)
     artifact = gathered[0][2]
     failed = [f"rank {r}: {g[1]}" for r, g in enumerate(gathered) if g[1]]
     if not failed:
@@ -393,18 +429,45 @@ def _publish(
 
 # -- loading ---------------------------------------------------------------------------------
 class _Source:
-    """Where a checkpoint's objects are read: a store prefix, or a local folder."""
+    """Where a checkpoint's objects are read: a store prefix, or a local folder.
 
-    def __init__(self, run: TorchRun, target: LoadTarget) -> None:
-        self.store = run._store
-        self.folder = Path(target["path"]) if target.get("path") else None
-        self.prefix = str(target.get("key", "")).rsplit("/", 1)[0]
+    Local files (a folder, or a ``LocalStore``) are read with ``preadv`` straight into
+    the memory that keeps the bytes; other stores answer ranged GETs, copied in once.
+    """
 
-    def read(self, name: str, start: int, end: int) -> bytes:
+    def __init__(self, run: TorchRun | None, target: LoadTarget | None, folder: Path | None = None) -> None:
+        self.store = run._store if run is not None else None
+        self.prefix = str(target.get("key", "")).rsplit("/", 1)[0] if target is not None else ""
+        if folder is None and target is not None and target.get("path"):
+            folder = Path(str(target["path"]))
+        if folder is None and isinstance(self.store, LocalStore):
+            folder = self.store.root / self.prefix
+        self.folder = folder
+        self._fds: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def _fd(self, name: str) -> int:
+        with self._lock:
+            fd = self._fds.get(name)
+            if fd is None:
+                assert self.folder is not None
+                fd = self._fds[name] = os.open(self.folder / name, os.O_RDONLY)
+            return fd
+
+    def read_into(self, name: str, start: int, view: memoryview) -> int:
+        """Fill ``view`` with the object's bytes from ``start``; how many there were."""
         if self.folder is not None:
-            with open(self.folder / name, "rb", buffering=0) as f:
-                return os.pread(f.fileno(), end - start, start)
-        return self.store.read_range(f"{self.prefix}/{name}", start, end)
+            fd, done = self._fd(name), 0
+            while done < len(view):
+                n = os.preadv(fd, [view[done:]], start + done)
+                if n == 0:
+                    break
+                done += n
+            return done
+        assert self.store is not None
+        data = self.store.read_range(f"{self.prefix}/{name}", start, start + len(view))
+        view[: len(data)] = data
+        return len(data)
 
     def whole(self, name: str) -> bytes:
         if self.folder is not None:
@@ -412,7 +475,14 @@ class _Source:
             if path.stat().st_size > MAX_MANIFEST_BYTES:
                 raise CheckpointError(f"{path} is larger than a manifest may be")
             return path.read_bytes()
+        assert self.store is not None
         return self.store.read(f"{self.prefix}/{name}")
+
+    def close(self) -> None:
+        with self._lock:
+            fds, self._fds = self._fds, {}
+        for fd in fds.values():
+            os.close(fd)
 
 
 @dataclass
@@ -442,6 +512,9 @@ class _Prepared:
     scaler: Any = None
     rng: dict[str, Any] = field(default_factory=dict)
     extra: Any = None
+    #: Reads already verified that fill live tensors in place once every rank agrees (local files only).
+    in_place: list[_Read] = field(default_factory=list)
+    reader: _Reader | None = None
 
 
 def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
@@ -487,25 +560,168 @@ def _plan_reads(entry: dict[str, Any], objects: list[str], block: int, box: Box,
     return reads
 
 
-def _do_read(source: _Source, read: _Read, where: str) -> None:
-    data = source.read(read.obj, read.start, read.end)
-    if len(data) != read.end - read.start:
-        raise CheckpointError(f"{where}: object {read.obj} is shorter than its record (truncated)")
-    for i, expected in enumerate(read.crcs):
-        block = memoryview(data)[i * read.block : (i + 1) * read.block]
-        if f"{crc64nvme(block):016x}" != expected:
-            at = read.start + i * read.block
+def _bytes_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, writable, without a copy."""
+    if t.numel() == 0:
+        return memoryview(bytearray())
+    view: memoryview = t.view(-1).view(torch.uint8).numpy().data
+    return view.cast("B")
+
+
+class _Reader:
+    """Runs planned reads in pieces on a thread pool, each block checked against its CRC64NVME.
+
+    Where the overlap a read fills is one contiguous run of both the saved chunk and
+    the destination (a shard that equals, or lies along the first dimension of, a saved
+    chunk: FSDP2's case, at any world size), its whole blocks are read straight into the
+    destination tensor and checked there; only a block that straddles the overlap's ends
+    goes through a block-sized scratch buffer. Any other overlap is read into one buffer
+    and copied out with its strides.
+    """
+
+    def __init__(self, source: _Source, where: str) -> None:
+        self.source = source
+        self.where = where
+        self._local = threading.local()
+
+    def _fill(self, obj: str, start: int, view: memoryview) -> None:
+        if self.source.read_into(obj, start, view) != len(view):
+            raise CheckpointError(f"{self.where}: object {obj} is shorter than its record (truncated)")
+
+    def _check(self, read: _Read, index: int, data: memoryview) -> None:
+        if f"{crc64nvme(data):016x}" != read.crcs[index]:
+            at = read.start + index * read.block
             raise CheckpointError(
-                f"{where}: object {read.obj} does not match its crc64nvme at bytes {at}..{at + len(block)}: corrupted"
+                f"{self.where}: object {read.obj} does not match its crc64nvme at bytes {at}..{at + len(data)}: "
+                "corrupted"
             )
-    if read.dest.numel() == 0:
-        return
-    count = read.strides[0] * (read.overlap[0] - 1) + 1 if read.overlap else 1
-    for stride, size in zip(read.strides[1:], read.overlap[1:], strict=True):
-        count += stride * (size - 1)
-    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)[read.first : read.first + count * read.dtype.itemsize]
-    src = flat.view(read.dtype).as_strided(read.overlap, read.strides)
-    read.dest.copy_(src)
+
+    @staticmethod
+    def _blocks(read: _Read) -> list[tuple[int, int, int]]:
+        """(index, start, end) in the object of each block ``read`` covers."""
+        return [
+            (i, read.start + i * read.block, min(read.start + (i + 1) * read.block, read.end))
+            for i in range(len(read.crcs))
+        ]
+
+    def tasks(self, read: _Read) -> list[Any]:
+        """Callables that together read, check and place ``read``."""
+        size = read.dtype.itemsize
+        numel = math.prod(read.overlap)
+        count = read.strides[0] * (read.overlap[0] - 1) + 1 if read.overlap else 1
+        for stride, extent in zip(read.strides[1:], read.overlap[1:], strict=True):
+            count += stride * (extent - 1)
+        blocks = self._blocks(read)
+        if numel and count == numel and read.dest.is_contiguous():
+            return self._direct(read, blocks, numel * size)
+        return self._strided(read, blocks, count * size)
+
+    def _direct(self, read: _Read, blocks: list[tuple[int, int, int]], nbytes: int) -> list[Any]:
+        out = _bytes_view(read.dest)
+        lo = read.start + read.first  # where the destination's bytes start in the object
+        hi = lo + nbytes
+        tasks: list[Any] = []
+        run: list[tuple[int, int, int]] = []
+
+        def direct(group: list[tuple[int, int, int]]) -> None:
+            first, last = group[0][1], group[-1][2]
+            target = out[first - lo : last - lo]
+            self._fill(read.obj, first, target)
+            for index, b0, b1 in group:
+                self._check(read, index, target[b0 - first : b1 - first])
+
+        def edge(index: int, b0: int, b1: int) -> None:
+            scratch = memoryview(bytearray(b1 - b0))
+            self._fill(read.obj, b0, scratch)
+            self._check(read, index, scratch)
+            a, b = max(b0, lo), min(b1, hi)
+            out[a - lo : b - lo] = scratch[a - b0 : b - b0]
+
+        for index, b0, b1 in blocks:
+            if lo <= b0 and b1 <= hi:
+                run.append((index, b0, b1))
+                if len(run) == _PIECE_BLOCKS:
+                    tasks.append(lambda g=run: direct(g))
+                    run = []
+                continue
+            if run:
+                tasks.append(lambda g=run: direct(g))
+                run = []
+            tasks.append(lambda i=index, b0=b0, b1=b1: edge(i, b0, b1))
+        if run:
+            tasks.append(lambda g=run: direct(g))
+        return tasks
+
+    def _strided(self, read: _Read, blocks: list[tuple[int, int, int]], span: int) -> list[Any]:
+        scratch = torch.empty(read.end - read.start, dtype=torch.uint8)
+        data = _bytes_view(scratch)
+        pieces = [blocks[i : i + _PIECE_BLOCKS] for i in range(0, len(blocks), _PIECE_BLOCKS)]
+        left = [len(pieces)]
+        lock = threading.Lock()
+
+        def piece(group: list[tuple[int, int, int]]) -> None:
+            first, last = group[0][1], group[-1][2]
+            target = data[first - read.start : last - read.start]
+            self._fill(read.obj, first, target)
+            for index, b0, b1 in group:
+                self._check(read, index, target[b0 - first : b1 - first])
+            with lock:
+                left[0] -= 1
+                done = left[0] == 0
+            if done and read.dest.numel():  # the last piece in places the overlap
+                flat = scratch[read.first : read.first + span]
+                read.dest.copy_(flat.view(read.dtype).as_strided(read.overlap, read.strides))
+
+        return [lambda g=group: piece(g) for group in pieces]
+
+    def _verify(self, read: _Read) -> list[Any]:
+        """Tasks that read ``read``'s blocks into a scratch buffer of their thread and check them, keeping nothing."""
+        blocks = self._blocks(read)
+
+        def piece(group: list[tuple[int, int, int]]) -> None:
+            first, last = group[0][1], group[-1][2]
+            scratch = getattr(self._local, "scratch", None)
+            if scratch is None or scratch.numel() < last - first:
+                scratch = self._local.scratch = torch.empty(last - first, dtype=torch.uint8)
+            target = _bytes_view(scratch)[: last - first]
+            self._fill(read.obj, first, target)
+            for index, b0, b1 in group:
+                self._check(read, index, target[b0 - first : b1 - first])
+
+        return [lambda g=blocks[i : i + _PIECE_BLOCKS]: piece(g) for i in range(0, len(blocks), _PIECE_BLOCKS)]
+
+    def run(self, reads: list[_Read], verify: list[_Read] | None = None) -> None:
+        """Read, check and place ``reads``; only read and check ``verify``. Raises CheckpointError."""
+        tasks = [task for read in reads for task in self.tasks(read)]
+        tasks += [task for read in verify or () for task in self._verify(read)]
+        try:
+            if len(tasks) <= 1:
+                for task in tasks:
+                    task()
+                return
+            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(tasks))) as pool:
+                futures = [pool.submit(task) for task in tasks]
+                try:
+                    for future in futures:
+                        future.result()
+                finally:
+                    for future in futures:
+                        future.cancel()
+        except FileNotFoundError as exc:
+            raise CheckpointError(f"{self.where}: object {Path(str(exc.filename)).name} is missing") from None
+        finally:
+            self.source.close()
+
+
+def _fits_in_place(local: torch.Tensor, dtype: torch.dtype, box: Box) -> bool:
+    """Whether a live local tensor can take a local file's bytes as they are (no cast, no device copy)."""
+    return (
+        local.device.type == "cpu"
+        and local.dtype == dtype
+        and local.layout == torch.strided
+        and local.is_contiguous()
+        and tuple(local.shape) == tuple(box[1])
+    )
 
 
 def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, where: str) -> int:
@@ -576,7 +792,9 @@ def prepare(
         )
     objects = [o["name"] for o in manifest["objects"]]
     reads: list[_Read] = []
+    in_place: list[_Read] = []
     fresh: dict[str, tuple[torch.Tensor, torch.Tensor, Box]] = {}
+    kept: dict[str, torch.Tensor] = {}
     for key, t in live.items():
         entry = saved[key]
         if list(entry["shape"]) != list(t.shape):
@@ -584,15 +802,21 @@ def prepare(
                 f"checkpoint {where}: {key} is {tuple(entry['shape'])} there and {tuple(t.shape)} in the live "
                 "state; nothing was read"
             )
-        box, _local = _box(t)
-        dest = torch.empty(box[1], dtype=dtype_named(entry["dtype"], key))
+        box, local = _box(t)
+        dtype = dtype_named(entry["dtype"], key)
+        if source.folder is not None and _fits_in_place(local, dtype, box):
+            kept[key] = t
+            in_place += _plan_reads(entry, objects, manifest["block_size"], box, local)
+            continue
+        dest = torch.empty(box[1], dtype=dtype)
         fresh[key] = (t, dest, box)
         reads += _plan_reads(entry, objects, manifest["block_size"], box, dest)
-    with ThreadPoolExecutor(max_workers=max(1, min(_READ_THREADS, len(reads)))) as pool:
-        for future in [pool.submit(_do_read, source, r, f"checkpoint {where}") for r in reads]:
-            future.result()
+    reader = _Reader(source, f"checkpoint {where}")
+    reader.run(reads, verify=in_place)
 
     def tensor(key: str) -> Any:
+        if key in kept:  # filled in place when applied
+            return kept[key]
         if key not in fresh:
             raise CheckpointError(f"checkpoint {where}: state refers to an unknown tensor {key!r}")
         live_t, dest, _unused = fresh[key]
@@ -620,6 +844,8 @@ def prepare(
         optimizer=decode_value(state.get("optimizer"), tensor, f"checkpoint {where}"),
         scheduler=decode_value(state.get("scheduler")),
         scaler=decode_value(state.get("scaler")),
+        in_place=in_place,
+        reader=reader,
     )
     if isinstance(prepared.bundle["tunables"], dict):
         prepared.bundle["tunables"] = dict(prepared.bundle["tunables"])
@@ -646,6 +872,9 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
     """Put a verified load's state into the model, optimizer, scheduler, scaler and RNG; its ``extra``."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    if prepared.in_place and prepared.reader is not None:
+        # every rank verified these bytes in prepare(); read again (and checked again) into the live shards
+        prepared.reader.run(prepared.in_place)
     with _run_hooks_off(run, optimizer):
         set_state_dict(model, optimizer, model_state_dict=prepared.model, optim_state_dict=prepared.optimizer)
     if run._scheduler is not None:
@@ -755,10 +984,6 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
             raise CheckpointError(f"checkpoint {where}: {key} is {shape} there and {tuple(live[key].shape)} here")
         full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
         reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
-    source = _Source.__new__(_Source)
-    source.folder, source.prefix = folder, ""
-    with ThreadPoolExecutor(max_workers=max(1, min(_READ_THREADS, len(reads)))) as pool:
-        for future in [pool.submit(_do_read, source, r, f"checkpoint {where}") for r in reads]:
-            future.result()
+    _Reader(_Source(None, None, folder), f"checkpoint {where}").run(reads)
     target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
     return model
