@@ -13,8 +13,8 @@ Modes:
   train    FSDP2 training with dropout and periodic checkpoints; ``--hang-at`` stops after a step
            (to be SIGKILLed), ``--resume`` restores the latest checkpoint and continues;
            ``--reseed-after-load`` is the negative control; ``--final`` writes the final full state;
-           ``--control-final``: then load ``--ckpt`` again, re-seed, train again and write that full state
-           (the negative control, in the resumed job itself)
+           ``--control CKPT:PATH``: then load CKPT again, re-seed, train again and write that full
+           state to PATH (the negative control, in the resumed job itself)
   soak     train and save a checkpoint every step (blocking and non-blocking by turns), printing
            ``save``/``saved`` lines, ``--saves`` times (a parent SIGKILLs a rank at random moments);
            ``--resume`` loads ``latest`` first and prints what it restored
@@ -204,14 +204,15 @@ def mode_train(args: argparse.Namespace, rank: int, world: int, out: dict[str, A
     full = full_state(model, optimizer)
     if rank == 0 and args.final:
         torch.save(full, args.final)
-    if args.control_final:  # the negative control: the same restore, then a re-seed
-        extra = tr.load_checkpoint(args.ckpt or "latest")
+    if args.control:  # the negative control: the same restore, then a re-seed
+        ckpt, path = args.control.split(":", 1)
+        extra = tr.load_checkpoint(ckpt)
         torch.manual_seed(12345)
         for i in range(int(extra["next"]), STEPS):
             step(model, optimizer, scheduler, i, rank)
         full = full_state(model, optimizer)
         if rank == 0:
-            torch.save(full, args.control_final)
+            torch.save(full, path)
     tr.finish(close_run=False)
 
 
@@ -304,7 +305,7 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--reseed-after-load", action="store_true")
     parser.add_argument("--final")
-    parser.add_argument("--control-final")
+    parser.add_argument("--control")
     parser.add_argument("--saves", type=int, default=0)
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
