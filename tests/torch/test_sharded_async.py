@@ -11,9 +11,11 @@ few bytes before the save, so its shard write fails with ``EFBIG`` while rank
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from lhtest import run_python
 from test_sharded import torchrun
 
 import launchhelm as lh
@@ -45,3 +47,58 @@ def test_a_failed_background_save_raises_at_the_same_next_step_on_every_rank(tmp
     folder = Path(url) / "runs" / rank0["run_id"] / "artifacts" / failed
     assert not (folder / "manifest.json").exists()
     assert not (folder / "shard-00001.bin").exists()
+
+
+ONE_PROCESS = """
+import json, resource, sys
+import torch
+import launchhelm.torch as lht
+from launchhelm import CheckpointError
+
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 3)
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.05)
+tr = lht.init("sharded", store=sys.argv[1])
+tr.watch(model, optimizer, sharded=True)
+
+def step():
+    optimizer.zero_grad()
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+
+step()
+out = {"good": tr.save_checkpoint()}
+limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (16, limits[1]))
+out["failed"] = tr.save_checkpoint(blocking=False)
+out["trained"] = 0
+try:
+    for _ in range(200):
+        step()
+        out["trained"] += 1
+except CheckpointError as exc:
+    out["error"] = str(exc)
+resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+try:
+    tr.save_checkpoint()
+except CheckpointError as exc:
+    out["save_error"] = str(exc)
+out["cleared"] = str(tr.clear_checkpoint_error())
+step()
+out["recovered"] = tr.save_checkpoint(blocking=False)
+tr.finish(close_run=False)
+out["run_id"] = tr.id
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_in_one_process_a_failed_background_save_raises_at_a_next_step_until_cleared(tmp_path: Path) -> None:
+    url = str(tmp_path / "store")
+    done = run_python(ONE_PROCESS, url, OMP_NUM_THREADS="1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.splitlines()[-1])
+    assert out["trained"] < 200 and "File too large" in out["error"], out  # training stopped
+    assert out["save_error"] == out["error"] == out["cleared"], out
+    handle = lh.Api(url).run(out["run_id"])
+    assert [c.id for c in handle.checkpoints()] == [out["good"], out["recovered"]]
