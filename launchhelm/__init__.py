@@ -41,7 +41,8 @@ from launchhelm._exceptions import (
     TunableNotFoundError,
     UnsupportedFeatureError,
 )
-from launchhelm._run import Run, init
+from launchhelm._run import Run
+from launchhelm._start import init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
 from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle

@@ -37,7 +37,7 @@ from typing import Any
 from launchhelm._compat import RECORD_INTERVAL, CompatSession, compat_key, read_compat
 from launchhelm._exceptions import InvalidTypeError, RunFinishedError
 from launchhelm._integration import plain_config, record_restore
-from launchhelm._run import start_run
+from launchhelm._start import start_run
 from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 

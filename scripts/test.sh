@@ -37,4 +37,4 @@ fi
 echo "== mkdocs build --strict"
 NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "${TMPDIR:-/tmp}/launchhelm-site"
 echo "== pytest"
-python -m pytest "$@"
+python -m pytest --durations=30 "$@"

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import TypeVar, cast
 
 import torch.distributed as dist
 
 from launchhelm._exceptions import LaunchHelmError
+from launchhelm.torch._records import Placement
 
 __all__ = ["all_gather", "barrier", "broadcast", "broadcast_flag", "local_rank", "placement", "rank_and_world"]
+
+T = TypeVar("T")
 
 
 def rank_and_world() -> tuple[int, int]:
@@ -26,7 +29,7 @@ def rank_and_world() -> tuple[int, int]:
     return 0, 1
 
 
-def placement(rank: int) -> dict[str, Any]:
+def placement(rank: int) -> Placement:
     """Where this rank runs: its host and its local rank there (``LOCAL_RANK``, set by torchrun).
 
     Saved per rank with a distributed checkpoint. The local rank picks the
@@ -52,22 +55,21 @@ def barrier(world: int) -> None:
         dist.barrier()
 
 
-def broadcast(value: Any, world: int) -> Any:
-    """Rank 0's ``value`` on every rank (between our own processes only)."""
-    if world == 1:
-        return value
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+def broadcast(value: T | None, world: int) -> T:
+    """Rank 0's ``value`` on every rank (the others pass None; between our own processes only)."""
+    box: list[T | None] = [value]
+    if world > 1:
+        dist.broadcast_object_list(box, src=0)
+    return cast(T, box[0])
 
 
-def all_gather(value: Any, world: int) -> list[Any]:
+def all_gather(value: T, world: int) -> list[T]:
     """Every rank's ``value``, indexed by rank."""
     if world == 1:
         return [value]
-    out: list[Any] = [None] * world
+    out: list[T | None] = [None] * world
     dist.all_gather_object(out, value)
-    return out
+    return out  # type: ignore[return-value]  # every slot filled by all_gather_object
 
 
 def broadcast_flag(flag: bool, world: int) -> bool:

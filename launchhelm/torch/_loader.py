@@ -43,10 +43,14 @@ from launchhelm.torch import _dist, _inplace
 from launchhelm.torch._formats import _FORMATS, FORMAT_SINGLE, PAYLOAD_SUFFIX
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
 from launchhelm.torch._manifest import FORMAT_SHARDED, MANIFEST_NAME
+from launchhelm.torch._records import LoadTarget
 from launchhelm.torch._rng import restore_rng, validate_rng
 from launchhelm.torch._torch_private import fast_path_available
 
 if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
+
+    from launchhelm.runlog._records import CheckpointEvent
     from launchhelm.torch._run import TorchRun
 
 _log = logging.getLogger("launchhelm")
@@ -63,7 +67,7 @@ class CheckpointLoader:
     """
 
     def __init__(
-        self, run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, map_location: Any
+        self, run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, map_location: MAP_LOCATION
     ) -> None:
         self._run = run
         self.id = run.id
@@ -72,14 +76,15 @@ class CheckpointLoader:
         self._scheduler, self._scaler = run._scheduler, run._scaler
         self._model, self._optimizer, self._map_location = model, optimizer, map_location
 
-    def resolve(self, checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    def resolve(self, checkpoint: str | os.PathLike[str]) -> LoadTarget:
         """Step 1: what to load, resolved on rank 0 and shared with every rank (a failure too)."""
-        target = None
+        target: LoadTarget | None = None
         error = None
         if self._rank == 0:
             try:
+                target = self._resolve(checkpoint)
                 # the nonce names the node-local copy under DDP (see _download_once_per_node)
-                target = {**self._resolve(checkpoint), "nonce": os.urandom(4).hex()}
+                target["nonce"] = os.urandom(4).hex()
             except Exception as exc:  # any failure here must reach every rank, or the others hang
                 error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
         target, error = _dist.broadcast((target, error), self._world)
@@ -87,10 +92,9 @@ class CheckpointLoader:
             self._run._pending_error = CheckpointError(error, run_id=self.id)
             raise self._run._pending_error
         assert target is not None
-        resolved: dict[str, Any] = target
-        return resolved
+        return target
 
-    def restore(self, target: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    def restore(self, target: LoadTarget) -> tuple[dict[str, Any], Any]:
         """Steps 2 to 5 for a resolved ``target``; the bundle applied, and its ``extra``."""
         model, optimizer, map_location = self._model, self._optimizer, self._map_location
         # a download's folder; a local store is read where it lies and needs none
@@ -121,7 +125,7 @@ class CheckpointLoader:
                     shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
         return bundle, extra
 
-    def _resolve(self, checkpoint: str | os.PathLike[str]) -> dict[str, Any]:
+    def _resolve(self, checkpoint: str | os.PathLike[str]) -> LoadTarget:
         """What to load: a published checkpoint's record, or a local path."""
         state = self._events.state()
         if isinstance(checkpoint, str) and checkpoint in ("latest", "resume"):
@@ -141,22 +145,23 @@ class CheckpointLoader:
             path = path.parent
         if path.is_dir() and (path / MANIFEST_NAME).is_file():  # a sharded checkpoint's folder
             known = state.checkpoint(path.name)
-            found = {**_target(known), "path": str(path.absolute())} if known is not None else {}
-            return {"checkpoint": None, **found, "path": str(path.absolute()), "format": FORMAT_SHARDED}
+            folder: LoadTarget = _target(known) if known is not None else {"checkpoint": None}
+            folder["path"], folder["format"] = str(path.absolute()), FORMAT_SHARDED
+            return folder
         if not path.is_file():
             raise CheckpointError(
                 f"no checkpoint {str(checkpoint)!r}: not 'latest', 'resume', a checkpoint id of run "
                 f"{self.id}, nor an existing file",
                 run_id=self.id,
             )
-        target: dict[str, Any] = {"path": str(path.absolute()), "checkpoint": None}
+        target: LoadTarget = {"path": str(path.absolute()), "checkpoint": None}
         # a downloaded copy of a published checkpoint is verified against its record
         known = state.checkpoint(path.name.removesuffix(PAYLOAD_SUFFIX))
         if known is not None:
             target = {**_target(known), "path": str(path.absolute())}
         return target
 
-    def _download_once_per_node(self, target: dict[str, Any], tmp: Path) -> Path | None:
+    def _download_once_per_node(self, target: LoadTarget, tmp: Path) -> Path | None:
         """Under DDP on a remote store, local rank 0 of each node downloads into a node-local file.
 
         Every rank reads that one copy: a node downloads a checkpoint once,
@@ -181,9 +186,9 @@ class CheckpointLoader:
 
     def _fetch_and_verify(
         self,
-        target: dict[str, Any],
+        target: LoadTarget,
         tmp: Path,
-        map_location: Any,
+        map_location: MAP_LOCATION,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         shared: Path | None = None,
@@ -260,7 +265,7 @@ class CheckpointLoader:
         local: Path,
         where: str,
         expected: Mapping[str, str],
-        map_location: Any,
+        map_location: MAP_LOCATION,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
     ) -> tuple[dict[str, Any], InPlaceLoad | None]:
@@ -313,7 +318,7 @@ class CheckpointLoader:
         self._validate(bundle, where)
         return bundle, plan
 
-    def _read_in_place(self, plan: InPlaceLoad, target: Mapping[str, Any]) -> None:
+    def _read_in_place(self, plan: InPlaceLoad, target: LoadTarget) -> None:
         self._run._loaded_in_place = plan.matched_bytes
         try:
             whole = plan.read_matched()
@@ -475,7 +480,7 @@ def _gc_paused() -> Iterator[None]:
         gc.enable()
 
 
-def _target(event: dict[str, Any]) -> dict[str, Any]:
+def _target(event: CheckpointEvent | Mapping[str, Any]) -> LoadTarget:
     file = event["files"][0]
     return {
         "checkpoint": event["checkpoint"],

@@ -10,18 +10,21 @@ importable. ``np.random.get_state()`` holds an ndarray (refused by
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Mapping
+from types import ModuleType
+from typing import cast
 
 import torch
 
 from launchhelm._exceptions import CheckpointError
+from launchhelm.torch._records import RngRecord
 
 __all__ = ["capture_rng", "restore_rng", "validate_rng"]
 
 _MT_WORDS = 624
 
 
-def _numpy() -> Any:
+def _numpy() -> ModuleType | None:
     try:
         import numpy
     except ImportError:
@@ -29,10 +32,10 @@ def _numpy() -> Any:
     return numpy
 
 
-def capture_rng() -> dict[str, Any]:
+def capture_rng() -> RngRecord:
     """This process's global RNG states."""
     version, words, gauss = random.getstate()
-    record: dict[str, Any] = {
+    record: RngRecord = {
         "python": (int(version), torch.tensor(words, dtype=torch.int64), gauss),
         "torch": torch.get_rng_state(),
         "cuda": [],
@@ -53,7 +56,7 @@ def capture_rng() -> dict[str, Any]:
     return record
 
 
-def validate_rng(record: Any, where: str) -> None:
+def validate_rng(record: object, where: str) -> None:
     """Check an RNG record's shape before anything is applied."""
     if not isinstance(record, dict):
         raise CheckpointError(f"{where} is a {type(record).__name__}, not an RNG record")
@@ -79,8 +82,9 @@ def validate_rng(record: Any, where: str) -> None:
             raise CheckpointError(f"{where}['numpy'] position is outside 0..624: corrupted")
 
 
-def restore_rng(record: dict[str, Any]) -> None:
-    """Set this process's global RNGs from a validated record."""
+def restore_rng(checked: Mapping[str, object]) -> None:
+    """Set this process's global RNGs from a record :func:`validate_rng` accepted."""
+    record = cast("RngRecord", checked)
     version, words, gauss = record["python"]
     random.setstate((int(version), tuple(int(w) for w in words.tolist()), gauss))  # setstate needs a tuple
     torch.set_rng_state(record["torch"])

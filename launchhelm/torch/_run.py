@@ -21,12 +21,13 @@ import threading
 import time
 import types
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
-from launchhelm._run import Run, start_run
+from launchhelm._run import Run
+from launchhelm._start import start_run
 from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._runinfo import read_run_record
@@ -36,9 +37,14 @@ from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD
 from launchhelm.torch._loader import CheckpointLoader, _gc_paused
 from launchhelm.torch._manifest import FORMAT_SHARDED
 from launchhelm.torch._payload import check_payload
+from launchhelm.torch._records import Bundle, RankRecord, Stateful
 from launchhelm.torch._rng import capture_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
 from launchhelm.torch._torch_private import zip_crc32_skipped
+
+if TYPE_CHECKING:
+    from torch.serialization import MAP_LOCATION
+    from torch.utils.hooks import RemovableHandle
 
 _log = logging.getLogger("launchhelm")
 
@@ -65,9 +71,9 @@ class TorchRun(Run):
         self._world = 1
         self._model: torch.nn.Module | None = None
         self._optimizer: torch.optim.Optimizer | None = None
-        self._scheduler: Any = None
-        self._scaler: Any = None
-        self._hooks: list[Any] = []
+        self._scheduler: Stateful | None = None
+        self._scaler: Stateful | None = None
+        self._hooks: list[RemovableHandle] = []
         self._pending_error: CheckpointError | None = None
         self._save_thread: threading.Thread | None = None
         self._save_error: CheckpointError | None = None
@@ -160,8 +166,8 @@ class TorchRun(Run):
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        scheduler: Any = None,
-        scaler: Any = None,
+        scheduler: Stateful | None = None,
+        scaler: Stateful | None = None,
         *,
         sharded: bool | None = None,
     ) -> None:
@@ -206,13 +212,17 @@ class TorchRun(Run):
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
 
-    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _before_optimizer_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         if self._world == 1 and self._save_failed is not None:
             self._take_save_failure()
         if self._pending_error is not None:
             raise self._pending_error
 
-    def _after_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _after_optimizer_step(
+        self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
+    ) -> None:
         self.global_step = self._step + 1
         # under DDP every rank applies control requests, and learns that a background save failed,
         # at the same step: rank 0 says whether either happened (one 1-byte broadcast per step).
@@ -318,7 +328,7 @@ class TorchRun(Run):
         return error
 
     # -- saving ---------------------------------------------------------------
-    def save_checkpoint(self, extra: Any = None, *, blocking: bool = True) -> str | None:
+    def save_checkpoint(self, extra: object = None, *, blocking: bool = True) -> str | None:
         """Save model, optimizer, scheduler, scaler, step, RNG, tunables, control state and ``extra``.
 
         Under DDP every rank calls it: a barrier comes first, each rank
@@ -365,7 +375,7 @@ class TorchRun(Run):
         except CheckpointError as exc:
             problem = str(exc)
         _dist.barrier(self._world)
-        mine = {
+        mine: RankRecord = {
             "rank": self._rank,
             "problem": problem,
             "rng": capture_rng(),
@@ -393,10 +403,8 @@ class TorchRun(Run):
             raise CheckpointError(f"checkpoint at step {self._step} was not saved: {error}", run_id=self.id)
         return artifact if self._rank == 0 else None
 
-    def _bundle(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
-    ) -> dict[str, Any]:
-        bundle: dict[str, Any] = {
+    def _bundle(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[RankRecord]) -> Bundle:
+        bundle: Bundle = {
             "format": FORMAT_SINGLE if self._world == 1 else FORMAT_DISTRIBUTED,
             "run_id": self.id,
             "step": self._step,
@@ -419,9 +427,7 @@ class TorchRun(Run):
             bundle["placement_by_rank"] = [r["placement"] for r in records]
         return bundle
 
-    def _write_bundle(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
-    ) -> str:
+    def _write_bundle(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[RankRecord]) -> str:
         bundle = self._bundle(model, optimizer, records)
         check_payload(bundle, "checkpoint")  # e.g. a scheduler whose state holds an object
         artifact = new_artifact_id(self._step)
@@ -429,7 +435,7 @@ class TorchRun(Run):
         return artifact
 
     def _start_background_save(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[dict[str, Any]]
+        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[RankRecord]
     ) -> str:
         bundle = self._bundle(model, optimizer, records)
         check_payload(bundle, "checkpoint")
@@ -468,7 +474,7 @@ class TorchRun(Run):
         if error is not None:
             raise error
 
-    def _write(self, bundle: dict[str, Any], artifact: str, step: int, control_seq: int) -> None:
+    def _write(self, bundle: Bundle, artifact: str, step: int, control_seq: int) -> None:
         name = f"{artifact}{PAYLOAD_SUFFIX}"
         key = f"{artifact_prefix(self.id, artifact)}/{name}"
         with self._store.writer(key) as raw:
@@ -494,7 +500,7 @@ class TorchRun(Run):
 
     # -- loading --------------------------------------------------------------
     def load_checkpoint(
-        self, checkpoint: str | os.PathLike[str] = "latest", map_location: Any = "cpu", strict: bool = False
+        self, checkpoint: str | os.PathLike[str] = "latest", map_location: MAP_LOCATION = "cpu", strict: bool = False
     ) -> Any:
         """Restore everything a checkpoint holds and return its ``extra``.
 
@@ -557,7 +563,7 @@ class TorchRun(Run):
     def _load(
         self,
         checkpoint: str | os.PathLike[str],
-        map_location: Any,
+        map_location: MAP_LOCATION,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         strict: bool = False,
@@ -578,17 +584,19 @@ class TorchRun(Run):
         with self._one_summary():
             if self._rank == 0:
                 rewind = self._record_rewind(step, target.get("checkpoint"), "load_checkpoint", self.reached)
-                if target.get("consume"):
-                    self._consume_resume_choice(target["checkpoint"])
+                chosen = target.get("checkpoint")
+                if target.get("consume") and chosen is not None:
+                    self._consume_resume_choice(chosen)
             rewind = _dist.broadcast(rewind, self._world)
             if rewind is not None:
                 self._attempt = rewind.attempt
             self._step = step  # not a step boundary: requests wait for the next optimizer step
             self._reached = max(self._reached, step)
-            control: dict[str, Any] = saved if isinstance(saved, dict) else {}
+            control: Mapping[str, object] = saved if isinstance(saved, dict) else {}
+            seq = control.get("seq")
             self._restore_control(
                 dict(tunables) if isinstance(tunables, dict) else None,
-                control["seq"] if isinstance(control.get("seq"), int) else None,
+                seq if isinstance(seq, int) else None,
                 bool(control.get("paused", False)),
             )
         if rewind is not None:
@@ -614,7 +622,7 @@ class TorchRun(Run):
         raise error
 
 
-def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, changes: dict[str, Any]) -> None:
+def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: object, changes: Mapping[str, object]) -> None:
     """Write tunables named like the optimizer's hyperparameters into every param group.
 
     ``lr`` is the base learning rate: with a scheduler that keeps
@@ -644,8 +652,8 @@ def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: Any, change
 def init(
     project: str,
     name: str | None = None,
-    config: Mapping[str, Any] | None = None,
-    tunables: Mapping[str, Any] | None = None,
+    config: Mapping[str, object] | None = None,
+    tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
     **options: Any,

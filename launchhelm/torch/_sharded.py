@@ -44,6 +44,7 @@ from launchhelm.torch._manifest import (
     object_name,
     validate_manifest,
 )
+from launchhelm.torch._records import LoadTarget, RankRecord
 from launchhelm.torch._rng import restore_rng, validate_rng
 
 if TYPE_CHECKING:
@@ -185,7 +186,7 @@ def save(
     run: TorchRun,
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
-    records: list[dict[str, Any]],
+    records: list[RankRecord],
     blocking: bool = True,
 ) -> str | None:
     """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
@@ -395,7 +396,7 @@ def _publish(
 class _Source:
     """Where a checkpoint's objects are read: a store prefix, or a local folder."""
 
-    def __init__(self, run: TorchRun, target: dict[str, Any]) -> None:
+    def __init__(self, run: TorchRun, target: LoadTarget) -> None:
         self.store = run._store
         self.folder = Path(target["path"]) if target.get("path") else None
         self.prefix = str(target.get("key", "")).rsplit("/", 1)[0]
@@ -546,7 +547,7 @@ def _check_placement(run: TorchRun, saved: Any, where: str) -> None:
 
 
 def prepare(
-    run: TorchRun, target: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
+    run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
 ) -> _Prepared:
     """Read, verify and decode everything this rank restores; nothing is applied."""
     where = target.get("checkpoint") or target.get("path") or "checkpoint"
@@ -657,7 +658,7 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
 
 
 def load(
-    run: TorchRun, target: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
+    run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
 ) -> tuple[dict[str, Any], Any]:
     """Every rank: prepare, agree, apply, agree (the fail-together rule); the bundle's step etc. and ``extra``."""
     prepared: _Prepared | None = None

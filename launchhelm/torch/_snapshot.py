@@ -13,11 +13,14 @@ that wrote from it has been published (the next save waits for it first).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar, cast
 
 import torch
 
 __all__ = ["SnapshotBuffers"]
+
+
+T = TypeVar("T")
 
 
 class SnapshotBuffers:
@@ -28,7 +31,7 @@ class SnapshotBuffers:
         self._next = 0
         self._devices: set[int] = set()  # the CUDA devices the current snapshot copies from
 
-    def snapshot(self, value: Any) -> Any:
+    def snapshot(self, value: T) -> T:
         """A copy of ``value`` whose tensors live in this object's host buffers (containers rebuilt)."""
         self._next = 0
         self._devices = set()
@@ -36,7 +39,7 @@ class SnapshotBuffers:
         for device in sorted(self._devices):  # the one wait per device: every non-blocking copy has landed
             torch.cuda.synchronize(device)
         del self._buffers[self._next :]  # buffers of tensors no longer saved
-        return copied
+        return cast(T, copied)  # the same containers, tensors in host buffers
 
     def _buffer_for(self, t: torch.Tensor) -> torch.Tensor:
         pinned = t.device.type == "cuda"
@@ -53,7 +56,7 @@ class SnapshotBuffers:
             self._buffers.append(buffer)
         return buffer
 
-    def _copy(self, value: Any) -> Any:
+    def _copy(self, value: object) -> object:
         if isinstance(value, torch.Tensor):
             t = value.detach()
             if t.layout != torch.strided or t.device.type not in ("cpu", "cuda"):

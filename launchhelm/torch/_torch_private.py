@@ -113,15 +113,16 @@ def storage_dtype(name: str) -> torch.dtype:
     return dtype
 
 
-def file_reader(path: Path) -> Any:
+def file_reader(path: Path) -> torch._C.PyTorchFileReader:
     """torch's own zip reader of a checkpoint file."""
     return torch._C.PyTorchFileReader(str(path))
 
 
-def checkpoint_offset(storage: torch.UntypedStorage) -> Any:
+def checkpoint_offset(storage: torch.UntypedStorage) -> int | None:
     """Where a storage's bytes start in the file, as ``torch.load(map_location="meta")`` records
     it on the storage; None where this torch does not."""
-    return getattr(storage, "_checkpoint_offset", None)
+    offset = getattr(storage, "_checkpoint_offset", None)
+    return offset if isinstance(offset, int) else None
 
 
 @contextlib.contextmanager

@@ -85,8 +85,8 @@ class LaunchHelmCallback(TrainerCallback):
         self,
         project: str | None = None,
         name: str | None = None,
-        config: Mapping[str, Any] | None = None,
-        tunables: Mapping[str, Any] | None = None,
+        config: Mapping[str, object] | None = None,
+        tunables: Mapping[str, object] | None = None,
         resume: str | None = None,
         store: str | os.PathLike[str] | Store | None = None,
         *,
@@ -196,14 +196,16 @@ class LaunchHelmCallback(TrainerCallback):
         return str(path)
 
     # -- Trainer events --------------------------------------------------------
-    def on_init_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_init_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         self._output_dir = str(args.output_dir) if args.output_dir is not None else None
         self._world = int(args.world_size)
         if state.is_world_process_zero:
             self._ensure_run(args, kwargs.get("model"))
 
     def on_train_begin(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
         if not state.is_world_process_zero:
             return
@@ -213,7 +215,9 @@ class LaunchHelmCallback(TrainerCallback):
         if pending is not None or step < run.reached:
             record_restore(run, step, pending, CAUSE)
 
-    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_step_end(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
         if not state.is_world_process_zero:
             return
         # a step boundary: tunables, pause, stop and "checkpoint now" from outside apply here
@@ -228,7 +232,7 @@ class LaunchHelmCallback(TrainerCallback):
         state: TrainerState,
         control: TrainerControl,
         logs: Mapping[str, Any] | None = None,
-        **kwargs: Any,
+        **kwargs: object,
     ) -> None:
         if not state.is_world_process_zero or not logs:
             return
@@ -240,7 +244,7 @@ class LaunchHelmCallback(TrainerCallback):
         if values:
             self._ensure_run(args).log(values, step=int(state.global_step))
 
-    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
+    def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object) -> None:
         import torch.distributed as dist
 
         if int(args.world_size) > 1 and dist.is_available() and dist.is_initialized():
@@ -254,7 +258,7 @@ class LaunchHelmCallback(TrainerCallback):
             self._ensure_run(args).checkpoint(folder, step=int(state.global_step))
 
     def on_train_end(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
         if state.is_world_process_zero and self._run is not None:
             self._run.flush()

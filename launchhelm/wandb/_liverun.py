@@ -20,7 +20,7 @@ from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import compat_key as _compat_key
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
 from launchhelm._run import _install_exit_hook as _install_launchhelm_exit_hook
-from launchhelm._run import start_run
+from launchhelm._start import start_run
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.storage import Store
 from launchhelm.wandb._config import SUMMARY_MODES, Config, Metric, Summary, _Aggregate

@@ -30,7 +30,8 @@ from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import read_compat
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
 from launchhelm._integration import record_restore
-from launchhelm._run import _default_name, _new_run_id, start_run
+from launchhelm._run import _default_name, _new_run_id
+from launchhelm._start import start_run
 from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 from launchhelm.wandb._config import Metric, _as_mapping

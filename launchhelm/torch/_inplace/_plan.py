@@ -250,7 +250,7 @@ def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
             records = _small_records(fd, layout) if layout is not None else None
         finally:
             os.close(fd)
-        reader: Any = None
+        reader: Any = None  # torch._C.PyTorchFileReader: its stubs lack has_record, get_record_offset
         if records is None:
             reader = file_reader(path)
             if not reader.has_record("byteorder"):

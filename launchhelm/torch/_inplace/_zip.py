@@ -5,7 +5,6 @@ from __future__ import annotations
 import operator
 import os
 import struct
-from typing import Any
 
 #: Bytes of a local zip header that ``get_record_offset`` reads: its fixed part, which holds the
 #: lengths of the name and extra field that follow (a header may straddle two pages).
@@ -139,7 +138,7 @@ class LayoutMismatch(Exception):
     said (:func:`_sequential_layout`): the file is damaged (or laid out unlike torch's)."""
 
 
-def _check_header(local: Any, header: int, data: int, record: bytes) -> None:
+def _check_header(local: bytes, header: int, data: int, record: bytes) -> None:
     """Raise :class:`LayoutMismatch` unless ``local`` (the bytes at ``header``, its fixed part and
     name) is the local zip header of ``record`` with its data starting at ``data``."""
     if (

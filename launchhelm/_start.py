@@ -1,0 +1,395 @@
+"""Starting a session: ``init`` and ``start_run`` create or reopen a run and hand back a live ``Run``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from launchhelm._exceptions import (
+    AlreadyExistsError,
+    InvalidArgumentError,
+    InvalidTypeError,
+    RunClosedError,
+    RunInUseError,
+)
+from launchhelm._run import (
+    DEFAULT_CONTROL_INTERVAL,
+    DEFAULT_FLUSH_INTERVAL,
+    Run,
+    _check_flag,
+    _default_name,
+    _install_exit_hook,
+    _new_run_id,
+    _new_session_id,
+    _seconds,
+    _warm_up_encoder,
+)
+from launchhelm.console import _capture as _console
+from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm.metrics._spool import recover_run
+from launchhelm.metrics._system import system_interval
+from launchhelm.runlog._control import check_plain, in_force
+from launchhelm.runlog._events import (
+    SESSION_STARTED,
+    EventLog,
+    RunState,
+    SequenceTaken,
+    fold,
+    validate_project,
+    validate_run_id,
+)
+from launchhelm.runlog._liveness import process_identity
+from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._sessions import (
+    DEFAULT_HEARTBEAT_INTERVAL,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    liveness,
+    summary_key,
+)
+from launchhelm.runlog._summary import parse_summary
+from launchhelm.runlog._table import mark_row
+from launchhelm.storage import Store, open_store
+from launchhelm.storage._keys import project_record_key, project_run_marker, run_record_key
+
+__all__ = ["init", "start_run"]
+
+_log = logging.getLogger("launchhelm")
+
+
+def init(
+    project: str,
+    name: str | None = None,
+    config: Mapping[str, object] | None = None,
+    tunables: Mapping[str, object] | None = None,
+    resume: str | None = None,
+    store: str | os.PathLike[str] | Store | None = None,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    takeover: bool = False,
+    flush_interval: float | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
+    control_interval: float | None = None,
+    system_metrics: bool | float | None = None,
+    capture_console: bool = True,
+    run_id: str | None = None,
+    compaction_memory: int | str | None = None,
+) -> Run:
+    """Start a run, or reopen one with ``resume=<run id>``.
+
+    Parameters
+    ----------
+    project:
+        Project name (letters, digits, ``.``, ``_``, ``-``).
+    name:
+        Display name; a random ``adjective-noun-N`` if omitted.
+    config:
+        JSON-serialisable settings recorded with the run.
+    tunables:
+        Values that may be changed from outside while the run trains
+        (``RunHandle.set_tunables(lr=1e-4)``): plain JSON values. Read them
+        as ``run.tunables``; changes arrive at step boundaries.
+    resume:
+        Id of an open run to reopen as a new session. Refused with
+        :class:`RunNotFoundError` (unknown id), :class:`RunClosedError`
+        (``finish()`` closed it) or :class:`RunInUseError` (its session is
+        alive). A session on this host whose process is gone counts as dead
+        immediately; one on another host once its heartbeat is older than
+        its timeout.
+    store:
+        Store URL or path; default ``$LAUNCHHELM_STORE``, else ``~/.launchhelm``.
+    storage_options:
+        Passed to fsspec (credentials, ``endpoint_url``...).
+    takeover:
+        With ``resume``: take the run over even if its last session still
+        looks alive. Only for when you know that process is gone (a node that
+        vanished); two live writers would interleave their metrics.
+    flush_interval, heartbeat_interval, heartbeat_timeout, control_interval:
+        Seconds; defaults 2, 5, 30 and 3 or ``LAUNCHHELM_FLUSH_INTERVAL``,
+        ``LAUNCHHELM_HEARTBEAT_INTERVAL``, ``LAUNCHHELM_HEARTBEAT_TIMEOUT``,
+        ``LAUNCHHELM_CONTROL_INTERVAL`` (how often the run looks for
+        tunable changes and pause/resume/stop/checkpoint requests).
+    system_metrics:
+        Seconds between samples of CPU, memory, disk, network and NVIDIA GPU
+        metrics, logged as ``system/...`` by the background thread (default
+        15, or ``LAUNCHHELM_SYSTEM_METRICS``); False for none. Read them
+        with ``RunHandle.history(stream="system")``.
+    capture_console:
+        Keep what the process writes to stdout and stderr in the run (the
+        terminal or notebook still shows it), written with the metric
+        flushes; read it with ``RunHandle.console()``, follow it with
+        ``launchhelm logs RUN --follow`` or the run panel's Logs tab. A
+        script's file descriptors 1 and 2 are captured (C extensions and
+        child processes included), a notebook's streams at Python level.
+        Under DDP only rank 0 captures. Output faster than the store takes
+        it, beyond 4 MiB between flushes, is dropped and counted in the log,
+        and lines past 64 KiB are cut (see ``docs/storage.md``). False: none.
+    run_id:
+        Create the new run under this id (4-64 lowercase letters and digits)
+        instead of a random one: for tools that map another tracker's run ids
+        (``launchhelm.wandb``'s ``id=``). Refused with
+        :class:`AlreadyExistsError` if a run has it. Not with ``resume``.
+    compaction_memory:
+        Bytes the session's background compaction of metrics may hold at
+        once: bytes or a string such as ``"64MiB"`` (default 64 MiB, or
+        ``LAUNCHHELM_COMPACTION_MEMORY``). The session's memory does not grow
+        with the run's length: see ``docs/long-runs.md``.
+
+    Raises
+    ------
+    InvalidArgumentError
+        A malformed project name or run id, a blank ``name``, a run of
+        another project, non-finite numbers in ``config`` or ``tunables``, or
+        intervals that are not positive (also a ``ValueError``). Nothing is
+        stored.
+    InvalidTypeError
+        ``config`` or ``tunables`` not a dict (or holding values that are not
+        plain), ``resume`` not a string, ``takeover`` not a bool (also a
+        ``TypeError``). Nothing is stored.
+    RunNotFoundError, RunClosedError, RunInUseError
+        See ``resume``.
+    AlreadyExistsError
+        ``run_id`` names a run that exists (also a ``FileExistsError``).
+
+    Examples
+    --------
+    >>> import launchhelm as lh
+    >>> run = lh.init("quickstart", config={"lr": 3e-4}, store="memory://doc")
+    >>> run.global_step = 1
+    >>> run.log({"loss": 0.5})
+    >>> run.finish()
+    """
+    return start_run(
+        Run,
+        project,
+        name=name,
+        config=config,
+        tunables=tunables,
+        resume=resume,
+        store=store,
+        storage_options=storage_options,
+        takeover=takeover,
+        flush_interval=flush_interval,
+        heartbeat_interval=heartbeat_interval,
+        heartbeat_timeout=heartbeat_timeout,
+        control_interval=control_interval,
+        system_metrics=system_metrics,
+        capture_console=capture_console,
+        run_id=run_id,
+        compaction_memory=compaction_memory,
+    )
+
+
+RunT = TypeVar("RunT", bound=Run)
+
+
+def start_run(
+    run_class: type[RunT],
+    project: str,
+    *,
+    name: str | None = None,
+    config: Mapping[str, object] | None = None,
+    tunables: Mapping[str, object] | None = None,
+    resume: str | None = None,
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: dict[str, Any] | None = None,
+    takeover: bool = False,
+    flush_interval: float | None = None,
+    heartbeat_interval: float | None = None,
+    heartbeat_timeout: float | None = None,
+    control_interval: float | None = None,
+    system_metrics: bool | float | None = None,
+    capture_console: bool = True,
+    run_id: str | None = None,
+    compaction_memory: int | str | None = None,
+) -> RunT:
+    """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
+    validate_project(project)
+    if run_id is not None:
+        validate_run_id(run_id)
+        if resume is not None:
+            raise InvalidArgumentError(
+                f"run_id={run_id!r} names the id of a new run; to reopen a run, pass resume={run_id!r} alone"
+            )
+    system_s = system_interval(system_metrics)
+    compaction_bytes = compaction_memory_setting(compaction_memory)
+    _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
+    _check_flag("capture_console", capture_console)
+    if resume is not None and not isinstance(resume, str):
+        raise InvalidTypeError(f"resume={resume!r}: pass the run id string printed by init() (run.id)")
+    flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
+    beat_s = _seconds(
+        "heartbeat_interval", heartbeat_interval, "LAUNCHHELM_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL
+    )
+    timeout_s = _seconds(
+        "heartbeat_timeout", heartbeat_timeout, "LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT
+    )
+    control_s = _seconds("control_interval", control_interval, "LAUNCHHELM_CONTROL_INTERVAL", DEFAULT_CONTROL_INTERVAL)
+    if timeout_s <= beat_s:
+        raise InvalidArgumentError(
+            f"heartbeat_timeout ({timeout_s}s) must exceed heartbeat_interval ({beat_s}s), "
+            "or live sessions would look dead"
+        )
+    if name is not None and (not isinstance(name, str) or not name.strip()):
+        raise InvalidArgumentError(f"name={name!r}: give a non-empty string or None for a generated one")
+    if config is not None:
+        if not isinstance(config, Mapping):
+            raise InvalidTypeError(f"config is a {type(config).__name__}; pass a dict")
+        check_plain(config, "config")
+    if tunables is not None:
+        if not isinstance(tunables, Mapping):
+            raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
+        check_plain(tunables, "tunables")
+    _warm_up_encoder()
+    _install_exit_hook()
+
+    st = open_store(store, storage_options)
+    session_id = _new_session_id()
+    session_payload = {
+        "session": session_id,
+        "process": process_identity(),
+        "heartbeat_interval": beat_s,
+        "heartbeat_timeout": timeout_s,
+    }
+    if resume is None:
+        record, events = _create_run(st, project, name, config, tunables, run_id)
+        mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
+        started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
+        step, attempt, state = 0, 0, None
+    else:
+        record, events, step, state, started = _reopen_run(st, project, resume, session_payload, takeover)
+        attempt = state.attempt
+    # a resumed session starts with the settings the last one had applied
+    # (not paused: a pause was aimed at that session); requests it never
+    # applied arrive through the poller at the first step boundary
+    in_force_tunables, control_seq, _ = in_force(record.get("tunables") or {}, state or fold([]))
+    run = run_class(
+        store=st,
+        record=record,
+        session_id=session_id,
+        events=events,
+        global_step=step,
+        attempt=attempt,
+        resumed=resume is not None,
+        flush_interval=flush_s,
+        heartbeat_interval=beat_s,
+        control_seq=control_seq,
+        control_interval=control_s,
+        tunables=in_force_tunables,
+        control_cursor=state.last_applied_request if state is not None else 0,
+        session_seq=int(started["seq"]),
+    )
+    if state is not None:
+        # a resumed session carries on the latest metric values the run's summary had
+        previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
+        run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
+    run._system_interval = system_s
+    run._set_memory(compaction_bytes)
+    run._capture_console = _console.capture_wanted(capture_console)
+    run._start()
+    return run
+
+
+def _read_or_none(store: Store, key: str) -> bytes | None:
+    return store.read_many([key])[key]
+
+
+def _create_run(
+    store: Store,
+    project: str,
+    name: str | None,
+    config: Mapping[str, object] | None,
+    tunables: Mapping[str, object] | None,
+    given_id: str | None = None,
+) -> tuple[dict[str, Any], EventLog]:
+    while True:
+        run_id = given_id or _new_run_id()
+        record = {
+            "format": "launchhelm.run/1",
+            "id": run_id,
+            "project": project,
+            "name": name or _default_name(),
+            "config": dict(config or {}),
+            "tunables": dict(tunables or {}),
+            "created": time.time(),
+        }
+        try:
+            store.create(run_record_key(run_id), json.dumps(record).encode())
+            break
+        except AlreadyExistsError:
+            if given_id is not None:
+                raise AlreadyExistsError(
+                    f"a run with id {given_id!r} already exists in this store; resume it with "
+                    f"init(project, resume={given_id!r}) or choose another id",
+                    url=store.url,
+                ) from None
+            continue  # an id collision: draw another
+    for key, body in (
+        (project_record_key(project), {"project": project, "created": record["created"]}),
+        (project_run_marker(project, run_id), {"created": record["created"]}),
+    ):
+        try:
+            store.create(key, json.dumps(body).encode())
+        except AlreadyExistsError:
+            pass
+    return record, EventLog(store, run_id)
+
+
+def _reopen_run(
+    store: Store, project: str, run_id: str, session_payload: dict[str, Any], takeover: bool
+) -> tuple[dict[str, Any], EventLog, int, RunState, dict[str, Any]]:
+    if not isinstance(run_id, str):
+        raise InvalidTypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
+    record = read_run_record(store, run_id)
+    # points a killed session on this host logged but never flushed go in first: they count toward
+    # the furthest step reached, and so toward the rewind this session may record
+    recover_run(store, run_id)
+    if record["project"] != project:
+        raise InvalidArgumentError(
+            f"run {run_id} belongs to project {record['project']!r}, not {project!r}; "
+            f"call init({record['project']!r}, resume={run_id!r})"
+        )
+    # Concurrent resumes are settled by the log: our start event must land
+    # right after the state we checked, or we check again.
+    store.require_coordination("resuming a run")
+    events = EventLog(store, run_id)
+    while True:
+        state = events.state()
+        if state.closed:
+            closed = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(state.closed_at or 0))
+            raise RunClosedError(
+                f"run {run_id} is closed: finish() was called at {closed}; start a new run, or "
+                "next time end sessions with finish(close_run=False) to keep the run resumable",
+                run_id=run_id,
+            )
+        previous = state.last_session
+        replaces: dict[str, Any] | None = None
+        if previous is not None and previous.ended_at is None:
+            live = liveness(store, run_id, previous)
+            if live.alive and not takeover:
+                age = time.time() - live.last_heartbeat
+                where = previous.process.get("hostname", "?")
+                raise RunInUseError(
+                    f"run {run_id} is in use by session {previous.id} (pid {previous.process.get('pid')} "
+                    f"on {where}, last heartbeat {age:.0f}s ago, {live.reason}); stop that process first, "
+                    f"or wait {previous.heartbeat_timeout:.0f}s past its last heartbeat if its host is gone, "
+                    "or pass takeover=True if you are sure it is dead",
+                    run_id=run_id,
+                    session_id=previous.id,
+                )
+            replaces = {"session": previous.id, "reason": "takeover" if live.alive else live.reason}
+        step = furthest_step(store, run_id, state)
+        mark_row(store, project, run_id, str(session_payload["session"]), "started")  # before the event
+        try:
+            started = events.append(
+                SESSION_STARTED,
+                {**session_payload, "resumed": True, "step": step, "replaces": replaces},
+                expect_seq=state.last_seq + 1,
+            )
+        except SequenceTaken:
+            continue
+        return record, events, step, state, started
