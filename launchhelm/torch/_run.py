@@ -354,8 +354,10 @@ class TorchRun(Run):
             copy of the state. The next save, ``load_checkpoint``,
             ``finish`` and interpreter exit wait for it;
             :meth:`wait_for_checkpoint` does so explicitly and raises if it
-            failed. A crash before it is published leaves no checkpoint
-            (never a partial one).
+            failed. A failed sharded save also stops training: every rank's
+            next watched optimizer step raises it (the same step on every
+            rank) until :meth:`clear_checkpoint_error`. A crash before it is
+            published leaves no checkpoint (never a partial one).
 
         Returns
         -------
