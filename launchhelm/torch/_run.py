@@ -77,6 +77,9 @@ class TorchRun(Run):
         self._pending_error: CheckpointError | None = None
         self._save_thread: threading.Thread | None = None
         self._save_error: CheckpointError | None = None
+        #: A sharded background save's failure, known on every rank; it becomes the pending error of
+        #: every rank at the same step boundary (see _after_optimizer_step), never of one rank alone.
+        self._save_failed: CheckpointError | None = None
         #: Bytes the last load_checkpoint read straight into live tensors (0: all through fresh memory).
         self._loaded_in_place = 0
         self._optimizer_in_place = False  # the last load did load_state_dict's work itself (tests)
@@ -212,6 +215,8 @@ class TorchRun(Run):
     def _before_optimizer_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
+        if self._world == 1 and self._save_failed is not None:
+            self._take_save_failure()
         if self._pending_error is not None:
             raise self._pending_error
 
@@ -219,10 +224,31 @@ class TorchRun(Run):
         self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
         self.global_step = self._step + 1
-        # under DDP every rank applies control requests at the same step:
-        # rank 0 says whether any arrived (one 1-byte broadcast per step)
-        if self._world > 1 and not self._finished and _dist.broadcast_flag(self._control_flag, self._world):
-            Run._step_boundary(self)
+        # under DDP every rank applies control requests, and learns that a background save failed,
+        # at the same step: rank 0 says whether either happened (one 1-byte broadcast per step).
+        # A rank raising at a step its peers train through would hang them in the next collective.
+        if self._world > 1 and not self._finished:
+            control, failed = self._control_flag, self._save_failed is not None
+            if _dist.broadcast_flag(control or failed, self._world):
+                control, failed = _dist.broadcast((control, failed), self._world)
+                if failed:
+                    self._take_save_failure()
+                if control:
+                    Run._step_boundary(self)
+
+    def _take_save_failure(self) -> None:
+        """Make a failed background save the pending error (the next step raises it), on every rank.
+
+        Under DDP rank 0 reported it: the other ranks' save threads ended with the
+        same outcome (the commit shares it), or are about to.
+        """
+        if self._save_thread is not None:
+            self._save_thread.join()
+            self._save_thread = None
+        failure = self._save_failed or self._save_error
+        self._save_failed = self._save_error = None  # raised once through the pending error, cleared with it
+        if failure is not None:
+            self._pending_error = failure
 
     # -- tunables and control (see launchhelm.runlog._control) ---------------------
     @property
@@ -328,8 +354,10 @@ class TorchRun(Run):
             copy of the state. The next save, ``load_checkpoint``,
             ``finish`` and interpreter exit wait for it;
             :meth:`wait_for_checkpoint` does so explicitly and raises if it
-            failed. A crash before it is published leaves no checkpoint
-            (never a partial one).
+            failed. A failed sharded save also stops training: every rank's
+            next watched optimizer step raises it (the same step on every
+            rank) until :meth:`clear_checkpoint_error`. A crash before it is
+            published leaves no checkpoint (never a partial one).
 
         Returns
         -------
@@ -456,6 +484,8 @@ class TorchRun(Run):
         if thread is not None:
             thread.join()
         error, self._save_error = self._save_error, None
+        if self._save_failed is not None:  # every rank waits here together: the next steps raise it too
+            self._pending_error, self._save_failed = self._save_failed, None
         if error is not None:
             raise error
 

@@ -298,7 +298,8 @@ def save(
                 step=context["step"],
             )
             run._save_error = failure
-            run._pending_error = failure  # every rank learns the outcome: every rank's next step raises
+            # every rank learns the outcome; the step hooks make it every rank's pending error at one step
+            run._save_failed = failure
 
     run._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
     run._save_thread.start()

@@ -2,7 +2,9 @@
 
 What a user would notice if this failed: ``benchmarks/bench_log.py`` printing
 "history matches what was logged: NO" (it did, once history() gained its
-``abandoned`` column), so its timings could not be trusted.
+``abandoned`` column), so its timings could not be trusted; or a GPU self-check
+(``benchmarks/gpu_*_check.py``) that cannot even run where no GPU is, so nobody
+learns it is broken until a GPU machine is lent.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 from lhtest import ROOT, child_env
 
 
@@ -25,3 +28,34 @@ def test_bench_log_reads_back_exactly_what_it_logged() -> None:
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert "history matches what was logged: yes" in done.stdout, done.stdout[-3000:]
+
+
+def _gpu_sharded_check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_sharded_check.py"), *args],
+        capture_output=True,
+        text=True,
+        env=child_env(OMP_NUM_THREADS="1", **env),
+        cwd=ROOT,
+        timeout=120,
+    )
+
+
+def test_gpu_sharded_check_skips_in_one_line_without_cuda() -> None:
+    done = _gpu_sharded_check(CUDA_VISIBLE_DEVICES="")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines() == [
+        "SKIP: no CUDA device here (torch.cuda.is_available() is False); nothing checked"
+    ], done.stdout
+
+
+@pytest.mark.slow
+def test_gpu_sharded_check_runs_its_checks_on_cpu() -> None:
+    """The GPU script's own logic, on CPU: a round trip it could not see as bitwise would fail here first."""
+    done = _gpu_sharded_check("--cpu", "--size-mb", "2")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert lines[-1] == "PASS", done.stdout
+    assert "bitwise round trip of every model and AdamW tensor: True" in done.stdout
+    assert "reused from the previous save: True" in done.stdout
+    assert "DCP async_save blocked" in done.stdout

@@ -12,7 +12,14 @@ Modes:
   damaged  load a checkpoint the test damaged; record the error; then try an optimizer step
   train    FSDP2 training with dropout and periodic checkpoints; ``--hang-at`` stops after a step
            (to be SIGKILLed), ``--resume`` restores the latest checkpoint and continues;
-           ``--reseed-after-load`` is the negative control; ``--final`` writes the final full state
+           ``--reseed-after-load`` is the negative control; ``--final`` writes the final full state;
+           ``--control CKPT:PATH``: then load CKPT again, re-seed, train again and write that full
+           state to PATH (the negative control, in the resumed job itself)
+  soak     train and save a checkpoint every step (blocking and non-blocking by turns), printing
+           ``save``/``saved`` lines, ``--saves`` times (a parent SIGKILLs a rank at random moments);
+           ``--resume`` loads ``latest`` first and prints what it restored
+  poison   a blocking save, then a non-blocking one whose write fails on rank 1 only (its file size
+           limit set to a few bytes); record what the next steps, save_checkpoint and finish raise
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import argparse
 import atexit
 import json
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -196,7 +204,91 @@ def mode_train(args: argparse.Namespace, rank: int, world: int, out: dict[str, A
     full = full_state(model, optimizer)
     if rank == 0 and args.final:
         torch.save(full, args.final)
+    if args.control:  # the negative control: the same restore, then a re-seed
+        ckpt, path = args.control.split(":", 1)
+        extra = tr.load_checkpoint(ckpt)
+        torch.manual_seed(12345)
+        for i in range(int(extra["next"]), STEPS):
+            step(model, optimizer, scheduler, i, rank)
+        full = full_state(model, optimizer)
+        if rank == 0:
+            torch.save(full, path)
     tr.finish(close_run=False)
+
+
+def mode_soak(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) -> None:
+    model, optimizer, scheduler = build(0)
+    tr = lht.init(args.project, store=args.store, resume=args.resume)
+    tr.watch(model, optimizer, scheduler)
+    say(f"run {tr.id}")
+    say(f"pid {rank} {os.getpid()}")
+    if args.resume:
+        extra = tr.load_checkpoint("latest")  # every block of every shard this rank holds is CRC-checked
+        finite = all(bool(torch.isfinite(v).all()) for v in full_state(model, optimizer)["model"].values())
+        say(f"loaded {rank} {tr.global_step} {extra['step']} {extra['rank']} {int(finite)}")
+    for _ in range(args.saves):
+        step(model, optimizer, scheduler, tr.global_step, rank)
+        now = tr.global_step
+        how = "blocking" if now % 2 == 0 else "nonblocking"
+        if rank == 0:
+            say(f"save {now} {how}")
+        tr.save_checkpoint(extra={"step": now, "rank": rank}, blocking=how == "blocking")
+        if rank == 0:
+            say(f"saved {now} {how}")
+    tr.finish(close_run=False)
+
+
+def mode_poison(args: argparse.Namespace, rank: int, world: int, out: dict[str, Any]) -> None:
+    model, optimizer, scheduler = build(0)
+    tr = lht.init(args.project, store=args.store)
+    tr.watch(model, optimizer, scheduler)
+    out["run_id"] = tr.id
+    for i in range(2):
+        step(model, optimizer, scheduler, i, rank)
+    out["good"] = tr.save_checkpoint()
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if rank == 1:  # a real write error on one rank only: EFBIG (Python ignores SIGXFSZ)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16, limits[1]))
+    out["failed"] = tr.save_checkpoint(blocking=False)
+    out["failed_step"] = tr.global_step
+    # train on as fast as it goes: every rank must raise at the same step, else FSDP2's collectives hang
+    out["raised_at"] = None
+    for i in range(2, 40):
+        try:
+            step(model, optimizer, scheduler, i, rank)
+        except CheckpointError as exc:
+            out["raised_at"], out["step_error"] = i, str(exc)
+            break
+    resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+    out["step_after"] = tr.global_step
+    errors = []
+    for _ in range(2):  # the error stays until cleared: the next step and save raise it again
+        try:
+            step(model, optimizer, scheduler, 99, rank)
+            errors.append(None)
+        except CheckpointError as exc:
+            errors.append(str(exc))
+    try:
+        tr.save_checkpoint()
+        errors.append(None)
+    except CheckpointError as exc:
+        errors.append(str(exc))
+    out["later_errors"] = errors
+    out["cleared"] = str(tr.clear_checkpoint_error())
+    step(model, optimizer, scheduler, 3, rank)  # training goes on once cleared; a save works again
+    out["recovered"] = tr.save_checkpoint(blocking=False)
+    tr.wait_for_checkpoint()
+    tr.finish(close_run=False)
+
+
+MODES = {
+    "save": mode_save,
+    "load": mode_load,
+    "damaged": mode_damaged,
+    "train": mode_train,
+    "soak": mode_soak,
+    "poison": mode_poison,
+}
 
 
 def main() -> None:
@@ -213,15 +305,15 @@ def main() -> None:
     parser.add_argument("--hang-at", type=int)
     parser.add_argument("--reseed-after-load", action="store_true")
     parser.add_argument("--final")
+    parser.add_argument("--control")
+    parser.add_argument("--saves", type=int, default=0)
     args = parser.parse_args()
     Path(args.out).mkdir(parents=True, exist_ok=True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     out: dict[str, Any] = {"rank": rank, "world": world}
     try:
-        {"save": mode_save, "load": mode_load, "damaged": mode_damaged, "train": mode_train}[args.mode](
-            args, rank, world, out
-        )
+        MODES[args.mode](args, rank, world, out)
     finally:
         (Path(args.out) / f"rank{rank}.json").write_text(json.dumps(out))
     dist.barrier()
