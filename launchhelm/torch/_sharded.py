@@ -623,7 +623,10 @@ def prepare(
     if isinstance(prepared.bundle["tunables"], dict):
         prepared.bundle["tunables"] = dict(prepared.bundle["tunables"])
     rng = decode_value(manifest["rng_by_rank"][source_rank], None, f"checkpoint {where} rng")
-    validate_rng(rng, f"checkpoint {where} rng_by_rank[{source_rank}]")
+    if isinstance(rng, dict) and set(rng) == {"rank"}:  # imported (launchhelm import dcp): no RNG state to restore
+        rng = {}
+    else:
+        validate_rng(rng, f"checkpoint {where} rng_by_rank[{source_rank}]")
     prepared.rng = dict(rng)
     prepared.extra = _plain(decode_value(manifest["extra_by_rank"][source_rank]))
     for name, obj in (("scheduler", run._scheduler), ("scaler", run._scaler)):
@@ -651,7 +654,8 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
         run._scheduler.load_state_dict(_plain(prepared.scheduler))
     if run._scaler is not None:
         run._scaler.load_state_dict(_plain(prepared.scaler))
-    restore_rng(prepared.rng)
+    if prepared.rng:
+        restore_rng(prepared.rng)
     return prepared.extra
 
 
@@ -738,7 +742,6 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
         )
     where = str(folder)
     manifest = validate_manifest((folder / MANIFEST_NAME).read_bytes(), where=where)
-    objects = [o["name"] for o in manifest["objects"]]
     saved = {k: e for k, e in manifest["tensors"].items() if k.startswith("model/")}
     live = {f"model/{k}": v for k, v in target.state_dict().items()}
     if set(live) != set(saved):
@@ -746,18 +749,28 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
         raise CheckpointError(
             f"checkpoint {where} does not match the module: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    reads: list[_Read] = []
-    full: dict[str, torch.Tensor] = {}
     for key, entry in saved.items():
         shape = tuple(entry["shape"])
         if shape != tuple(live[key].shape):
             raise CheckpointError(f"checkpoint {where}: {key} is {shape} there and {tuple(live[key].shape)} here")
-        full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
-        reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
     source = _Source.__new__(_Source)
     source.folder, source.prefix = folder, ""
+    full = read_full(source, manifest, list(saved), where)
+    target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
+    return model
+
+
+def read_full(source: _Source, manifest: dict[str, Any], keys: list[str], where: str) -> dict[str, torch.Tensor]:
+    """The tensors ``keys`` of a validated manifest, each whole: its chunks read and verified (consolidation)."""
+    objects = [o["name"] for o in manifest["objects"]]
+    reads: list[_Read] = []
+    full: dict[str, torch.Tensor] = {}
+    for key in keys:
+        entry = manifest["tensors"][key]
+        shape = tuple(entry["shape"])
+        full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
+        reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
     with ThreadPoolExecutor(max_workers=max(1, min(_READ_THREADS, len(reads)))) as pool:
         for future in [pool.submit(_do_read, source, r, f"checkpoint {where}") for r in reads]:
             future.result()
-    target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
-    return model
+    return full
