@@ -143,7 +143,9 @@ def _bundle(store: Store, event: dict[str, Any], where: str) -> dict[str, Any]:
             raise CheckpointError(f"{where} is not a readable torch checkpoint: {exc}") from None
     if not isinstance(bundle, dict) or not isinstance(bundle.get("model"), dict):
         raise CheckpointError(f"{where} holds no model state")
-    return _state(bundle["model"], bundle.get("optimizer"), bundle["step"], bundle.get("scheduler"), bundle.get("scaler"))
+    return _state(
+        bundle["model"], bundle.get("optimizer"), bundle["step"], bundle.get("scheduler"), bundle.get("scaler")
+    )
 
 
 def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, Any]:
@@ -170,7 +172,11 @@ def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, 
     saved = manifest["state"]
     decoded = {name: _sharded._plain(decode_value(saved.get(name), tensor, where)) for name in saved}
     return _state(
-        decoded.get("model"), decoded.get("optimizer"), manifest["step"], decoded.get("scheduler"), decoded.get("scaler")
+        decoded.get("model"),
+        decoded.get("optimizer"),
+        manifest["step"],
+        decoded.get("scheduler"),
+        decoded.get("scaler"),
     )
 
 
@@ -484,7 +490,7 @@ def _map(tree: dict[str, Any], step: int | None, where: str) -> tuple[dict[str, 
         key = next(iter(tree))
         raise SourceReadError(
             f"{where}: top-level entry {key!r} ({type(tree[key]).__name__}) is neither a model tensor nor one of "
-            f"{', '.join(('model',) + OPTIMIZER_KEYS + SCHEDULER_KEYS + EXTRA_KEYS)}; LaunchHelm does not guess "
+            f"{', '.join(('model', *OPTIMIZER_KEYS, *SCHEDULER_KEYS, *EXTRA_KEYS))}; LaunchHelm does not guess "
             "where it belongs: leave it out of the saved state, or load this checkpoint with DCP yourself"
         )
     bad = [k for k, v in model.items() if not isinstance(v, torch.Tensor)]
