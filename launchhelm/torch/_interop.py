@@ -51,7 +51,7 @@ EXPORT_FORMATS = ("torch", "dcp")
 #: DCP top-level keys (torchtitan's) and where an import puts them; other keys are model tensors or refused.
 OPTIMIZER_KEYS = ("optimizer", "optim")
 SCHEDULER_KEYS = ("lr_scheduler", "scheduler")
-EXTRA_KEYS = ("train_state", "dataloader", "step")
+EXTRA_KEYS = ("train_state", "dataloader")
 _DATA_FILE = re.compile(r"__(\d+)_(\d+)\.distcp")
 _METADATA = ".metadata"
 _MAX_METADATA_BYTES = 1 << 30
@@ -480,6 +480,7 @@ def _map(tree: dict[str, Any], step: int | None, where: str) -> tuple[dict[str, 
     optimizer = next((tree.pop(k) for k in OPTIMIZER_KEYS if k in tree), None)
     scheduler = next((tree.pop(k) for k in SCHEDULER_KEYS if k in tree), None)
     extra = {k: tree.pop(k) for k in EXTRA_KEYS if k in tree}
+    found = tree.pop("step", None)
     if "model" in tree:
         model = tree.pop("model")
         if not isinstance(model, dict):
@@ -490,7 +491,7 @@ def _map(tree: dict[str, Any], step: int | None, where: str) -> tuple[dict[str, 
         key = next(iter(tree))
         raise SourceReadError(
             f"{where}: top-level entry {key!r} ({type(tree[key]).__name__}) is neither a model tensor nor one of "
-            f"{', '.join(('model', *OPTIMIZER_KEYS, *SCHEDULER_KEYS, *EXTRA_KEYS))}; LaunchHelm does not guess "
+            f"{', '.join(('model', *OPTIMIZER_KEYS, *SCHEDULER_KEYS, *EXTRA_KEYS, 'step'))}; LaunchHelm does not guess "
             "where it belongs: leave it out of the saved state, or load this checkpoint with DCP yourself"
         )
     bad = [k for k, v in model.items() if not isinstance(v, torch.Tensor)]
@@ -501,7 +502,6 @@ def _map(tree: dict[str, Any], step: int | None, where: str) -> tuple[dict[str, 
     if scheduler is not None and not isinstance(scheduler, dict):
         raise SourceReadError(f"{where}: its lr_scheduler entry is a {type(scheduler).__name__}, not a state dict")
     if step is None:
-        found = extra.get("step")
         train_state = extra.get("train_state")
         if found is None and isinstance(train_state, dict):
             found = train_state.get("step")
