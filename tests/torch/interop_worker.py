@@ -52,7 +52,7 @@ def mode_make(args: argparse.Namespace, rank: int, out: dict[str, Any]) -> None:
         optimizer.step()
     out["ddp"] = {"run_id": tr.id, "artifact": tr.save_checkpoint()}
     if rank == 0:
-        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(args.out) / "ddp.pt")
+        torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict()}, Path(args.out) / "ddp.pt")
     tr.finish(close_run=False)
 
     model, optimizer, scheduler = build(0)

@@ -343,7 +343,7 @@ def test_a_dcp_save_of_2_fsdp2_ranks_imports_and_resumes_bitwise_on_1_and_2_rank
     url, root, out = made["url"], made["root"], made["out"]
     assert sorted(p.name for p in (out / "dcp").iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert main(["--store", url, "import", "dcp", str(out / "dcp"), "--project", "titan", "--run", "imported"]) == 0
-    (run_id,) = lh.Api(url).runs("titan")["run_id"].tolist()
+    (run_id,) = lh.Api(url).runs("titan")["id"].tolist()
     handle = lh.Api(url).run(run_id)
     (ckpt,) = handle.checkpoints()
     assert handle.name == "imported" and ckpt.step == 2 and ckpt.format == lht.FORMAT_SHARDED
@@ -351,8 +351,9 @@ def test_a_dcp_save_of_2_fsdp2_ranks_imports_and_resumes_bitwise_on_1_and_2_rank
         assert main(["--store", url, "export", made["ranks"][0]["fsdp"]["run_id"], "--format", "dcp",
                      "--out", str(root / "fsdp-dcp")]) == 0  # fmt: skip
     full = str(out / "full.pt")
-    one = _job("resume", 1, made, "resume1", "--resume", run_id, "--full", full)
-    two = _job("resume", 2, made, "resume2", "--resume", run_id, "--full", full, "--dcp", str(root / "fsdp-dcp"))
+    resume = ("--project", "titan", "--resume", run_id, "--full", full)
+    one = _job("resume", 1, made, "resume1", *resume)
+    two = _job("resume", 2, made, "resume2", *resume, "--dcp", str(root / "fsdp-dcp"))
     for ranks in (one, two):
         assert ranks[0]["tensors"] == 6 + 1 + 18 and ranks[0]["differences"] == []
         for rank in ranks:
