@@ -42,7 +42,14 @@ from launchhelm.storage._checksum import file_checksums, mismatches, verifying_a
 from launchhelm.torch import _sharded
 from launchhelm.torch._formats import _FORMATS
 from launchhelm.torch._loader import _target
-from launchhelm.torch._manifest import FORMAT_SHARDED, MANIFEST_NAME, decode_value, dtype_name, validate_manifest
+from launchhelm.torch._manifest import (
+    FORMAT_SHARDED,
+    MANIFEST_NAME,
+    decode_value,
+    dtype_name,
+    object_name,
+    validate_manifest,
+)
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint", "import_dcp_checkpoint", "read_dcp_metadata"]
 
@@ -203,13 +210,14 @@ def _write_torch(state: dict[str, Any], target: Path) -> None:
 
 
 def _write_dcp(state: dict[str, Any], target: Path) -> None:
-    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.filesystem import FileSystemWriter
+    from torch.distributed.checkpoint.state_dict_saver import save
 
     tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(state, storage_writer=dcp.FileSystemWriter(tmp), no_dist=True)
+            save(state, storage_writer=FileSystemWriter(tmp), no_dist=True)
         if target.exists():
             raise AlreadyExistsError(f"{target} appeared while exporting: nothing was overwritten")
         os.rename(tmp, target)
@@ -306,10 +314,10 @@ def read_dcp_metadata(raw: bytes, where: str) -> Any:
 def _dcp_readers() -> tuple[type, type]:
     """A storage reader whose metadata goes through the allow-list, and a planner whose non-tensor
     values load with ``weights_only=True`` (DCP's own use ``pickle.load`` and ``weights_only=False``)."""
-    from torch.distributed.checkpoint import DefaultLoadPlanner
     from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-    class SafeReader(FsspecReader):  # type: ignore[misc]
+    class SafeReader(FsspecReader):
         where = ""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
@@ -320,7 +328,7 @@ def _dcp_readers() -> tuple[type, type]:
             metadata.storage_meta = None
             return metadata
 
-    class SafePlanner(DefaultLoadPlanner):  # type: ignore[misc]
+    class SafePlanner(DefaultLoadPlanner):
         refused: str | None = None
 
         def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
@@ -341,8 +349,8 @@ def _dcp_readers() -> tuple[type, type]:
 def _read_dcp(path: str, storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], Any, int]:
     """Every value of a DCP checkpoint, whole, by its flat key; its metadata; how many ranks wrote it."""
     import fsspec
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
+    from torch.distributed.checkpoint.state_dict_loader import load
 
     fs, root = fsspec.core.url_to_fs(path, **dict(storage_options or {}))
     root = root.rstrip("/")
@@ -385,7 +393,7 @@ def _read_dcp(path: str, storage_options: Mapping[str, Any] | None) -> tuple[dic
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.load(flat, storage_reader=reader, planner=planner, no_dist=True)
+            load(flat, storage_reader=reader, planner=planner, no_dist=True)
     except BaseException as exc:
         if planner.refused is not None:
             raise SourceReadError(
@@ -412,7 +420,8 @@ def _nest(flat: dict[str, Any], metadata: Any, where: str) -> dict[str, Any]:
             if not isinstance(node, dict):
                 raise SourceReadError(f"{where}: {key!r} lies inside another value")
         node[path[-1]] = value
-    return _lists(root)
+    nested: dict[str, Any] = _lists(root)
+    return nested
 
 
 def _lists(node: Any) -> Any:
@@ -434,10 +443,13 @@ def _optimizer(value: Any, where: str) -> dict[str, Any]:
     """
     if not isinstance(value, dict):
         raise SourceReadError(f"{where}: its optimizer entry is a {type(value).__name__}, not an optimizer state")
+    state: Any
+    groups: Any
     if set(value) <= {"state", "param_groups"}:
         state, groups = value.get("state", {}), value.get("param_groups", [])
     elif all(isinstance(k, str) and (k.startswith("state.") or k.startswith("param_groups.")) for k in value):
-        state, by_param = {}, {}
+        state = {}
+        by_param: dict[str, dict[str, Any]] = {}
         for key, item in value.items():
             kind, _, rest = key.partition(".")
             param, _, name = rest.rpartition(".")
@@ -606,7 +618,7 @@ def import_dcp_checkpoint(
         artifact = new_artifact_id(step)
         prefix = artifact_prefix(run.id, artifact)
         chunks = [(k, ((0,) * t.dim(), tuple(t.shape)), t) for k, t in tensors.items() if t.numel()]
-        stored = [_sharded._write_object(writer, f"{prefix}/{_sharded.object_name(0)}", chunks)]  # type: ignore[arg-type]
+        stored = [_sharded._write_object(writer, f"{prefix}/{object_name(0)}", chunks)]  # type: ignore[arg-type]
         records = [{"rank": r, "rng": {}, "extra": extra, "placement": None} for r in range(writers)]
         context = {
             "step": step,

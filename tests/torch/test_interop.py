@@ -31,8 +31,9 @@ torch = pytest.importorskip("torch")
 lht = pytest.importorskip("launchhelm.torch")
 dcp = pytest.importorskip("torch.distributed.checkpoint")
 
-from launchhelm.importers import import_dcp  # noqa: E402
 from test_sharded import torchrun  # noqa: E402
+
+from launchhelm.importers import import_dcp  # noqa: E402
 
 WORKER = Path(__file__).with_name("interop_worker.py")
 
@@ -104,13 +105,14 @@ def test_export_of_a_single_process_checkpoint_reads_back_bitwise(tmp_path: Path
     optimizer.step()
     tr.save_checkpoint()  # "latest" is now this one; the export names the first by its id
     tr.finish(close_run=False)
-    assert main(["--store", store, "export", tr.id, artifact, "--format", "torch", "--out", str(tmp_path / "a.pt")]) == 0
+    args = ["--store", store, "export", tr.id, artifact]
+    assert main([*args, "--format", "torch", "--out", str(tmp_path / "a.pt")]) == 0
     exported = torch.load(tmp_path / "a.pt", weights_only=True)
     assert exported["step"] == 3
     assert _bitwise({k: exported[k] for k in first}, first) == []
     assert sorted(exported) == ["model", "optimizer", "scheduler", "step"]
 
-    assert main(["--store", store, "export", tr.id, artifact, "--format", "dcp", "--out", str(tmp_path / "d")]) == 0
+    assert main([*args, "--format", "dcp", "--out", str(tmp_path / "d")]) == 0
     loaded = _dcp_load(tmp_path / "d", {**first, "step": 0})
     assert loaded["step"] == 3
     assert _bitwise({k: loaded[k] for k in first}, first) == []
@@ -250,7 +252,7 @@ def test_hostile_or_unknown_content_is_refused_without_running_it(tmp_path: Path
     metadata = pickle.loads(real)
     metadata.planner_data = {"model.0.weight": _Boom(marker)}
     (folder / ".metadata").write_bytes(pickle.dumps(metadata))
-    with pytest.raises(SourceReadError, match="posix.system is not part of DCP"):
+    with pytest.raises(SourceReadError, match=r"posix\.system is not part of DCP"):
         import_dcp(folder, "interop", store=store)
     assert not marker.exists()
     assert lh.Api(store).runs("interop").empty  # nothing was created
@@ -267,9 +269,9 @@ def test_hostile_or_unknown_content_is_refused_without_running_it(tmp_path: Path
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         dcp.save({"model": msd, "step": 1, "ema": {"decay": 0.99}}, checkpoint_id=other)
-    with pytest.raises(SourceReadError, match="top-level entry 'ema' .* LaunchHelm does not guess"):
+    with pytest.raises(SourceReadError, match=r"top-level entry 'ema' .* LaunchHelm does not guess"):
         import_dcp(other, "interop", store=store)
-    with pytest.raises(SourceReadError, match="holds no .metadata"):
+    with pytest.raises(SourceReadError, match=r"holds no \.metadata"):
         import_dcp(tmp_path, "interop", store=store)
     nostep = tmp_path / "nostep"
     with warnings.catch_warnings():
@@ -322,7 +324,8 @@ def test_exports_of_ddp_and_fsdp2_checkpoints_read_back_bitwise(made: dict[str, 
     assert main(["--store", url, "export", ddp.run_id, ddp.id, "--format", "torch", "--out", str(root / "ddp.pt")]) == 0
     exported = torch.load(root / "ddp.pt", weights_only=True)
     assert exported["step"] == 2
-    assert _bitwise({k: exported[k] for k in ("model", "optimizer")}, torch.load(out / "ddp.pt", weights_only=True)) == []
+    reference = torch.load(out / "ddp.pt", weights_only=True)
+    assert _bitwise({k: exported[k] for k in ("model", "optimizer")}, reference) == []
 
     full = torch.load(out / "full.pt", weights_only=True)
     assert main(["--store", url, "export", fsdp.run_id, "--format", "torch", "--out", str(root / "fsdp.pt")]) == 0
@@ -330,7 +333,8 @@ def test_exports_of_ddp_and_fsdp2_checkpoints_read_back_bitwise(made: dict[str, 
     assert exported["step"] == 2 and exported["scheduler"] == full["scheduler"]
     # every shard consolidated: 3 layers' weight and bias, the buffer; AdamW's state of 6 parameters
     assert len(exported["model"]) == 7 and len(exported["optimizer"]["state"]) == 6
-    assert _bitwise({k: exported[k] for k in ("model", "optimizer")}, {k: full[k] for k in ("model", "optimizer")}) == []
+    both = ("model", "optimizer")
+    assert _bitwise({k: exported[k] for k in both}, {k: full[k] for k in both}) == []
 
     assert main(["--store", url, "export", fsdp.run_id, "--format", "dcp", "--out", str(root / "fsdp-dcp")]) == 0
     loaded = _dcp_load(root / "fsdp-dcp", {"model": full["model"], "optimizer": full["optimizer"], "step": 0})
