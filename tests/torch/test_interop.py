@@ -369,3 +369,24 @@ def test_a_dcp_save_of_2_fsdp2_ranks_imports_and_resumes_bitwise_on_1_and_2_rank
             }
     # the export of the /3 checkpoint, dcp.load-ed into a fresh FSDP2 model's sharded state under torchrun
     assert two[0]["dcp_step"] == 2 and two[0]["dcp_differences"] == []
+
+
+def test_a_dcp_folder_behind_an_fsspec_url_imports(tmp_path: Path) -> None:
+    """A remote folder is read through fsspec (memory:// here), with the same safe reader."""
+    from torch.distributed.checkpoint._fsspec_filesystem import FsspecWriter
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model, optimizer, _ = _flat_model_state(0)
+    msd, osd = get_state_dict(model, optimizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.save({"model": msd, "optimizer": osd, "step": 4}, storage_writer=FsspecWriter("memory://interop/ck"))
+    store = str(tmp_path / "store")
+    (run_id,) = import_dcp("memory://interop/ck", "interop", store=store).run_ids
+    (ckpt,) = lh.Api(store).run(run_id).checkpoints()
+    assert ckpt.step == 4
+    model2, _, _ = _flat_model_state(3)
+    from launchhelm.storage._keys import artifact_prefix
+
+    lht.load_weights(model2, Path(store) / artifact_prefix(run_id, ckpt.id))  # a sharded checkpoint's folder
+    assert _bitwise(model2.state_dict(), msd) == []
