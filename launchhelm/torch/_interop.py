@@ -368,6 +368,13 @@ def _read_dcp(path: str, storage_options: Mapping[str, Any] | None) -> tuple[dic
     reader = reader_type(path, **dict(storage_options or {}))
     reader.where = path
     metadata = reader.read_metadata()
+    storage = metadata.storage_data if isinstance(metadata.storage_data, dict) else {}
+    for info in storage.values():  # DCP reads each item from the file its metadata names: only this folder's
+        name = getattr(info, "relative_path", None)
+        if not isinstance(name, str) or not _DATA_FILE.fullmatch(name) or name not in listing:
+            raise SourceReadError(
+                f"{path}: its metadata points at {name!r}, not one of the folder's __<rank>_<n>.distcp files"
+            )
     data_bytes = sum(size for name, size in listing.items() if _DATA_FILE.fullmatch(name))
     writers = 1 + max((int(m.group(1)) for n in listing if (m := _DATA_FILE.fullmatch(n))), default=0)
     flat: dict[str, Any] = {}

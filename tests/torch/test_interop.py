@@ -255,6 +255,13 @@ def test_hostile_or_unknown_content_is_refused_without_running_it(tmp_path: Path
     with pytest.raises(SourceReadError, match=r"posix\.system is not part of DCP"):
         import_dcp(folder, "interop", store=store)
     assert not marker.exists()
+    # a file outside the folder is never read
+    metadata = pickle.loads(real)
+    for info in metadata.storage_data.values():
+        info.relative_path = "../../../etc/passwd"
+    (folder / ".metadata").write_bytes(pickle.dumps(metadata))
+    with pytest.raises(SourceReadError, match=r"points at '\.\./\.\./\.\./etc/passwd', not one of the folder's"):
+        import_dcp(folder, "interop", store=store)
     assert lh.Api(store).runs("interop").empty  # nothing was created
     # a value that is an object (not a tensor or plain data) is refused, named, never unpickled
     odd = tmp_path / "odd"
