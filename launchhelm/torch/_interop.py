@@ -47,6 +47,7 @@ from launchhelm.torch._manifest import (
     MANIFEST_NAME,
     decode_value,
     dtype_name,
+    encode_value,
     object_name,
     validate_manifest,
 )
@@ -594,16 +595,13 @@ def import_dcp_checkpoint(
         tensors[key] = t.detach().cpu().contiguous()
         return key
 
-    from launchhelm.torch._manifest import encode_value
-
     encoded = {
         "model": encode_value(state["model"], keep, "model"),
         "optimizer": encode_value(state["optimizer"], keep, "optimizer"),
         "scheduler": encode_value(scheduler) if scheduler is not None else None,
         "scaler": None,
     }
-    extra_value = encode_value(extra)  # checks now, before any run exists: inline tensors, bytes, numbers...
-    del extra_value
+    encode_value(extra)  # refused now, if at all, before any run exists (it is encoded again when published)
     offers = [
         [k, dtype_name(t.dtype), list(t.shape), [0] * t.dim(), list(t.shape), t.numel() * t.element_size()]
         for k, t in tensors.items()
