@@ -1,4 +1,4 @@
-"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``compact``, ``gc``."""
+"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``gc``, ``export``..."""
 
 from __future__ import annotations
 
@@ -228,6 +228,30 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    try:
+        from launchhelm.torch._interop import export_checkpoint
+    except ImportError as exc:
+        from launchhelm._exceptions import MissingExtraError
+
+        raise MissingExtraError(
+            f"exporting a checkpoint needs torch ({exc}); install it with: pip install 'launchhelm[torch]'",
+            extra="torch",
+            package="torch",
+        ) from None
+    api = Api(args.store)
+    done = export_checkpoint(api.store, args.run, args.checkpoint, format=args.format, out=args.out)
+    how = (
+        "torch.load(path, weights_only=True)"
+        if done["format"] == "torch"
+        else "torch.distributed.checkpoint.load(state_dict, checkpoint_id=path)"
+    )
+    print(
+        f"checkpoint {done['checkpoint']} (step {done['step']}) of run {args.run} -> {done['path']}; read it with {how}"
+    )
+    return 0
+
+
 class _HelpWithExample(argparse.RawDescriptionHelpFormatter):
     """Wraps descriptions as argparse does; keeps an ``examples:`` epilog's lines as written."""
 
@@ -254,7 +278,10 @@ _EXAMPLES = {
     "logs": "examples:\n  launchhelm logs 1o5sxsjc --follow --tail 20",
     "import": "examples:\n  launchhelm import tensorboard runs/ --project vision\n"
     "  launchhelm import mlflow sqlite:///mlflow.db --project vision --experiment baseline\n"
-    "  launchhelm import wandb wandb/ --project vision",
+    "  launchhelm import wandb wandb/ --project vision\n"
+    "  launchhelm import dcp outputs/checkpoint/step-1000 --project llama --run from-torchtitan",
+    "export": "examples:\n  launchhelm export 1o5sxsjc --format torch --out model.pt\n"
+    "  launchhelm export 1o5sxsjc ckpt-00000064-3fa2b1c9 --format dcp --out ckpt-64/",
     "gc": "examples:\n  launchhelm gc --keep-last 3 --dry-run  # list what would go\n"
     "  launchhelm --store s3://bucket/prefix gc --older-than 48h",
 }
@@ -314,6 +341,23 @@ def build_parser() -> argparse.ArgumentParser:
     logs.add_argument("--tail", "-n", type=int, default=None, help="only the last N lines (to start from)")
     logs.add_argument("--interval", type=float, default=1.0, help=argparse.SUPPRESS)
     logs.set_defaults(func=_cmd_logs)
+    export = sub.add_parser(
+        "export",
+        help="write a checkpoint as one torch.save file or a torch.distributed.checkpoint folder",
+        description="Write a run's checkpoint (format /1, /2 or /3: shards are consolidated and verified) as one "
+        "file torch.load(weights_only=True) reads, or a folder torch.distributed.checkpoint loads: the model, the "
+        "optimizer, the step, and the scheduler and scaler when saved. Nothing is overwritten.",
+    )
+    export.add_argument("run")
+    export.add_argument(
+        "checkpoint",
+        nargs="?",
+        default="latest",
+        help="a checkpoint id as `launchhelm show RUN` lists it (default: latest)",
+    )
+    export.add_argument("--format", required=True, metavar="torch|dcp", help="torch: one file; dcp: a DCP folder")
+    export.add_argument("--out", required=True, metavar="PATH", help="where to write it (must not exist)")
+    export.set_defaults(func=_cmd_export)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
     add_import_commands(sub)

@@ -1,4 +1,4 @@
-"""Import runs from TensorBoard, MLflow, W&B and Neptune exports: ``launchhelm import SOURCE ...`` or these functions.
+"""Import runs from TensorBoard, MLflow, W&B and Neptune exports, and DCP checkpoints: ``launchhelm import SOURCE``.
 
 Each source run becomes one LaunchHelm run, under an id derived from the
 source's own ids: importing the same source again adds nothing. A run
@@ -16,6 +16,7 @@ Examples
 
 from launchhelm._exceptions import ImportFailedError, MissingExtraError, SourceReadError
 from launchhelm.importers._common import ImportedRun, ImportResult
+from launchhelm.importers._dcp import import_dcp
 from launchhelm.importers._mlflow import import_mlflow
 from launchhelm.importers._neptune import import_neptune
 from launchhelm.importers._tensorboard import import_tensorboard
@@ -27,6 +28,7 @@ __all__ = [
     "ImportedRun",
     "MissingExtraError",
     "SourceReadError",
+    "import_dcp",
     "import_mlflow",
     "import_neptune",
     "import_tensorboard",

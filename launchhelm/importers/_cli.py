@@ -132,14 +132,47 @@ def _neptune(sources: Subparsers) -> None:
     parser.set_defaults(func=run)
 
 
+def _dcp(sources: Any) -> None:
+    def run(args: argparse.Namespace) -> int:
+        from launchhelm.importers import import_dcp
+
+        result = import_dcp(args.path, args.project, name=args.run, step=args.step, store=args.store, report=print)
+        run_id = result.run_ids[0]
+        print(
+            f"resume it with lht.init({result.project!r}, resume={run_id!r}) and "
+            'load_checkpoint("resume"), on any number of ranks'
+        )
+        return 0
+
+    parser = sources.add_parser(
+        "dcp",
+        help="a torch.distributed.checkpoint folder (torchtitan's, say) as the checkpoint of a new run",
+        description="Record a DCP checkpoint (a folder of __<rank>_<n>.distcp files and a .metadata) as the "
+        "checkpoint of a new run, stored in LaunchHelm's sharded format with checksums, so that "
+        "load_checkpoint('resume') restores it on any number of ranks. Its .metadata is read with an unpickler "
+        "that admits only DCP's metadata classes; values that are not tensors or plain data are refused. "
+        "Importing the same checkpoint again adds nothing.",
+    )
+    parser.add_argument("path", metavar="DIR", help="the DCP checkpoint folder (a local path or an fsspec URL)")
+    parser.add_argument("--project", "-p", required=True, help="the LaunchHelm project of the new run")
+    parser.add_argument("--run", default=None, metavar="NAME", help="the new run's name (default: a random one)")
+    parser.add_argument(
+        "--step", type=int, default=None, help="the step it restores (default: its step or train_state.step entry)"
+    )
+    parser.add_argument("--store", default=argparse.SUPPRESS, help=_STORE_HELP)
+    parser.set_defaults(func=run)
+
+
 #: One function per source: each adds its subcommand to ``launchhelm import``.
-SOURCES: list[Callable[[Subparsers], None]] = [_tensorboard, _mlflow, _wandb, _neptune]
+SOURCES: list[Callable[[Subparsers], None]] = [_tensorboard, _mlflow, _wandb, _neptune, _dcp]
 
 
 def add_commands(sub: Subparsers) -> None:
     """Add ``import`` (and under it one subcommand per source) to the ``launchhelm`` command's subparsers."""
     parser = sub.add_parser(
-        "import", help="import runs from TensorBoard, MLflow, W&B or a Neptune export (importing again adds nothing)"
+        "import",
+        help="import runs from TensorBoard, MLflow, W&B, a Neptune export, or a DCP checkpoint "
+        "(importing again adds nothing)",
     )
     sources = parser.add_subparsers(dest="source", required=True, metavar="SOURCE")
     for add in SOURCES:

@@ -32,7 +32,7 @@ import torch
 
 from launchhelm._exceptions import CheckpointError
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
-from launchhelm.storage import LocalStore
+from launchhelm.storage import LocalStore, Store
 from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm.torch import _dist
 from launchhelm.torch._manifest import (
@@ -455,6 +455,15 @@ class _Source:
                 fd = self._fds[name] = os.open(self.folder / name, os.O_RDONLY)
             return fd
 
+    @classmethod
+    def at(cls, store: Store, prefix: str) -> _Source:
+        """A checkpoint's objects under ``prefix`` of ``store``, with no run (export, consolidation)."""
+        source = cls(None, None)
+        source.store, source.prefix = store, prefix
+        if isinstance(store, LocalStore):
+            source.folder = store.root / prefix
+        return source
+
     def read_into(self, name: str, start: int, view: memoryview) -> int:
         """Fill ``view`` with the object's bytes from ``start``; how many there were."""
         if self.folder is not None:
@@ -851,7 +860,10 @@ def prepare(
     if isinstance(prepared.bundle["tunables"], dict):
         prepared.bundle["tunables"] = dict(prepared.bundle["tunables"])
     rng = decode_value(manifest["rng_by_rank"][source_rank], None, f"checkpoint {where} rng")
-    validate_rng(rng, f"checkpoint {where} rng_by_rank[{source_rank}]")
+    if isinstance(rng, dict) and set(rng) == {"rank"}:  # imported (launchhelm import dcp): no RNG state to restore
+        rng = {}
+    else:
+        validate_rng(rng, f"checkpoint {where} rng_by_rank[{source_rank}]")
     prepared.rng = dict(rng)
     prepared.extra = _plain(decode_value(manifest["extra_by_rank"][source_rank]))
     for name, obj in (("scheduler", run._scheduler), ("scaler", run._scaler)):
@@ -882,7 +894,8 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
         run._scheduler.load_state_dict(_plain(prepared.scheduler))
     if run._scaler is not None:
         run._scaler.load_state_dict(_plain(prepared.scaler))
-    restore_rng(prepared.rng)
+    if prepared.rng:
+        restore_rng(prepared.rng)
     return prepared.extra
 
 
@@ -969,7 +982,6 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
         )
     where = str(folder)
     manifest = validate_manifest((folder / MANIFEST_NAME).read_bytes(), where=where)
-    objects = [o["name"] for o in manifest["objects"]]
     saved = {k: e for k, e in manifest["tensors"].items() if k.startswith("model/")}
     live = {f"model/{k}": v for k, v in target.state_dict().items()}
     if set(live) != set(saved):
@@ -977,14 +989,24 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
         raise CheckpointError(
             f"checkpoint {where} does not match the module: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    reads: list[_Read] = []
-    full: dict[str, torch.Tensor] = {}
     for key, entry in saved.items():
         shape = tuple(entry["shape"])
         if shape != tuple(live[key].shape):
             raise CheckpointError(f"checkpoint {where}: {key} is {shape} there and {tuple(live[key].shape)} here")
-        full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
-        reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
-    _Reader(_Source(None, None, folder), f"checkpoint {where}").run(reads)
+    full = read_full(_Source(None, None, folder), manifest, list(saved), where)
     target.load_state_dict({k.removeprefix("model/"): v for k, v in full.items()})
     return model
+
+
+def read_full(source: _Source, manifest: dict[str, Any], keys: list[str], where: str) -> dict[str, torch.Tensor]:
+    """The tensors ``keys`` of a validated manifest, each whole: its chunks read and verified (consolidation)."""
+    objects = [o["name"] for o in manifest["objects"]]
+    reads: list[_Read] = []
+    full: dict[str, torch.Tensor] = {}
+    for key in keys:
+        entry = manifest["tensors"][key]
+        shape = tuple(entry["shape"])
+        full[key] = torch.empty(shape, dtype=dtype_named(entry["dtype"], key))
+        reads += _plan_reads(entry, objects, manifest["block_size"], ((0,) * len(shape), shape), full[key])
+    _Reader(source, f"checkpoint {where}").run(reads)
+    return full
