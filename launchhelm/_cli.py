@@ -181,6 +181,8 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     from launchhelm.metrics._spool import recover_run, spool_root
+    from launchhelm.runlog._runinfo import run_record
+    from launchhelm.runlog._table import mark_row
 
     api = Api(args.store)
     root = spool_root()
@@ -190,6 +192,10 @@ def _cmd_recover(args: argparse.Namespace) -> int:
         return 0
     for run_id in run_ids:
         points = recover_run(api.store, run_id)
+        if points:
+            # the run changed without a session: touch its row so the runs table and the project
+            # history dataset, which trust a row while its marker is unchanged, read it afresh
+            mark_row(api.store, run_record(api.store, run_id)["project"], run_id, "recovered", "recovered")
         where = "" if points else " (none spooled by a dead session for this store)"
         print(f"run {run_id}: recovered {points} spooled point(s){where}")
     return 0
