@@ -58,6 +58,7 @@ from launchhelm.evaluation._queue import (
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.runlog._events import RunState, validate_project
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._backends import request_budget
 
 if TYPE_CHECKING:
     from launchhelm._api import RunHandle
@@ -120,6 +121,7 @@ class _StoreWatch:
         self._url = url
         self._lock = threading.Lock()
         self.since: float | None = None  # wall time of the first failure of the current outage
+        self.ended = -math.inf  # wall time the store last answered again
         self.doing = ""  # what the worker holds meanwhile, for the first line
 
     def failed(self, exc: BaseException) -> bool:
@@ -128,6 +130,12 @@ class _StoreWatch:
             return False
         with self._lock:
             if self.since is not None:
+                return True
+            if time.time() - self.ended < request_budget():
+                # a request the outage swallowed, failing after the store answered again: the old outage
+                _log.debug(
+                    "evaluation worker %s: a request from before the store answered failed: %s", self._worker, exc
+                )
                 return True
             self.since = time.time()
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
@@ -145,7 +153,8 @@ class _StoreWatch:
         with self._lock:
             if self.since is None:
                 return
-            lasted, self.since = time.time() - self.since, None
+            self.ended = time.time()
+            lasted, self.since = self.ended - self.since, None
         _log.warning(
             "launchhelm: evaluation worker %s: the store %s answers again after %.0fs; going on",
             self._worker,

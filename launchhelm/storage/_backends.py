@@ -64,6 +64,7 @@ __all__ = [
     "kind_of",
     "part_upload_for",
     "read_timeout",
+    "request_budget",
     "tune_client",
 ]
 
@@ -103,6 +104,15 @@ def connect_timeout() -> float:
 def read_timeout() -> float:
     """Seconds to wait for the next bytes of an answer: ``$LAUNCHHELM_READ_TIMEOUT``, else 20."""
     return _seconds("LAUNCHHELM_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)
+
+
+def request_budget() -> float:
+    """Longest a request can take before the client library gives up on it (every attempt timing out).
+
+    A failure within this long after a store answered again may be a request
+    an outage swallowed before it ended, not a new outage.
+    """
+    return (connect_timeout() + read_timeout()) * CLIENT_ATTEMPTS
 
 
 def client_options(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
