@@ -38,7 +38,8 @@ from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, pause, validate_key
+from launchhelm.metrics._pause import pause
+from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
 from launchhelm.metrics._spool import Spool
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
