@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias, cast
 
 import anywidget
 import traitlets
@@ -40,6 +40,8 @@ from launchhelm.widgets._messages import (
 )
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from launchhelm.storage import Store
 
 __all__ = [
@@ -169,12 +171,12 @@ class Reusable:
     _reuse_as: tuple[Hashable, ...] | None = None
     _resolved: Any = None
 
-    def __new__(cls, *args: object, **kwargs: object) -> Any:
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
         key, resolved = cls._reuse_key(*args, **kwargs)
         with _registry_lock:
             existing = _registry.get(key)
             if existing is not None and getattr(existing, "comm", None) is not None:
-                return existing
+                return cast("Self", existing)  # a key names its widget's class first
             obj = super().__new__(cls, *args, **kwargs)
             obj._reuse_as = key
             obj._resolved = resolved
@@ -226,7 +228,8 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         """The widget as it stands, for a notebook opened without a kernel (``text/html``, ``image/svg+xml``)."""
         return {}
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    # kwargs typed as AnyWidget's own: IPython passes ``include``/``exclude`` through
+    def _repr_mimebundle_(self, **kwargs: dict[str, object]) -> tuple[dict[str, object], dict[str, object]] | None:
         from launchhelm.widgets._static import split_fallback
 
         bundle = super()._repr_mimebundle_(**kwargs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import ipywidgets
 import traitlets
@@ -42,6 +42,9 @@ from launchhelm.widgets._base import LiveWidget, Reusable, StoreArg, front_end
 from launchhelm.widgets._compare import CompareChart
 from launchhelm.widgets._messages import RunsTableState, TableColumn, TableRow, synced_dict
 from launchhelm.widgets._static import table_html
+
+if TYPE_CHECKING:
+    from marimo import Html
 
 __all__ = ["RunsTable", "RunsTableView"]
 
@@ -186,7 +189,7 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"<launchhelm.widgets.RunsTable {self.project}>"
 
-    def _display_(self) -> Any:
+    def _display_(self) -> Html:
         """How marimo shows it (it draws anywidgets, not ipywidgets' VBox): the table above the comparison."""
         import marimo as mo
 
@@ -277,8 +280,8 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
             parts.extend(self.compare.static_mimebundle().values())
         return "<div class='launchhelm-static-runs'>" + "".join(parts) + "</div>"
 
-    def _repr_mimebundle_(self, **kwargs: object) -> Any:
-        data = super()._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object] | None:
+        data: dict[str, object] | None = super()._repr_mimebundle_(**kwargs)  # ipywidgets': a dict or None
         if not isinstance(data, dict):
             return data
         try:
