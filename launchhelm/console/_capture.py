@@ -12,7 +12,7 @@ Capture (one per process, shared by every live session that asked for it):
   ipykernel's ``OutStream``, which copies every write to its ``echo`` (its
   own, and the fd-level output of C code and child processes it forwards):
   the capture becomes that echo, passing on to any echo it had, and touches
-  nothing else (``write`` is IPython's to wrap around each cell). Any other
+  nothing else (``write`` is IPython's to wrap around each cell). Every other
   stream (replaced by something, with no fd 1 behind it) has its ``write``
   wrapped on the instance, the same object staying ``sys.stdout``; a stream
   that takes no attributes, or one under IPython that is no OutStream, is

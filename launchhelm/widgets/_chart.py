@@ -263,7 +263,7 @@ def _system_layers(i: int, key: str, y: VegaLiteSpec) -> list[JSONValue]:
     ]
 
 
-class RunChart(LiveWidget):
+class RunChart(LiveWidget[tuple[Api, RunHandle]]):
     """A run's metrics in a notebook: one panel per key, x = step, rewinds marked.
 
     A rewind shows as a dashed rule at the step the run resumed from, with

@@ -75,7 +75,7 @@ __all__ = [
 ]
 
 
-class CompareChart(LiveWidget):
+class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
     """Runs side by side: one panel per metric, a line per run, each run's rewinds marked.
 
     The legend names runs by name; each run keeps its colour whatever else

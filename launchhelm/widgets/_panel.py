@@ -32,7 +32,7 @@ __all__ = ["TAB_TITLES", "RunPanel"]
 TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details", "Logs")
 
 
-class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
+class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignore[misc]
     """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details, Logs.
 
     Showing the same run again (re-running the cell) shows the same panel:

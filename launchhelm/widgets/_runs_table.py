@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 __all__ = ["RunsTable", "RunsTableView"]
 
 
-class RunsTableView(LiveWidget):
+class RunsTableView(LiveWidget[tuple[Api, str]]):
     """The table part of :class:`RunsTable` (the anywidget); its traits are what the person chose."""
 
     state = synced_dict(RunsTableState)
@@ -111,7 +111,7 @@ class RunsTableView(LiveWidget):
                 self.state = state
 
 
-class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
+class RunsTable(Reusable[Api], ipywidgets.VBox):  # type: ignore[misc]
     """A project's runs as a live table; tick runs to compare them below it.
 
     Columns: name, status (with its sentence on hover), furthest step,
