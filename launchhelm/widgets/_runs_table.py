@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import ipywidgets
 import traitlets
@@ -47,6 +47,16 @@ if TYPE_CHECKING:
     from marimo import Html
 
 __all__ = ["RunsTable", "RunsTableView"]
+
+
+class _SelectionChange(TypedDict):
+    """What traitlets hands an observer of ``selected``."""
+
+    name: str
+    old: list[str]
+    new: list[str]
+    owner: object
+    type: str
 
 
 class RunsTableView(LiveWidget[tuple[Api, str]]):
@@ -195,7 +205,7 @@ class RunsTable(Reusable[Api], ipywidgets.VBox):  # type: ignore[misc]
 
         return mo.vstack([self.table, self.compare])
 
-    def _on_selection(self, change: Any) -> None:
+    def _on_selection(self, change: _SelectionChange) -> None:
         try:
             self.compare.set_runs(list(change["new"]))
         except Exception as exc:  # shown in the table: a tick must never kill the comm
