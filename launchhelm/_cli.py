@@ -7,11 +7,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from launchhelm._api import Api
 from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
 from launchhelm._gc import add_commands as add_gc_commands
+from launchhelm._types import JSONValue
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
 from launchhelm.evaluation._cli import print_evaluations
 from launchhelm.importers._cli import add_commands as add_import_commands
@@ -113,16 +113,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str) -> JSONValue:
     """``1e-4`` -> 0.0001, ``true`` -> True, ``[0.9, 0.99]`` -> list; anything else stays a string."""
     try:
-        return json.loads(text)
+        value: JSONValue = json.loads(text)
     except ValueError:
         return text
+    return value
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    changes: dict[str, Any] = {}
+    changes: dict[str, JSONValue] = {}
     for item in args.changes:
         name, sep, value = item.partition("=")
         if not sep or not name:

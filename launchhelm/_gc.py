@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm.runlog._events import (
@@ -51,6 +51,9 @@ from launchhelm.runlog._events import (
 )
 from launchhelm.storage import ObjectInfo, Store, open_store
 from launchhelm.storage._keys import PROJECTS, artifacts_prefix, parse_project_listing
+
+if TYPE_CHECKING:
+    from launchhelm.runlog._records import CheckpointEvent
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
 
@@ -174,7 +177,7 @@ def _project_of(store: Store, run_id: str) -> str | None:
 
 def _protections(
     state: RunState, keep_last: int, evaluations: dict[str, str], include_evaluated: bool = False
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
+) -> tuple[list[CheckpointEvent], dict[str, str]]:
     """(checkpoints to delete, {kept id: why}) under ``keep_last``."""
     live = state.checkpoints
     why: dict[str, str] = {}
@@ -189,8 +192,13 @@ def _protections(
             why.setdefault(checkpoint, "its evaluation is queued or running")
         elif not include_evaluated:
             why.setdefault(checkpoint, f"it has a {evaluation} evaluation (--include-evaluated deletes it)")
-    doomed = [e for e in live if e["checkpoint"] not in why]
+    doomed = [_checkpoint_event(e) for e in live if e["checkpoint"] not in why]
     return doomed, why
+
+
+def _checkpoint_event(event: Mapping[str, object]) -> CheckpointEvent:
+    # the run log hands checkpoint events out as plain dicts (RunState.checkpoints)
+    return cast("CheckpointEvent", event)
 
 
 class _Collector:
@@ -307,7 +315,7 @@ class _Collector:
             self._delete(self._record_retention(run_id, event, groups, base, keep_last))
 
     def _record_retention(
-        self, run_id: str, event: dict[str, Any], groups: dict[str, list[ObjectInfo]], base: str, keep_last: int
+        self, run_id: str, event: CheckpointEvent, groups: dict[str, list[ObjectInfo]], base: str, keep_last: int
     ) -> list[str]:
         checkpoint = str(event["checkpoint"])
         infos = groups.get(checkpoint, [])
