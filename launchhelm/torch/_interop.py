@@ -39,7 +39,6 @@ from launchhelm._exceptions import (
 )
 from launchhelm.storage import LocalStore, Store
 from launchhelm.storage._checksum import file_checksums, mismatches, verifying_algorithms
-from launchhelm.torch import _sharded
 from launchhelm.torch._formats import _FORMATS
 from launchhelm.torch._loader import _target
 from launchhelm.torch._manifest import (
@@ -51,6 +50,9 @@ from launchhelm.torch._manifest import (
     object_name,
     validate_manifest,
 )
+from launchhelm.torch._sharded._load import _plain, read_full
+from launchhelm.torch._sharded._reads import _Source
+from launchhelm.torch._sharded._save import _publish, _write_object
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint", "import_dcp_checkpoint", "read_dcp_metadata"]
 
@@ -161,14 +163,14 @@ def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, 
     from launchhelm.storage._checksum import CRC64NVME, crc64nvme
 
     target = _target(event)
-    source = _sharded._Source.at(store, target["key"].rsplit("/", 1)[0])
+    source = _Source.at(store, target["key"].rsplit("/", 1)[0])
     raw = source.whole(MANIFEST_NAME)
     expected = target["checksums"].get(CRC64NVME)
     if len(raw) != target["size"] or (expected is not None and f"{crc64nvme(raw):016x}" != expected):
         raise CheckpointError(f"{where}: its manifest does not match its record: corrupted")
     files = target["files"] or []
     manifest = validate_manifest(raw, expected_objects={f["name"]: int(f["size"]) for f in files[1:]}, where=where)
-    full = _sharded.read_full(source, manifest, list(manifest["tensors"]), where)
+    full = read_full(source, manifest, list(manifest["tensors"]), where)
 
     def tensor(key: str) -> torch.Tensor:
         if key not in full:
@@ -176,7 +178,7 @@ def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, 
         return full[key]
 
     saved = manifest["state"]
-    decoded = {name: _sharded._plain(decode_value(saved.get(name), tensor, where)) for name in saved}
+    decoded = {name: _plain(decode_value(saved.get(name), tensor, where)) for name in saved}
     return _state(
         decoded.get("model"),
         decoded.get("optimizer"),
@@ -625,7 +627,7 @@ def import_dcp_checkpoint(
         artifact = new_artifact_id(step)
         prefix = artifact_prefix(run.id, artifact)
         chunks = [(k, ((0,) * t.dim(), tuple(t.shape)), t) for k, t in tensors.items() if t.numel()]
-        stored = [_sharded._write_object(writer, f"{prefix}/{object_name(0)}", chunks)]  # type: ignore[arg-type]
+        stored = [_write_object(writer, f"{prefix}/{object_name(0)}", chunks)]  # type: ignore[arg-type]
         records = [{"rank": r, "rng": {}, "extra": extra, "placement": None} for r in range(writers)]
         context = {
             "step": step,
@@ -635,7 +637,7 @@ def import_dcp_checkpoint(
             "records": records,
             "meta": offers,
         }
-        _sharded._publish(writer, artifact, prefix, stored, context)  # type: ignore[arg-type]
+        _publish(writer, artifact, prefix, stored, context)  # type: ignore[arg-type]
     finally:
         run.finish(close_run=False)
     mapped = {

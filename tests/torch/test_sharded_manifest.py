@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 lht = pytest.importorskip("launchhelm.torch")
 
 from launchhelm.torch import _manifest, _sharded  # noqa: E402
+from launchhelm.torch._sharded._reads import _plan_reads  # noqa: E402
 
 
 def _model() -> tuple[Any, Any]:
@@ -174,7 +175,7 @@ def _planned(saved_boxes: list[tuple[list[int], list[int]]], live: tuple[list[in
     entry = {"dtype": "float32", "shape": shape, "chunks": chunks}
     dest = torch.empty(live[1])
     box = (tuple(live[0]), tuple(live[1]))
-    return _sharded._plan_reads(entry, ["shard-00000.bin"], 4096, box, dest)
+    return _plan_reads(entry, ["shard-00000.bin"], 4096, box, dest)
 
 
 def test_a_load_reads_only_the_chunks_that_overlap_its_shard() -> None:

@@ -14,7 +14,7 @@ import torch
 
 import launchhelm as lh
 from launchhelm.storage._checksum import crc64nvme
-from launchhelm.torch import _sharded
+from launchhelm.torch._sharded._reads import _plan_reads, _Reader, _Source
 
 BLOCK = 4096
 OBJECT = "shard-00000.bin"
@@ -60,8 +60,8 @@ def test_every_box_reads_bitwise_whatever_the_split(tmp_path: Path, dtype: torch
                 for start, size in _split(shape[live_dim], 4, rng):
                     box = _box(shape, live_dim, start, size)
                     dest = torch.full(box[1], 3, dtype=dtype)
-                    reads = _sharded._plan_reads(entry, [OBJECT], BLOCK, box, dest)
-                    _sharded._Reader(_sharded._Source(None, None, tmp_path), "t").run(reads)
+                    reads = _plan_reads(entry, [OBJECT], BLOCK, box, dest)
+                    _Reader(_Source(None, None, tmp_path), "t").run(reads)
                     expected = full[tuple(slice(o, o + e) for o, e in zip(*box, strict=True))]
                     assert torch.equal(dest.view(torch.uint8), expected.contiguous().view(torch.uint8)), (box, shape)
 
@@ -70,8 +70,8 @@ def test_a_verifying_pass_keeps_nothing_and_catches_a_flipped_byte(tmp_path: Pat
     full = torch.randn(300, 41)
     entry = _save(tmp_path, full, 0, 2, random.Random(1))
     dest = torch.zeros(150, 41)
-    reads = _sharded._plan_reads(entry, [OBJECT], BLOCK, ((150, 0), (150, 41)), dest)
-    reader = _sharded._Reader(_sharded._Source(None, None, tmp_path), "checkpoint x")
+    reads = _plan_reads(entry, [OBJECT], BLOCK, ((150, 0), (150, 41)), dest)
+    reader = _Reader(_Source(None, None, tmp_path), "checkpoint x")
     reader.run([], verify=reads)
     assert not dest.any()  # checked, not placed
     reader.run(reads)

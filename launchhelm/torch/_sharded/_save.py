@@ -1,0 +1,321 @@
+"""Saving a sharded checkpoint: every rank writes its chunks, rank 0 the manifest and the commit."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from launchhelm._exceptions import CheckpointError
+from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
+from launchhelm.torch import _dist
+from launchhelm.torch._manifest import BLOCK_SIZE, FORMAT_SHARDED, MANIFEST_NAME, dtype_name, encode_value, object_name
+from launchhelm.torch._records import RankRecord
+from launchhelm.torch._sharded._state import Box, _box, _collect, _state_dicts
+
+if TYPE_CHECKING:
+    from launchhelm.torch._run import TorchRun
+
+
+def _plan(offers: list[list[list[Any]]]) -> dict[tuple[str, Box], int]:
+    """Which rank writes each distinct non-empty chunk: one of its holders, the least loaded.
+
+    Deterministic from what every rank gathered, so every rank computes the same plan.
+    """
+    holders: dict[tuple[str, Box], list[int]] = {}
+    sizes: dict[tuple[str, Box], int] = {}
+    for rank, offer in enumerate(offers):
+        for key, _dtype, _shape, offset, shape, nbytes in offer:
+            if nbytes == 0:
+                continue
+            chunk = (key, (tuple(offset), tuple(shape)))
+            holders.setdefault(chunk, []).append(rank)
+            sizes[chunk] = nbytes
+    load = [0] * len(offers)
+    writer: dict[tuple[str, Box], int] = {}
+    for chunk in sorted(holders, key=lambda c: (-sizes[c], c[0], c[1])):
+        rank = min(holders[chunk], key=lambda r: (load[r], r))
+        writer[chunk] = rank
+        load[rank] += sizes[chunk]
+    return writer
+
+
+def _bytes_of(local: torch.Tensor) -> memoryview:
+    flat = local.detach().to("cpu").contiguous().reshape(-1)
+    view: memoryview = flat.view(torch.uint8).numpy().data
+    return view.cast("B")
+
+
+def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Tensor]]) -> dict[str, Any]:
+    """Stream the chunks into one object; its record with each chunk's place and block CRCs."""
+    records: list[dict[str, Any]] = []
+    position, whole = 0, 0
+    with run._store.writer(key) as out:
+        for name, (offset, shape), local in chunks:
+            view = _bytes_of(local)
+            crcs = []
+            for start in range(0, len(view), BLOCK_SIZE):
+                block = view[start : start + BLOCK_SIZE]
+                crc = crc64nvme(block)
+                out.write(block)
+                whole = combine_crc64nvme(whole, crc, len(block))
+                crcs.append(f"{crc:016x}")
+            records.append(
+                {
+                    "key": name,
+                    "offset": list(offset),
+                    "shape": list(shape),
+                    "start": position,
+                    "nbytes": len(view),
+                    CRC64NVME: crcs,
+                }
+            )
+            position += len(view)
+    return {"name": key.rsplit("/", 1)[-1], "size": position, CRC64NVME: f"{whole:016x}", "chunks": records}
+
+
+@dataclass
+class Survey:
+    """What one rank holds to save: taken before the save's one gather, which carries :meth:`shared`."""
+
+    offer: list[list[Any]]  # [key, dtype, global shape, offset, local shape, nbytes] per tensor
+    problem: str | None
+    artifact: str | None  # rank 0's new id; None elsewhere
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    state: Any = None
+
+    def shared(self) -> tuple[list[list[Any]], str | None, str | None]:
+        return self.offer, self.problem, self.artifact
+
+
+def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Survey:
+    """This rank's state dicts and what it offers to write; never raises (a problem is reported)."""
+    problem: str | None = None
+    offer: list[list[Any]] = []
+    tensors: dict[str, torch.Tensor] = {}
+    state: Any = None
+    try:
+        msd, osd = _state_dicts(run, model, optimizer)
+        model_state, model_tensors = _collect(msd, "model")
+        optim_state, optim_tensors = _collect(osd, "optimizer")
+        tensors = {**model_tensors, **optim_tensors}
+        state = {
+            "model": model_state,
+            "optimizer": optim_state,
+            "scheduler": encode_value(run._scheduler.state_dict()) if run._scheduler is not None else None,
+            "scaler": encode_value(run._scaler.state_dict()) if run._scaler is not None else None,
+        }
+        for key, t in tensors.items():
+            (offset, shape), _local = _box(t)
+            nbytes = math.prod(shape) * t.element_size()
+            offer.append([key, dtype_name(t.dtype), list(t.shape), list(offset), list(shape), nbytes])
+    except Exception as exc:
+        problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
+    artifact = new_artifact_id(run._step) if run._rank == 0 else None
+    return Survey(offer, problem, artifact, tensors, state)
+
+
+def save(
+    run: TorchRun,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    records: list[RankRecord],
+    blocking: bool = True,
+    surveyed: Survey | None = None,
+) -> str | None:
+    """Save a sharded checkpoint: called on every rank by ``save_checkpoint`` after its barrier.
+
+    ``surveyed``: this rank's :func:`survey`, taken before ``records`` were
+    gathered, each record carrying its rank's ``Survey.shared()`` as
+    ``"shards"``; without it the survey is taken and gathered here.
+
+    ``blocking=False``: each rank copies its chunks into host buffers reused
+    from save to save and returns; a thread per rank writes them and commits
+    (one save in flight: the next save waits for it).
+    """
+    rank, world = run._rank, run._world
+    mine_survey = surveyed if surveyed is not None else survey(run, model, optimizer)
+    tensors, state = mine_survey.tensors, mine_survey.state
+    gathered: list[tuple[list[list[Any]], str | None, str | None]]
+    if surveyed is not None:
+        gathered = [r["shards"] for r in records]
+    else:
+        gathered = _dist.all_gather(mine_survey.shared(), world)
+    artifact = gathered[0][2]
+    failed = [f"rank {r}: {g[1]}" for r, g in enumerate(gathered) if g[1]]
+    if not failed:
+        failed = _disagreements([g[0] for g in gathered])
+    if failed:
+        raise CheckpointError(f"checkpoint at step {run._step} was not saved: " + "; ".join(failed), run_id=run.id)
+    writer = _plan([g[0] for g in gathered])
+    mine = []
+    for key, t in tensors.items():
+        box, local = _box(t)
+        if writer.get((key, box)) == rank:
+            mine.append((key, box, local))
+    # what the manifest records is taken now: training may change it while a non-blocking save writes
+    context = {
+        "step": run._step,
+        "control": {"seq": run._control_seq, "paused": run._paused},
+        "tunables": encode_value(dict(run.tunables)),
+        "state": state,
+        "records": records,
+        "meta": gathered[0][0],
+    }
+    if blocking:
+        outcome = _commit(run, str(artifact), mine, context, None)
+        if outcome[1] is not None:
+            raise CheckpointError(f"checkpoint at step {context['step']} was not saved: {outcome[1]}", run_id=run.id)
+        return outcome[0] if rank == 0 else None
+    group = _save_group(run)
+    copies = run._snapshots.snapshot([local for _key, _box_, local in mine])  # the one copy training waits for
+    staged = [(key, box, copy) for (key, box, _local), copy in zip(mine, copies, strict=True)]
+
+    def work() -> None:
+        try:
+            _artifact, error = _commit(run, str(artifact), staged, context, group)
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        if error is not None:
+            failure = CheckpointError(
+                f"background save of checkpoint {artifact} (step {context['step']}) failed on some rank: {error}; "
+                "the next optimizer step raises this error (clear_checkpoint_error() to train on)",
+                run_id=run.id,
+                step=context["step"],
+            )
+            run._save_error = failure
+            # every rank learns the outcome; the step hooks make it every rank's pending error at one step
+            run._save_failed = failure
+
+    run._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
+    run._save_thread.start()
+    return artifact if rank == 0 else None
+
+
+def _save_group(run: TorchRun) -> Any:
+    """A gloo group of all ranks for background saves, created once, together, in the foreground.
+
+    The commit's collectives run on the save thread while training runs its
+    own (FSDP2's all-gathers) on the default group; sharing one group would
+    interleave them.
+    """
+    group = getattr(run, "_sharded_save_group", None)
+    if group is None and run._world > 1:
+        group = torch.distributed.new_group(backend="gloo")
+        run._sharded_save_group = group  # type: ignore[attr-defined]
+    return group
+
+
+def _gather(value: Any, world: int, group: Any) -> list[Any]:
+    if group is None:
+        return _dist.all_gather(value, world)
+    out: list[Any] = [None] * world
+    torch.distributed.all_gather_object(out, value, group=group)
+    return out
+
+
+def _broadcast(value: Any, world: int, group: Any) -> Any:
+    if group is None:
+        return _dist.broadcast(value, world)
+    box = [value]
+    torch.distributed.broadcast_object_list(box, src=0, group=group)
+    return box[0]
+
+
+def _commit(
+    run: TorchRun, artifact: str, mine: list[tuple[str, Box, torch.Tensor]], context: dict[str, Any], group: Any
+) -> tuple[str | None, str | None]:
+    """Every rank: store its object; rank 0 then writes the manifest and publishes. (id, error) on every rank."""
+    rank, world = run._rank, run._world
+    prefix = artifact_prefix(run.id, artifact)
+    stored: dict[str, Any] | None = None
+    error: str | None = None
+    if mine:
+        try:
+            stored = _write_object(run, f"{prefix}/{object_name(rank)}", mine)
+        except Exception as exc:
+            error = f"{type(exc).__name__}: {exc}"
+    results = _gather((stored, error), world, group)
+    outcome: tuple[str | None, str | None] = (None, None)
+    if rank == 0:
+        errors = [f"rank {r}: {e}" for r, (_s, e) in enumerate(results) if e]
+        if errors:
+            outcome = (None, "; ".join(errors))
+        else:
+            try:
+                _publish(run, artifact, prefix, [s for s, _e in results if s is not None], context)
+                outcome = (artifact, None)
+            except Exception as exc:
+                outcome = (None, f"{type(exc).__name__}: {exc}")
+    result: tuple[str | None, str | None] = _broadcast(outcome, world, group)
+    return result
+
+
+def _disagreements(offers: list[list[list[Any]]]) -> list[str]:
+    """Ranks whose state dicts differ in keys, dtypes or global shapes from rank 0's."""
+    first = {o[0]: (o[1], o[2]) for o in offers[0]}
+    out = []
+    for rank, offer in enumerate(offers[1:], start=1):
+        theirs = {o[0]: (o[1], o[2]) for o in offer}
+        if theirs != first:
+            differ = sorted(set(first).symmetric_difference(theirs)) or sorted(
+                k for k in first if first[k] != theirs.get(k)
+            )
+            out.append(f"rank {rank}'s state differs from rank 0's at {differ[:3]}")
+    return out
+
+
+def _publish(
+    run: TorchRun,
+    artifact: str,
+    prefix: str,
+    stored: list[dict[str, Any]],
+    context: dict[str, Any],
+) -> None:
+    meta = {o[0]: (o[1], o[2]) for o in context["meta"]}
+    records = context["records"]
+    tensors: dict[str, dict[str, Any]] = {k: {"dtype": d, "shape": s, "chunks": []} for k, (d, s) in meta.items()}
+    for index, obj in enumerate(stored):
+        for chunk in obj["chunks"]:
+            entry = {k: v for k, v in chunk.items() if k != "key"}
+            tensors[chunk["key"]]["chunks"].append({**entry, "object": index})
+    manifest = {
+        "format": FORMAT_SHARDED,
+        "run_id": run.id,
+        "step": context["step"],
+        "saved_at": time.time(),
+        "world_size": run._world,
+        "torch_version": str(torch.__version__),
+        "byteorder": sys.byteorder,
+        "block_size": BLOCK_SIZE,
+        "objects": [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored],
+        "tensors": tensors,
+        "state": context["state"],
+        "tunables": context["tunables"],
+        "control": context["control"],
+        "rng_by_rank": [encode_value({"rank": r["rank"], **r["rng"]}) for r in records],
+        "extra_by_rank": [encode_value(r["extra"]) for r in records],
+        "placement_by_rank": [r["placement"] for r in records],
+    }
+    raw = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
+    run._store.create(f"{prefix}/{MANIFEST_NAME}", raw)
+    sums = {CRC64NVME: f"{crc64nvme(raw):016x}"}
+    files: list[dict[str, Any]] = [{"name": MANIFEST_NAME, "size": len(raw), **sums}]
+    files += [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored]
+    run._publish_checkpoint(
+        artifact,
+        step=context["step"],
+        fmt=FORMAT_SHARDED,
+        files=files,
+        checksums=sums,
+        size=sum(f["size"] for f in files),
+        world_size=run._world,
+        control_seq=context["control"]["seq"],
+    )

@@ -1,0 +1,82 @@
+"""The one door to torch's distributed state dicts and DTensors, for saving and loading."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from launchhelm._exceptions import CheckpointError
+from launchhelm.torch._manifest import encode_value
+
+if TYPE_CHECKING:
+    from launchhelm.torch._run import TorchRun
+
+Box = tuple[tuple[int, ...], tuple[int, ...]]  # (global offset, shape) of a chunk
+
+
+def _dtensor_type() -> Any:
+    from torch.distributed.tensor import DTensor
+
+    return DTensor
+
+
+def has_dtensors(model: torch.nn.Module) -> bool:
+    """Whether any parameter is a DTensor (FSDP2, tensor parallel): such models save sharded."""
+    if not torch.distributed.is_available():
+        return False
+    dtensor = _dtensor_type()
+    return any(isinstance(p, dtensor) for p in model.parameters())
+
+
+def _box(t: torch.Tensor) -> tuple[Box, torch.Tensor]:
+    """The box of the global tensor this rank holds, and its local tensor."""
+    dtensor = _dtensor_type()
+    if not isinstance(t, dtensor):
+        return ((0,) * t.dim(), tuple(t.shape)), t.detach()
+    from torch.distributed.tensor import Partial
+
+    from launchhelm.torch._torch_private import dtensor_local_box
+
+    if any(isinstance(p, Partial) for p in t.placements):
+        raise CheckpointError("a DTensor with Partial placements cannot be saved: reduce it first")
+    local = t.to_local().detach()
+    offset, shape = dtensor_local_box(t)
+    if shape != tuple(local.shape):
+        raise CheckpointError(f"a DTensor's local shard is {tuple(local.shape)}, its placements say {shape}")
+    return (offset, shape), local
+
+
+@contextlib.contextmanager
+def _run_hooks_off(run: TorchRun, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+    """torch's ``get_state_dict`` steps a stateless optimizer once (lr 0) to make its state:
+    that step is not a training step, so the run's step hooks must not see it."""
+    for handle in run._hooks:
+        handle.remove()
+    try:
+        yield
+    finally:
+        run._hooks = [
+            optimizer.register_step_pre_hook(run._before_optimizer_step),
+            optimizer.register_step_post_hook(run._after_optimizer_step),
+        ]
+
+
+def _state_dicts(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    with _run_hooks_off(run, optimizer):
+        return get_state_dict(model, optimizer)
+
+
+def _collect(tree: Any, root: str) -> tuple[Any, dict[str, torch.Tensor]]:
+    """``tree`` encoded as JSON with its tensors as keys, and those tensors by key."""
+    found: dict[str, torch.Tensor] = {}
+
+    def keep(path: str, t: torch.Tensor) -> str:
+        found[path] = t
+        return path
+
+    return encode_value(tree, keep, root), found
