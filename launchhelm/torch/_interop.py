@@ -26,7 +26,7 @@ import tempfile
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn, TypedDict, cast
 
 import torch
 
@@ -52,7 +52,17 @@ from launchhelm.torch._manifest import (
 )
 from launchhelm.torch._sharded._load import _plain, read_full
 from launchhelm.torch._sharded._reads import _Source
-from launchhelm.torch._sharded._save import _publish, _write_object
+from launchhelm.torch._sharded._save import SaveContext, _publish, _write_object
+
+if TYPE_CHECKING:
+    from torch.distributed.checkpoint.metadata import Metadata
+    from torch.distributed.checkpoint.planner import ReadItem
+    from typing_extensions import NotRequired
+
+    from launchhelm._api import RunHandle
+    from launchhelm._run import Run
+    from launchhelm._types import JSONValue
+    from launchhelm.torch._records import Offer, RankRecord
 
 __all__ = ["EXPORT_FORMATS", "export_checkpoint", "import_dcp_checkpoint", "read_dcp_metadata"]
 
@@ -67,10 +77,45 @@ _METADATA = ".metadata"
 _MAX_METADATA_BYTES = 1 << 30
 
 
+class Exported(TypedDict):
+    """What ``export_checkpoint`` wrote."""
+
+    path: str
+    checkpoint: str
+    step: int
+    format: str
+
+
+class Mapped(TypedDict):
+    """Where an import put a DCP checkpoint's parts: tensor and parameter counts, and extra's keys."""
+
+    model: int
+    optimizer: int
+    scheduler: bool
+    extra: list[str]
+
+
+class Imported(TypedDict):
+    """What ``import_dcp_checkpoint`` recorded, or found already recorded (``skipped``)."""
+
+    run_id: str
+    checkpoint: str
+    step: int
+    skipped: bool
+    mapped: NotRequired[Mapped]
+
+
+class _OptimizerState(TypedDict):
+    """An optimizer state in torch's distributed form (keyed by parameter name)."""
+
+    state: dict[str, dict[str, object]]
+    param_groups: list[dict[str, object]]
+
+
 # -- export ----------------------------------------------------------------------------------
 def export_checkpoint(
     store: Store, run_id: str, checkpoint: str, *, format: str, out: str | os.PathLike[str]
-) -> dict[str, Any]:
+) -> Exported:
     """Write a run's checkpoint as a ``torch.save`` file or a DCP folder at ``out``; what was written.
 
     The state written is ``{"model", "optimizer", "step"}`` plus
@@ -113,10 +158,12 @@ def export_checkpoint(
         _write_torch(state, target)
     else:
         _write_dcp(state, target)
-    return {"path": str(target), "checkpoint": event["checkpoint"], "step": state["step"], "format": format}
+    step = state["step"]
+    assert isinstance(step, int)  # _state made it one
+    return {"path": str(target), "checkpoint": str(event["checkpoint"]), "step": step, "format": format}
 
 
-def _checkpoint_event(handle: Any, checkpoint: str) -> dict[str, Any]:
+def _checkpoint_event(handle: RunHandle, checkpoint: str) -> Mapping[str, object]:
     state = handle._state()
     if checkpoint in ("latest", "resume"):
         event = state.latest_checkpoint if checkpoint == "latest" else state.resume_checkpoint
@@ -130,11 +177,10 @@ def _checkpoint_event(handle: Any, checkpoint: str) -> dict[str, Any]:
             "(`launchhelm show RUN` lists them all)",
             run_id=handle.id,
         )
-    result: dict[str, Any] = event
-    return result
+    return event
 
 
-def _bundle(store: Store, event: dict[str, Any], where: str) -> dict[str, Any]:
+def _bundle(store: Store, event: Mapping[str, object], where: str) -> dict[str, object]:
     """A /1 or /2 bundle, its size and checksums verified, read with ``torch.load(weights_only=True)``."""
     target = _target(event)
     with tempfile.TemporaryDirectory(prefix="launchhelm-export-") as tmp:
@@ -158,7 +204,7 @@ def _bundle(store: Store, event: dict[str, Any], where: str) -> dict[str, Any]:
     )
 
 
-def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, Any]:
+def _consolidated(store: Store, event: Mapping[str, object], where: str) -> dict[str, object]:
     """A /3 checkpoint's state, every tensor whole: read by ranges from the store and verified."""
     from launchhelm.storage._checksum import CRC64NVME, crc64nvme
 
@@ -180,7 +226,7 @@ def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, 
     saved = manifest["state"]
     decoded = {name: _plain(decode_value(saved.get(name), tensor, where)) for name in saved}
     return _state(
-        decoded.get("model"),
+        cast("Mapping[str, object]", decoded.get("model")),  # validate_manifest found a state
         decoded.get("optimizer"),
         manifest["step"],
         decoded.get("scheduler"),
@@ -188,8 +234,10 @@ def _consolidated(store: Store, event: dict[str, Any], where: str) -> dict[str, 
     )
 
 
-def _state(model: Any, optimizer: Any, step: Any, scheduler: Any, scaler: Any) -> dict[str, Any]:
-    state: dict[str, Any] = {"model": dict(model), "step": int(step)}
+def _state(
+    model: Mapping[str, object], optimizer: object, step: int, scheduler: object, scaler: object
+) -> dict[str, object]:
+    state: dict[str, object] = {"model": dict(model), "step": int(step)}
     if optimizer:
         state["optimizer"] = optimizer
     if scheduler is not None:
@@ -199,7 +247,7 @@ def _state(model: Any, optimizer: Any, step: Any, scheduler: Any, scaler: Any) -
     return state
 
 
-def _write_torch(state: dict[str, Any], target: Path) -> None:
+def _write_torch(state: dict[str, object], target: Path) -> None:
     tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
     try:
         torch.save(state, tmp)
@@ -210,7 +258,7 @@ def _write_torch(state: dict[str, Any], target: Path) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _write_dcp(state: dict[str, Any], target: Path) -> None:
+def _write_dcp(state: dict[str, object], target: Path) -> None:
     from torch.distributed.checkpoint.filesystem import FileSystemWriter
     from torch.distributed.checkpoint.state_dict_saver import save
 
@@ -228,13 +276,13 @@ def _write_dcp(state: dict[str, Any], target: Path) -> None:
 
 
 # -- reading DCP's metadata: a pickle, so only what DCP's metadata is made of -------------------
-def _allowed() -> dict[tuple[str, str], Any]:
+def _allowed() -> dict[tuple[str, str], object]:
     import collections
     import pathlib
 
     from torch.distributed.checkpoint import filesystem, metadata
 
-    allowed: dict[tuple[str, str], Any] = {
+    allowed: dict[tuple[str, str], object] = {
         ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
         ("torch", "Size"): torch.Size,
         ("collections", "OrderedDict"): collections.OrderedDict,
@@ -264,7 +312,7 @@ def _allowed() -> dict[tuple[str, str], Any]:
     return allowed
 
 
-def _layout(name: Any) -> torch.layout:
+def _layout(name: object) -> torch.layout:
     """``torch.serialization._get_layout``, limited to torch's layouts by name."""
     for value in vars(torch).values():
         if isinstance(value, torch.layout) and str(value) == name:
@@ -279,17 +327,17 @@ class _MetadataUnpickler(pickle.Unpickler):
         super().__init__(io.BytesIO(data))
         self._allowed = _allowed()
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         try:
             return self._allowed[(module, name)]
         except KeyError:
             raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's checkpoint metadata") from None
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> NoReturn:
         raise pickle.UnpicklingError("persistent ids are not part of DCP's checkpoint metadata")
 
 
-def read_dcp_metadata(raw: bytes, where: str) -> Any:
+def read_dcp_metadata(raw: bytes, where: str) -> Metadata:
     """DCP's ``Metadata`` from a ``.metadata`` file's bytes, unpickled with the allow-list above.
 
     Raises :class:`SourceReadError` naming what was refused; nothing it names is imported or called.
@@ -325,7 +373,7 @@ def _dcp_readers() -> tuple[type, type]:
     class SafeReader(base):  # type: ignore[misc]
         where = ""
 
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        def read_metadata(self, *args: object, **kwargs: object) -> Metadata:
             path = self.fs.concat_path(self.path, _METADATA)
             with self.fs.create_stream(path, "rb") as f:
                 raw = f.read(_MAX_METADATA_BYTES + 1)
@@ -336,7 +384,7 @@ def _dcp_readers() -> tuple[type, type]:
     class SafePlanner(DefaultLoadPlanner):
         refused: str | None = None
 
-        def load_bytes(self, read_item: Any, value: io.BytesIO) -> None:
+        def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
             fqn = read_item.dest_index.fqn
             try:
                 self.state_dict[fqn] = torch.load(value, map_location="cpu", weights_only=True)
@@ -351,7 +399,7 @@ def _dcp_readers() -> tuple[type, type]:
     return SafeReader, SafePlanner
 
 
-def _read_dcp(path: str, storage_options: Mapping[str, Any] | None) -> tuple[dict[str, Any], Any, int]:
+def _read_dcp(path: str, storage_options: Mapping[str, object] | None) -> tuple[dict[str, object], Metadata, int]:
     """Every value of a DCP checkpoint, whole, by its flat key; its metadata; how many ranks wrote it."""
     import fsspec
     from torch.distributed.checkpoint.metadata import BytesStorageMetadata, TensorStorageMetadata
@@ -382,7 +430,7 @@ def _read_dcp(path: str, storage_options: Mapping[str, Any] | None) -> tuple[dic
             )
     data_bytes = sum(size for name, size in listing.items() if _DATA_FILE.fullmatch(name))
     writers = 1 + max((int(m.group(1)) for n in listing if (m := _DATA_FILE.fullmatch(n))), default=0)
-    flat: dict[str, Any] = {}
+    flat: dict[str, object] = {}
     claimed = 0
     for key, md in metadata.state_dict_metadata.items():
         if isinstance(md, TensorStorageMetadata):
@@ -418,25 +466,25 @@ def _read_dcp(path: str, storage_options: Mapping[str, Any] | None) -> tuple[dic
     return flat, metadata, writers
 
 
-def _nest(flat: dict[str, Any], metadata: Any, where: str) -> dict[str, Any]:
+def _nest(flat: dict[str, object], metadata: Metadata, where: str) -> dict[str, object]:
     """The state dict DCP flattened, nested again along the paths its save recorded (``planner_data``)."""
     paths = metadata.planner_data if isinstance(metadata.planner_data, dict) else {}
-    root: dict[Any, Any] = {}
+    root: dict[str | int, object] = {}
     for key, value in flat.items():
         path = paths.get(key, (key,))
         if not isinstance(path, tuple) or not path or not all(isinstance(p, (str, int)) for p in path):
             raise SourceReadError(f"{where}: the path recorded for {key!r} is not a tuple of names")
         node = root
         for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
                 raise SourceReadError(f"{where}: {key!r} lies inside another value")
+            node = child
         node[path[-1]] = value
-    nested: dict[str, Any] = _lists(root)
-    return nested
+    return cast("dict[str, object]", _lists(root))  # the top level is keyed by names
 
 
-def _lists(node: Any) -> Any:
+def _lists(node: object) -> object:
     """Dicts keyed 0..n-1 by ints (DCP's paths through lists) back into lists."""
     if not isinstance(node, dict):
         return node
@@ -446,7 +494,7 @@ def _lists(node: Any) -> Any:
     return items
 
 
-def _optimizer(value: Any, where: str) -> dict[str, Any]:
+def _optimizer(value: object, where: str) -> _OptimizerState:
     """An optimizer state in torch's distributed form: ``{"state": {name: {...}}, "param_groups": [...]}``.
 
     Accepts that form, or its flattened one (``StateDictOptions(flatten_optimizer_state_dict=True)``,
@@ -455,26 +503,27 @@ def _optimizer(value: Any, where: str) -> dict[str, Any]:
     """
     if not isinstance(value, dict):
         raise SourceReadError(f"{where}: its optimizer entry is a {type(value).__name__}, not an optimizer state")
-    state: Any
-    groups: Any
+    state: object
+    groups: object
     if set(value) <= {"state", "param_groups"}:
         state, groups = value.get("state", {}), value.get("param_groups", [])
     elif all(isinstance(k, str) and (k.startswith("state.") or k.startswith("param_groups.")) for k in value):
-        state = {}
-        by_param: dict[str, dict[str, Any]] = {}
+        by_state: dict[str, dict[str, object]] = {}
+        by_param: dict[str, dict[str, object]] = {}
         for key, item in value.items():
             kind, _, rest = key.partition(".")
             param, _, name = rest.rpartition(".")
             if not param or not name:
                 raise SourceReadError(f"{where}: optimizer key {key!r} is not <state|param_groups>.<param>.<name>")
-            (state if kind == "state" else by_param).setdefault(param, {})[name] = item
-        groups = []
+            (by_state if kind == "state" else by_param).setdefault(param, {})[name] = item
+        regrouped: list[dict[str, object]] = []
         for param, hyper in by_param.items():
-            same = next((g for g in groups if _equal({k: v for k, v in g.items() if k != "params"}, hyper)), None)
+            same = next((g for g in regrouped if _equal({k: v for k, v in g.items() if k != "params"}, hyper)), None)
             if same is None:
-                groups.append({**hyper, "params": [param]})
+                regrouped.append({**hyper, "params": [param]})
             else:
-                same["params"].append(param)
+                cast("list[str]", same["params"]).append(param)
+        state, groups = by_state, regrouped
     else:
         raise SourceReadError(
             f"{where}: its optimizer entry has keys {sorted(map(str, value))[:5]}: not the state of "
@@ -490,7 +539,7 @@ def _optimizer(value: Any, where: str) -> dict[str, Any]:
     return {"state": state, "param_groups": groups}
 
 
-def _equal(a: Any, b: Any) -> bool:
+def _equal(a: object, b: object) -> bool:
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)
     if isinstance(a, dict) and isinstance(b, dict):
@@ -498,17 +547,21 @@ def _equal(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def _map(tree: dict[str, Any], step: int | None, where: str) -> tuple[dict[str, Any], Any, Any, Any, int]:
+def _map(
+    tree: dict[str, object], step: int | None, where: str
+) -> tuple[dict[str, object], _OptimizerState | None, object, dict[str, object] | None, int]:
     """model, optimizer, scheduler, extra and step of a DCP state dict (see the guide for the mapping)."""
     tree = dict(tree)
     optimizer = next((tree.pop(k) for k in OPTIMIZER_KEYS if k in tree), None)
     scheduler = next((tree.pop(k) for k in SCHEDULER_KEYS if k in tree), None)
     extra = {k: tree.pop(k) for k in EXTRA_KEYS if k in tree}
     found = tree.pop("step", None)
+    model: dict[str, object]
     if "model" in tree:
-        model = tree.pop("model")
-        if not isinstance(model, dict):
-            raise SourceReadError(f"{where}: its model entry is a {type(model).__name__}, not a state dict")
+        entry = tree.pop("model")
+        if not isinstance(entry, dict):
+            raise SourceReadError(f"{where}: its model entry is a {type(entry).__name__}, not a state dict")
+        model = entry
     else:  # torchtitan: the model's tensors at the top level
         model = {k: tree.pop(k) for k in list(tree) if isinstance(tree[k], torch.Tensor)}
     if tree:
@@ -543,11 +596,11 @@ def _map(tree: dict[str, Any], step: int | None, where: str) -> tuple[dict[str, 
 class _Writer:
     """What format /3's writing needs of a run: its id, store, world size and publishing."""
 
-    def __init__(self, run: Any, world: int) -> None:
+    def __init__(self, run: Run, world: int) -> None:
         self._run, self.id, self._store, self._world = run, run.id, run._store, world
 
-    def _publish_checkpoint(self, *args: Any, **kwargs: Any) -> Any:
-        return self._run._publish_checkpoint(*args, **kwargs)
+    def _publish_checkpoint(self, artifact_id: str, **kwargs: Any) -> object:
+        return self._run._publish_checkpoint(artifact_id, **kwargs)
 
 
 def import_dcp_checkpoint(
@@ -557,9 +610,9 @@ def import_dcp_checkpoint(
     run_id: str,
     name: str | None = None,
     step: int | None = None,
-    store: Any = None,
-    storage_options: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
+    store: str | os.PathLike[str] | Store | None = None,
+    storage_options: Mapping[str, object] | None = None,
+) -> Imported:
     """Record the DCP checkpoint at ``path`` as the format /3 checkpoint of run ``run_id`` (created).
 
     A run ``run_id`` that already has a checkpoint is left as it is
@@ -587,7 +640,7 @@ def import_dcp_checkpoint(
     flat, metadata, writers = _read_dcp(source, storage_options)
     model, optimizer, scheduler, extra, step = _map(_nest(flat, metadata, source), step, source)
     del flat
-    state = {
+    state: dict[str, object] = {
         "model": model,
         "optimizer": optimizer if optimizer is not None else {"state": {}, "param_groups": []},
         "scheduler": scheduler,
@@ -599,15 +652,15 @@ def import_dcp_checkpoint(
         tensors[key] = t.detach().cpu().contiguous()
         return key
 
-    encoded = {
+    encoded: dict[str, JSONValue] = {
         "model": encode_value(state["model"], keep, "model"),
         "optimizer": encode_value(state["optimizer"], keep, "optimizer"),
         "scheduler": encode_value(scheduler) if scheduler is not None else None,
         "scaler": None,
     }
     encode_value(extra)  # refused now, if at all, before any run exists (it is encoded again when published)
-    offers = [
-        [k, dtype_name(t.dtype), list(t.shape), [0] * t.dim(), list(t.shape), t.numel() * t.element_size()]
+    offers: list[Offer] = [
+        (k, dtype_name(t.dtype), list(t.shape), [0] * t.dim(), list(t.shape), t.numel() * t.element_size())
         for k, t in tensors.items()
     ]
     if existing is not None:
@@ -627,9 +680,12 @@ def import_dcp_checkpoint(
         artifact = new_artifact_id(step)
         prefix = artifact_prefix(run.id, artifact)
         chunks = [(k, ((0,) * t.dim(), tuple(t.shape)), t) for k, t in tensors.items() if t.numel()]
-        stored = [_write_object(writer, f"{prefix}/{object_name(0)}", chunks)]  # type: ignore[arg-type]
-        records = [{"rank": r, "rng": {}, "extra": extra, "placement": None} for r in range(writers)]
-        context = {
+        stored = [_write_object(writer, f"{prefix}/{object_name(0)}", chunks)]
+        # an import has no RNG state nor placement to record: the manifest holds {"rank": r} and null
+        records = cast(
+            "list[RankRecord]", [{"rank": r, "rng": {}, "extra": extra, "placement": None} for r in range(writers)]
+        )
+        context: SaveContext = {
             "step": step,
             "control": {"seq": run._control_seq, "paused": False},
             "tunables": {},
@@ -637,10 +693,10 @@ def import_dcp_checkpoint(
             "records": records,
             "meta": offers,
         }
-        _publish(writer, artifact, prefix, stored, context)  # type: ignore[arg-type]
+        _publish(writer, artifact, prefix, stored, context)
     finally:
         run.finish(close_run=False)
-    mapped = {
+    mapped: Mapped = {
         "model": len(model),
         "optimizer": len(optimizer["state"]) if optimizer is not None else 0,
         "scheduler": scheduler is not None,

@@ -14,17 +14,26 @@ import math
 import re
 import sys
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypedDict, cast
 
 import torch
 
 from launchhelm._exceptions import CheckpointError
+
+if TYPE_CHECKING:
+    from launchhelm._types import JSONValue
+    from launchhelm.torch._records import ControlState, Placement
 
 __all__ = [
     "BLOCK_SIZE",
     "FORMAT_SHARDED",
     "MANIFEST_NAME",
     "MAX_MANIFEST_BYTES",
+    "ChunkRecord",
+    "Manifest",
+    "ObjectRecord",
+    "TensorEntry",
     "decode_value",
     "dtype_name",
     "dtype_named",
@@ -72,6 +81,56 @@ _DTYPES: dict[str, torch.dtype] = {
 _NAMES = {dtype: name for name, dtype in _DTYPES.items()}
 
 
+# -- the manifest's records (docs/storage.md, "Sharded checkpoints") ---------------------------
+class ObjectRecord(TypedDict):
+    """One shard object: its name under the checkpoint's prefix, size and whole CRC64NVME."""
+
+    name: str
+    size: int
+    crc64nvme: str
+
+
+class ChunkRecord(TypedDict):
+    """Where one saved chunk of a tensor lies: its box, its bytes in an object, one CRC per block."""
+
+    offset: list[int]
+    shape: list[int]
+    start: int
+    nbytes: int
+    crc64nvme: list[str]
+    object: int  # index into the manifest's objects
+
+
+class TensorEntry(TypedDict):
+    """One tensor of the state: dtype and global shape, and the chunks that cover it."""
+
+    dtype: str
+    shape: list[int]
+    chunks: list[ChunkRecord]
+
+
+class Manifest(TypedDict):
+    """A sharded checkpoint's ``manifest.json``, as :func:`validate_manifest` returns it."""
+
+    format: str
+    run_id: str
+    step: int
+    saved_at: float
+    world_size: int
+    torch_version: str
+    byteorder: str
+    block_size: int
+    objects: list[ObjectRecord]
+    tensors: dict[str, TensorEntry]
+    #: model, optimizer, scheduler and scaler, encoded by :func:`encode_value`
+    state: dict[str, JSONValue]
+    tunables: JSONValue
+    control: ControlState
+    rng_by_rank: list[JSONValue]
+    extra_by_rank: list[JSONValue]
+    placement_by_rank: list[Placement | None]
+
+
 def object_name(rank: int) -> str:
     """The shard object a rank writes under the checkpoint's prefix."""
     return f"shard-{rank:05d}.bin"
@@ -84,20 +143,20 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise CheckpointError(f"tensors of dtype {dtype} cannot be saved in a sharded checkpoint") from None
 
 
-def dtype_named(name: Any, where: str) -> torch.dtype:
+def dtype_named(name: object, where: str) -> torch.dtype:
     if not isinstance(name, str) or name not in _DTYPES:
         raise CheckpointError(f"{where}: unknown dtype {name!r}")
     return _DTYPES[name]
 
 
 # -- values ----------------------------------------------------------------------------------
-def _inline(t: torch.Tensor) -> dict[str, Any]:
+def _inline(t: torch.Tensor) -> dict[str, JSONValue]:
     t = t.detach().cpu().contiguous()
     raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
     return {"dtype": dtype_name(t.dtype), "shape": list(t.shape), "data": base64.b64encode(raw).decode()}
 
 
-def encode_value(value: Any, tensors: Any = None, path: str = "") -> Any:
+def encode_value(value: object, tensors: Callable[[str, torch.Tensor], str] | None = None, path: str = "") -> JSONValue:
     """``value`` as JSON. ``tensors(path, tensor)``, when given, stores a tensor and returns its key;
     without it tensors are inlined (RNG states, ``extra``)."""
     if value is None or isinstance(value, (bool, int, str)):
@@ -129,7 +188,9 @@ def encode_value(value: Any, tensors: Any = None, path: str = "") -> Any:
     raise CheckpointError(f"{path or 'value'} is a {type(value).__name__}, which a checkpoint cannot hold")
 
 
-def decode_value(value: Any, tensors: Any = None, where: str = "manifest", _depth: int = 0) -> Any:
+def decode_value(
+    value: object, tensors: Callable[[str], object] | None = None, where: str = "manifest", _depth: int = 0
+) -> object:
     """The inverse of :func:`encode_value`; ``tensors(key)`` gives a stored tensor back."""
     if _depth > 200:
         raise CheckpointError(f"{where} is nested more than 200 levels deep")
@@ -172,7 +233,7 @@ def decode_value(value: Any, tensors: Any = None, where: str = "manifest", _dept
     return OrderedDict((k, decode_value(v, tensors, where, _depth + 1)) for k, v in value.items())
 
 
-def _decode_inline(inner: Any, where: str) -> torch.Tensor:
+def _decode_inline(inner: object, where: str) -> torch.Tensor:
     if not isinstance(inner, dict) or not isinstance(inner.get("data"), str):
         raise CheckpointError(f"{where}: a malformed inline tensor")
     dtype = dtype_named(inner.get("dtype"), where)
@@ -186,13 +247,13 @@ def _decode_inline(inner: Any, where: str) -> torch.Tensor:
 
 
 # -- validation ------------------------------------------------------------------------------
-def _int(value: Any, where: str, low: int = 0, high: int = 2**62) -> int:
+def _int(value: object, where: str, low: int = 0, high: int = 2**62) -> int:
     if type(value) is not int or not low <= value <= high:
         raise CheckpointError(f"{where} is {value!r}, not an integer in {low}..{high}")
     return value
 
 
-def _shape(value: Any, where: str) -> list[int]:
+def _shape(value: object, where: str) -> list[int]:
     if not isinstance(value, list) or len(value) > _MAX_DIMS:
         raise CheckpointError(f"{where}: shape {value!r} is not a list of at most {_MAX_DIMS} sizes")
     return [_int(d, f"{where} shape", 0, 2**48) for d in value]
@@ -200,7 +261,7 @@ def _shape(value: Any, where: str) -> list[int]:
 
 def validate_manifest(
     raw: bytes, *, expected_objects: dict[str, int] | None = None, where: str = "checkpoint"
-) -> dict[str, Any]:
+) -> Manifest:
     """The parsed manifest, once every field a load relies on has been checked.
 
     ``expected_objects``: ``{name: size}`` from the checkpoint event, which
@@ -254,10 +315,10 @@ def validate_manifest(
             raise CheckpointError(f"{where}: {name} does not hold one record per saving rank ({world})")
     if not isinstance(manifest.get("state"), dict):
         raise CheckpointError(f"{where}: the manifest has no state")
-    return manifest
+    return cast("Manifest", manifest)  # every field a load relies on was checked above
 
 
-def _validate_tensor(key: Any, entry: Any, sizes: list[int], block: int, used: list[int], where: str) -> None:
+def _validate_tensor(key: str, entry: object, sizes: list[int], block: int, used: list[int], where: str) -> None:
     if not isinstance(entry, dict):
         raise CheckpointError(f"{where} is not an object")
     dtype = dtype_named(entry.get("dtype"), where)

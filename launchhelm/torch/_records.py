@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 import torch
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from typing_extensions import NotRequired
 
     from launchhelm.runlog._records import CheckpointFile, Json
@@ -22,9 +24,11 @@ __all__ = [
     "ControlState",
     "LoadTarget",
     "NumpyRng",
+    "Offer",
     "Placement",
     "RankRecord",
     "RngRecord",
+    "Shared",
     "Stateful",
 ]
 
@@ -43,6 +47,13 @@ class RngRecord(TypedDict):
     numpy: NumpyRng | None
 
 
+#: What one rank offers to write of one tensor of a sharded save:
+#: (key, dtype name, global shape, offset of its box, shape of its box, bytes of its box).
+Offer: TypeAlias = tuple[str, str, list[int], list[int], list[int], int]
+#: What a sharded save's gather carries of each rank: its offers, its problem, (rank 0) the new checkpoint id.
+Shared: TypeAlias = tuple[list[Offer], str | None, str | None]
+
+
 class Placement(TypedDict):
     host: str
     local_rank: int
@@ -57,7 +68,7 @@ class RankRecord(TypedDict):
     extra: object
     placement: Placement
     #: sharded saves only: the rank's offer, problem and (rank 0) new checkpoint id (``_sharded.Survey.shared``)
-    shards: NotRequired[tuple[list[list[Any]], str | None, str | None]]
+    shards: NotRequired[Shared]
 
 
 class ControlState(TypedDict):

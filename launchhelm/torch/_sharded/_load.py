@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -20,6 +20,9 @@ from launchhelm.torch._sharded._reads import _plan_reads, _Read, _Reader, _Sourc
 from launchhelm.torch._sharded._state import Box, _box, _collect, _dtensor_type, _run_hooks_off, _state_dicts
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
+
+    from launchhelm.torch._manifest import Manifest
     from launchhelm.torch._run import TorchRun
 
 _log = logging.getLogger("launchhelm")
@@ -29,13 +32,14 @@ _log = logging.getLogger("launchhelm")
 class _Prepared:
     """What a verified load applies."""
 
+    #: step, tunables and control, as the non-sharded loader's bundle gives them to TorchRun._load
     bundle: dict[str, Any]
-    model: Any = None
-    optimizer: Any = None
-    scheduler: Any = None
-    scaler: Any = None
-    rng: dict[str, Any] = field(default_factory=dict)
-    extra: Any = None
+    model: dict[str, ValueType] = field(default_factory=dict)
+    optimizer: OptimizerStateType = field(default_factory=dict)
+    scheduler: object = None
+    scaler: object = None
+    rng: dict[str, object] = field(default_factory=dict)
+    extra: object = None
     #: Reads already verified that fill live tensors in place once every rank agrees (local files only).
     in_place: list[_Read] = field(default_factory=list)
     reader: _Reader | None = None
@@ -52,7 +56,7 @@ def _fits_in_place(local: torch.Tensor, dtype: torch.dtype, box: Box) -> bool:
     )
 
 
-def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, where: str) -> int:
+def _choose_per_rank(run: TorchRun, manifest: Manifest, strict: bool, where: str) -> int:
     """Which saved rank's RNG and ``extra`` this rank restores (see docs/storage.md)."""
     saved = int(manifest["world_size"])
     if saved == run._world:
@@ -76,11 +80,13 @@ def _choose_per_rank(run: TorchRun, manifest: dict[str, Any], strict: bool, wher
     return run._rank % saved
 
 
-def _check_placement(run: TorchRun, saved: Any, where: str) -> None:
+def _check_placement(run: TorchRun, saved: object, where: str) -> None:
     """Refuse a same-size restore where this rank sits at another local rank than at the save (as /2 does)."""
-    if not isinstance(saved, list) or len(saved) != run._world or not isinstance(saved[run._rank], dict):
+    if not isinstance(saved, list) or len(saved) != run._world:
         return
     then, now = saved[run._rank], _dist.placement(run._rank)
+    if not isinstance(then, dict):
+        return
     if then.get("local_rank") != now["local_rank"]:
         raise CheckpointError(
             f"checkpoint {where}: rank {run._rank} was local rank {then.get('local_rank')} on {then.get('host')} "
@@ -142,7 +148,7 @@ def prepare(
     reader = _Reader(source, f"checkpoint {where}")
     reader.run(reads, verify=in_place)
 
-    def tensor(key: str) -> Any:
+    def tensor(key: str) -> torch.Tensor:
         if key in kept:  # filled in place when applied
             return kept[key]
         if key not in fresh:
@@ -168,8 +174,9 @@ def prepare(
             "tunables": decode_value(manifest.get("tunables")),
             "control": manifest.get("control"),
         },
-        model=decode_value(state.get("model"), tensor, f"checkpoint {where}"),
-        optimizer=decode_value(state.get("optimizer"), tensor, f"checkpoint {where}"),
+        # the state dicts as get_state_dict gave them at the save, live tensors in place of stored ones
+        model=cast("dict[str, ValueType]", decode_value(state.get("model"), tensor, f"checkpoint {where}")),
+        optimizer=cast("OptimizerStateType", decode_value(state.get("optimizer"), tensor, f"checkpoint {where}")),
         scheduler=decode_value(state.get("scheduler")),
         scaler=decode_value(state.get("scaler")),
         in_place=in_place,
@@ -182,7 +189,7 @@ def prepare(
         rng = {}
     else:
         validate_rng(rng, f"checkpoint {where} rng_by_rank[{source_rank}]")
-    prepared.rng = dict(rng)
+    prepared.rng = dict(cast("dict[str, object]", rng))  # checked by validate_rng
     prepared.extra = _plain(decode_value(manifest["extra_by_rank"][source_rank]))
     for name, obj in (("scheduler", run._scheduler), ("scaler", run._scaler)):
         if obj is not None and getattr(prepared, name) is None:
@@ -190,7 +197,7 @@ def prepare(
     return prepared
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> object:
     """OrderedDicts from decoding as the plain dicts that were saved."""
     if isinstance(value, dict):
         return {k: _plain(v) for k, v in value.items()}
@@ -199,7 +206,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Any:
+def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> object:
     """Put a verified load's state into the model, optimizer, scheduler, scaler and RNG; its ``extra``."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
@@ -209,9 +216,9 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
     with _run_hooks_off(run, optimizer):
         set_state_dict(model, optimizer, model_state_dict=prepared.model, optim_state_dict=prepared.optimizer)
     if run._scheduler is not None:
-        run._scheduler.load_state_dict(_plain(prepared.scheduler))
+        run._scheduler.load_state_dict(cast("dict[str, Any]", _plain(prepared.scheduler)))
     if run._scaler is not None:
-        run._scaler.load_state_dict(_plain(prepared.scaler))
+        run._scaler.load_state_dict(cast("dict[str, Any]", _plain(prepared.scaler)))
     if prepared.rng:
         restore_rng(prepared.rng)
     return prepared.extra
@@ -219,7 +226,7 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
 
 def load(
     run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
-) -> tuple[dict[str, Any], Any]:
+) -> tuple[dict[str, Any], object]:
     """Every rank: prepare, agree, apply, agree (the fail-together rule); the bundle's step etc. and ``extra``."""
     prepared: _Prepared | None = None
     problem = None
@@ -230,7 +237,7 @@ def load(
     run._agree(problem, "was not restored (nothing was applied)")
     assert prepared is not None
     problem = None
-    extra = None
+    extra: object = None
     try:
         extra = apply(run, prepared, model, optimizer)
     except Exception as exc:
@@ -316,7 +323,7 @@ def load_weights(model: torch.nn.Module, path: str | os.PathLike[str]) -> torch.
     return model
 
 
-def read_full(source: _Source, manifest: dict[str, Any], keys: list[str], where: str) -> dict[str, torch.Tensor]:
+def read_full(source: _Source, manifest: Manifest, keys: list[str], where: str) -> dict[str, torch.Tensor]:
     """The tensors ``keys`` of a validated manifest, each whole: its chunks read and verified (consolidation)."""
     objects = [o["name"] for o in manifest["objects"]]
     reads: list[_Read] = []

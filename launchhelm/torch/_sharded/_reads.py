@@ -5,17 +5,19 @@ from __future__ import annotations
 import math
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 from launchhelm._exceptions import CheckpointError
 from launchhelm.storage import LocalStore, Store
-from launchhelm.storage._checksum import CRC64NVME, crc64nvme
-from launchhelm.torch._manifest import MAX_MANIFEST_BYTES
+from launchhelm.storage._checksum import crc64nvme
+from launchhelm.torch._manifest import MAX_MANIFEST_BYTES, TensorEntry
 from launchhelm.torch._records import LoadTarget
 from launchhelm.torch._sharded._state import Box
 
@@ -26,6 +28,8 @@ _READ_THREADS = 8
 #: Blocks (of BLOCK_SIZE) one read request covers: large enough to stream, small enough to spread
 #: a shard's reads over the threads (and an object store's connections).
 _PIECE_BLOCKS = 4
+#: One piece of a read: fills and checks its blocks, raises CheckpointError.
+_Task = Callable[[], None]
 
 
 class _Source:
@@ -118,7 +122,7 @@ def _row_major(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _plan_reads(entry: dict[str, Any], objects: list[str], block: int, box: Box, dest: torch.Tensor) -> list[_Read]:
+def _plan_reads(entry: TensorEntry, objects: list[str], block: int, box: Box, dest: torch.Tensor) -> list[_Read]:
     offset, shape = box
     dtype = dest.dtype
     reads = []
@@ -141,7 +145,7 @@ def _plan_reads(entry: dict[str, Any], objects: list[str], block: int, box: Box,
                 obj=objects[chunk["object"]],
                 start=start,
                 end=end,
-                crcs=chunk[CRC64NVME][b0:b1],
+                crcs=chunk["crc64nvme"][b0:b1],
                 block=block,
                 first=first * size - b0 * block,
                 overlap=tuple(h - low for low, h in zip(lo, hi, strict=True)),
@@ -168,7 +172,7 @@ class _Reader:
     the destination (a shard that equals, or lies along the first dimension of, a saved
     chunk: FSDP2's case, at any world size), its whole blocks are read straight into the
     destination tensor and checked there; only a block that straddles the overlap's ends
-    goes through a block-sized scratch buffer. Any other overlap is read into one buffer
+    goes through a block-sized scratch buffer. Every other overlap is read into one buffer
     and copied out with its strides.
     """
 
@@ -197,7 +201,7 @@ class _Reader:
             for i in range(len(read.crcs))
         ]
 
-    def tasks(self, read: _Read) -> list[Any]:
+    def tasks(self, read: _Read) -> list[_Task]:
         """Callables that together read, check and place ``read``."""
         size = read.dtype.itemsize
         numel = math.prod(read.overlap)
@@ -209,11 +213,11 @@ class _Reader:
             return self._direct(read, blocks, numel * size)
         return self._strided(read, blocks, count * size)
 
-    def _direct(self, read: _Read, blocks: list[tuple[int, int, int]], nbytes: int) -> list[Any]:
+    def _direct(self, read: _Read, blocks: list[tuple[int, int, int]], nbytes: int) -> list[_Task]:
         out = _bytes_view(read.dest)
         lo = read.start + read.first  # where the destination's bytes start in the object
         hi = lo + nbytes
-        tasks: list[Any] = []
+        tasks: list[_Task] = []
         run: list[tuple[int, int, int]] = []
 
         def direct(group: list[tuple[int, int, int]]) -> None:
@@ -234,18 +238,18 @@ class _Reader:
             if lo <= b0 and b1 <= hi:
                 run.append((index, b0, b1))
                 if len(run) == _PIECE_BLOCKS:
-                    tasks.append(lambda g=run: direct(g))
+                    tasks.append(partial(direct, run))
                     run = []
                 continue
             if run:
-                tasks.append(lambda g=run: direct(g))
+                tasks.append(partial(direct, run))
                 run = []
-            tasks.append(lambda i=index, b0=b0, b1=b1: edge(i, b0, b1))
+            tasks.append(partial(edge, index, b0, b1))
         if run:
-            tasks.append(lambda g=run: direct(g))
+            tasks.append(partial(direct, run))
         return tasks
 
-    def _strided(self, read: _Read, blocks: list[tuple[int, int, int]], span: int) -> list[Any]:
+    def _strided(self, read: _Read, blocks: list[tuple[int, int, int]], span: int) -> list[_Task]:
         scratch = torch.empty(read.end - read.start, dtype=torch.uint8)
         data = _bytes_view(scratch)
         pieces = [blocks[i : i + _PIECE_BLOCKS] for i in range(0, len(blocks), _PIECE_BLOCKS)]
@@ -265,9 +269,9 @@ class _Reader:
                 flat = scratch[read.first : read.first + span]
                 read.dest.copy_(flat.view(read.dtype).as_strided(read.overlap, read.strides))
 
-        return [lambda g=group: piece(g) for group in pieces]
+        return [partial(piece, group) for group in pieces]
 
-    def _verify(self, read: _Read) -> list[Any]:
+    def _verify(self, read: _Read) -> list[_Task]:
         """Tasks that read ``read``'s blocks into a scratch buffer of their thread and check them, keeping nothing."""
         blocks = self._blocks(read)
 
@@ -281,7 +285,7 @@ class _Reader:
             for index, b0, b1 in group:
                 self._check(read, index, target[b0 - first : b1 - first])
 
-        return [lambda g=blocks[i : i + _PIECE_BLOCKS]: piece(g) for i in range(0, len(blocks), _PIECE_BLOCKS)]
+        return [partial(piece, blocks[i : i + _PIECE_BLOCKS]) for i in range(0, len(blocks), _PIECE_BLOCKS)]
 
     def run(self, reads: list[_Read], verify: list[_Read] | None = None) -> None:
         """Read, check and place ``reads``; only read and check ``verify``. Raises CheckpointError."""

@@ -8,7 +8,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
 
 import torch
 
@@ -16,15 +16,86 @@ from launchhelm._exceptions import CheckpointError
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
 from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm.torch import _dist
-from launchhelm.torch._manifest import BLOCK_SIZE, FORMAT_SHARDED, MANIFEST_NAME, dtype_name, encode_value, object_name
-from launchhelm.torch._records import RankRecord
+from launchhelm.torch._manifest import (
+    BLOCK_SIZE,
+    FORMAT_SHARDED,
+    MANIFEST_NAME,
+    ChunkRecord,
+    Manifest,
+    ObjectRecord,
+    TensorEntry,
+    dtype_name,
+    encode_value,
+    object_name,
+)
+from launchhelm.torch._records import ControlState, Offer, RankRecord, Shared
 from launchhelm.torch._sharded._state import Box, _box, _collect, _state_dicts
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
+
+    from launchhelm._types import JSONValue
+    from launchhelm.storage import Store
     from launchhelm.torch._run import TorchRun
 
+_T = TypeVar("_T")
 
-def _plan(offers: list[list[list[Any]]]) -> dict[tuple[str, Box], int]:
+
+class Writer(Protocol):
+    """What writing and publishing a format /3 checkpoint needs of a run (an import has no TorchRun)."""
+
+    _store: Store
+    _world: int
+
+    @property
+    def id(self) -> str: ...
+
+    def _publish_checkpoint(
+        self,
+        artifact_id: str,
+        *,
+        step: int,
+        fmt: str,
+        files: list[dict[str, Any]],
+        checksums: dict[str, str],
+        size: int,
+        world_size: int = ...,
+        control_seq: int | None = ...,
+    ) -> object: ...
+
+
+class WrittenChunk(TypedDict):
+    """A chunk as its writer stored it: the manifest's record of it, less the object, plus its tensor's key."""
+
+    key: str
+    offset: list[int]
+    shape: list[int]
+    start: int
+    nbytes: int
+    crc64nvme: list[str]
+
+
+class StoredObject(TypedDict):
+    """One rank's shard object once written: what the manifest records of it and of its chunks."""
+
+    name: str
+    size: int
+    crc64nvme: str
+    chunks: list[WrittenChunk]
+
+
+class SaveContext(TypedDict):
+    """What the manifest records besides the objects, taken when the save was called."""
+
+    step: int
+    control: ControlState
+    tunables: JSONValue
+    state: dict[str, JSONValue]
+    records: list[RankRecord]
+    meta: list[Offer]
+
+
+def _plan(offers: list[list[Offer]]) -> dict[tuple[str, Box], int]:
     """Which rank writes each distinct non-empty chunk: one of its holders, the least loaded.
 
     Deterministic from what every rank gathered, so every rank computes the same plan.
@@ -53,9 +124,9 @@ def _bytes_of(local: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
-def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Tensor]]) -> dict[str, Any]:
+def _write_object(run: Writer, key: str, chunks: list[tuple[str, Box, torch.Tensor]]) -> StoredObject:
     """Stream the chunks into one object; its record with each chunk's place and block CRCs."""
-    records: list[dict[str, Any]] = []
+    records: list[WrittenChunk] = []
     position, whole = 0, 0
     with run._store.writer(key) as out:
         for name, (offset, shape), local in chunks:
@@ -68,39 +139,34 @@ def _write_object(run: TorchRun, key: str, chunks: list[tuple[str, Box, torch.Te
                 whole = combine_crc64nvme(whole, crc, len(block))
                 crcs.append(f"{crc:016x}")
             records.append(
-                {
-                    "key": name,
-                    "offset": list(offset),
-                    "shape": list(shape),
-                    "start": position,
-                    "nbytes": len(view),
-                    CRC64NVME: crcs,
-                }
+                WrittenChunk(
+                    key=name, offset=list(offset), shape=list(shape), start=position, nbytes=len(view), crc64nvme=crcs
+                )
             )
             position += len(view)
-    return {"name": key.rsplit("/", 1)[-1], "size": position, CRC64NVME: f"{whole:016x}", "chunks": records}
+    return StoredObject(name=key.rsplit("/", 1)[-1], size=position, crc64nvme=f"{whole:016x}", chunks=records)
 
 
 @dataclass
 class Survey:
     """What one rank holds to save: taken before the save's one gather, which carries :meth:`shared`."""
 
-    offer: list[list[Any]]  # [key, dtype, global shape, offset, local shape, nbytes] per tensor
+    offer: list[Offer]
     problem: str | None
     artifact: str | None  # rank 0's new id; None elsewhere
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
-    state: Any = None
+    state: dict[str, JSONValue] | None = None
 
-    def shared(self) -> tuple[list[list[Any]], str | None, str | None]:
+    def shared(self) -> Shared:
         return self.offer, self.problem, self.artifact
 
 
 def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Survey:
     """This rank's state dicts and what it offers to write; never raises (a problem is reported)."""
     problem: str | None = None
-    offer: list[list[Any]] = []
+    offer: list[Offer] = []
     tensors: dict[str, torch.Tensor] = {}
-    state: Any = None
+    state: dict[str, JSONValue] | None = None
     try:
         msd, osd = _state_dicts(run, model, optimizer)
         model_state, model_tensors = _collect(msd, "model")
@@ -115,7 +181,7 @@ def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimiz
         for key, t in tensors.items():
             (offset, shape), _local = _box(t)
             nbytes = math.prod(shape) * t.element_size()
-            offer.append([key, dtype_name(t.dtype), list(t.shape), list(offset), list(shape), nbytes])
+            offer.append((key, dtype_name(t.dtype), list(t.shape), list(offset), list(shape), nbytes))
     except Exception as exc:
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
     artifact = new_artifact_id(run._step) if run._rank == 0 else None
@@ -143,7 +209,7 @@ def save(
     rank, world = run._rank, run._world
     mine_survey = surveyed if surveyed is not None else survey(run, model, optimizer)
     tensors, state = mine_survey.tensors, mine_survey.state
-    gathered: list[tuple[list[list[Any]], str | None, str | None]]
+    gathered: list[Shared]
     if surveyed is not None:
         gathered = [r["shards"] for r in records]
     else:
@@ -154,6 +220,7 @@ def save(
         failed = _disagreements([g[0] for g in gathered])
     if failed:
         raise CheckpointError(f"checkpoint at step {run._step} was not saved: " + "; ".join(failed), run_id=run.id)
+    assert state is not None  # a rank whose survey failed reported its problem above
     writer = _plan([g[0] for g in gathered])
     mine = []
     for key, t in tensors.items():
@@ -161,7 +228,7 @@ def save(
         if writer.get((key, box)) == rank:
             mine.append((key, box, local))
     # what the manifest records is taken now: training may change it while a non-blocking save writes
-    context = {
+    context: SaveContext = {
         "step": run._step,
         "control": {"seq": run._control_seq, "paused": run._paused},
         "tunables": encode_value(dict(run.tunables)),
@@ -199,29 +266,29 @@ def save(
     return artifact if rank == 0 else None
 
 
-def _save_group(run: TorchRun) -> Any:
+def _save_group(run: TorchRun) -> ProcessGroup | None:
     """A gloo group of all ranks for background saves, created once, together, in the foreground.
 
     The commit's collectives run on the save thread while training runs its
     own (FSDP2's all-gathers) on the default group; sharing one group would
     interleave them.
     """
-    group = getattr(run, "_sharded_save_group", None)
+    group: ProcessGroup | None = getattr(run, "_sharded_save_group", None)
     if group is None and run._world > 1:
         group = torch.distributed.new_group(backend="gloo")
         run._sharded_save_group = group  # type: ignore[attr-defined]
     return group
 
 
-def _gather(value: Any, world: int, group: Any) -> list[Any]:
+def _gather(value: _T, world: int, group: ProcessGroup | None) -> list[_T]:
     if group is None:
         return _dist.all_gather(value, world)
-    out: list[Any] = [None] * world
+    out: list[_T | None] = [None] * world
     torch.distributed.all_gather_object(out, value, group=group)
-    return out
+    return out  # type: ignore[return-value]  # every slot filled by the gather
 
 
-def _broadcast(value: Any, world: int, group: Any) -> Any:
+def _broadcast(value: _T, world: int, group: ProcessGroup | None) -> _T:
     if group is None:
         return _dist.broadcast(value, world)
     box = [value]
@@ -230,12 +297,16 @@ def _broadcast(value: Any, world: int, group: Any) -> Any:
 
 
 def _commit(
-    run: TorchRun, artifact: str, mine: list[tuple[str, Box, torch.Tensor]], context: dict[str, Any], group: Any
+    run: TorchRun,
+    artifact: str,
+    mine: list[tuple[str, Box, torch.Tensor]],
+    context: SaveContext,
+    group: ProcessGroup | None,
 ) -> tuple[str | None, str | None]:
     """Every rank: store its object; rank 0 then writes the manifest and publishes. (id, error) on every rank."""
     rank, world = run._rank, run._world
     prefix = artifact_prefix(run.id, artifact)
-    stored: dict[str, Any] | None = None
+    stored: StoredObject | None = None
     error: str | None = None
     if mine:
         try:
@@ -254,11 +325,10 @@ def _commit(
                 outcome = (artifact, None)
             except Exception as exc:
                 outcome = (None, f"{type(exc).__name__}: {exc}")
-    result: tuple[str | None, str | None] = _broadcast(outcome, world, group)
-    return result
+    return _broadcast(outcome, world, group)
 
 
-def _disagreements(offers: list[list[list[Any]]]) -> list[str]:
+def _disagreements(offers: list[list[Offer]]) -> list[str]:
     """Ranks whose state dicts differ in keys, dtypes or global shapes from rank 0's."""
     first = {o[0]: (o[1], o[2]) for o in offers[0]}
     out = []
@@ -273,20 +343,28 @@ def _disagreements(offers: list[list[list[Any]]]) -> list[str]:
 
 
 def _publish(
-    run: TorchRun,
+    run: Writer,
     artifact: str,
     prefix: str,
-    stored: list[dict[str, Any]],
-    context: dict[str, Any],
+    stored: list[StoredObject],
+    context: SaveContext,
 ) -> None:
     meta = {o[0]: (o[1], o[2]) for o in context["meta"]}
     records = context["records"]
-    tensors: dict[str, dict[str, Any]] = {k: {"dtype": d, "shape": s, "chunks": []} for k, (d, s) in meta.items()}
+    tensors = {k: TensorEntry(dtype=d, shape=s, chunks=[]) for k, (d, s) in meta.items()}
     for index, obj in enumerate(stored):
         for chunk in obj["chunks"]:
-            entry = {k: v for k, v in chunk.items() if k != "key"}
-            tensors[chunk["key"]]["chunks"].append({**entry, "object": index})
-    manifest = {
+            tensors[chunk["key"]]["chunks"].append(
+                ChunkRecord(
+                    offset=chunk["offset"],
+                    shape=chunk["shape"],
+                    start=chunk["start"],
+                    nbytes=chunk["nbytes"],
+                    crc64nvme=chunk["crc64nvme"],
+                    object=index,
+                )
+            )
+    manifest: Manifest = {
         "format": FORMAT_SHARDED,
         "run_id": run.id,
         "step": context["step"],
@@ -295,7 +373,7 @@ def _publish(
         "torch_version": str(torch.__version__),
         "byteorder": sys.byteorder,
         "block_size": BLOCK_SIZE,
-        "objects": [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored],
+        "objects": [ObjectRecord(name=o["name"], size=o["size"], crc64nvme=o["crc64nvme"]) for o in stored],
         "tensors": tensors,
         "state": context["state"],
         "tunables": context["tunables"],
@@ -308,7 +386,7 @@ def _publish(
     run._store.create(f"{prefix}/{MANIFEST_NAME}", raw)
     sums = {CRC64NVME: f"{crc64nvme(raw):016x}"}
     files: list[dict[str, Any]] = [{"name": MANIFEST_NAME, "size": len(raw), **sums}]
-    files += [{"name": o["name"], "size": o["size"], CRC64NVME: o[CRC64NVME]} for o in stored]
+    files += [{"name": o["name"], "size": o["size"], CRC64NVME: o["crc64nvme"]} for o in stored]
     run._publish_checkpoint(
         artifact,
         step=context["step"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -12,12 +12,16 @@ from launchhelm._exceptions import CheckpointError
 from launchhelm.torch._manifest import encode_value
 
 if TYPE_CHECKING:
+    from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
+    from torch.distributed.tensor import DTensor
+
+    from launchhelm._types import JSONValue
     from launchhelm.torch._run import TorchRun
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (global offset, shape) of a chunk
 
 
-def _dtensor_type() -> Any:
+def _dtensor_type() -> type[DTensor]:
     from torch.distributed.tensor import DTensor
 
     return DTensor
@@ -64,14 +68,16 @@ def _run_hooks_off(run: TorchRun, optimizer: torch.optim.Optimizer) -> Iterator[
         ]
 
 
-def _state_dicts(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+def _state_dicts(
+    run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+) -> tuple[dict[str, ValueType], OptimizerStateType]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
     with _run_hooks_off(run, optimizer):
         return get_state_dict(model, optimizer)
 
 
-def _collect(tree: Any, root: str) -> tuple[Any, dict[str, torch.Tensor]]:
+def _collect(tree: object, root: str) -> tuple[JSONValue, dict[str, torch.Tensor]]:
     """``tree`` encoded as JSON with its tensors as keys, and those tensors by key."""
     found: dict[str, torch.Tensor] = {}
 
