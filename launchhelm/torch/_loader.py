@@ -32,7 +32,7 @@ import threading
 import zipfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
@@ -301,7 +301,10 @@ class CheckpointLoader:
         # Small checkpoints are read whole and checked before anything is applied (a
         # corrupted one then changes nothing); large ones go straight into the model.
         in_place = local.stat().st_size >= _inplace.IN_PLACE_MIN_BYTES
-        plan = plan_in_place(local, meta, model, optimizer, match=in_place, storages=storages)
+        # _validate refused anything but a bundle's dict
+        plan = plan_in_place(
+            local, cast("dict[str, object]", meta), model, optimizer, match=in_place, storages=storages
+        )
         try:
             bundle = plan.read_rest(map_location)
         except OSError as exc:
@@ -355,7 +358,7 @@ class CheckpointLoader:
                 run_id=self.id,
             )
 
-    def _validate(self, bundle: Any, where: str) -> None:
+    def _validate(self, bundle: object, where: str) -> None:
         if not isinstance(bundle, dict) or bundle.get("format") not in _FORMATS:
             found = bundle.get("format") if isinstance(bundle, dict) else type(bundle).__name__
             raise CheckpointError(
@@ -395,7 +398,7 @@ class CheckpointLoader:
                     f"checkpoint {where} holds no {name} state, but a {name} is watched", run_id=self.id
                 )
 
-    def _check_placement(self, saved: Any, where: str) -> None:
+    def _check_placement(self, saved: object, where: str) -> None:
         """Refuse a restore where this global rank sits at another local rank than at the save."""
         if not isinstance(saved, list) or len(saved) != self._world or not isinstance(saved[self._rank], dict):
             return  # saved before placements were recorded: nothing to compare

@@ -180,7 +180,7 @@ class TorchRun(Run):
         optimizer:
             Its ``step()`` advances :attr:`global_step` by one.
         scheduler:
-            Any LR scheduler with ``state_dict``/``load_state_dict``.
+            An LR scheduler: anything with ``state_dict``/``load_state_dict``.
         scaler:
             A ``torch.amp.GradScaler``.
         sharded:

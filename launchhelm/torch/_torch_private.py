@@ -24,9 +24,12 @@ import functools
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 __all__ = [
     "REBUILD_TENSOR",
@@ -175,14 +178,14 @@ def stock_targets(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return targets
 
 
-def optimizer_state_pairs(optimizer: torch.optim.Optimizer, saved_optimizer: Any) -> list[tuple[Any, Any]]:
+def optimizer_state_pairs(optimizer: torch.optim.Optimizer, saved_optimizer: object) -> list[tuple[object, Any]]:
     """Each saved optimizer state value with the live one of the same name that
     ``Optimizer.load_state_dict`` would put it in place of: the state of the parameter its saved
     index stands for (the saved groups' indices, in order, onto the live groups' parameters).
     Empty where the optimizer does not load the stock way (a subclass's own ``load_state_dict``,
     load pre-hooks) or the saved groups do not line up with the live ones; where an index is
     unhashable, the pairs found before it (``load_state_dict`` then says what is wrong)."""
-    pairs: list[tuple[Any, Any]] = []
+    pairs: list[tuple[object, Any]] = []
     if (
         isinstance(saved_optimizer, dict)
         and type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict
@@ -218,7 +221,7 @@ def optimizer_state_pairs(optimizer: torch.optim.Optimizer, saved_optimizer: Any
     return pairs
 
 
-def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: Any) -> bool:
+def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: object) -> bool:
     """Do what ``optimizer.load_state_dict(saved)`` does, where each of the saved state tensors
     already is the live one it would become (read in place into it); return False, having
     changed nothing, where that is not so or the optimizer does not load the stock way: the
@@ -294,7 +297,7 @@ def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: Any) -> boo
     return True
 
 
-def dtensor_local_box(t: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def dtensor_local_box(t: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The (global offset, local shape) of the shard a DTensor holds on this rank.
 
     Sharded checkpoints (:mod:`launchhelm.torch._sharded`) need it for any

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ def _take(saved: Any, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) 
 
 
 def _match(
-    meta: dict[str, Any], model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    meta: Mapping[str, object], model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, Any], bool]:
     """Set each saved storage's ``target`` (:func:`_take`): the model's tensor of the same key, the
     optimizer's state tensor of the same name of the parameter its saved index stands for (as
@@ -79,7 +80,7 @@ def _address(entry: tuple[int, int, _PlannedStorage]) -> int:
 
 def plan_in_place(
     path: Path,
-    meta: dict[str, Any],
+    meta: Mapping[str, object],
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
     *,

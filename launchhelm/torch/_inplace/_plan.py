@@ -30,7 +30,7 @@ class _Sealed:
 
     __slots__ = ()
 
-    def __setstate__(self, state: Any) -> None:
+    def __setstate__(self, state: object) -> None:
         raise _Refused("BUILD on a global")
 
 
@@ -94,7 +94,7 @@ class _Planned(_Sealed):
         return True
 
 
-def _geometry(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool | None:
+def _geometry(storage: _PlannedStorage, offset: object, size: object, stride: object) -> bool | None:
     """None where a tensor's geometry from the pickle is malformed or reaches past its storage
     (what ``set_`` refuses on a real tensor); else whether the tensor is the whole storage's bytes
     in order (offset 0, contiguous as ``torch.Tensor.is_contiguous`` says, every byte).
@@ -140,7 +140,7 @@ def _geometry(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> 
     return contiguous and offset == 0 and numel * itemsize == storage.nbytes
 
 
-def _geometry_fits(storage: _PlannedStorage, offset: Any, size: Any, stride: Any) -> bool:
+def _geometry_fits(storage: _PlannedStorage, offset: object, size: object, stride: object) -> bool:
     """Whether a tensor's geometry from the pickle is well formed and lies inside its storage."""
     return _geometry(storage, offset, size, stride) is not None
 
@@ -152,7 +152,14 @@ class _TensorRecord(_Sealed):
     __slots__ = ()
 
     def __call__(
-        self, storage: Any, offset: Any, size: Any, stride: Any, requires_grad: Any, hooks: Any, *metadata: Any
+        self,
+        storage: object,
+        offset: int,
+        size: tuple[int, ...],
+        stride: tuple[int, ...],
+        requires_grad: object,
+        hooks: object,
+        *metadata: object,
     ) -> _Planned:
         if type(storage) is not _PlannedStorage or requires_grad is not False or hooks or any(metadata):
             raise _Refused("tensor")
@@ -187,7 +194,7 @@ class _PlanningUnpickler(pickle.Unpickler):
         self._folder, self._layout = layout or (b"", {})
         self.storages: dict[str, _PlannedStorage] = {}
 
-    def find_class(self, module: str, name: str) -> Any:
+    def find_class(self, module: str, name: str) -> object:
         if (module, name) == REBUILD_TENSOR:
             return _TENSOR_RECORD
         if module == "collections" and name == "OrderedDict":
@@ -202,7 +209,7 @@ class _PlanningUnpickler(pickle.Unpickler):
                 raise _Refused(f"storage type {name}") from None
         raise _Refused(f"global {module}.{name}")
 
-    def persistent_load(self, pid: Any) -> Any:
+    def persistent_load(self, pid: object) -> _PlannedStorage:
         if type(pid) is not tuple or len(pid) != 5 or pid[0] != "storage":
             raise _Refused("persistent id")
         _, kind, key, location, numel = pid
@@ -225,7 +232,7 @@ class _PlanningUnpickler(pickle.Unpickler):
         return storage
 
 
-def meta_load(path: Path) -> Any | None:
+def meta_load(path: Path) -> object | None:
     """What ``torch.load(path, map_location="meta", weights_only=True)`` gives for a LaunchHelm
     bundle, each tensor a :class:`_Planned` (its geometry, dtype and file offset) instead of a
     meta tensor: many times faster per tensor (the C unpickler, see :class:`_PlanningUnpickler`,
@@ -235,7 +242,7 @@ def meta_load(path: Path) -> Any | None:
     return None if planned is None else planned[0]
 
 
-def load_plan(path: Path) -> tuple[Any, list[_PlannedStorage]] | None:
+def load_plan(path: Path) -> tuple[object, list[_PlannedStorage]] | None:
     """:func:`meta_load`'s bundle, and its storage records (for :func:`plan_in_place`).
 
     A file laid out as torch writes one (:func:`_sequential_layout`) is planned from its own
@@ -297,7 +304,7 @@ def _small_records(fd: int, layout: tuple[bytes, dict[str, tuple[int, int, int]]
     return found
 
 
-def planned_from_meta(meta: Any) -> Any | None:
+def planned_from_meta(meta: object) -> object | None:
     """``torch.load(map_location="meta")``'s bundle with each meta tensor as a :class:`_Planned`
     (tensors sharing a storage share one :class:`_PlannedStorage`); None if this torch gives no
     storage offsets (``_checkpoint_offset``)."""
@@ -305,12 +312,12 @@ def planned_from_meta(meta: Any) -> Any | None:
     return None if planned is None else planned[0]
 
 
-def plan_from_meta(meta: Any) -> tuple[Any, list[_PlannedStorage]] | None:
+def plan_from_meta(meta: object) -> tuple[object, list[_PlannedStorage]] | None:
     """:func:`planned_from_meta`'s bundle, and its storage records (for :func:`plan_in_place`)."""
     storages: dict[int, _PlannedStorage] = {}
     missing = False
 
-    def planned(t: torch.Tensor) -> Any:
+    def planned(t: torch.Tensor) -> torch.Tensor | _Planned:
         nonlocal missing
         untyped = t.untyped_storage()
         offset = checkpoint_offset(untyped)
@@ -327,7 +334,7 @@ def plan_from_meta(meta: Any) -> tuple[Any, list[_PlannedStorage]] | None:
     return None if missing else (converted, list(storages.values()))
 
 
-def _walk(value: Any) -> Iterator[_Planned]:
+def _walk(value: object) -> Iterator[_Planned]:
     if isinstance(value, _Planned):
         yield value
     elif isinstance(value, dict):
@@ -338,7 +345,7 @@ def _walk(value: Any) -> Iterator[_Planned]:
             yield from _walk(item)
 
 
-def _rebuild(value: Any, replace: Callable[[Any], Any]) -> Any:
+def _rebuild(value: object, replace: Callable[[Any], object]) -> object:
     """``value`` with each tensor (a :class:`_Planned` or a ``torch.Tensor``) replaced. A dict
     subclass keeps its attributes: a state dict's ``_metadata`` (each module's version, which
     ``load_state_dict`` hands to ``_load_from_state_dict``) is one."""

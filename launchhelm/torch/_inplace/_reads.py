@@ -6,9 +6,10 @@ import bisect
 import ctypes
 import os
 import threading
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -33,7 +34,7 @@ _STREAM_PIECE = 64 * 2**20
 class InPlaceLoad:
     """A planned load of one bundle file; see the module docstring for the steps."""
 
-    def __init__(self, path: Path, meta: dict[str, Any], storages: list[_PlannedStorage], size: int) -> None:
+    def __init__(self, path: Path, meta: Mapping[str, object], storages: list[_PlannedStorage], size: int) -> None:
         self.path = path
         self.meta = meta
         self.size = size
@@ -90,8 +91,7 @@ class InPlaceLoad:
             real = torch.empty(0, dtype=t.dtype).set_(storage.fresh, t.offset, t.shape, t.stride)
             return real if map_location in (None, "cpu") else real.to(map_location)
 
-        bundle: dict[str, Any] = _rebuild(self.meta, replace)
-        return bundle
+        return cast("dict[str, Any]", _rebuild(self.meta, replace))  # the bundle's top level is a dict
 
     def _read_gap(self, fd: int, start: int, end: int) -> None:
         for chunk in range(start, end, _CHUNK):
