@@ -323,7 +323,7 @@ class LaunchHelmCallback(Callback):
         logger._start(hparams)
 
     def on_save_checkpoint(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, object]
     ) -> None:
         # Lightning builds the checkpoint on every rank and writes rank 0's: gather each rank's RNG into it
         world = int(getattr(trainer, "world_size", 1) or 1)

@@ -109,14 +109,14 @@ class LaunchHelmCallback(TrainerCallback):
         """The run (started on first use if the ``Trainer`` has not started it yet)."""
         return self._ensure_run()
 
-    def _ensure_run(self, args: TrainingArguments | None = None, model: Any = None) -> Run:
+    def _ensure_run(self, args: TrainingArguments | None = None, model: object = None) -> Run:
         if self._run is None:
             if _rank() != 0:
                 raise InvalidArgumentError(
                     f"process {_rank()} has no run: under torch.distributed only the world's process zero writes "
                     "to LaunchHelm (the Trainer calls this callback there)"
                 )
-            config: dict[str, Any] = {}
+            config: dict[str, object] = {}
             if args is not None:
                 config.update(plain_config(args.to_dict()))  # type: ignore[no-untyped-call]
             model_config = getattr(model, "config", None)
@@ -231,7 +231,7 @@ class LaunchHelmCallback(TrainerCallback):
         args: TrainingArguments,
         state: TrainerState,
         control: TrainerControl,
-        logs: Mapping[str, Any] | None = None,
+        logs: Mapping[str, object] | None = None,
         **kwargs: object,
     ) -> None:
         if not state.is_world_process_zero or not logs:
