@@ -24,7 +24,7 @@ import functools
 import importlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -88,7 +88,7 @@ def missing_names() -> list[str]:
 def _missing(required: tuple[tuple[str, str], ...]) -> tuple[str, ...]:
     missing = []
     for path, name in required:
-        owner: Any = None
+        owner: object = None
         module, _, attribute = path.rpartition(".")
         for candidate in (path, module):  # a module, or a class in one
             try:
@@ -178,14 +178,14 @@ def stock_targets(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return targets
 
 
-def optimizer_state_pairs(optimizer: torch.optim.Optimizer, saved_optimizer: object) -> list[tuple[object, Any]]:
+def optimizer_state_pairs(optimizer: torch.optim.Optimizer, saved_optimizer: object) -> list[tuple[object, object]]:
     """Each saved optimizer state value with the live one of the same name that
     ``Optimizer.load_state_dict`` would put it in place of: the state of the parameter its saved
     index stands for (the saved groups' indices, in order, onto the live groups' parameters).
     Empty where the optimizer does not load the stock way (a subclass's own ``load_state_dict``,
     load pre-hooks) or the saved groups do not line up with the live ones; where an index is
     unhashable, the pairs found before it (``load_state_dict`` then says what is wrong)."""
-    pairs: list[tuple[object, Any]] = []
+    pairs: list[tuple[object, object]] = []
     if (
         isinstance(saved_optimizer, dict)
         and type(optimizer).load_state_dict is torch.optim.Optimizer.load_state_dict
@@ -206,7 +206,7 @@ def optimizer_state_pairs(optimizer: torch.optim.Optimizer, saved_optimizer: obj
             )
         ):
             try:
-                by_index: dict[Any, Any] = {}
+                by_index: dict[object, torch.Tensor] = {}
                 for saved, live in zip(saved_groups, live_groups):  # noqa: B905
                     by_index.update(zip(saved["params"], live["params"]))  # noqa: B905
                 live_state = optimizer.state
@@ -246,7 +246,7 @@ def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: object) -> 
     groups = optimizer.param_groups
     if not (isinstance(saved_groups, list) and isinstance(saved_state, dict) and len(saved_groups) == len(groups)):
         return False
-    by_index: dict[Any, tuple[torch.Tensor, bool]] = {}
+    by_index: dict[object, tuple[torch.Tensor, bool]] = {}
     count = 0
     try:
         for group, saved_group in zip(groups, saved_groups):  # noqa: B905 (lengths checked)
@@ -260,7 +260,7 @@ def load_optimizer_in_place(optimizer: torch.optim.Optimizer, saved: object) -> 
         if len(by_index) != count:
             return False  # an index in two groups (torch's scan would take the first): malformed, let torch say
         live_state = optimizer.state
-        state: collections.defaultdict[torch.Tensor, dict[Any, Any]] = collections.defaultdict(dict)
+        state: collections.defaultdict[torch.Tensor, dict[object, object]] = collections.defaultdict(dict)
         for index, entries in saved_state.items():
             found = by_index.get(index)
             if found is None or type(entries) is not dict:

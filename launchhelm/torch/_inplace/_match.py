@@ -17,7 +17,7 @@ from launchhelm.torch._torch_private import optimizer_state_pairs, stock_targets
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
-def _take(saved: Any, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) -> None:
+def _take(saved: object, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) -> None:
     """Plan the saved tensor's bytes into the live one where they can go as they lie in the file:
     the saved tensor is its storage's bytes in order and the only tensor on it, and the live one
     a plain contiguous tensor on the CPU or CUDA with the same shape and dtype."""
@@ -42,7 +42,7 @@ def _take(saved: Any, live: Any, taken: list[tuple[int, int, _PlannedStorage]]) 
 
 def _match(
     meta: Mapping[str, object], model: torch.nn.Module, optimizer: torch.optim.Optimizer
-) -> tuple[dict[str, Any], bool]:
+) -> tuple[dict[str, torch.Tensor], bool]:
     """Set each saved storage's ``target`` (:func:`_take`): the model's tensor of the same key, the
     optimizer's state tensor of the same name of the parameter its saved index stands for (as
     ``Optimizer.load_state_dict`` maps them: the saved groups' indices, in order, onto the live
@@ -50,7 +50,7 @@ def _match(
     loads the stock way, else its state dict: its own tensors, ``keep_vars``) and whether it does."""
     taken: list[tuple[int, int, _PlannedStorage]] = []
     saved_model = meta.get("model")
-    live_model: dict[str, Any] = {}
+    live_model: dict[str, torch.Tensor] = {}
     stock = None
     if isinstance(saved_model, dict):
         stock = stock_targets(model)

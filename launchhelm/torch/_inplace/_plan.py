@@ -249,7 +249,7 @@ def load_plan(path: Path) -> tuple[object, list[_PlannedStorage]] | None:
     bytes: the ``byteorder``, ``version`` and ``data.pkl`` records read where the central
     directory puts them (each checked by the whole-file CRC64NVME as the load reads the file).
     Opening torch's zip reader costs more than that (it parses the directory again).
-    Any other file goes through torch's reader, whose rules and errors decide."""
+    Every other file goes through torch's reader, whose rules and errors decide."""
     try:
         fd = os.open(path, os.O_RDONLY)
         try:
