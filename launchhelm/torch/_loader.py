@@ -43,7 +43,7 @@ from launchhelm.torch import _dist, _inplace
 from launchhelm.torch._formats import _FORMATS, FORMAT_SINGLE, PAYLOAD_SUFFIX
 from launchhelm.torch._inplace import InPlaceLoad, plan_in_place
 from launchhelm.torch._manifest import FORMAT_SHARDED, MANIFEST_NAME
-from launchhelm.torch._records import LoadTarget
+from launchhelm.torch._records import Bundle, LoadTarget
 from launchhelm.torch._rng import restore_rng, validate_rng
 from launchhelm.torch._torch_private import fast_path_available
 
@@ -94,7 +94,7 @@ class CheckpointLoader:
         assert target is not None
         return target
 
-    def restore(self, target: LoadTarget) -> tuple[dict[str, Any], Any]:
+    def restore(self, target: LoadTarget) -> tuple[Bundle, object]:
         """Steps 2 to 5 for a resolved ``target``; the bundle applied, and its ``extra``."""
         model, optimizer, map_location = self._model, self._optimizer, self._map_location
         # a download's folder; a local store is read where it lies and needs none
@@ -192,7 +192,7 @@ class CheckpointLoader:
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         shared: Path | None = None,
-    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
+    ) -> tuple[Bundle, InPlaceLoad | None]:
         """The validated bundle, and the plan for its tensors still to be read in place (or None)."""
         if target.get("path"):
             local = Path(target["path"])
@@ -257,8 +257,7 @@ class CheckpointLoader:
             self._check_checksums(where, expected, found)
         if error is not None:
             raise error
-        self._validate(bundle, where)
-        return dict(bundle), None
+        return cast("Bundle", dict(self._validate(bundle, where))), None
 
     def _plan_and_verify(
         self,
@@ -268,7 +267,7 @@ class CheckpointLoader:
         map_location: MAP_LOCATION,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-    ) -> tuple[dict[str, Any], InPlaceLoad | None]:
+    ) -> tuple[Bundle, InPlaceLoad | None]:
         """Plan with a meta load, read all but the in-place tensors, validate (see ``_inplace``)."""
         # the C unpickler with three harmless globals of our own; for anything else (or a file it
         # cannot read) torch's weights-only unpickler plans, and its rules and errors decide
@@ -293,8 +292,7 @@ class CheckpointLoader:
         if planned is None:  # this torch gives no storage offsets: the usual load, CRC64NVME verified
             self._check_checksums(where, expected, file_checksums(local, (CRC64NVME,)))
             bundle = torch.load(local, map_location=map_location, weights_only=True)
-            self._validate(bundle, where)
-            return dict(bundle), None
+            return cast("Bundle", dict(self._validate(bundle, where))), None
         meta, storages = planned
         if not isinstance(meta, dict) or not isinstance(meta.get("model"), dict):
             self._validate(meta, where)  # the usual refusal for a file that is no bundle
@@ -316,10 +314,8 @@ class CheckpointLoader:
         plan.where, plan.expected = where, dict(expected)
         if plan.matched_bytes == 0:
             self._read_in_place(plan, {})  # nothing goes in place: the whole CRC is known now
-            self._validate(bundle, where)
-            return bundle, None
-        self._validate(bundle, where)
-        return bundle, plan
+            return self._validate(bundle, where), None
+        return self._validate(bundle, where), plan
 
     def _read_in_place(self, plan: InPlaceLoad, target: LoadTarget) -> None:
         self._run._loaded_in_place = plan.matched_bytes
@@ -358,7 +354,8 @@ class CheckpointLoader:
                 run_id=self.id,
             )
 
-    def _validate(self, bundle: object, where: str) -> None:
+    def _validate(self, bundle: object, where: str) -> Bundle:
+        """``bundle`` once the fields a restore reads are checked; else CheckpointError."""
         if not isinstance(bundle, dict) or bundle.get("format") not in _FORMATS:
             found = bundle.get("format") if isinstance(bundle, dict) else type(bundle).__name__
             raise CheckpointError(
@@ -397,6 +394,7 @@ class CheckpointLoader:
                 raise CheckpointError(
                     f"checkpoint {where} holds no {name} state, but a {name} is watched", run_id=self.id
                 )
+        return cast("Bundle", bundle)  # every field a restore reads was checked above
 
     def _check_placement(self, saved: object, where: str) -> None:
         """Refuse a restore where this global rank sits at another local rank than at the save."""
@@ -414,7 +412,7 @@ class CheckpointLoader:
 
     def _apply(
         self,
-        bundle: dict[str, Any],
+        bundle: Bundle,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
         *,
@@ -443,9 +441,10 @@ class CheckpointLoader:
         if not self._run._optimizer_in_place:
             optimizer.load_state_dict(bundle["optimizer"])
         if self._scheduler is not None:
-            self._scheduler.load_state_dict(bundle["scheduler"])
+            # _validate refused a bundle without the state of a watched scheduler or scaler
+            self._scheduler.load_state_dict(cast("dict[str, object]", bundle["scheduler"]))
         if self._scaler is not None:
-            self._scaler.load_state_dict(bundle["scaler"])
+            self._scaler.load_state_dict(cast("dict[str, object]", bundle["scaler"]))
         if bundle["format"] == FORMAT_SINGLE:
             restore_rng(bundle["rng"])
             extra = bundle.get("extra")

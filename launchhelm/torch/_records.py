@@ -8,7 +8,7 @@ field renamed on one side only. A bundle read from a file is checked by
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 import torch
 
@@ -27,6 +27,7 @@ __all__ = [
     "Offer",
     "Placement",
     "RankRecord",
+    "Restored",
     "RngRecord",
     "Shared",
     "Stateful",
@@ -85,7 +86,7 @@ class Bundle(TypedDict):
     saved_at: float
     world_size: int
     torch_version: str
-    model: dict[str, object]
+    model: dict[str, torch.Tensor]
     optimizer: dict[str, object]
     scheduler: dict[str, object] | None
     scaler: dict[str, object] | None
@@ -96,6 +97,14 @@ class Bundle(TypedDict):
     rng_by_rank: NotRequired[list[dict[str, object]]]
     extra_by_rank: NotRequired[list[object]]
     placement_by_rank: NotRequired[list[Placement]]
+
+
+class Restored(TypedDict):
+    """What a sharded load gives ``TorchRun._load`` of the checkpoint's bundle-level fields."""
+
+    step: int
+    tunables: object
+    control: object
 
 
 class LoadTarget(TypedDict, total=False):
@@ -116,6 +125,6 @@ class LoadTarget(TypedDict, total=False):
 class Stateful(Protocol):
     """What a checkpoint saves of a scheduler or scaler: torch's own ``state_dict`` pair."""
 
-    def state_dict(self) -> dict[str, Any]: ...
+    def state_dict(self) -> dict[str, object]: ...
 
-    def load_state_dict(self, state_dict: dict[str, Any], /) -> None: ...
+    def load_state_dict(self, state_dict: dict[str, object], /) -> None: ...

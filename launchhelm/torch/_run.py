@@ -37,7 +37,7 @@ from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD
 from launchhelm.torch._loader import CheckpointLoader, _gc_paused
 from launchhelm.torch._manifest import FORMAT_SHARDED
 from launchhelm.torch._payload import check_payload
-from launchhelm.torch._records import Bundle, RankRecord, Stateful
+from launchhelm.torch._records import Bundle, RankRecord, Restored, Stateful
 from launchhelm.torch._rng import capture_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
 from launchhelm.torch._torch_private import zip_crc32_skipped
@@ -586,6 +586,7 @@ class TorchRun(Run):
         """load_checkpoint's work, once its arguments are checked (see there)."""
         loader = CheckpointLoader(self, model, optimizer, map_location)
         target = loader.resolve(checkpoint)
+        bundle: Bundle | Restored
         if target.get("format") == FORMAT_SHARDED:
             bundle, extra = _sharded.load(self, target, model, optimizer, strict)
         else:

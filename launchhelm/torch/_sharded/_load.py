@@ -6,7 +6,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import torch
 
@@ -14,7 +14,7 @@ from launchhelm._exceptions import CheckpointError
 from launchhelm.storage._checksum import CRC64NVME, crc64nvme
 from launchhelm.torch import _dist
 from launchhelm.torch._manifest import MANIFEST_NAME, decode_value, dtype_named, validate_manifest
-from launchhelm.torch._records import LoadTarget
+from launchhelm.torch._records import LoadTarget, Restored
 from launchhelm.torch._rng import restore_rng, validate_rng
 from launchhelm.torch._sharded._reads import _plan_reads, _Read, _Reader, _Source
 from launchhelm.torch._sharded._state import Box, _box, _collect, _dtensor_type, _run_hooks_off, _state_dicts
@@ -32,8 +32,7 @@ _log = logging.getLogger("launchhelm")
 class _Prepared:
     """What a verified load applies."""
 
-    #: step, tunables and control, as the non-sharded loader's bundle gives them to TorchRun._load
-    bundle: dict[str, Any]
+    bundle: Restored
     model: dict[str, ValueType] = field(default_factory=dict)
     optimizer: OptimizerStateType = field(default_factory=dict)
     scheduler: object = None
@@ -216,9 +215,9 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
     with _run_hooks_off(run, optimizer):
         set_state_dict(model, optimizer, model_state_dict=prepared.model, optim_state_dict=prepared.optimizer)
     if run._scheduler is not None:
-        run._scheduler.load_state_dict(cast("dict[str, Any]", _plain(prepared.scheduler)))
+        run._scheduler.load_state_dict(cast("dict[str, object]", _plain(prepared.scheduler)))
     if run._scaler is not None:
-        run._scaler.load_state_dict(cast("dict[str, Any]", _plain(prepared.scaler)))
+        run._scaler.load_state_dict(cast("dict[str, object]", _plain(prepared.scaler)))
     if prepared.rng:
         restore_rng(prepared.rng)
     return prepared.extra
@@ -226,7 +225,7 @@ def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer:
 
 def load(
     run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
-) -> tuple[dict[str, Any], object]:
+) -> tuple[Restored, object]:
     """Every rank: prepare, agree, apply, agree (the fail-together rule); the bundle's step etc. and ``extra``."""
     prepared: _Prepared | None = None
     problem = None
