@@ -418,7 +418,7 @@ class CheckpointLoader:
         *,
         model_in_place: bool = False,
         optimizer_in_place: bool = False,
-    ) -> Any:
+    ) -> object:
         """Restore what the bundle holds. ``model_in_place``: every tensor of the model's state dict
         (and no other key) was read into the live tensor of its key, and the model loads the stock
         way (:func:`~launchhelm.torch._inplace.stock_targets`), so ``load_state_dict`` would only

@@ -161,6 +161,7 @@ class _TensorRecord(_Sealed):
         hooks: object,
         *metadata: object,
     ) -> _Planned:
+        # offset, size and stride as a well-formed pickle gives them: _geometry refuses any other
         if type(storage) is not _PlannedStorage or requires_grad is not False or hooks or any(metadata):
             raise _Refused("tensor")
         whole = _geometry(storage, offset, size, stride)

@@ -58,7 +58,7 @@ class InPlaceLoad:
         self._checked = 0
 
     # -- step 2 -------------------------------------------------------------
-    def read_rest(self, map_location: Any) -> dict[str, Any]:
+    def read_rest(self, map_location: Any) -> dict[str, object]:
         """Read all but the matched tensors; return the real bundle (matched slots hold the live tensors)."""
         fd = os.open(self.path, os.O_RDONLY)
         try:
@@ -91,7 +91,7 @@ class InPlaceLoad:
             real = torch.empty(0, dtype=t.dtype).set_(storage.fresh, t.offset, t.shape, t.stride)
             return real if map_location in (None, "cpu") else real.to(map_location)
 
-        return cast("dict[str, Any]", _rebuild(self.meta, replace))  # the bundle's top level is a dict
+        return cast("dict[str, object]", _rebuild(self.meta, replace))  # the bundle's top level is a dict
 
     def _read_gap(self, fd: int, start: int, end: int) -> None:
         for chunk in range(start, end, _CHUNK):
