@@ -38,7 +38,6 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm.runlog._events import (
@@ -49,6 +48,7 @@ from launchhelm.runlog._events import (
     SequenceTaken,
     fold,
 )
+from launchhelm.runlog._records import CheckpointEvent
 from launchhelm.storage import ObjectInfo, Store, open_store
 from launchhelm.storage._keys import PROJECTS, artifacts_prefix, parse_project_listing
 
@@ -174,7 +174,7 @@ def _project_of(store: Store, run_id: str) -> str | None:
 
 def _protections(
     state: RunState, keep_last: int, evaluations: dict[str, str], include_evaluated: bool = False
-) -> tuple[list[dict[str, Any]], dict[str, str]]:
+) -> tuple[list[CheckpointEvent], dict[str, str]]:
     """(checkpoints to delete, {kept id: why}) under ``keep_last``."""
     live = state.checkpoints
     why: dict[str, str] = {}
@@ -307,7 +307,7 @@ class _Collector:
             self._delete(self._record_retention(run_id, event, groups, base, keep_last))
 
     def _record_retention(
-        self, run_id: str, event: dict[str, Any], groups: dict[str, list[ObjectInfo]], base: str, keep_last: int
+        self, run_id: str, event: CheckpointEvent, groups: dict[str, list[ObjectInfo]], base: str, keep_last: int
     ) -> list[str]:
         checkpoint = str(event["checkpoint"])
         infos = groups.get(checkpoint, [])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Collection, Sequence
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._api._handle import RunHandle, _in_parallel, _timestamps, check_history_keys, recover_points
@@ -182,7 +183,7 @@ class Api:
 
     def _handles(self, run_ids: list[str]) -> list[RunHandle]:
         """Handles on many runs, their records read concurrently."""
-        return _in_parallel([lambda r=r: RunHandle(self.store, r) for r in run_ids])
+        return _in_parallel([partial(RunHandle, self.store, r) for r in run_ids])
 
     def run(self, run_id: str) -> RunHandle:
         """A handle on the run ``run_id``.

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from launchhelm._exceptions import (
     CheckpointError,
@@ -32,7 +32,8 @@ from launchhelm.runlog._events import (
     SequenceTaken,
 )
 from launchhelm.runlog._liveness import requester
-from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._records import Event, Json, Requester, RunRow
+from launchhelm.runlog._runinfo import furthest_step, run_record
 from launchhelm.runlog._sessions import Liveness, liveness, run_status
 from launchhelm.runlog._summary import run_rows
 from launchhelm.runlog._table import mark_row
@@ -42,12 +43,29 @@ if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
+T = TypeVar("T")
+
+
+class ControlChange(TypedDict):
+    """One row of :meth:`RunHandle.control_changes`: a control request and what became of it."""
+
+    seq: int
+    time: float
+    #: ``"tunables"`` or the action
+    what: str
+    #: the new tunable values (empty for an action)
+    changes: dict[str, Json]
+    by: Requester | None
+    #: None while pending, or if it was dropped
+    applied_at_step: int | None
+    applied_time: float | None
+
 
 @dataclass(frozen=True)
 class RunView:
     """What :meth:`RunHandle.poll` read: a run's summary, rewinds and history at one moment."""
 
-    summary: dict[str, Any]
+    summary: dict[str, object]
     rewinds: list[Rewind]
     history: pd.DataFrame
 
@@ -75,7 +93,7 @@ class RunHandle:
 
     def __init__(self, store: Store, run_id: str) -> None:
         self._store = store
-        self._record = read_run_record(store, run_id)
+        self._record = run_record(store, run_id)
         self._recover()
         self._events = EventLog(store, run_id)
         self._points = PointReader(store, run_id)
@@ -96,7 +114,7 @@ class RunHandle:
         return str(self._record["name"])
 
     @property
-    def config(self) -> Mapping[str, Any]:
+    def config(self) -> Mapping[str, Json]:
         return dict(self._record.get("config") or {})
 
     @property
@@ -112,13 +130,13 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"<launchhelm.RunHandle {self.project}/{self.id} {self.name!r}>"
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object] | None:
         """In a notebook, a handle left as a cell's last expression shows its run panel."""
         from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
-    def _display_(self) -> Any:
+    def _display_(self) -> object:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
         from launchhelm._display import marimo_display
 
@@ -162,11 +180,11 @@ class RunHandle:
         live = self._last_liveness(self._state())
         return live.last_heartbeat if live else None
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
         """The run's event log, oldest first (session starts and ends, ...)."""
-        return self._events.read()
+        return self._events.events()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunRow:
         """One row of :meth:`Api.runs`: id, name, status, step, created, ..., ``config.<k>``, ``metric.<k>``.
 
         Read from the run's summary object when it is current, else from its
@@ -253,7 +271,7 @@ class RunHandle:
         self._store.require_coordination("choosing a checkpoint for resume")
         while True:
             state = self._state()
-            if state.checkpoint(checkpoint_id) is None:
+            if state.checkpoint_event(checkpoint_id) is None:
                 known = ", ".join(e["checkpoint"] for e in state.checkpoints[-5:]) or "none yet"
                 raise CheckpointError(
                     f"run {self.id} has no checkpoint {checkpoint_id!r} (its latest: {known}); "
@@ -271,7 +289,7 @@ class RunHandle:
 
     # tunables and control
     @property
-    def tunables(self) -> dict[str, Any]:
+    def tunables(self) -> dict[str, Json]:
         """The tunables in force in the training process (as it last applied them).
 
         Requests it has not applied yet are in :meth:`pending_controls`.
@@ -286,7 +304,7 @@ class RunHandle:
         """
         return "paused" if in_force({}, self._state())[2] else "running"
 
-    def pending_controls(self) -> list[dict[str, Any]]:
+    def pending_controls(self) -> list[ControlChange]:
         """Control requests the training process has not applied yet, oldest first.
 
         Rows as in :meth:`control_changes`. An action asked for before the
@@ -296,7 +314,7 @@ class RunHandle:
         pending = {int(e["seq"]) for e in self._state().pending_controls()}
         return [row for row in self.control_changes() if row["seq"] in pending]
 
-    def control_changes(self) -> list[dict[str, Any]]:
+    def control_changes(self) -> list[ControlChange]:
         """Every control request and what became of it, oldest first.
 
         Each row: ``seq``, ``time``, ``what`` (``"tunables"`` or the action),
@@ -305,8 +323,8 @@ class RunHandle:
         was dropped).
         """
         state = self._state()
-        applied = {int(e["request"]): e for e in state.applied if e.get("request")}
-        rows = []
+        applied = {int(request): e for e in state.applied if (request := e.get("request"))}
+        rows: list[ControlChange] = []
         for event in state.controls:
             done = applied.get(int(event["seq"]))
             rows.append(
@@ -314,7 +332,7 @@ class RunHandle:
                     "seq": int(event["seq"]),
                     "time": float(event["time"]),
                     "what": "tunables" if event["type"] == CONTROL_TUNABLES else str(event.get("action")),
-                    "changes": dict(event.get("changes") or {}),
+                    "changes": dict(event.get("changes") or {}) if event["type"] == CONTROL_TUNABLES else {},
                     "by": event.get("by"),
                     "applied_at_step": int(done["step"]) if done else None,
                     "applied_time": float(done["time"]) if done else None,
@@ -330,7 +348,7 @@ class RunHandle:
                 run_id=self.id,
             )
 
-    def set_tunables(self, **values: Any) -> int:
+    def set_tunables(self, **values: object) -> int:
         """Change tunables of the run; the training process applies them at its next step boundary.
 
         Recorded as a control change (an event); returns its sequence number.
@@ -564,7 +582,7 @@ class RunHandle:
         }
         return RunView(summary=summary, rewinds=self._rewinds_of(state), history=frame)
 
-    def _poll_parts(self) -> tuple[RunState, Any, Any, int]:
+    def _poll_parts(self) -> tuple[RunState, Liveness | None, pa.Table, int]:
         """What one :meth:`poll` reads, before any frame: the state, the last session's liveness (or
         None), every point so far as an Arrow table (only new chunks read), and the furthest step.
         The chart reads the same through this and turns the table into numpy arrays itself."""
@@ -602,7 +620,7 @@ class RunHandle:
         return self._points_table
 
 
-def _in_parallel(calls: Sequence[Any]) -> list[Any]:
+def _in_parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     """Run independent reads concurrently (each already batches its own requests); results in order."""
     if len(calls) <= 1:
         return [call() for call in calls]
@@ -628,7 +646,7 @@ def recover_points(store: Store, project: str, run_ids: Sequence[str]) -> set[st
     return changed
 
 
-def _timestamps(row: dict[str, Any]) -> dict[str, Any]:
+def _timestamps(row: RunRow) -> RunRow:
     """A raw row with its times as UTC pandas timestamps, as the runs table shows them."""
     import pandas as pd
 

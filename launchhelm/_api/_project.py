@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._api._handle import RunHandle, RunView, _in_parallel, recover_points
@@ -101,7 +102,7 @@ def _from_dataset(entry: SettledRun, points: pa.Table) -> ProjectRun:
 
 
 def _checked_handles(store: Store, project: str, run_ids: list[str]) -> dict[str, RunHandle]:
-    handles = _in_parallel([lambda r=r: RunHandle(store, r) for r in run_ids])
+    handles = _in_parallel([partial(RunHandle, store, r) for r in run_ids])
     for handle in handles:
         if handle.project != project:
             raise RunNotFoundError(
@@ -140,7 +141,7 @@ def read_project(
     rest = [r for r in dict.fromkeys(wanted) if r not in found]
     if rest:
         handles = _checked_handles(store, project, rest)
-        for run in _in_parallel([lambda h=handles[r]: _read_one(h) for r in rest]):
+        for run in _in_parallel([partial(_read_one, handles[r]) for r in rest]):
             found[run.run_id] = run
     settled = [
         found[r]

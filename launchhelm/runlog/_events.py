@@ -50,6 +50,11 @@ from launchhelm.runlog._records import (
     SESSION_ENDED,
     SESSION_STARTED,
     CheckpointDeletedEvent,
+    CheckpointEvent,
+    ControlActionEvent,
+    ControlAppliedEvent,
+    ControlEvent,
+    ControlTunablesEvent,
     DamagedEvent,
     Event,
     RewindEvent,
@@ -65,7 +70,15 @@ from launchhelm.storage._keys import (
 )
 
 #: An event type RunState keeps a copy of.
-HeldT = TypeVar("HeldT", RewindEvent, CheckpointDeletedEvent)
+HeldT = TypeVar(
+    "HeldT",
+    RewindEvent,
+    CheckpointEvent,
+    CheckpointDeletedEvent,
+    ControlTunablesEvent,
+    ControlActionEvent,
+    ControlAppliedEvent,
+)
 
 __all__ = [
     "CHECKPOINT",
@@ -379,13 +392,10 @@ class RunState:
     sessions: list[SessionRecord] = field(default_factory=list)
     closed: bool = False
     closed_at: float | None = None
-    # The events below are the ``_records`` types named in each comment. Checkpoints and control
-    # events are held as plain dicts because code outside the run log (Api, launchhelm.torch) reads
-    # them as such.
     #: ``rewind`` events (:class:`_records.RewindEvent`)
     rewinds: list[RewindEvent] = field(default_factory=list)
     #: ``checkpoint`` events still published (:class:`_records.CheckpointEvent`)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[CheckpointEvent] = field(default_factory=list)
     #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``;
     #: :class:`_records.CheckpointDeletedEvent`)
     deleted_checkpoints: list[CheckpointDeletedEvent] = field(default_factory=list)
@@ -395,27 +405,32 @@ class RunState:
     #: pause or resume (stop and checkpoint requests change no saved setting)
     last_control_seq: int = 0
     #: control requests (tunables and actions), oldest first
-    controls: list[dict[str, Any]] = field(default_factory=list)  # _records.ControlEvent
+    controls: list[ControlEvent] = field(default_factory=list)
     #: what training processes applied, oldest first (:class:`_records.ControlAppliedEvent`)
-    applied: list[dict[str, Any]] = field(default_factory=list)
+    applied: list[ControlAppliedEvent] = field(default_factory=list)
     last_seq: int = 0
 
-    def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
+    def checkpoint_event(self, checkpoint_id: str) -> CheckpointEvent | None:
+        """The published checkpoint with that id, if any."""
         for event in self.checkpoints:
             if event["checkpoint"] == checkpoint_id:
                 return event
         return None
 
+    def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
+        """:meth:`checkpoint_event` as a plain dict: the untyped door for callers that still hold one."""
+        return cast("dict[str, Any] | None", self.checkpoint_event(checkpoint_id))
+
     @property
-    def latest_checkpoint(self) -> dict[str, Any] | None:
+    def latest_checkpoint(self) -> CheckpointEvent | None:
         """The newest published checkpoint: what ``"latest"`` restores."""
         return self.checkpoints[-1] if self.checkpoints else None
 
     @property
-    def resume_checkpoint(self) -> dict[str, Any] | None:
+    def resume_checkpoint(self) -> CheckpointEvent | None:
         """What ``"resume"`` restores: the chosen checkpoint, else the newest."""
         if self.resume_choice is not None:
-            chosen = self.checkpoint(self.resume_choice)
+            chosen = self.checkpoint_event(self.resume_choice)
             if chosen is not None:
                 return chosen
         return self.latest_checkpoint
@@ -425,7 +440,7 @@ class RunState:
         """Sequence number of the newest request a training process applied (0: none)."""
         return max((int(e.get("request") or 0) for e in self.applied), default=0)
 
-    def pending_controls(self) -> list[dict[str, Any]]:
+    def pending_controls(self) -> list[ControlEvent]:
         """Requests not applied yet, in order.
 
         Actions (pause, stop...) are aimed at a live session: one asked for
@@ -455,11 +470,6 @@ class RunState:
 def _held(event: HeldT) -> HeldT:
     """A copy of ``event`` as :class:`RunState` holds it."""
     return event.copy()
-
-
-def _held_dict(event: Event) -> dict[str, Any]:
-    """A copy of ``event`` as a plain dict (the :class:`RunState` fields held so)."""
-    return cast("dict[str, Any]", event.copy())
 
 
 def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) -> RunState:
@@ -501,7 +511,7 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
         elif event["type"] == REWIND:
             state.rewinds.append(_held(event))
         elif event["type"] == CHECKPOINT:
-            state.checkpoints.append(_held_dict(event))
+            state.checkpoints.append(_held(event))
         elif event["type"] == CHECKPOINT_DELETED:
             gone = event.get("checkpoint")
             state.checkpoints = [c for c in state.checkpoints if c["checkpoint"] != gone]
@@ -515,14 +525,14 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None
         elif event["type"] == CONTROL_TUNABLES:
-            state.controls.append(_held_dict(event))
+            state.controls.append(_held(event))
             state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_ACTION:
-            state.controls.append(_held_dict(event))
+            state.controls.append(_held(event))
             if event.get("action") in STATE_ACTIONS:
                 state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_APPLIED:
-            state.applied.append(_held_dict(event))
+            state.applied.append(_held(event))
     return state
 
 
