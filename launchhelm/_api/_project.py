@@ -6,7 +6,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launchhelm._api._handle import RunHandle, RunView, _in_parallel, recover_points
 from launchhelm._exceptions import RunNotFoundError
@@ -14,8 +14,10 @@ from launchhelm._types import Rewind
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._project import (
     BUILD_AFTER,
+    ProjectListing,
     ProjectReader,
     ReadRun,
+    SettledRewind,
     SettledRun,
     eval_dirs,
     list_project,
@@ -35,7 +37,7 @@ if TYPE_CHECKING:
 class _Rewound:
     """The part of a run's state :func:`abandoned_mask` reads: its rewinds' attempts and steps."""
 
-    rewinds: list[dict[str, Any]]
+    rewinds: list[dict[str, int]]
 
 
 @dataclass
@@ -156,7 +158,9 @@ def read_project(
     return ordered
 
 
-def _publish(store: Store, project: str, reader: ProjectReader, listing: Any, settled: list[ProjectRun]) -> None:
+def _publish(
+    store: Store, project: str, reader: ProjectReader, listing: ProjectListing, settled: list[ProjectRun]
+) -> None:
     """A new generation with ``settled`` added (they were just read by themselves). Best effort."""
     if not store.atomic_create:
         return  # no put-if-absent: two builders could clobber each other
@@ -179,13 +183,9 @@ def _publish(store: Store, project: str, reader: ProjectReader, listing: Any, se
             status=str(run.status),
             sessions=run.sessions,
             rewinds=tuple(
-                {
-                    "to_step": r.to_step,
-                    "reached": r.reached,
-                    "cause": r.cause,
-                    "checkpoint": r.checkpoint,
-                    "attempt": r.attempt,
-                }
+                SettledRewind(
+                    to_step=r.to_step, reached=r.reached, cause=r.cause, checkpoint=r.checkpoint, attempt=r.attempt
+                )
                 for r in run.rewinds
             ),
         )

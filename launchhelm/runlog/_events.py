@@ -544,7 +544,7 @@ def _event_digest(event: Mapping[str, object]) -> str:
     return hashlib.sha256(_canonical(event)).hexdigest()
 
 
-def encode_state(state: RunState, run_id: str, last_event: Mapping[str, Any]) -> bytes:
+def encode_state(state: RunState, run_id: str, last_event: Event) -> bytes:
     """The snapshot of ``state`` (folded through ``last_event``): deterministic JSON.
 
     The same events give the same bytes, so racing writers ``create`` the
@@ -564,7 +564,7 @@ def encode_state(state: RunState, run_id: str, last_event: Mapping[str, Any]) ->
     )
 
 
-def decode_state(data: bytes, run_id: str, seq: int, last_event: Mapping[str, object]) -> RunState | None:
+def decode_state(data: bytes, run_id: str, seq: int, last_event: Event) -> RunState | None:
     """The state in a snapshot, or None if it is not a trustworthy snapshot of this log at ``seq``.
 
     Checks the format, the run, the sequence number, the digest of event
