@@ -163,7 +163,7 @@ def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[RunsTableR
     return rows
 
 
-def cell_value(row: Mapping[str, object], column: str) -> Any:  # Any: the caller formats it by column
+def cell_value(row: Mapping[str, object], column: str) -> Any:  # the caller formats it by column
     """A row's value in ``column`` (a base column or a ``metric.``/``config.``/``tunable.`` one)."""
     if column in _BASE_IDS:
         return row.get(column)
