@@ -32,9 +32,9 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 from launchhelm._exceptions import AlreadyExistsError, LaunchHelmError, StorageError
 from launchhelm.metrics._compact import compaction_grace
@@ -105,6 +105,21 @@ class SettledRewind(TypedDict):
     attempt: int
 
 
+class SettledRunRecord(TypedDict):
+    """A :class:`SettledRun` as a generation's manifest stores it (under ``runs``, keyed by run id)."""
+
+    segment: str
+    offset: int
+    rows: int
+    marker: str
+    evals: list[str]
+    name: str
+    created: float
+    status: str
+    sessions: int
+    rewinds: list[SettledRewind]
+
+
 @dataclass(frozen=True)
 class SettledRun:
     """What a generation records of one run: where its rows are, and what they were read under."""
@@ -121,7 +136,7 @@ class SettledRun:
     sessions: int
     rewinds: tuple[SettledRewind, ...]
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> SettledRunRecord:
         return {
             "segment": self.segment,
             "offset": self.offset,
@@ -132,11 +147,11 @@ class SettledRun:
             "created": self.created,
             "status": self.status,
             "sessions": self.sessions,
-            "rewinds": [dict(r) for r in self.rewinds],
+            "rewinds": [r.copy() for r in self.rewinds],
         }
 
     @classmethod
-    def from_json(cls, run_id: str, raw: Mapping[str, Any]) -> SettledRun:
+    def from_json(cls, run_id: str, raw: SettledRunRecord) -> SettledRun:
         return cls(
             run_id=run_id,
             segment=str(raw["segment"]),
@@ -215,27 +230,21 @@ class ProjectListing:
         return max(self.generations, default=0)
 
 
-def _parallel(calls: Sequence[Callable[[], Any]]) -> list[Any]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        return list(pool.map(lambda call: call(), calls))
-
-
 def list_project(store: Store, project: str) -> ProjectListing:
     """The project's runs, row markers, logged evaluations and dataset: four listings, concurrently.
 
     Each is one request per 1,000 objects; the evaluations' grows with the
     evaluations kept, not with the runs.
     """
-    runs, table, evaluations, history = _parallel(
-        [
-            lambda: store.list(project_runs_prefix(project)),
-            lambda: store.list_info(table_prefix(project)),
-            lambda: store.list(evaluations_prefix(project)),
-            lambda: store.list_info(project_history_prefix(project)),
-        ]
-    )
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        listed_runs = pool.submit(store.list, project_runs_prefix(project))
+        listed_table = pool.submit(store.list_info, table_prefix(project))
+        listed_evaluations = pool.submit(store.list, evaluations_prefix(project))
+        listed_history = pool.submit(store.list_info, project_history_prefix(project))
+        runs, table = listed_runs.result(), listed_table.result()
+        evaluations, history = listed_evaluations.result(), listed_history.result()
     markers: dict[str, str | None] = {}
     for info in table:
         run_id = parse_row_marker_name(info.key)
