@@ -280,7 +280,7 @@ class RunHandle:
                 )
             try:
                 # only onto the state just checked: garbage collection may be deleting it
-                self._events.append(RESUME_CHOICE, {"checkpoint": checkpoint_id}, expect_seq=state.last_seq + 1)
+                self._events.append_event(RESUME_CHOICE, {"checkpoint": checkpoint_id}, expect_seq=state.last_seq + 1)
                 break
             except SequenceTaken:
                 continue
@@ -380,7 +380,7 @@ class RunHandle:
         current = {**(self._record.get("tunables") or {}), **in_force({}, state)[0]}
         changes = check_tunable_changes(current, values)
         self._store.require_coordination("changing tunables")
-        event = self._events.append(CONTROL_TUNABLES, {"changes": changes, "by": requester()})
+        event = self._events.append_event(CONTROL_TUNABLES, {"changes": changes, "by": requester()})
         return int(event["seq"])
 
     def control(self, action: str) -> int:
@@ -414,7 +414,7 @@ class RunHandle:
                 f"resume it first (launchhelm.init({self.project!r}, resume={self.id!r}))"
             )
         self._store.require_coordination("controlling a run")
-        event = self._events.append(CONTROL_ACTION, {"action": action, "by": requester()})
+        event = self._events.append_event(CONTROL_ACTION, {"action": action, "by": requester()})
         return int(event["seq"])
 
     def history(
