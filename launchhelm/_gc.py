@@ -226,7 +226,7 @@ class _Collector:
         log = EventLog(self.store, run_id)
         events = log.read()
         state = fold(events)
-        published = {e["checkpoint"] for e in events if e.get("type") == CHECKPOINT}
+        published = {e["checkpoint"] for e in events if e["type"] == CHECKPOINT}
         deleted = {d["checkpoint"] for d in state.deleted_checkpoints}
         live = {e["checkpoint"] for e in state.checkpoints}
         base = artifacts_prefix(run_id)

@@ -230,12 +230,12 @@ class EventLog:
             self._fetch(range(seq + 1, self._top + 1))
             return [self._events[s] for s in range(seq + 1, self._top + 1)]
 
-    # The untyped doors for callers outside the run log (``Run``, ``Api``, gc, the evaluation queue), which
-    # hold events as plain dicts: the same lists as :meth:`events` and :meth:`events_since`.
-    def read(self) -> list[dict[str, Any]]:
-        """All events, oldest first, as plain dicts (see :meth:`events`)."""
-        return cast("list[dict[str, Any]]", self.events())
+    def read(self) -> list[Event]:
+        """All events, oldest first (the same list as :meth:`events`)."""
+        return self.events()
 
+    # The untyped doors for callers outside the run log that hold events as plain dicts (``Run``, ``init``,
+    # the importers): the same events as :meth:`events_since` and :meth:`append_event`.
     def since(self, seq: int) -> list[dict[str, Any]]:
         """The events after ``seq``, oldest first, as plain dicts (see :meth:`events_since`)."""
         return cast("list[dict[str, Any]]", self.events_since(seq))
