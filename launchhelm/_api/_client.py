@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launchhelm._api._handle import RunHandle, _in_parallel, _timestamps, check_history_keys, recover_points
 from launchhelm._api._project import _project_frame, read_project
@@ -45,7 +45,7 @@ class Api:
     def __init__(
         self,
         store: str | os.PathLike[str] | Store | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, object] | None = None,
     ) -> None:
         self.store = open_store(store, storage_options)
 

@@ -331,7 +331,7 @@ class EventLog:
             self.on_append(cast("dict[str, Any]", event))
         return event
 
-    def append(self, type_: str, payload: Mapping[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
+    def append(self, type_: str, payload: Mapping[str, object], *, expect_seq: int | None = None) -> dict[str, Any]:
         """:meth:`append_event`, the event returned as a plain dict (the untyped door, as :meth:`read`)."""
         return cast("dict[str, Any]", self.append_event(type_, payload, expect_seq=expect_seq))
 
