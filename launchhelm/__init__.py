@@ -16,6 +16,8 @@ Importing this package is cheap: torch, pandas, pyarrow, altair and IPython
 are imported only where first needed.
 """
 
+from typing import TYPE_CHECKING
+
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -47,6 +49,9 @@ from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
 from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
+
+if TYPE_CHECKING:
+    from launchhelm._ipython import IPythonShell
 
 __all__ = [
     "AlreadyExistsError",
@@ -87,7 +92,7 @@ __all__ = [
 ]
 
 
-def load_ipython_extension(ipython: object) -> None:
+def load_ipython_extension(ipython: "IPythonShell") -> None:
     """``%load_ext launchhelm``: register the ``%launchhelm`` magic (IPython is imported only here)."""
     from launchhelm._ipython import load_ipython_extension as load
 

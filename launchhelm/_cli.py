@@ -7,11 +7,11 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from launchhelm._api import Api
 from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
 from launchhelm._gc import add_commands as add_gc_commands
+from launchhelm._types import JSONValue
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
 from launchhelm.evaluation._cli import print_evaluations
 from launchhelm.importers._cli import add_commands as add_import_commands
@@ -113,16 +113,17 @@ def _cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
-def _parse_value(text: str) -> Any:
+def _parse_value(text: str) -> JSONValue:
     """``1e-4`` -> 0.0001, ``true`` -> True, ``[0.9, 0.99]`` -> list; anything else stays a string."""
     try:
-        return json.loads(text)
+        value: JSONValue = json.loads(text)
     except ValueError:
         return text
+    return value
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
-    changes: dict[str, Any] = {}
+    changes: dict[str, JSONValue] = {}
     for item in args.changes:
         name, sep, value = item.partition("=")
         if not sep or not name:
@@ -181,6 +182,8 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 def _cmd_recover(args: argparse.Namespace) -> int:
     from launchhelm.metrics._spool import recover_run, spool_root
+    from launchhelm.runlog._runinfo import run_record
+    from launchhelm.runlog._table import mark_row
 
     api = Api(args.store)
     root = spool_root()
@@ -190,6 +193,10 @@ def _cmd_recover(args: argparse.Namespace) -> int:
         return 0
     for run_id in run_ids:
         points = recover_run(api.store, run_id)
+        if points:
+            # the run changed without a session: touch its row so the runs table and the project
+            # history dataset, which trust a row while its marker is unchanged, read it afresh
+            mark_row(api.store, run_record(api.store, run_id)["project"], run_id, "recovered", "recovered")
         where = "" if points else " (none spooled by a dead session for this store)"
         print(f"run {run_id}: recovered {points} spooled point(s){where}")
     return 0

@@ -13,21 +13,35 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import TypedDict
 
 from launchhelm._exceptions import ObjectNotFoundError
 from launchhelm._run import Run
+from launchhelm._types import JSONValue
 from launchhelm.storage import Store
 from launchhelm.storage._keys import compat_key
 
-__all__ = ["RECORD_INTERVAL", "CompatSession", "compat_key", "read_compat"]
+__all__ = ["RECORD_INTERVAL", "CompatSession", "SessionOptions", "compat_key", "read_compat"]
 
 #: Seconds between puts of a changed record while the session lives (it changes with every ``log()``);
 #: the session's end puts it at once. A live session then adds about one request per this many seconds.
 RECORD_INTERVAL = 10.0
 
 
-def read_compat(store: Store, run_id: str, api: str, fmt: str) -> dict[str, Any]:
+class SessionOptions(TypedDict, total=False):
+    """How the run under a drop-in API runs: the :func:`launchhelm.init` settings of these names."""
+
+    flush_interval: float | None
+    heartbeat_interval: float | None
+    heartbeat_timeout: float | None
+    control_interval: float | None
+    system_metrics: bool | float | None
+    capture_console: bool
+    takeover: bool
+    compaction_memory: int | str | None
+
+
+def read_compat(store: Store, run_id: str, api: str, fmt: str) -> dict[str, JSONValue]:
     """The record of ``api`` for ``run_id``; empty when there is none, or it is damaged or of another format."""
     try:
         body = json.loads(store.read(compat_key(run_id, api)))

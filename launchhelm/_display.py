@@ -11,7 +11,7 @@ keeps pointing down.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import Protocol, cast
 
 from launchhelm._types import RunLike
 
@@ -21,11 +21,19 @@ __all__ = ["PRESENTATION", "RunLike", "marimo_display", "run_mimebundle"]
 PRESENTATION = "launchhelm.widgets._display"
 
 
-def _presentation() -> Any:
-    return importlib.import_module(PRESENTATION)
+class _Presentation(Protocol):
+    """What the presentation module offers (``launchhelm.widgets._display``)."""
+
+    def run_mimebundle(self, run: RunLike) -> dict[str, object]: ...
+
+    def run_display(self, run: RunLike) -> object: ...
 
 
-def run_mimebundle(run: RunLike) -> dict[str, Any]:
+def _presentation() -> _Presentation:
+    return cast("_Presentation", importlib.import_module(PRESENTATION))
+
+
+def run_mimebundle(run: RunLike) -> dict[str, object]:
     """The run's notebook display: its panel in a Jupyter kernel, else its text repr."""
     try:
         presentation = _presentation()
@@ -34,6 +42,6 @@ def run_mimebundle(run: RunLike) -> dict[str, Any]:
     return dict(presentation.run_mimebundle(run))
 
 
-def marimo_display(run: RunLike) -> Any:
+def marimo_display(run: RunLike) -> object:
     """What marimo shows for a run (it asks for ``_display_``): the live run panel."""
     return _presentation().run_display(run)

@@ -38,6 +38,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm.runlog._events import (
@@ -48,9 +49,11 @@ from launchhelm.runlog._events import (
     SequenceTaken,
     fold,
 )
-from launchhelm.runlog._records import CheckpointEvent
 from launchhelm.storage import ObjectInfo, Store, open_store
 from launchhelm.storage._keys import PROJECTS, artifacts_prefix, parse_project_listing
+
+if TYPE_CHECKING:
+    from launchhelm.runlog._records import CheckpointEvent
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
 

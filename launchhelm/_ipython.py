@@ -24,10 +24,14 @@ from __future__ import annotations
 
 import os
 import shlex
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm.runlog._events import validate_project
+
+if TYPE_CHECKING:
+    from launchhelm._api import Api
 
 __all__ = ["USAGE", "launchhelm_magic", "load_ipython_extension"]
 
@@ -114,7 +118,7 @@ def _parse(words: list[str]) -> tuple[str, list[str], str | None]:
     return command, positional, store
 
 
-def launchhelm_magic(line: str) -> Any:
+def launchhelm_magic(line: str) -> object:
     """Errors print one line; the table or widget is returned (see ``%launchhelm help``)."""
     from IPython.core.error import UsageError
 
@@ -164,7 +168,7 @@ def _set_store(url: str | None) -> None:
     print(f"store: {api.store.url} ({count}); used by %launchhelm, lh.Api(), lh.init() and the widgets from now on")
 
 
-def _dispatch(command: str, args: list[str], store: str | None) -> Any:
+def _dispatch(command: str, args: list[str], store: str | None) -> object:
     if command == "store":
         _set_store(args[0] if args else None)
         return None
@@ -189,7 +193,7 @@ def _dispatch(command: str, args: list[str], store: str | None) -> Any:
     return widgets.EvaluationTable(args[0], store=store)
 
 
-def _runs(api: Any, project: str, store: str | None) -> Any:
+def _runs(api: Api, project: str, store: str | None) -> object:
     """The :class:`RunsTable` widget in a kernel; elsewhere (or without the widgets extra) a DataFrame
     whose times read as people read them (local time, "3 min ago", durations)."""
     from launchhelm.widgets._kernel import in_kernel
@@ -206,6 +210,14 @@ def _runs(api: Any, project: str, store: str | None) -> Any:
     return readable_runs(api.runs(project))
 
 
-def load_ipython_extension(ipython: Any) -> None:
+class IPythonShell(Protocol):
+    """What is used of IPython's ``InteractiveShell`` (its own hints do not describe this method)."""
+
+    def register_magic_function(
+        self, func: Callable[[str], object], magic_kind: str = "line", magic_name: str | None = None
+    ) -> None: ...
+
+
+def load_ipython_extension(ipython: IPythonShell) -> None:
     """Register ``%launchhelm`` (what ``%load_ext launchhelm`` calls)."""
     ipython.register_magic_function(launchhelm_magic, magic_kind="line", magic_name="launchhelm")

@@ -38,7 +38,8 @@ from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, pause, validate_key
+from launchhelm.metrics._pause import pause
+from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
 from launchhelm.metrics._spool import Spool
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
@@ -62,6 +63,7 @@ from launchhelm.runlog._sessions import (
 from launchhelm.runlog._summary import encode_summary
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store
+from launchhelm.storage._backends import request_budget
 from launchhelm.storage._keys import console_key
 
 __all__ = ["Run"]
@@ -286,6 +288,7 @@ class Run:
         self._last_error: BaseException | None = None
         self._outage_since: float | None = None  # wall time the store stopped answering (said once)
         self._outage_lock = threading.Lock()  # the flusher, a save and a compaction may all fail at once
+        self._outage_ended = -math.inf  # wall time the store last answered again
         self._answers = 0  # chunks the store took: a flush that wrote one shows the store answers
         self._control_seq = control_seq
         self._control_interval = control_interval
@@ -601,6 +604,7 @@ class Run:
             self._compactor = Compactor(self._store, self.id, by=self.session_id, memory=self._compaction_memory)
         compactor = self._compactor
         compactor.known.update(known)
+        started = time.time()
         try:
             # while live: no listing (see Compactor.compact_live); at the end: a listing covers
             # everything, evaluation scores too, and collects what aged
@@ -609,7 +613,7 @@ class Run:
             else:
                 compactor.compact(only_if_due=False)
         except OSError as exc:  # the store: an outage is said once, by _store_failed
-            self._store_failed(exc)
+            self._store_failed(exc, sent=started)
         except Exception as exc:
             _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
         if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
@@ -1127,13 +1131,21 @@ class Run:
             return f"points are held {where}"
         return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
 
-    def _store_failed(self, exc: BaseException, since: float | None = None) -> None:
+    def _store_failed(self, exc: BaseException, since: float | None = None, sent: float | None = None) -> None:
         """The first failure of an outage: one line saying what failed, since when, and what is held where.
 
-        ``since``: when the request that failed was sent (default: now).
+        ``since``: when the request that failed was sent (default: now); ``sent``: when the work that
+        failed began, if not then. A request an outage swallowed can fail after the store answers
+        again: that is the old outage, not a new one.
         """
+        sent = sent if sent is not None else since
         with self._outage_lock:
             if self._outage_since is not None:
+                return
+            if (sent is not None and sent < self._outage_ended) or (
+                sent is None and time.time() - self._outage_ended < request_budget()
+            ):
+                _log.debug("run %s: a request sent before the store answered again failed: %s", self.id, exc)
                 return
             self._outage_since = time.time() if since is None else since
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
@@ -1150,7 +1162,8 @@ class Run:
         with self._outage_lock:
             if self._outage_since is None:
                 return
-            lasted = time.time() - self._outage_since
+            self._outage_ended = time.time()
+            lasted = self._outage_ended - self._outage_since
             self._outage_since = None
         _log.warning(
             "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",

@@ -32,14 +32,17 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, TypedDict, cast
 
-from launchhelm._compat import RECORD_INTERVAL, CompatSession, compat_key, read_compat
+from launchhelm._compat import RECORD_INTERVAL, CompatSession, SessionOptions, compat_key, read_compat
 from launchhelm._exceptions import InvalidTypeError, RunFinishedError
 from launchhelm._integration import plain_config, record_restore
 from launchhelm._start import start_run
 from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 __all__ = ["COMPAT_FORMAT", "SummaryWriter", "stored_texts"]
 
@@ -57,6 +60,19 @@ class StoredText(TypedDict):
     step: int
     time: float
     text: str
+
+
+class TensorBoardRecord(TypedDict, total=False):
+    """``runs/<id>/compat/tensorboard.json``; read back, any key may be missing (see ``read_compat``)."""
+
+    format: str
+    run: str
+    log_dir: str
+    texts: list[StoredText]
+
+
+def _read_record(store: Store, run_id: str) -> TensorBoardRecord:
+    return cast("TensorBoardRecord", read_compat(store, run_id, "tensorboard", COMPAT_FORMAT))
 
 
 def _project_of(project: str | None, log_dir: str) -> str:
@@ -111,7 +127,7 @@ class SummaryWriter:
         project: str | None = None,
         store: str | os.PathLike[str] | Store | None = None,
         storage_options: Mapping[str, object] | None = None,
-        **options: Any,
+        **options: Unpack[SessionOptions],
     ) -> None:
         if not log_dir:
             current_time = datetime.now().strftime("%b%d_%H-%M-%S")
@@ -147,7 +163,7 @@ class SummaryWriter:
             **self._options,
         )
         if resume is not None and purge_step is not None:
-            previous = read_compat(self._store, run.id, "tensorboard", COMPAT_FORMAT)
+            previous = _read_record(self._store, run.id)
             self._texts = [t for t in previous.get("texts") or [] if int(t.get("step", 0)) < purge_step]
             self._text_chars = sum(len(str(t.get("text", ""))) for t in self._texts)
             self._dirty = len(self._texts) != len(previous.get("texts") or [])  # TensorBoard purges them too
@@ -252,13 +268,14 @@ class SummaryWriter:
         config = plain_config(hparam_dict)
         if hparam_domain_discrete:
             config = {**config, "hparam_domain_discrete": plain_config(dict(hparam_domain_discrete))}
+        options: SessionOptions = {**self._options, "capture_console": False, "system_metrics": False}
         child = start_run(
             CompatSession,
             self._project,
             name=f"{self._name}/{run_name}",
             config=config,
             store=self._store,
-            **{**self._options, "capture_console": False, "system_metrics": False},
+            **options,
         )
         try:
             step = 0 if global_step is None else int(global_step)
@@ -301,7 +318,7 @@ class SummaryWriter:
             return
         with self._lock:
             self._dirty = False
-            body = {
+            body: TensorBoardRecord = {
                 "format": COMPAT_FORMAT,
                 "run": self._run.id,
                 "log_dir": self.log_dir,
@@ -470,4 +487,4 @@ def stored_texts(
 ) -> list[StoredText]:
     """What ``add_text`` kept for run ``run_id``: ``[{"tag", "step", "time", "text"}]``, in logging order."""
     st = open_store(store, storage_options)
-    return list(read_compat(st, run_id, "tensorboard", COMPAT_FORMAT).get("texts") or [])
+    return list(_read_record(st, run_id).get("texts") or [])

@@ -12,7 +12,7 @@ Capture (one per process, shared by every live session that asked for it):
   ipykernel's ``OutStream``, which copies every write to its ``echo`` (its
   own, and the fd-level output of C code and child processes it forwards):
   the capture becomes that echo, passing on to any echo it had, and touches
-  nothing else (``write`` is IPython's to wrap around each cell). Any other
+  nothing else (``write`` is IPython's to wrap around each cell). Every other
   stream (replaced by something, with no fd 1 behind it) has its ``write``
   wrapped on the instance, the same object staying ``sys.stdout``; a stream
   that takes no attributes, or one under IPython that is no OutStream, is
@@ -39,12 +39,12 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, TextIO, cast
+from typing import TYPE_CHECKING, Protocol, TextIO, cast
 
 from launchhelm.console._buffer import BUFFER_BYTES, LINE_BYTES, ConsoleBuffer
 
 if TYPE_CHECKING:
-    from typing import TypeAlias
+    from typing import TypeAlias, TypeGuard
 
 __all__ = [
     "BUFFER_BYTES",
@@ -107,7 +107,7 @@ class _TeeStream:
     def write(self, text: str) -> object:
         return self._lh_tee(text)
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> object:
         return getattr(self._lh_stream, name)
 
 
@@ -249,7 +249,15 @@ class _WriteQueue:
         self.drain()
 
 
-def _is_outstream(stream: object) -> bool:
+class _OutStream(Protocol):
+    """What is used of an ipykernel ``OutStream`` beyond a text stream: its ``echo``."""
+
+    echo: _EchoTarget | None
+
+    def flush(self) -> None: ...
+
+
+def _is_outstream(stream: object) -> TypeGuard[_OutStream]:
     iostream = sys.modules.get("ipykernel.iostream")
     return iostream is not None and isinstance(stream, iostream.OutStream) and hasattr(stream, "echo")
 
@@ -265,12 +273,12 @@ class _StreamCapture:
         self._saved_fd: int | None = None
         self._reader: threading.Thread | None = None
         self._recording = True
-        self._stream: Any = None
-        self._had_write: Any = None  # the instance's own ``write`` before ours (None: none)
-        self._our_write: Any = None
+        self._stream: TextIO | None = None
+        self._had_write: Callable[[str], object] | None = None  # the instance's own ``write`` before ours (None: none)
+        self._our_write: Callable[[str], object] | None = None
         self._proxy: _TeeStream | None = None
         self._echo: _Echo | None = None
-        self._had_echo: Any = None
+        self._had_echo: _EchoTarget | None = None
 
     # -- start ---------------------------------------------------------------------
     def start(self, join: _StreamCapture | None = None) -> None:
@@ -287,7 +295,7 @@ class _StreamCapture:
         else:
             self._start_python(stream)
 
-    def _start_joined(self, stream: Any, join: _StreamCapture) -> None:
+    def _start_joined(self, stream: TextIO, join: _StreamCapture) -> None:
         """Write into ``join``'s pipe: stdout and stderr to one terminal or file keep their exact order."""
         try:
             stream.flush()
@@ -302,7 +310,7 @@ class _StreamCapture:
         self._saved_fd = saved
         self.mode = "fd"
 
-    def _start_fd(self, stream: Any) -> None:
+    def _start_fd(self, stream: TextIO) -> None:
         try:
             stream.flush()
         except (OSError, ValueError):
@@ -389,7 +397,7 @@ class _StreamCapture:
             return False  # the terminal went away (a closed pipe)
         return True
 
-    def _start_python(self, stream: Any) -> None:
+    def _start_python(self, stream: TextIO) -> None:
         original = stream.write
         queue = self._owner.write_queue()
         items, drain, most, plain = queue.items, queue.drain, _QUEUE_ITEMS, self.name == "stdout"
@@ -415,7 +423,7 @@ class _StreamCapture:
         if not _in_ipython():
             self._had_write = getattr(stream, "__dict__", {}).get("write")
             try:
-                stream.write = write
+                setattr(stream, "write", write)  # noqa: B010 (mypy refuses assigning to a method)
                 self.mode = "python"
                 self._our_write = write
                 return
@@ -437,12 +445,12 @@ class _StreamCapture:
             stream = self._stream
             if getattr(stream, "__dict__", {}).get("write") is self._our_write:
                 if self._had_write is None:
-                    del stream.write
+                    delattr(stream, "write")
                 else:
-                    stream.write = self._had_write
+                    setattr(stream, "write", self._had_write)  # noqa: B010 (as in _start_python)
         elif mode == "kernel":
             if getattr(self._stream, "echo", None) is self._echo:
-                self._stream.echo = self._had_echo
+                setattr(self._stream, "echo", self._had_echo)  # noqa: B010 (echo: an OutStream's, not TextIO's)
         elif mode == "proxy" and getattr(sys, self.name, None) is self._proxy:
             setattr(sys, self.name, self._stream)
         self._stream = self._proxy = self._our_write = self._had_write = self._echo = self._had_echo = None
@@ -477,7 +485,7 @@ def _in_ipython() -> bool:
         return False
 
 
-def _is_fd_stream(stream: Any, fd: int) -> bool:
+def _is_fd_stream(stream: TextIO, fd: int) -> bool:
     """Whether ``stream`` writes straight to fd ``fd`` (so capturing the fd keeps all it writes)."""
     if os.name != "posix" or type(stream).__name__ == "OutStream":
         return False

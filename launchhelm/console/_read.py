@@ -5,7 +5,6 @@ from __future__ import annotations
 import codecs
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from launchhelm.storage import Store
 from launchhelm.storage._keys import console_prefix, parse_console_name
@@ -46,7 +45,7 @@ def _join(parts: list[ConsolePart], found: Mapping[str, bytes | None]) -> str:
     """The text of ``parts`` (read into ``found``), a newline between sessions that did not end a line."""
     texts: list[str] = []
     session: str | None = None
-    decoder: Any = None
+    decoder: codecs.IncrementalDecoder | None = None
     ends_line = True
     for part in parts:
         data = found.get(part.key)
@@ -60,6 +59,7 @@ def _join(parts: list[ConsolePart], found: Mapping[str, bytes | None]) -> str:
             session = part.session
             decoder = codecs.getincrementaldecoder("utf-8")("replace")
         if data:
+            assert decoder is not None  # the first part's session differs from None: it set one
             texts.append(decoder.decode(data))
             ends_line = data.endswith(b"\n")
     if decoder is not None:
@@ -119,7 +119,7 @@ class ConsoleFollower:
         self._tail = tail
         self._seen: set[str] = set()
         self._session: str | None = None
-        self._decoder: Any = None
+        self._decoder: codecs.IncrementalDecoder | None = None
         self._ends_line = True
         self._first = True
 
@@ -151,6 +151,7 @@ class ConsoleFollower:
                     out.append("\n")
                 self._session = part.session
                 self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+            assert self._decoder is not None  # set with ``_session``, which the first part's differs from
             piece = self._decoder.decode(data)
             out.append(piece)
             if piece:

@@ -17,14 +17,20 @@ import signal
 import sys
 from pathlib import Path
 from types import FrameType, ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm.evaluation._policies import worker_policy
 from launchhelm.evaluation._worker import EvaluationWorker
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from launchhelm._api import RunHandle
+    from launchhelm._types import JSONValue
+
+    #: The subparsers of a command (``parser.add_subparsers()``).
+    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
 
 __all__ = ["add_commands", "print_evaluations"]
 
@@ -95,12 +101,12 @@ def _cmd_policy(args: argparse.Namespace) -> int:
             "give the store the workers use: launchhelm policy evaluation --store s3://bucket/prefix "
             "(or gs://bucket/prefix, az://container/prefix)"
         )
-    policy: dict[str, Any] = worker_policy(store, project=args.project, principal=args.principal)
+    policy: dict[str, JSONValue] = worker_policy(store, project=args.project, principal=args.principal)
     print(json.dumps(policy, indent=2))
     return 0
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Subparsers) -> None:
     """Add ``evaluate`` and ``policy`` to the command line's subcommands."""
     evaluate = sub.add_parser(
         "evaluate",

@@ -65,7 +65,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Final, Literal, TypedDict, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -74,10 +74,10 @@ from launchhelm._exceptions import (
     InvalidArgumentError,
     ObjectNotFoundError,
 )
-from launchhelm._types import Evaluation
+from launchhelm._types import Evaluation, JSONValue
 from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm.runlog._liveness import ProcessIdentity, process_identity, process_state, requester
-from launchhelm.runlog._records import Requester, RewindEvent
+from launchhelm.runlog._records import CheckpointEvent, Requester, RewindEvent
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     attempt_name,
@@ -100,6 +100,8 @@ from launchhelm.storage._keys import (
 )
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
     from typing_extensions import NotRequired
 
 __all__ = [
@@ -112,7 +114,9 @@ __all__ = [
 
 _log = logging.getLogger("launchhelm.evaluation")
 
-QUEUED, RUNNING, DONE, FAILED = "queued", "running", "done", "failed"
+QUEUED, RUNNING = "queued", "running"
+DONE: Final = "done"
+FAILED: Final = "failed"
 #: Seconds a worker's lease lasts unless renewed.
 DEFAULT_LEASE_SECONDS = 120.0
 REQUEST_FORMAT = "launchhelm.evaluation/1"
@@ -135,6 +139,75 @@ class EvaluationRequest(TypedDict):
     queued_at: float
     #: ``"rule"`` or ``"manual"``; requests queued by earlier versions lack it (a rule's)
     reason: NotRequired[str]
+
+
+class RetryRecord(TypedDict):
+    """``.../a<n>/retry.json``: someone asked for another attempt of a failed evaluation."""
+
+    time: float
+    by: Requester
+
+
+class DoneOutcome(TypedDict):
+    """What a worker publishes when the score function returned: the scores and where they are logged."""
+
+    state: Literal["done"]
+    scores: dict[str, float]
+    step: int
+    #: the run attempt the checkpoint was saved under (its points go with that attempt)
+    run_attempt: int
+    point_time: float
+
+
+class FailedOutcome(TypedDict):
+    """What a worker publishes when the score function raised."""
+
+    state: Literal["failed"]
+    error: str
+    traceback: str
+
+
+#: The outcome of one call of the score function.
+Outcome: TypeAlias = DoneOutcome | FailedOutcome
+
+
+class Slot(TypedDict, total=False):
+    """An epoch's result slot as read back: a result or a fence (``kind``).
+
+    A result is an :data:`Outcome` plus who published it (``worker``,
+    ``attempt``, ``epoch``, ``started_at``, ``finished_at``); a fence says
+    why the epoch can no longer publish (``reason``, ``by``, ``time``).
+    """
+
+    kind: str
+    state: str
+    scores: dict[str, float]
+    step: int
+    run_attempt: int
+    point_time: float
+    error: str
+    traceback: str
+    worker: str
+    attempt: int
+    epoch: int
+    started_at: float
+    finished_at: float
+    reason: str
+    by: str
+    time: float
+
+
+class _EvaluationFields(TypedDict, total=False):
+    """The fields of an :class:`Evaluation` that its state decides."""
+
+    state: str
+    scores: dict[str, float]
+    error: str | None
+    traceback: str | None
+    worker: str | None
+    lease_expires: float | None
+    started_at: float | None
+    finished_at: float | None
 
 
 class RuleEntry(TypedDict):
@@ -171,6 +244,11 @@ def parse_evaluation_id(value: object) -> tuple[str, str]:
 
 def _dumps(body: Mapping[str, object]) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _checkpoint_event(event: Mapping[str, object]) -> CheckpointEvent:
+    # the run log hands checkpoint events out as plain dicts (RunState.checkpoints)
+    return cast("CheckpointEvent", event)
 
 
 def _rule_enabled_at(entries: list[RuleEntry], when: float) -> bool:
@@ -318,14 +396,14 @@ class EvaluationQueue:
     def __init__(self, store: Store, project: str) -> None:
         self.store = store
         self.project = validate_project(project)
-        self._cache: dict[str, dict[str, Any]] = {}
+        self._cache: dict[str, dict[str, JSONValue]] = {}
         self._renewals: dict[str, tuple[str, _LeaseView]] = {}  # attempt prefix -> newest lease read
         self._rules: dict[str, RuleEntry] = {}
         self._logs: dict[str, EventLog] = {}
         self._closed_runs: set[str] = set()
 
     # -- reading ----------------------------------------------------------
-    def _read_immutable(self, key: str) -> dict[str, Any]:
+    def _read_immutable(self, key: str) -> dict[str, JSONValue]:
         found = self._cache.get(key)
         if found is None:
             found = self._cache[key] = dict(json.loads(self.store.read(key)))
@@ -357,8 +435,8 @@ class EvaluationQueue:
     def request(self, listed: _Listed) -> EvaluationRequest:
         return cast("EvaluationRequest", self._read_immutable(request_key(listed.base)))
 
-    def slot(self, listed: _Listed, attempt: int, epoch: int) -> dict[str, Any]:
-        return self._read_immutable(result_key(attempt_prefix(listed.base, attempt), epoch))
+    def slot(self, listed: _Listed, attempt: int, epoch: int) -> Slot:
+        return cast("Slot", self._read_immutable(result_key(attempt_prefix(listed.base, attempt), epoch)))
 
     def lease_view(self, listed: _Listed, attempt: int, epoch: int) -> _LeaseView:
         """The newest claim or renewal of ``epoch``: who holds it and until when."""
@@ -387,7 +465,7 @@ class EvaluationQueue:
             return view
         raise ObjectNotFoundError(f"lease epoch {epoch} of evaluation {listed.id} has no readable claim")
 
-    def outcome(self, listed: _Listed) -> dict[str, Any] | None:
+    def outcome(self, listed: _Listed) -> Slot | None:
         """The current attempt's result (done or failed), or None if it has none."""
         attempt = listed.attempt
         objs = listed.objects(attempt)
@@ -406,8 +484,9 @@ class EvaluationQueue:
         objs = listed.objects(attempt)
         queued_at = float(request["queued_at"])
         if attempt:
-            queued_at = float(self._read_immutable(retry_key(listed.base, attempt))["time"])
-        fields: dict[str, Any] = {"state": QUEUED}
+            retried = cast("RetryRecord", self._read_immutable(retry_key(listed.base, attempt)))
+            queued_at = float(retried["time"])
+        fields: _EvaluationFields = {"state": QUEUED}
         epoch = objs.epoch
         result = self.outcome(listed)
         if result is not None:
@@ -481,7 +560,7 @@ class EvaluationQueue:
             return enabled
 
     # -- queueing -----------------------------------------------------------
-    def queue(self, run_id: str, event: Mapping[str, Any], reason: str) -> bool:
+    def queue(self, run_id: str, event: CheckpointEvent, reason: str) -> bool:
         """Queue the evaluation of a published checkpoint; False if it already was."""
         checkpoint = str(event["checkpoint"])
         if not _CHECKPOINT_ID_RE.fullmatch(checkpoint):
@@ -523,7 +602,8 @@ class EvaluationQueue:
             if log is None:
                 log = self._logs[run_id] = EventLog(self.store, run_id)
             state = log.state()
-            for event in state.checkpoints:
+            for stored in state.checkpoints:
+                event = _checkpoint_event(stored)
                 if evaluation_id(run_id, event["checkpoint"]) in known:
                     continue
                 if _rule_enabled_at(entries, float(event["time"])) and self.queue(run_id, event, "rule"):
@@ -559,7 +639,7 @@ class EvaluationQueue:
     def _fence(self, listed: _Listed, attempt: int, epoch: int, reason: str, worker: str) -> bool:
         """Make sure epoch ``epoch`` can never publish; False if it already did."""
         key = result_key(attempt_prefix(listed.base, attempt), epoch)
-        body = {"kind": FENCE, "reason": reason, "by": worker, "time": time.time()}
+        body: Slot = {"kind": FENCE, "reason": reason, "by": worker, "time": time.time()}
         try:
             self.store.create(key, _dumps(body))
             return True
@@ -618,7 +698,7 @@ class EvaluationQueue:
         except AlreadyExistsError:
             pass  # an earlier, ambiguous try of this renewal landed
 
-    def publish(self, claim: Claim, outcome: Mapping[str, Any]) -> bool:
+    def publish(self, claim: Claim, outcome: Outcome) -> bool:
         """Create the claim's result slot: True if published, False if fenced."""
         body = {
             "kind": RESULT,
@@ -636,10 +716,11 @@ class EvaluationQueue:
         self._cache[claim.slot_key] = json.loads(_dumps(body))
         return True
 
-    def finish(self, claim: Claim, outcome: Mapping[str, Any]) -> None:
+    def finish(self, claim: Claim, outcome: Outcome) -> None:
         """After :meth:`publish`: log a done result's scores, collect the lease's renewals."""
         if outcome["state"] == DONE:
-            self.log_scores(claim.run_id, claim.checkpoint, claim.attempt, self._cache[claim.slot_key])
+            published = cast("Slot", self._cache[claim.slot_key])
+            self.log_scores(claim.run_id, claim.checkpoint, claim.attempt, published)
         self.collect_renewals(claim.attempt_prefix)
 
     def release(self, claim: Claim) -> None:
@@ -660,7 +741,7 @@ class EvaluationQueue:
         except Exception as exc:  # garbage left behind is harmless
             _log.debug("could not collect renewals under %s: %s", attempt_prefix, exc)
 
-    def log_scores(self, run_id: str, checkpoint: str, attempt: int, result: Mapping[str, Any]) -> None:
+    def log_scores(self, run_id: str, checkpoint: str, attempt: int, result: Slot) -> None:
         """Write a done result's scores as the run's ``eval/<name>`` points, once.
 
         The chunk is derived from the result alone and created at a key of
@@ -694,15 +775,16 @@ class EvaluationQueue:
         self.log_scores(listed.run_id, listed.checkpoint, listed.attempt, result)
         return True
 
-    def checkpoint_event(self, run_id: str, checkpoint: str) -> tuple[dict[str, Any], int, RunState]:
+    def checkpoint_event(self, run_id: str, checkpoint: str) -> tuple[CheckpointEvent, int, RunState]:
         """The checkpoint's event, the run attempt it was saved under, and the run's state."""
         log = self._logs.get(run_id)
         if log is None:
             log = self._logs[run_id] = EventLog(self.store, run_id)
         state = log.state()
-        event = state.checkpoint(checkpoint)
-        if event is None:
+        stored = state.checkpoint(checkpoint)
+        if stored is None:
             raise CheckpointError(f"run {run_id} has no published checkpoint {checkpoint!r}", run_id=run_id)
+        event = _checkpoint_event(stored)
         return event, _count_rewinds_before(state.rewinds, int(event["seq"])), state
 
 
@@ -720,7 +802,7 @@ def queue_for(store: Store, project: str) -> EvaluationQueue:
         return found
 
 
-def on_checkpoint_published(store: Store, project: str, run_id: str, event: Mapping[str, Any]) -> None:
+def on_checkpoint_published(store: Store, project: str, run_id: str, event: Mapping[str, object]) -> None:
     """Queue the checkpoint's evaluation if the project's rule is on (called right after publishing).
 
     Never raises: the checkpoint is published already, and an evaluation
@@ -729,7 +811,7 @@ def on_checkpoint_published(store: Store, project: str, run_id: str, event: Mapp
     try:
         queue = queue_for(store, project)
         if queue.rule_enabled():
-            queue.queue(run_id, event, "rule")
+            queue.queue(run_id, _checkpoint_event(event), "rule")
     except Exception as exc:
         _log.warning(
             "checkpoint %s of run %s is saved, but queueing its evaluation failed (%s); "
@@ -752,7 +834,7 @@ def queue_manual(store: Store, project: str, run_id: str, state: RunState, check
         )
     store.require_coordination("queueing an evaluation")
     queue = queue_for(store, project)
-    queue.queue(run_id, event, "manual")
+    queue.queue(run_id, _checkpoint_event(event), "manual")
     listed = queue.scan_one(run_id, checkpoint_id)
     assert listed is not None  # just created, or created before
     return queue.record(listed)

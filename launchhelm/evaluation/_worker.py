@@ -42,7 +42,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm.evaluation._queue import (
@@ -53,15 +53,18 @@ from launchhelm.evaluation._queue import (
     SCORE_PREFIX,
     Claim,
     EvaluationQueue,
+    Outcome,
     _Listed,
 )
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.runlog._events import RunState, validate_project
 from launchhelm.storage import Store, open_store
+from launchhelm.storage._backends import request_budget
 
 if TYPE_CHECKING:
     from launchhelm._api import RunHandle
     from launchhelm._types import Checkpoint
+    from launchhelm.runlog._records import CheckpointEvent
 
 __all__ = ["EvaluationContext", "EvaluationWorker", "evaluate"]
 
@@ -72,7 +75,9 @@ DEFAULT_POLL_INTERVAL = 2.0
 #: Seconds between sweeps for checkpoints the rule covers that nobody queued.
 DEFAULT_DISCOVER_INTERVAL = 30.0
 
-ScoreFunction = Callable[["EvaluationContext"], Mapping[str, Any]]
+ScoreFunction = Callable[["EvaluationContext"], Mapping[str, object]]
+
+T = TypeVar("T")
 
 
 def _positive(name: str, value: object) -> float:
@@ -120,6 +125,7 @@ class _StoreWatch:
         self._url = url
         self._lock = threading.Lock()
         self.since: float | None = None  # wall time of the first failure of the current outage
+        self.ended = -math.inf  # wall time the store last answered again
         self.doing = ""  # what the worker holds meanwhile, for the first line
 
     def failed(self, exc: BaseException) -> bool:
@@ -128,6 +134,12 @@ class _StoreWatch:
             return False
         with self._lock:
             if self.since is not None:
+                return True
+            if time.time() - self.ended < request_budget():
+                # a request the outage swallowed, failing after the store answered again: the old outage
+                _log.debug(
+                    "evaluation worker %s: a request from before the store answered failed: %s", self._worker, exc
+                )
                 return True
             self.since = time.time()
         reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
@@ -145,7 +157,8 @@ class _StoreWatch:
         with self._lock:
             if self.since is None:
                 return
-            lasted, self.since = time.time() - self.since, None
+            self.ended = time.time()
+            lasted, self.since = self.ended - self.since, None
         _log.warning(
             "launchhelm: evaluation worker %s: the store %s answers again after %.0fs; going on",
             self._worker,
@@ -230,13 +243,13 @@ class EvaluationContext:
         *,
         store: Store,
         claim: Claim,
-        event: Mapping[str, Any],
+        event: CheckpointEvent,
         state: RunState,
         keeper: _LeaseKeeper,
     ) -> None:
         self._store = store
         self._claim = claim
-        self._event = dict(event)
+        self._event = event.copy()
         self._state = state
         self._keeper = keeper
         self._downloads: list[Path] = []
@@ -372,7 +385,7 @@ class EvaluationWorker:
         *,
         project: str,
         store: str | os.PathLike[str] | Store | None = None,
-        storage_options: dict[str, Any] | None = None,
+        storage_options: Mapping[str, object] | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
         discover_interval: float = DEFAULT_DISCOVER_INTERVAL,
@@ -392,25 +405,34 @@ class EvaluationWorker:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}"
         functools.update_wrapper(self, function)
 
-    def __call__(self, ctx: EvaluationContext) -> Mapping[str, Any]:
+    def __call__(self, ctx: EvaluationContext) -> Mapping[str, object]:
         return self.function(ctx)
 
     def __repr__(self) -> str:
         return f"<launchhelm.EvaluationWorker {getattr(self.function, '__name__', '?')} project={self.project!r}>"
 
-    def _replace(self, **changes: Any) -> EvaluationWorker:
-        """A copy with other settings (the command line's ``--store`` and friends)."""
-        settings: dict[str, Any] = {
-            "project": self.project,
-            "store": self.store_url,
-            "storage_options": self.storage_options,
-            "lease_seconds": self.lease_seconds,
-            "poll_interval": self.poll_interval,
-            "discover_interval": self.discover_interval,
-            "name": self.name,
-        }
-        settings.update({k: v for k, v in changes.items() if v is not None})
-        return EvaluationWorker(self.function, **settings)
+    def _replace(
+        self,
+        *,
+        project: str | None = None,
+        store: str | os.PathLike[str] | Store | None = None,
+        storage_options: Mapping[str, object] | None = None,
+        lease_seconds: float | None = None,
+        poll_interval: float | None = None,
+        discover_interval: float | None = None,
+        name: str | None = None,
+    ) -> EvaluationWorker:
+        """A copy with other settings (the command line's ``--store`` and friends); None keeps a setting."""
+        return EvaluationWorker(
+            self.function,
+            project=self.project if project is None else project,
+            store=self.store_url if store is None else store,
+            storage_options=self.storage_options if storage_options is None else storage_options,
+            lease_seconds=self.lease_seconds if lease_seconds is None else lease_seconds,
+            poll_interval=self.poll_interval if poll_interval is None else poll_interval,
+            discover_interval=self.discover_interval if discover_interval is None else discover_interval,
+            name=self.name if name is None else name,
+        )
 
     def serve(
         self,
@@ -538,7 +560,7 @@ class EvaluationWorker:
         """
         keeper = _LeaseKeeper(queue, claim, self._watch)
         keeper.start()
-        outcome: dict[str, Any]
+        outcome: Outcome
         _log.info("evaluating %s (run %s, step %s)", claim.checkpoint, claim.run_id, claim.request.get("step"))
         if self._watch is not None:
             self._watch.doing = f"evaluation {claim.id} keeps its lease and goes on when the store is back"
@@ -580,7 +602,7 @@ class EvaluationWorker:
             _log.warning("evaluation %s failed: %s", claim.id, outcome["error"])
         return published
 
-    def _publish(self, queue: EvaluationQueue, claim: Claim, outcome: dict[str, Any], keeper: _LeaseKeeper) -> bool:
+    def _publish(self, queue: EvaluationQueue, claim: Claim, outcome: Outcome, keeper: _LeaseKeeper) -> bool:
         """Publish the outcome, through an outage; True if it is ours that stands."""
         tries = [0]
 
@@ -603,14 +625,14 @@ class EvaluationWorker:
 
     def _run_function(
         self, store: Store, queue: EvaluationQueue, claim: Claim, keeper: _LeaseKeeper
-    ) -> tuple[dict[str, Any], bool]:
+    ) -> tuple[Outcome, bool]:
         """The outcome of one call of the score function, and whether it failed because the store did not answer."""
         ctx: EvaluationContext | None = None
         try:
             event, run_attempt, state = queue.checkpoint_event(claim.run_id, claim.checkpoint)
             ctx = EvaluationContext(store=store, claim=claim, event=event, state=state, keeper=keeper)
             scores = _check_scores(self.function(ctx))
-            outcome = {
+            done: Outcome = {
                 "state": DONE,
                 "scores": scores,
                 "step": ctx.step,
@@ -620,14 +642,14 @@ class EvaluationWorker:
                 "point_time": float(event["time"]),
             }
             self._store_answered()
-            return outcome, False
+            return done, False
         except Exception as exc:
-            outcome = {
+            failed: Outcome = {
                 "state": FAILED,
                 "error": f"{type(exc).__name__}: {exc}",
                 "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
             }
-            return outcome, self._store_failed(exc)
+            return failed, self._store_failed(exc)
         finally:
             if ctx is not None:
                 ctx._cleanup()
@@ -647,7 +669,7 @@ class EvaluationWorker:
             self._store_answered()
             return
 
-    def _through_outage(self, op: Callable[[], Any], keeper: _LeaseKeeper | None) -> Any:
+    def _through_outage(self, op: Callable[[], T], keeper: _LeaseKeeper | None) -> T:
         """``op()``, tried again while the store is not answering (until it answers, or the lease is lost)."""
         delay = 0.25
         while True:
@@ -667,7 +689,7 @@ def evaluate(
     project: str,
     *,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
     lease_seconds: float = DEFAULT_LEASE_SECONDS,
     poll_interval: float = DEFAULT_POLL_INTERVAL,
     discover_interval: float = DEFAULT_DISCOVER_INTERVAL,

@@ -132,7 +132,7 @@ def _neptune(sources: Subparsers) -> None:
     parser.set_defaults(func=run)
 
 
-def _dcp(sources: Any) -> None:
+def _dcp(sources: Subparsers) -> None:
     def run(args: argparse.Namespace) -> int:
         from launchhelm.importers import import_dcp
 

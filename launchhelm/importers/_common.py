@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Protocol, TypedDict
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -70,6 +70,8 @@ from launchhelm.storage._keys import (
 )
 
 if TYPE_CHECKING:
+    from typing import TextIO
+
     import pyarrow as pa
 
 __all__ = [
@@ -194,7 +196,29 @@ def _fix_key(key: str) -> str | None:
         return None
 
 
-def _json_safe(value: Any) -> Any:
+class _Rewind(TypedDict):
+    """A rewind the import found (a key logged again at an earlier step), before it is an event."""
+
+    to_step: int
+    reached: int
+    attempt: int
+    time: float
+    key: str
+
+
+class _Bar(Protocol):
+    """What is used of a tqdm bar (tqdm ships no type hints)."""
+
+    def write(self, s: str, file: TextIO | None = None) -> None: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def update(self, n: float = 1) -> object: ...
+
+    def close(self) -> None: ...
+
+
+def _json_safe(value: object) -> object:
     """Event payloads are strict JSON: NaN and infinities become strings."""
     if isinstance(value, float) and not math.isfinite(value):
         return repr(value)
@@ -240,7 +264,7 @@ class Recorder:
         self._latest: list[float] = []
         self.attempt = 0
         self.reached = -1
-        self.rewinds: list[dict[str, Any]] = []
+        self.rewinds: list[_Rewind] = []
         self._first_time: float | None = None
         self._last_time: float | None = None
         self._new_buffers()
@@ -385,7 +409,7 @@ class Recorder:
             imported["skipped"] = dict(self.skipped)
         if self.renamed:
             imported["renamed"] = dict(self.renamed)
-        events: list[dict[str, Any]] = [
+        events: list[dict[str, object]] = [
             {
                 "type": SESSION_STARTED,
                 "time": created,
@@ -490,10 +514,11 @@ def _clear_leftovers(store: Store, run_id: str) -> None:
         store.delete_many([f"{run_prefix(run_id)}/{k}" for k in leftovers])
 
 
-def _progress(total: int, enabled: bool, desc: str) -> Any:
+def _progress(total: int, enabled: bool, desc: str) -> _Bar:
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, disable=not enabled, unit="run", desc=desc, file=sys.stderr, dynamic_ncols=True)
+    bar: _Bar = tqdm(total=total, disable=not enabled, unit="run", desc=desc, file=sys.stderr, dynamic_ncols=True)
+    return bar
 
 
 def import_runs(

@@ -9,9 +9,8 @@ again adds nothing, and an :class:`ImportResult`.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 from launchhelm._exceptions import MissingExtraError, SourceReadError
 from launchhelm.importers._common import ImportedRun, ImportResult, derive_run_id
@@ -21,7 +20,7 @@ from launchhelm.storage import Store, open_store
 __all__ = ["import_dcp"]
 
 
-def _metadata_checksum(source: str, options: dict[str, Any]) -> str:
+def _metadata_checksum(source: str, options: Mapping[str, object]) -> str:
     import fsspec
 
     from launchhelm.storage._checksum import crc64nvme
@@ -46,8 +45,8 @@ def import_dcp(
     name: str | None = None,
     step: int | None = None,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
-    source_options: dict[str, Any] | None = None,
+    storage_options: Mapping[str, object] | None = None,
+    source_options: Mapping[str, object] | None = None,
     report: Callable[[str], None] | None = None,
 ) -> ImportResult:
     """Record a ``torch.distributed.checkpoint`` (DCP) folder as the checkpoint of a new run.

@@ -1,6 +1,6 @@
 """MLflow tracking stores: every run of every experiment (or of one), through MLflow's own client.
 
-Any tracking URI MLflow's ``MlflowClient`` reads works: a SQL database
+Every tracking URI MLflow's ``MlflowClient`` reads works: a SQL database
 (``sqlite:///mlflow.db``), a file store (``./mlruns``), a tracking server
 (``http://host:5000``), Databricks. A run's params become its config (as
 MLflow stores them: strings), its name the run's name, and every metric's

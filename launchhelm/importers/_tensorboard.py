@@ -300,7 +300,7 @@ def read_event_file(f: BinaryIO, path: str, recorder: Recorder, plugins: dict[st
 
 
 def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: dict[str, str]) -> None:
-    """Any other event: its fields walked one by one."""
+    """Every other event: its fields walked one by one."""
     point = recorder.point
     try:
         wall_time = 0.0

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launchhelm.metrics._points import pause
+from launchhelm.metrics._pause import pause
 
 if TYPE_CHECKING:
     import numpy as np

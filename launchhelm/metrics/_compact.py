@@ -34,7 +34,7 @@ from launchhelm.metrics._layout import (
     parse_chunk,
     read_manifest,
 )
-from launchhelm.metrics._points import pause
+from launchhelm.metrics._pause import pause
 from launchhelm.metrics._segments import SEGMENT_FORMAT, decode_chunk, plain_points, points_schema
 from launchhelm.storage import Store
 from launchhelm.storage._keys import manifest_name, new_segment_name

@@ -15,12 +15,11 @@ from __future__ import annotations
 
 import io
 import numbers
-import threading
-import time
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
+from launchhelm.metrics._pause import pause
 from launchhelm.storage._keys import chunk_key as chunk_key  # re-exported: the writers import it from here
 
 if TYPE_CHECKING:
@@ -148,20 +147,6 @@ def _strings(names: Sequence[str]) -> pa.Array:
 
 #: Values encoded at a time: the background thread pauses between such pieces (see :func:`pause`).
 SLICE_VALUES = 1 << 15
-#: Seconds of a pause: long enough for a training thread waiting for the GIL to wake and take it.
-PAUSE_SECONDS = 0.0002
-
-
-def pause() -> None:
-    """Let the training thread have the GIL, when called from a background thread.
-
-    Python hands the GIL to a waiting thread only after 5 ms of another's
-    bytecode, and ``sleep(0)`` gives it back before a waiting thread wakes: a
-    short real sleep between pieces of work is what keeps ``log()`` from
-    stalling behind them. The training thread itself never waits here.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        time.sleep(PAUSE_SECONDS)
 
 
 def encode_buffer(buffer: PointBuffer) -> bytes:

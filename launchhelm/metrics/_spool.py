@@ -59,7 +59,7 @@ _MADV_POPULATE_WRITE = 23  # Linux 5.14+; mmap has no name for it before Python 
 
 def _populate(mm: mmap.mmap, start: int, length: int) -> None:
     """Fault in (for writing) ``length`` bytes of ``mm`` from ``start`` (page-aligned), where Linux can."""
-    from launchhelm.metrics._points import pause
+    from launchhelm.metrics._pause import pause
 
     step = 2**18  # the call holds the GIL: a quarter MiB at a time, with pauses between
     for at in range(start, start + max(0, length), step):

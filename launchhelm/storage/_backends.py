@@ -40,12 +40,20 @@ import base64
 import json
 import os
 import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TypedDict, TypeVar, cast
 
 from launchhelm.storage._errors import EXISTS, classify
 from launchhelm.storage._transfer import PART_SIZE
+
+if TYPE_CHECKING:
+    from fsspec import AbstractFileSystem
+
+    from launchhelm.storage._transfer import PartUpload
+
+T = TypeVar("T")
 
 #: Chunk of a GCS resumable upload (google-cloud-storage sends 100 MiB, gcsfs 50 MiB).
 GCS_CHUNK = 32 * 2**20
@@ -64,6 +72,7 @@ __all__ = [
     "kind_of",
     "part_upload_for",
     "read_timeout",
+    "request_budget",
     "tune_client",
 ]
 
@@ -105,14 +114,23 @@ def read_timeout() -> float:
     return _seconds("LAUNCHHELM_READ_TIMEOUT", DEFAULT_READ_TIMEOUT)
 
 
-def client_options(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
+def request_budget() -> float:
+    """Longest a request can take before the client library gives up on it (every attempt timing out).
+
+    A failure within this long after a store answered again may be a request
+    an outage swallowed before it ended, not a new outage.
+    """
+    return (connect_timeout() + read_timeout()) * CLIENT_ATTEMPTS
+
+
+def client_options(kind: str | None, options: dict[str, object]) -> dict[str, object]:
     """Bounded timeouts and retries for each cloud's file system, unless the caller chose their own."""
     connect, read = connect_timeout(), read_timeout()
     if kind is not None:
         # listing caches hide objects other processes just wrote
         options.setdefault("use_listings_cache", False)
     if kind == S3:
-        config = dict(options.get("config_kwargs") or {})
+        config = dict(cast("Mapping[str, object]", options.get("config_kwargs") or {}))
         config.setdefault("connect_timeout", connect)
         config.setdefault("read_timeout", read)
         config.setdefault("retries", {"total_max_attempts": CLIENT_ATTEMPTS, "mode": "standard"})
@@ -132,7 +150,7 @@ def client_options(kind: str | None, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-def tune_client(fs: Any, protocol: str) -> None:
+def tune_client(fs: AbstractFileSystem, protocol: str) -> None:
     """Settings a file system takes only as attributes, set once it exists.
 
     S3:
@@ -165,21 +183,28 @@ def tune_client(fs: Any, protocol: str) -> None:
         fs.session = session  # s3fs makes its client from this session; a refresh keeps it
 
 
-def _drop_expect(events: Any) -> None:
+class _EventEmitter(Protocol):
+    """What is used of botocore's event emitter (botocore ships no type hints)."""
+
+    def register_last(self, event_name: str, handler: Callable[..., None], unique_id: str | None = None) -> None: ...
+
+
+def _drop_expect(events: _EventEmitter) -> None:
     # registered after botocore's own handler that adds the header, so it runs after it
     events.register_last("before-call.s3", _no_expect_header, unique_id="launchhelm-no-expect")
 
 
-def _no_expect_header(params: Any = None, **_: Any) -> None:
+def _no_expect_header(params: object = None, **_: object) -> None:
     headers = params.get("headers") if isinstance(params, dict) else None
     if isinstance(headers, dict):
         headers.pop("Expect", None)
 
 
-def _sync(fs: Any, coro_fn: Any, *args: Any, **kwargs: Any) -> Any:
+def _sync(fs: AbstractFileSystem, coro_fn: Callable[..., Awaitable[T]], *args: object, **kwargs: object) -> T:
     from fsspec.asyn import sync
 
-    return sync(fs.loop, coro_fn, *args, **kwargs)
+    result: T = sync(fs.loop, coro_fn, *args, **kwargs)
+    return result
 
 
 def to_epoch(value: object) -> float | None:
@@ -197,6 +222,14 @@ def to_epoch(value: object) -> float | None:
 
 
 # -- S3 ------------------------------------------------------------------------
+class _S3Part(TypedDict):
+    """One uploaded part, as CompleteMultipartUpload takes it."""
+
+    PartNumber: int
+    ETag: str
+    ChecksumCRC64NVME: str
+
+
 class S3PartUpload:
     """S3 multipart upload committed with ``If-None-Match: *``, every request checksummed.
 
@@ -213,7 +246,7 @@ class S3PartUpload:
     #: Sent with every upload request; S3's own default, and its only full-object family besides CRC32(C).
     checksum_algorithm = "CRC64NVME"
 
-    def __init__(self, fs: Any, path: str) -> None:
+    def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs = fs
         self.path = path
         self.bucket, self.key, _ = fs.split_path(path)
@@ -241,7 +274,7 @@ class S3PartUpload:
         )
         self.upload_id = str(out["UploadId"])
 
-    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+    def put_part(self, number: int, offset: int, data: bytes) -> _S3Part:
         from launchhelm.storage._checksum import CRC64NVME, crc64nvme, header_value
 
         crc = crc64nvme(data)
@@ -257,7 +290,8 @@ class S3PartUpload:
             ChecksumAlgorithm=self.checksum_algorithm,
             ChecksumCRC64NVME=value,
         )
-        return {"PartNumber": number, "ETag": out["ETag"], "ChecksumCRC64NVME": value}
+        part: _S3Part = {"PartNumber": number, "ETag": out["ETag"], "ChecksumCRC64NVME": value}
+        return part
 
     def whole_crc64nvme(self) -> int:
         """The object's CRC64NVME, combined from its parts' CRCs in order."""
@@ -269,13 +303,14 @@ class S3PartUpload:
             total = combine_crc64nvme(total, crc, length) if number > 1 else crc
         return total
 
-    def _expected_etag(self, tokens: list[Any]) -> str:
+    def _expected_etag(self, tokens: list[object]) -> str:
         import hashlib
 
-        digests = b"".join(bytes.fromhex(str(t["ETag"]).strip('"')) for t in tokens)
+        parts = cast("list[_S3Part]", tokens)  # what put_part returned
+        digests = b"".join(bytes.fromhex(str(t["ETag"]).strip('"')) for t in parts)
         return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(tokens)}"
 
-    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
         from launchhelm.storage._checksum import CRC64NVME, header_value
         from launchhelm.storage._transfer import with_retries
 
@@ -341,7 +376,7 @@ class GCSPartUpload:
     # so chunks are large. GCS wants multiples of 256 KiB.
     part_bytes = GCS_CHUNK
 
-    def __init__(self, fs: Any, path: str) -> None:
+    def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs = fs
         self.path = path
         self.bucket, self.key, _ = fs.split_path(path)
@@ -379,14 +414,14 @@ class GCSPartUpload:
             )
         )
 
-    def _put(self, offset: int, data: bytes, total: str, extra: dict[str, str] | None = None) -> tuple[Any, bytes]:
+    def _put(self, offset: int, data: bytes, total: str, extra: dict[str, str] | None = None) -> tuple[object, bytes]:
         end = offset + len(data) - 1
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {offset}-{end}/{total}"}
         headers.update(extra or {})
-        out: tuple[Any, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
+        out: tuple[object, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
         return out
 
-    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+    def put_part(self, number: int, offset: int, data: bytes) -> None:
         self._count(offset, data)
         headers, body = self._put(offset, data, "*")
         if body:
@@ -405,7 +440,7 @@ class GCSPartUpload:
                 self.put_part(number, end + 1, data[-missing:])
         return None
 
-    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
         from launchhelm.storage._checksum import CRC32C, header_value
         from launchhelm.storage._transfer import with_retries
 
@@ -445,7 +480,7 @@ class GCSPartUpload:
             self.exposed_generation = None
 
 
-def gcs_create(fs: Any, path: str, data: bytes, crc32c: str | None = None) -> None:
+def gcs_create(fs: AbstractFileSystem, path: str, data: bytes, crc32c: str | None = None) -> None:
     """Put-if-absent on GCS: one multipart upload with ``ifGenerationMatch=0``, whatever the size.
 
     gcsfs would switch to a resumable upload above 50 MB; a single request
@@ -488,7 +523,7 @@ class AzurePartUpload:
     concurrency = 4
     part_bytes = PART_SIZE
 
-    def __init__(self, fs: Any, path: str) -> None:
+    def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs = fs
         self.path = path
         self.container, self.blob, _ = fs.split_path(path)
@@ -517,7 +552,7 @@ class AzurePartUpload:
         self.staged = True
         return block_id
 
-    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+    def put_part(self, number: int, offset: int, data: bytes) -> str:
         return self._stage(number, data)
 
     def _committed_ids(self) -> list[str] | None:
@@ -533,12 +568,12 @@ class AzurePartUpload:
         except Exception:
             return None
 
-    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
         from azure.storage.blob import BlobBlock
 
         from launchhelm.storage._transfer import with_retries
 
-        ids = [*tokens, with_retries(lambda: self._stage(number, data))]
+        ids = [*cast("list[str]", tokens), with_retries(lambda: self._stage(number, data))]  # put_part's block ids
         attempts = [0]
 
         async def commit() -> None:
@@ -573,7 +608,7 @@ class AzurePartUpload:
             pass  # ``launchhelm gc`` removes it later
 
 
-def part_upload_for(fs: Any, protocol: str, path: str) -> Any:
+def part_upload_for(fs: AbstractFileSystem, protocol: str, path: str) -> PartUpload | None:
     """The :class:`~launchhelm.storage._transfer.PartUpload` for ``path``, or None for other protocols."""
     kind = kind_of(protocol)
     if kind == S3:
@@ -615,7 +650,7 @@ def _relative(root: str, path: str) -> str | None:
     return None
 
 
-def incomplete_uploads(fs: Any, protocol: str, root: str) -> list[IncompleteUpload]:
+def incomplete_uploads(fs: AbstractFileSystem, protocol: str, root: str) -> list[IncompleteUpload]:
     """S3 multipart uploads and Azure uncommitted blobs under ``root``.
 
     GCS resumable sessions cannot be listed; they expire a week after they
@@ -625,7 +660,7 @@ def incomplete_uploads(fs: Any, protocol: str, root: str) -> list[IncompleteUplo
     found: list[IncompleteUpload] = []
     if kind == S3:
         bucket, prefix, _ = fs.split_path(root)
-        args: dict[str, Any] = {"Bucket": bucket, "Prefix": f"{prefix}/" if prefix else ""}
+        args: dict[str, object] = {"Bucket": bucket, "Prefix": f"{prefix}/" if prefix else ""}
         while True:
             out = fs.call_s3("list_multipart_uploads", **args)
             for upload in out.get("Uploads", []):
@@ -639,10 +674,10 @@ def incomplete_uploads(fs: Any, protocol: str, root: str) -> list[IncompleteUplo
     elif kind == AZURE:
         container, prefix, _ = fs.split_path(root)
 
-        async def listing() -> tuple[dict[str, Any], set[str]]:
+        async def listing() -> tuple[dict[str, object], set[str]]:
             client = fs.service_client.get_container_client(container)
             start = f"{prefix}/" if prefix else None
-            every: dict[str, Any] = {}
+            every: dict[str, object] = {}
             committed: set[str] = set()
             async for blob in client.list_blobs(name_starts_with=start, include=["uncommittedblobs"]):
                 every[blob.name] = blob
@@ -660,7 +695,7 @@ def incomplete_uploads(fs: Any, protocol: str, root: str) -> list[IncompleteUplo
     return found
 
 
-def abort_incomplete(fs: Any, protocol: str, root: str, upload: IncompleteUpload) -> None:
+def abort_incomplete(fs: AbstractFileSystem, protocol: str, root: str, upload: IncompleteUpload) -> None:
     """Abort one :class:`IncompleteUpload` (absent is fine)."""
     kind = kind_of(protocol)
     if kind == S3:
@@ -692,7 +727,7 @@ def abort_incomplete(fs: Any, protocol: str, root: str, upload: IncompleteUpload
 
 
 # -- endpoints and buckets ----------------------------------------------------------
-def endpoint_of(fs: Any, protocol: str) -> str | None:
+def endpoint_of(fs: AbstractFileSystem, protocol: str) -> str | None:
     """The base URL the file system sends requests to, when it can be told."""
     kind = kind_of(protocol)
     try:
@@ -712,7 +747,7 @@ def endpoint_of(fs: Any, protocol: str) -> str | None:
     return None
 
 
-def bucket_exists(fs: Any, protocol: str, root: str) -> bool | None:
+def bucket_exists(fs: AbstractFileSystem, protocol: str, root: str) -> bool | None:
     """Whether the bucket / container of ``root`` exists; None when it cannot be told (e.g. denied)."""
     bucket = root.strip("/").split("/", 1)[0]
     if not bucket or kind_of(protocol) is None:

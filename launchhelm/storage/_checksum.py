@@ -26,9 +26,12 @@ import hashlib
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Protocol
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = [
     "CRC32C",
@@ -54,10 +57,20 @@ _WIDTH = {CRC64NVME: 16, CRC32C: 8, SHA256: 64}
 _BLOCK = 8 * 2**20
 
 
-_checksums: Any = None
+class _CrtChecksums(Protocol):
+    """What is used of ``awscrt.checksums`` (awscrt ships no type hints)."""
+
+    def crc64nvme(self, input: Buffer, previous_crc64nvme: int = 0, /) -> int: ...
+
+    def crc32c(self, input: Buffer, previous_crc32c: int = 0, /) -> int: ...
+
+    def combine_crc64nvme(self, crc64nvme_result1: int, crc64nvme_result2: int, length2: int, /) -> int: ...
 
 
-def _crt() -> Any:
+_checksums: _CrtChecksums | None = None
+
+
+def _crt() -> _CrtChecksums:
     global _checksums
     if _checksums is not None:
         return _checksums
@@ -67,16 +80,17 @@ def _crt() -> Any:
         raise CheckpointError(
             "checkpoint checksums need the awscrt package (pip install awscrt); it is a dependency of launchhelm"
         ) from exc
-    _checksums = checksums
-    return checksums
+    crt: _CrtChecksums = checksums
+    _checksums = crt
+    return crt
 
 
-def crc64nvme(data: Any, previous: int = 0) -> int:
+def crc64nvme(data: Buffer, previous: int = 0) -> int:
     """CRC64NVME of ``data`` (bytes, bytearray or any buffer), continuing from ``previous``."""
     return int(_crt().crc64nvme(data, previous))
 
 
-def crc32c(data: Any, previous: int = 0) -> int:
+def crc32c(data: Buffer, previous: int = 0) -> int:
     """CRC32C of ``data`` (what GCS stores for every object), continuing from ``previous``."""
     return int(_crt().crc32c(data, previous))
 
@@ -98,7 +112,7 @@ class Checksum:
     Parameters
     ----------
     algorithms:
-        Any of ``"crc64nvme"``, ``"crc32c"``, ``"sha256"``.
+        Some of ``"crc64nvme"``, ``"crc32c"``, ``"sha256"``.
     """
 
     def __init__(self, algorithms: Iterable[str] = (CRC64NVME,)) -> None:
@@ -112,7 +126,7 @@ class Checksum:
         self._sha = hashlib.sha256() if SHA256 in self.algorithms else None
         self._crt = _crt() if CRC64NVME in self.algorithms or CRC32C in self.algorithms else None
 
-    def update(self, data: Any) -> None:
+    def update(self, data: Buffer) -> None:
         view = memoryview(data).cast("B")
         if self._crt is not None:
             if CRC64NVME in self.algorithms:
@@ -139,7 +153,7 @@ class Checksum:
         return out
 
 
-def recorded(entry: Mapping[str, Any]) -> dict[str, str]:
+def recorded(entry: Mapping[str, object]) -> dict[str, str]:
     """The checksums a file entry (or a ``checkpoint`` event) records: ``{algorithm: hex}``."""
     return {a: str(entry[a]) for a in _WIDTH if isinstance(entry.get(a), str) and entry[a]}
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from fsspec import AbstractFileSystem
 
     from launchhelm.storage._backends import IncompleteUpload
+    from launchhelm.storage._transfer import PartUpload
 
 
 __all__ = ["MemoryStore", "ObjectStore"]
@@ -72,7 +73,7 @@ def _quiet_event_loop(loop: object) -> None:
         return
     _quieted_loops.add(id(loop))
 
-    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
         exc = context.get("exception")
         module = type(exc).__module__.split(".")[0] if exc is not None else ""
         if exc is not None and (isinstance(exc, OSError) or module in ("aiohttp", "aiobotocore", "botocore")):
@@ -84,7 +85,7 @@ def _quiet_event_loop(loop: object) -> None:
 
 
 class ObjectStore(Store):
-    """Any other fsspec file system: S3, GCS, Azure, memory, ...
+    """Every other fsspec file system: S3, GCS, Azure, memory, ...
 
     ``create`` is one conditional request: S3 and Azure ``If-None-Match: *``,
     GCS ``ifGenerationMatch=0`` on a multipart upload. Large objects
@@ -267,10 +268,10 @@ class ObjectStore(Store):
 
         fs = self.fs
 
-        async def gather() -> builtins.list[Any]:
+        async def gather() -> builtins.list[object]:
             gate = asyncio.Semaphore(limit)
 
-            async def one(path: str) -> Any:
+            async def one(path: str) -> object:
                 async with gate:
                     try:
                         return await fs._cat_file(path, **self._cat_options)
@@ -353,7 +354,7 @@ class ObjectStore(Store):
             self._retrying(lambda batch=batch: self.fs.rm(batch), None, "deleting")  # type: ignore[misc]
 
     # -- large objects -----------------------------------------------------------
-    def _part_upload(self, key: str) -> Any:
+    def _part_upload(self, key: str) -> PartUpload | None:
         from launchhelm.storage._backends import part_upload_for
 
         return part_upload_for(self.fs, self.protocol, self._path(key))
@@ -374,13 +375,15 @@ class ObjectStore(Store):
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
 
     @contextmanager
-    def _streaming(self, key: str, progress: Progress) -> Iterator[Any]:
+    def _streaming(self, key: str, progress: Progress) -> Iterator[BinaryIO]:
         from launchhelm.storage._transfer import PartWriter
 
         upload = self._part_upload(key)
+        if upload is None:  # callers stream only where _part_upload has one
+            raise AssertionError(f"{self.protocol} stores take no part uploads")
         writer = PartWriter(upload, progress)
         try:
-            yield writer
+            yield cast(BinaryIO, writer)  # a write-only binary file: all a writer's caller uses
         except BaseException:
             writer.discard()  # abort the upload: nothing becomes visible
             raise

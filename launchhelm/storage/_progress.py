@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
+from typing import Protocol
 
 __all__ = ["DEFAULT_THRESHOLD", "Progress", "progress_wanted"]
 
@@ -44,6 +44,14 @@ def progress_wanted(setting: bool | None) -> bool | None:
     return None
 
 
+class _Bar(Protocol):
+    """What is used of a tqdm bar (tqdm ships no type hints)."""
+
+    def update(self, n: float = 1) -> object: ...
+
+    def close(self) -> None: ...
+
+
 class Progress:
     """Counts bytes of one transfer and shows a bar when it is large enough.
 
@@ -59,7 +67,7 @@ class Progress:
         self.description = description
         self.total = total
         self.done = 0
-        self._bar: Any = None
+        self._bar: _Bar | None = None
 
     def _start(self) -> None:
         try:

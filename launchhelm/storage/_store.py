@@ -246,7 +246,7 @@ class Store:
         Raises
         ------
         StorageError
-            Any other failure, mapped exactly as :meth:`read` maps it (after
+            Every other failure, mapped exactly as :meth:`read` maps it (after
             the same retries of transient answers).
 
         Examples

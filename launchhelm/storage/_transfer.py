@@ -22,10 +22,13 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, BinaryIO, Protocol, TypeVar
+from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeVar
 
 from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify, no_answer
 from launchhelm.storage._progress import Progress
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 __all__ = ["PART_SIZE", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
 
@@ -82,10 +85,10 @@ class PartUpload(Protocol):
     def begin(self) -> None:
         """Start a multipart upload (called before the first part)."""
 
-    def put_part(self, number: int, offset: int, data: bytes) -> Any:
+    def put_part(self, number: int, offset: int, data: bytes) -> object:
         """Upload part ``number`` (not the last); return what ``finish`` needs to commit it."""
 
-    def finish(self, tokens: list[Any], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
         """Upload the last part and commit the object, put-if-absent (FileExistsError if taken)."""
 
     def abort(self) -> None:
@@ -106,7 +109,7 @@ class PartWriter:
         self._offset = 0  # where the buffer starts in the object
         self._written = 0
         self._begun = False
-        self._tokens: dict[int, Any] = {}
+        self._tokens: dict[int, object] = {}
         self._futures: list[Future[None]] = []
         self._pool: ThreadPoolExecutor | None = None
         self._slots = threading.BoundedSemaphore(max(1, upload.concurrency))
@@ -130,7 +133,7 @@ class PartWriter:
     def flush(self) -> None:
         self._raise_failure()
 
-    def write(self, data: Any) -> int:
+    def write(self, data: Buffer) -> int:
         if self.closed:
             raise ValueError("write to a closed store writer")
         self._raise_failure()

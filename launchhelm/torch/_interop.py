@@ -313,10 +313,14 @@ def read_dcp_metadata(raw: bytes, where: str) -> Any:
 def _dcp_readers() -> tuple[type, type]:
     """A storage reader whose metadata goes through the allow-list, and a planner whose non-tensor
     values load with ``weights_only=True`` (DCP's own use ``pickle.load`` and ``weights_only=False``)."""
-    from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
     from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
+    from torch.distributed.checkpoint.filesystem import FileSystemReader
 
-    class SafeReader(FsspecReader):
+    from launchhelm.torch._torch_private import dcp_fsspec_reader
+
+    base: type = dcp_fsspec_reader() or FileSystemReader
+
+    class SafeReader(base):  # type: ignore[misc]
         where = ""
 
         def read_metadata(self, *args: Any, **kwargs: Any) -> Any:

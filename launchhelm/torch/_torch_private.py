@@ -32,6 +32,7 @@ __all__ = [
     "REBUILD_TENSOR",
     "TESTED",
     "checkpoint_offset",
+    "dcp_fsspec_reader",
     "dtensor_local_box",
     "fast_path_available",
     "file_reader",
@@ -305,3 +306,17 @@ def dtensor_local_box(t: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
     shape, offset = compute_local_shape_and_global_offset(t.shape, t.device_mesh, t.placements)
     return tuple(int(o) for o in offset), tuple(int(s) for s in shape)
+
+
+def dcp_fsspec_reader() -> type | None:
+    """``torch.distributed.checkpoint``'s fsspec storage reader, or None where this torch lacks it.
+
+    ``launchhelm import dcp`` reads a DCP folder at any fsspec URL with it; torch
+    does not export it, so without it the import takes the public local-folder
+    reader (local paths only).
+    """
+    try:
+        from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
+    except ImportError:
+        return None
+    return FsspecReader

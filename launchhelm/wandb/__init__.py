@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Mapping
-from typing import Any, NoReturn
+from typing import NoReturn
 
 from launchhelm._exceptions import LaunchHelmError, UnsupportedFeatureError
 from launchhelm.wandb._config import Config, ConfigError, ConfigKeyError, Metric, Summary
@@ -132,9 +132,9 @@ class _PreInit:
 #: The current run (None before ``init()`` and after ``finish()``), as ``wandb.run``.
 run: Run | None = None
 #: The current run's config, as ``wandb.config``.
-config: Config | Any = _PreInit("config")
+config: Config | _PreInit = _PreInit("config")
 #: The current run's summary, as ``wandb.summary``.
-summary: Summary | Any = _PreInit("summary")
+summary: Summary | _PreInit = _PreInit("summary")
 
 
 def _follow(current_run: Run | None) -> None:

@@ -12,10 +12,10 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import NoReturn, TypedDict
 
 import launchhelm as lh
-from launchhelm._compat import RECORD_INTERVAL
+from launchhelm._compat import RECORD_INTERVAL, SessionOptions
 from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import compat_key as _compat_key
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
@@ -24,7 +24,7 @@ from launchhelm._start import start_run
 from launchhelm._types import JSONValue
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.storage import Store
-from launchhelm.wandb._config import SUMMARY_MODES, Config, Metric, Summary, _Aggregate
+from launchhelm.wandb._config import SUMMARY_MODES, Config, Metric, MetricRecord, Summary, _Aggregate
 from launchhelm.wandb._objects import Media, Settings, WandbUsageError, refuse
 
 __all__ = [
@@ -37,6 +37,29 @@ __all__ = [
 _log = logging.getLogger("launchhelm")
 
 COMPAT_FORMAT = "launchhelm.wandb/1"
+
+
+class WandbRecord(TypedDict, total=False):
+    """``runs/<id>/compat/wandb.json``: what a run keeps that LaunchHelm has no place for.
+
+    The live run writes every key; read back, any may be missing (``read_compat``
+    answers ``{}`` for a run written without ``launchhelm.wandb``).
+    """
+
+    format: str
+    run: str
+    wandb_id: str
+    name: str
+    config: dict[str, JSONValue]
+    summary: dict[str, JSONValue]
+    metrics: dict[str, MetricRecord]
+    tags: list[str]
+    notes: str | None
+    group: str | None
+    job_type: str | None
+    step: int
+    exit_code: int | None
+    time: float
 
 
 def compat_key(run_id: str) -> str:
@@ -103,7 +126,7 @@ class Run:
         job_type: str | None,
         directory: str | None,
         settings: Settings | None,
-        init_options: dict[str, Any],
+        init_options: SessionOptions,
         disabled: bool,
     ) -> None:
         self._store = store
@@ -218,7 +241,7 @@ class Run:
     def _config_changed(self) -> None:
         self._dirty = True
 
-    def _record(self) -> dict[str, Any]:
+    def _record(self) -> WandbRecord:
         with self._lock:
             return {
                 "format": COMPAT_FORMAT,

@@ -23,19 +23,20 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import cast
 
 import launchhelm as lh
 from launchhelm._compat import CompatSession as _Session
-from launchhelm._compat import read_compat
+from launchhelm._compat import SessionOptions, read_compat
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
 from launchhelm._integration import record_restore
 from launchhelm._run import _default_name, _new_run_id
 from launchhelm._start import start_run
+from launchhelm._types import JSONValue
 from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
-from launchhelm.wandb._config import Metric, _as_mapping
-from launchhelm.wandb._liverun import COMPAT_FORMAT, Run, _install_exit_hook, _set_current, current
+from launchhelm.wandb._config import Metric, MetricRecord, _as_mapping
+from launchhelm.wandb._liverun import COMPAT_FORMAT, Run, WandbRecord, _install_exit_hook, _set_current, current
 from launchhelm.wandb._objects import Settings, refuse
 
 __all__ = [
@@ -84,8 +85,8 @@ def _exists(store: Store, run_id: str) -> str | None:
         return None
 
 
-def _read_record(store: Store, run_id: str) -> dict[str, Any]:
-    return read_compat(store, run_id, "wandb", COMPAT_FORMAT)
+def _read_record(store: Store, run_id: str) -> WandbRecord:
+    return cast("WandbRecord", read_compat(store, run_id, "wandb", COMPAT_FORMAT))
 
 
 def _mode(mode: str | None) -> str:
@@ -197,9 +198,11 @@ def init(
     if resume == "must" and wandb_id is None:
         raise InvalidArgumentError("resume='must' needs the run's id: init(id=..., resume='must')")
     run_id = launchhelm_run_id(wandb_id) if wandb_id is not None else _new_run_id()
-    options: dict[str, Any] = {
-        k: ignored[k] for k in ("system_metrics", "capture_console", "flush_interval") if k in ignored
-    }
+    # W&B's arguments of these names set LaunchHelm's (unchecked here, as start_run checks them)
+    options = cast(
+        "SessionOptions",
+        {k: ignored[k] for k in ("system_metrics", "capture_console", "flush_interval") if k in ignored},
+    )
 
     def make(store_obj: Store | None, project_: str, config_: Mapping[str, object], disabled: bool) -> Run:
         return Run(
@@ -310,15 +313,15 @@ class StoredRun:
         The :class:`launchhelm.RunHandle` (history, rewinds, checkpoints).
     """
 
-    def __init__(self, handle: lh.RunHandle, record: Mapping[str, Any]) -> None:
+    def __init__(self, handle: lh.RunHandle, record: WandbRecord) -> None:
         self.handle = handle
         self.id = handle.id
         self.project = handle.project
         self.name = str(record.get("name") or handle.name)
         self.wandb_id = str(record.get("wandb_id") or handle.id)
-        self.config: dict[str, Any] = {**handle.config, **dict(record.get("config") or {})}
-        self.summary: dict[str, Any] = dict(record.get("summary") or {})
-        self.metrics: dict[str, dict[str, Any]] = dict(record.get("metrics") or {})
+        self.config: dict[str, JSONValue] = {**handle.config, **dict(record.get("config") or {})}
+        self.summary: dict[str, JSONValue] = dict(record.get("summary") or {})
+        self.metrics: dict[str, MetricRecord] = dict(record.get("metrics") or {})
         self.tags: list[str] = list(record.get("tags") or [])
         self.notes: str | None = record.get("notes")
         self.group: str | None = record.get("group")

@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeAlias, TypeVar, cast
 
 import anywidget
 import traitlets
@@ -40,6 +40,8 @@ from launchhelm.widgets._messages import (
 )
 
 if TYPE_CHECKING:
+    from typing_extensions import Self
+
     from launchhelm.storage import Store
 
 __all__ = [
@@ -154,27 +156,31 @@ def time_labels(*stamps: float | None) -> dict[str, float]:
     return {format_time(ts): float(ts) for ts in stamps if ts is not None}
 
 
-_registry: dict[tuple[Hashable, ...], Reusable] = {}
+_registry: dict[tuple[Hashable, ...], Reusable[object]] = {}
 _registry_lock = threading.Lock()
 
 
-class Reusable:
+#: What a widget's :meth:`Reusable._reuse_key` resolved from its arguments (an :class:`Api`, a run...).
+R = TypeVar("R", covariant=True)
+
+
+class Reusable(Generic[R]):
     """Mixin: constructing with the same key returns the live widget already built.
 
     Subclasses implement :meth:`_reuse_key` (the resolved run plus whatever
     changes what is shown) and guard their ``__init__`` with
-    :meth:`_reused`.
+    :meth:`_reused`; ``__init__`` finds what the key resolved in ``_resolved``.
     """
 
     _reuse_as: tuple[Hashable, ...] | None = None
-    _resolved: Any = None
+    _resolved: R
 
-    def __new__(cls, *args: object, **kwargs: object) -> Any:
+    def __new__(cls, *args: object, **kwargs: object) -> Self:
         key, resolved = cls._reuse_key(*args, **kwargs)
         with _registry_lock:
             existing = _registry.get(key)
             if existing is not None and getattr(existing, "comm", None) is not None:
-                return existing
+                return cast("Self", existing)  # a key names its widget's class first
             obj = super().__new__(cls, *args, **kwargs)
             obj._reuse_as = key
             obj._resolved = resolved
@@ -183,7 +189,7 @@ class Reusable:
             return obj
 
     @classmethod
-    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Hashable, ...], Any]:
+    def _reuse_key(cls, *args: Any, **kwargs: Any) -> tuple[tuple[Hashable, ...], R]:
         raise NotImplementedError
 
     def _reused(self) -> bool:
@@ -204,7 +210,7 @@ def run_key(cls: type, api: Api, handle: RunHandle, *extra: Hashable) -> tuple[H
     return (cls.__qualname__, api.store.url, handle.id, *extra)
 
 
-class LiveWidget(Reusable, anywidget.AnyWidget):
+class LiveWidget(Reusable[R], anywidget.AnyWidget):
     """An anywidget that polls the store and speaks the ready handshake.
 
     Subclasses implement :meth:`refresh` (re-read the run, update traits or
@@ -226,7 +232,8 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         """The widget as it stands, for a notebook opened without a kernel (``text/html``, ``image/svg+xml``)."""
         return {}
 
-    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+    # kwargs typed as AnyWidget's own: IPython passes ``include``/``exclude`` through
+    def _repr_mimebundle_(self, **kwargs: dict[str, object]) -> tuple[dict[str, object], dict[str, object]] | None:
         from launchhelm.widgets._static import split_fallback
 
         bundle = super()._repr_mimebundle_(**kwargs)
@@ -352,7 +359,7 @@ class LiveWidget(Reusable, anywidget.AnyWidget):
         super().close()
 
 
-class RunWidget(LiveWidget):
+class RunWidget(LiveWidget[tuple[Api, RunHandle]]):
     """A live widget about one run, whose ``state`` trait carries its ``status``.
 
     Subclasses name their front end in :attr:`_bundle` and call

@@ -18,13 +18,13 @@ The points themselves, as columns, are ``_chart_data.py``'s.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm._types import Rewind, RunLike
+from launchhelm._types import JSONValue, Rewind, RunLike
 from launchhelm.metrics._system import SYSTEM_PREFIX
 from launchhelm.runlog._sessions import run_status
 from launchhelm.widgets._base import LiveWidget, StoreArg, front_end, resolve_run, run_key
@@ -82,6 +82,13 @@ def ordered_keys(keys: Sequence[str]) -> list[str]:
 VEGA_LITE_SCHEMA = "https://vega.github.io/schema/vega-lite/v6.4.1.json"
 
 
+class RunStatus(TypedDict):
+    """What the chart's caption says of its run: its status and furthest step."""
+
+    status: str
+    step: int
+
+
 def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANEL_HEIGHT) -> VegaLiteSpec:
     """The Vega-Lite spec: one panel per key, rewinds marked on each.
 
@@ -103,7 +110,8 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
     Mark names (``line_0``, ``points_0``, ``abandoned_0``, ``rewind_rule_0``,
     ``rewind_label_0`` for panel 0) are stable, for tests and styling.
     """
-    config: VegaLiteSpec = {"view": {"continuousWidth": 300, "continuousHeight": 300}}
+    view: VegaLiteSpec = {"continuousWidth": 300, "continuousHeight": 300}
+    config: VegaLiteSpec = {"view": view}
     if not keys:
         return {
             "config": config,
@@ -114,28 +122,28 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
             "width": width,
             "$schema": VEGA_LITE_SCHEMA,
         }
-    config["view"]["stroke"] = "#ddd"
+    view["stroke"] = "#ddd"
     config["axis"] = {"labelFont": "sans-serif", "titleFont": "sans-serif"}
-    x = {"field": "step", "title": "step", "type": "quantitative"}
-    rewind_x = {"field": "to_step", "title": "step", "type": "quantitative"}
-    panels = []
+    x: VegaLiteSpec = {"field": "step", "title": "step", "type": "quantitative"}
+    rewind_x: VegaLiteSpec = {"field": "to_step", "title": "step", "type": "quantitative"}
+    panels: list[JSONValue] = []
     for i, key in enumerate(keys):
         is_eval = key.startswith(EVAL_PREFIX)
-        y = {
+        y: VegaLiteSpec = {
             "axis": {"format": "~g", "labelFont": "sans-serif", "labelLimit": 160, "minExtent": Y_AXIS_MIN_EXTENT},
             "field": "value",
             "scale": {"zero": False},
             "title": key,
             "type": "quantitative",
         }
-        of_key = {"filter": {"equal": key, "field": "key"}}
-        points = {"name": "points"}
+        of_key: VegaLiteSpec = {"filter": {"equal": key, "field": "key"}}
+        points: VegaLiteSpec = {"name": "points"}
         if key.startswith(SYSTEM_PREFIX):
             # both layers read the points: the data sits on the panel (as Altair puts it)
             layer = _system_layers(i, key, y)
             panels.append({"data": points, "height": height, "layer": layer, "title": key, "width": width})
             continue
-        layers = [
+        layers: list[JSONValue] = [
             {
                 "data": points,
                 "mark": {
@@ -227,10 +235,10 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
     }
 
 
-def _system_layers(i: int, key: str, y: VegaLiteSpec) -> list[VegaLiteSpec]:
+def _system_layers(i: int, key: str, y: VegaLiteSpec) -> list[JSONValue]:
     """A ``system/`` panel's layers: the samples by wall time, as a line and points (no step, no rewinds)."""
-    x = {"axis": {"format": "%H:%M:%S"}, "field": "time", "title": "wall time", "type": "temporal"}
-    of_key = {"filter": {"equal": key, "field": "key"}}
+    x: VegaLiteSpec = {"axis": {"format": "%H:%M:%S"}, "field": "time", "title": "wall time", "type": "temporal"}
+    of_key: VegaLiteSpec = {"filter": {"equal": key, "field": "key"}}
     return [
         {
             "mark": {"type": "line", "color": SYSTEM_COLOR, "strokeWidth": 1.5},
@@ -255,7 +263,7 @@ def _system_layers(i: int, key: str, y: VegaLiteSpec) -> list[VegaLiteSpec]:
     ]
 
 
-class RunChart(LiveWidget):
+class RunChart(LiveWidget[tuple[Api, RunHandle]]):
     """A run's metrics in a notebook: one panel per key, x = step, rewinds marked.
 
     A rewind shows as a dashed rule at the step the run resumed from, with
@@ -346,7 +354,7 @@ class RunChart(LiveWidget):
     def is_active(self) -> bool:
         return self._status == "running"
 
-    def fetch(self) -> tuple[dict[str, Any], list[Rewind], Points]:
+    def fetch(self) -> tuple[RunStatus, list[Rewind], Points]:
         """Everything one poll reads from the store: the run's status and furthest step, rewinds and points.
 
         What :meth:`RunHandle.poll` reads (the log, the last heartbeat and
@@ -358,7 +366,7 @@ class RunChart(LiveWidget):
         """
         handle = self._handle
         state, live, table, step = handle._poll_parts()  # RunHandle.poll()'s reads, without its frame
-        summary = {"status": run_status(state, live), "step": step}
+        summary: RunStatus = {"status": run_status(state, live), "step": step}
         points = points_from_table(table, state.rewinds, self._keys)
         return summary, handle._rewinds_of(state), points
 
@@ -455,7 +463,7 @@ def _last_metric_time(points: Points) -> float:
     return float(times.max()) if len(times) else 0.0
 
 
-def _caption(summary: dict[str, Any], rewinds: int) -> str:
+def _caption(summary: RunStatus, rewinds: int) -> str:
     parts = [str(summary["status"]), f"furthest step {summary['step']}"]
     if rewinds:
         parts.append(f"{rewinds} rewind" + ("s" if rewinds != 1 else ""))

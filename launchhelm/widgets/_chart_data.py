@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, overload
 
 from launchhelm._types import Rewind
 from launchhelm.metrics._system import SYSTEM_PREFIX
@@ -18,6 +18,7 @@ from launchhelm.widgets._messages import (
 
 if TYPE_CHECKING:
     import numpy as np
+    import numpy.typing as npt
     import pandas as pd
     import pyarrow as pa
 
@@ -162,7 +163,7 @@ def long_points(history: pd.DataFrame, keys: Sequence[str] | None = None) -> pd.
     return result
 
 
-def _column(table: pa.Table, name: str, dtype: Any) -> np.ndarray:
+def _column(table: pa.Table, name: str, dtype: npt.DTypeLike) -> np.ndarray:
     """A numeric column as one numpy array, straight from its Arrow buffers.
 
     ``pyarrow.Array.to_numpy`` imports pandas (a third of a second) on first
@@ -303,9 +304,21 @@ def series_counts(points: Points) -> dict[str, int]:
     return {sid: len(at) for sid, at in _series(points)}
 
 
+@overload
+def chart_rows(
+    points: Points, budget: int, domain: tuple[float, float] | None = None
+) -> tuple[Points, dict[str, int]]: ...
+
+
+@overload
+def chart_rows(
+    points: pd.DataFrame, budget: int, domain: tuple[float, float] | None = None
+) -> tuple[pd.DataFrame, dict[str, int]]: ...
+
+
 def chart_rows(
     points: Points | pd.DataFrame, budget: int, domain: tuple[float, float] | None = None
-) -> tuple[Any, dict[str, int]]:
+) -> tuple[Points | pd.DataFrame, dict[str, int]]:
     """The rows a chart shows: each series downsampled to at most ``budget`` points.
 
     With a zoomed ``domain`` (``(low, high)`` steps), three quarters of the

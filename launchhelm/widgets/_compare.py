@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypedDict, TypeVar
 
 import traitlets
 
@@ -64,6 +64,37 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
+
+class _XAxisChange(TypedDict):
+    """What traitlets hands an observer of ``x_axis``."""
+
+    name: Literal["x_axis"]
+    old: str
+    new: str
+    owner: object
+    type: str
+
+
+class _SmoothChange(TypedDict):
+    """... of ``smooth``."""
+
+    name: Literal["smooth"]
+    old: bool
+    new: bool
+    owner: object
+    type: str
+
+
+class _SmoothingChange(TypedDict):
+    """... of ``smoothing``."""
+
+    name: Literal["smoothing"]
+    old: float
+    new: float
+    owner: object
+    type: str
+
+
 __all__ = [
     "CompareChart",
     "build_compare_spec",
@@ -75,7 +106,7 @@ __all__ = [
 ]
 
 
-class CompareChart(LiveWidget):
+class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
     """Runs side by side: one panel per metric, a line per run, each run's rewinds marked.
 
     The legend names runs by name; each run keeps its colour whatever else
@@ -409,7 +440,7 @@ class CompareChart(LiveWidget):
         self._last_snapshot, self._last_basis = snapshot, self._basis()
         return [snapshot]
 
-    def _on_view_option(self, change: Any) -> None:
+    def _on_view_option(self, change: _XAxisChange | _SmoothChange | _SmoothingChange) -> None:
         if change["name"] == "x_axis" and change["new"] not in X_AXES:
             self.x_axis = change["old"]
             self.error = f"x axis {change['new']!r}: use 'step', 'time' or 'relative'"

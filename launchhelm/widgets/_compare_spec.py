@@ -9,10 +9,11 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm._types import Rewind
+from launchhelm._types import JSONValue, Rewind
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._messages import (
     CompareColumns,
+    ShownRun,
     VegaLiteSpec,
 )
 
@@ -277,7 +278,7 @@ def rewind_rows(run_id: str, rewinds: Sequence[Rewind], history: pd.DataFrame | 
 
 def build_compare_spec(
     keys: Sequence[str],
-    runs: Sequence[Mapping[str, object]],
+    runs: Sequence[ShownRun],
     *,
     x: str = "step",
     smoothed: bool = False,
@@ -311,7 +312,7 @@ def build_compare_spec(
     config["axis"] = {"labelFont": "sans-serif", "titleFont": "sans-serif"}
     # full-strength swatches whichever layer the legend is drawn from (the raw layer is faint)
     config["legend"] = {"labelFont": "sans-serif", "titleFont": "sans-serif", "orient": "top", "symbolOpacity": 1}
-    color = {
+    color: VegaLiteSpec = {
         "field": "label",
         "type": "nominal",
         "title": "run",
@@ -330,17 +331,17 @@ def build_compare_spec(
         x_enc = {"field": "time", "title": "wall time", "type": "temporal"}
         rule_x = {"field": "time", "title": "wall time", "type": "temporal"}
         rule_filter = "isValid(datum.time)"
-    panels = []
+    panels: list[JSONValue] = []
     for i, key in enumerate(keys):
-        y = {
+        y: VegaLiteSpec = {
             "axis": {"format": "~g", "labelLimit": 160, "minExtent": 56},
             "field": "value",
             "scale": {"zero": False},
             "title": key,
             "type": "quantitative",
         }
-        of_key = {"filter": {"equal": key, "field": "key"}}
-        layers: list[VegaLiteSpec] = []
+        of_key: VegaLiteSpec = {"filter": {"equal": key, "field": "key"}}
+        layers: list[JSONValue] = []
         if smoothed:
             layers.append(
                 {

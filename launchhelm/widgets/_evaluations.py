@@ -81,7 +81,7 @@ def evaluation_rows(handles: Iterable[RunHandle]) -> list[EvaluationRow]:
     return rows
 
 
-class EvaluationTable(LiveWidget):
+class EvaluationTable(LiveWidget[tuple[Api, RunHandle | None, str]]):
     """Each checkpoint's evaluation: state, worker and lease, scores or error, attempts.
 
     "Try again" retries a failed evaluation, "Evaluate this checkpoint"

@@ -13,7 +13,7 @@ widget acts on it: anything else on the comm is dropped.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Final, Literal, TypedDict, TypeVar, cast
+from typing import TYPE_CHECKING, Final, Literal, TypedDict, TypeVar, cast
 
 import traitlets
 
@@ -40,7 +40,7 @@ __all__ = [
 #: A value as JSON carries it (config and tunable values, diff cells).
 Json: TypeAlias = JSONValue
 #: A Vega-Lite spec, built in the kernel (``build_spec``), embedded by the front end.
-VegaLiteSpec: TypeAlias = dict[str, Any]
+VegaLiteSpec: TypeAlias = dict[str, JSONValue]
 
 # -- message types, spelled once (the Literal and its value are checked together by mypy) --------
 Ready = Literal["ready"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import html
 from collections.abc import Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import ipywidgets
 
@@ -23,13 +23,16 @@ from launchhelm.widgets._details import RunDetails, RunLogs
 from launchhelm.widgets._evaluations import EvaluationTable
 from launchhelm.widgets._picker import ResumePicker
 
+if TYPE_CHECKING:
+    from marimo import Html
+
 __all__ = ["TAB_TITLES", "RunPanel"]
 
 #: The panel's tabs, in order.
 TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details", "Logs")
 
 
-class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
+class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignore[misc]
     """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details, Logs.
 
     Showing the same run again (re-running the cell) shows the same panel:
@@ -99,7 +102,7 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"<launchhelm.widgets.RunPanel {self._handle.project}/{self._handle.id}>"
 
-    def _display_(self) -> Any:
+    def _display_(self) -> Html:
         """How marimo shows the panel (it draws anywidgets, not ipywidgets' Tab): header and tabs, each live."""
         import marimo as mo
 
@@ -107,10 +110,10 @@ class RunPanel(Reusable, ipywidgets.VBox):  # type: ignore[misc]
         tabs = dict(zip(TAB_TITLES, shown, strict=True))
         return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
 
-    def _repr_mimebundle_(self, **kwargs: object) -> Any:
+    def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object] | None:
         from launchhelm.widgets._static import split_fallback
 
-        data = super()._repr_mimebundle_(**kwargs)
+        data: dict[str, object] | None = super()._repr_mimebundle_(**kwargs)  # ipywidgets': a dict or None
         if not isinstance(data, dict):
             return data
         children = (self.chart, self.picker, self.evaluations, self.details, self.logs)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Hashable, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 import ipywidgets
 import traitlets
@@ -43,10 +43,23 @@ from launchhelm.widgets._compare import CompareChart
 from launchhelm.widgets._messages import RunsTableState, TableColumn, TableRow, synced_dict
 from launchhelm.widgets._static import table_html
 
+if TYPE_CHECKING:
+    from marimo import Html
+
 __all__ = ["RunsTable", "RunsTableView"]
 
 
-class RunsTableView(LiveWidget):
+class _SelectionChange(TypedDict):
+    """What traitlets hands an observer of ``selected``."""
+
+    name: str
+    old: list[str]
+    new: list[str]
+    owner: object
+    type: str
+
+
+class RunsTableView(LiveWidget[tuple[Api, str]]):
     """The table part of :class:`RunsTable` (the anywidget); its traits are what the person chose."""
 
     state = synced_dict(RunsTableState)
@@ -108,7 +121,7 @@ class RunsTableView(LiveWidget):
                 self.state = state
 
 
-class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
+class RunsTable(Reusable[Api], ipywidgets.VBox):  # type: ignore[misc]
     """A project's runs as a live table; tick runs to compare them below it.
 
     Columns: name, status (with its sentence on hover), furthest step,
@@ -186,13 +199,13 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
     def __repr__(self) -> str:
         return f"<launchhelm.widgets.RunsTable {self.project}>"
 
-    def _display_(self) -> Any:
+    def _display_(self) -> Html:
         """How marimo shows it (it draws anywidgets, not ipywidgets' VBox): the table above the comparison."""
         import marimo as mo
 
         return mo.vstack([self.table, self.compare])
 
-    def _on_selection(self, change: Any) -> None:
+    def _on_selection(self, change: _SelectionChange) -> None:
         try:
             self.compare.set_runs(list(change["new"]))
         except Exception as exc:  # shown in the table: a tick must never kill the comm
@@ -277,8 +290,8 @@ class RunsTable(Reusable, ipywidgets.VBox):  # type: ignore[misc]
             parts.extend(self.compare.static_mimebundle().values())
         return "<div class='launchhelm-static-runs'>" + "".join(parts) + "</div>"
 
-    def _repr_mimebundle_(self, **kwargs: object) -> Any:
-        data = super()._repr_mimebundle_(**kwargs)
+    def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object] | None:
+        data: dict[str, object] | None = super()._repr_mimebundle_(**kwargs)  # ipywidgets': a dict or None
         if not isinstance(data, dict):
             return data
         try:

@@ -130,7 +130,7 @@ def chart_svg(spec: VegaLiteSpec, points: ChartColumns, rewinds: list[ChartRewin
         import vl_convert
     except ImportError:
         return None
-    static = copy.deepcopy(spec)
+    static: dict[str, object] = dict(copy.deepcopy(spec))
     keys = points.get("keys", [])
     rows = [
         {"key": keys[k], "step": s, "value": v, "attempt": a, "abandoned": d}
@@ -147,7 +147,9 @@ def chart_svg(spec: VegaLiteSpec, points: ChartColumns, rewinds: list[ChartRewin
         row["time"] = t  # the wall-time panels' x (ms), when there are any
     static["datasets"] = {"points": rows, "rewinds": rewinds}
     # the zoom binds scales to the mouse: nothing to bind in a picture
-    static["params"] = [p for p in static.get("params", []) if p.get("name") != "zoom"]
+    params = static.get("params", [])
+    if isinstance(params, list):
+        static["params"] = [p for p in params if not (isinstance(p, dict) and p.get("name") == "zoom")]
     try:
         svg: str = vl_convert.vegalite_to_svg(static)
     except Exception:  # a picture is a nicety: never fail a display for it

@@ -392,3 +392,25 @@ def test_finish_while_the_store_never_answers_gives_up_in_bounded_time_and_recov
     assert recovered.returncode == 0, recovered.stderr[-3000:]
     opened = lh.storage.open_store(store, {"client_kwargs": {"endpoint_url": moto_endpoint}})
     assert lh.Api(opened).run(run_id).history()["x"].tolist() == [float(s) for s in range(int(steps))]
+
+
+def test_a_request_the_outage_swallowed_failing_after_it_ended_is_not_a_new_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # a blackhole keeps the requests it swallowed silent after the store is back: when they time out,
+    # the user must not read of a second outage
+    run = lh.init("outages", store=str(tmp_path), system_metrics=False, capture_console=False)
+    try:
+        with caplog.at_level("WARNING", logger="launchhelm"):
+            sent = time.time()
+            run._store_failed(lh.StoreUnreachableError("timed out"), since=sent)
+            run._store_answered()
+            run._store_failed(lh.StoreUnreachableError("timed out late"), since=sent)  # sent during the outage
+            run._store_failed(lh.StoreUnreachableError("timed out late"))  # when sent unknown: within the budget
+            said = [r.getMessage() for r in caplog.records]
+            assert [("not answering" in m, "answers again" in m) for m in said] == [(True, False), (False, True)]
+            run._store_failed(lh.StoreUnreachableError("down again"), since=time.time() + 0.001)  # a new one
+            assert "not answering" in caplog.records[-1].getMessage() and len(caplog.records) == 3
+    finally:
+        run._store_answered()
+        run.finish()

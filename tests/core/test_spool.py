@@ -6,6 +6,7 @@ points, and the rewind after it says the run reached less far than it did.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
@@ -20,6 +21,7 @@ from lhtest import child_env
 
 import launchhelm as lh
 from launchhelm.metrics._spool import spool_root
+from launchhelm.storage._keys import row_marker_key, run_record_key
 
 _TIGHT_LOOP = textwrap.dedent(
     """
@@ -100,9 +102,14 @@ def test_a_clean_finish_leaves_no_spool_and_the_cli_recovers_a_killed_one(
     env = child_env(LAUNCHHELM_SPOOL=str(spool))
     run_id, printed = _kill_mid_loop(store, 3600.0, random.Random(1), env)
     exe = Path(sys.executable).with_name("launchhelm")
+    project = json.loads((Path(store) / run_record_key(run_id)).read_bytes())["project"]
+    marker = Path(store) / row_marker_key(project, run_id)
+    before = marker.read_bytes()
     out = subprocess.run([str(exe), "--store", store, "recover"], capture_output=True, text=True, env=env, timeout=120)
     assert out.returncode == 0, out.stderr
     assert f"run {run_id}: recovered" in out.stdout
+    # the run changed without a session: its row marker says so, so cached rows are read afresh
+    assert json.loads(marker.read_bytes())["state"] == "recovered" != json.loads(before)["state"]
     recovered = int(out.stdout.split(f"run {run_id}: recovered ", 1)[1].split()[0])
     assert recovered >= 2 * printed - 2 * 500  # both keys of every step since the last print at least
     assert not (spool / run_id).exists()
