@@ -74,7 +74,7 @@ def find_checkpoint(state: RunState, run_id: str, which: str) -> tuple[Checkpoin
         if event is None:
             return None, False
         return event, which == "resume" and state.resume_choice == event["checkpoint"]
-    event = state.checkpoint_event(which)
+    event = state.checkpoint(which)
     if event is None:
         known = [str(e["checkpoint"]) for e in state.checkpoints[-3:]]
         hint = f" (its newest: {', '.join(known)})" if known else ""

@@ -271,7 +271,7 @@ class RunHandle:
         self._store.require_coordination("choosing a checkpoint for resume")
         while True:
             state = self._state()
-            if state.checkpoint_event(checkpoint_id) is None:
+            if state.checkpoint(checkpoint_id) is None:
                 known = ", ".join(e["checkpoint"] for e in state.checkpoints[-5:]) or "none yet"
                 raise CheckpointError(
                     f"run {self.id} has no checkpoint {checkpoint_id!r} (its latest: {known}); "

@@ -410,16 +410,12 @@ class RunState:
     applied: list[ControlAppliedEvent] = field(default_factory=list)
     last_seq: int = 0
 
-    def checkpoint_event(self, checkpoint_id: str) -> CheckpointEvent | None:
+    def checkpoint(self, checkpoint_id: str) -> CheckpointEvent | None:
         """The published checkpoint with that id, if any."""
         for event in self.checkpoints:
             if event["checkpoint"] == checkpoint_id:
                 return event
         return None
-
-    def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
-        """:meth:`checkpoint_event` as a plain dict: the untyped door for callers that still hold one."""
-        return cast("dict[str, Any] | None", self.checkpoint_event(checkpoint_id))
 
     @property
     def latest_checkpoint(self) -> CheckpointEvent | None:
@@ -430,7 +426,7 @@ class RunState:
     def resume_checkpoint(self) -> CheckpointEvent | None:
         """What ``"resume"`` restores: the chosen checkpoint, else the newest."""
         if self.resume_choice is not None:
-            chosen = self.checkpoint_event(self.resume_choice)
+            chosen = self.checkpoint(self.resume_choice)
             if chosen is not None:
                 return chosen
         return self.latest_checkpoint
