@@ -278,7 +278,7 @@ def runs_case(port: int, proxy: RequestCounter, count: int, history: bool) -> No
 
 def project_history_case(proxy: RequestCounter, proxied: Store, count: int) -> None:
     """``Api.history(project)`` of settled runs: run by run (the baseline), then from the project dataset."""
-    from launchhelm._api import _project_frame, _publish, read_project
+    from launchhelm._api._project import _project_frame, _publish, read_project
     from launchhelm.metrics._project import ProjectReader, list_project
 
     listing = list_project(proxied, "bench-runs")

@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
 from launchhelm.runlog._events import (
@@ -192,13 +192,8 @@ def _protections(
             why.setdefault(checkpoint, "its evaluation is queued or running")
         elif not include_evaluated:
             why.setdefault(checkpoint, f"it has a {evaluation} evaluation (--include-evaluated deletes it)")
-    doomed = [_checkpoint_event(e) for e in live if e["checkpoint"] not in why]
+    doomed = [e for e in live if e["checkpoint"] not in why]
     return doomed, why
-
-
-def _checkpoint_event(event: Mapping[str, object]) -> CheckpointEvent:
-    # the run log hands checkpoint events out as plain dicts (RunState.checkpoints)
-    return cast("CheckpointEvent", event)
 
 
 class _Collector:
@@ -234,7 +229,7 @@ class _Collector:
         log = EventLog(self.store, run_id)
         events = log.read()
         state = fold(events)
-        published = {e["checkpoint"] for e in events if e.get("type") == CHECKPOINT}
+        published = {e["checkpoint"] for e in events if e["type"] == CHECKPOINT}
         deleted = {d["checkpoint"] for d in state.deleted_checkpoints}
         live = {e["checkpoint"] for e in state.checkpoints}
         base = artifacts_prefix(run_id)

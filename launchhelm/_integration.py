@@ -16,13 +16,14 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm._run import Run
-from launchhelm._types import Rewind
+from launchhelm._types import JSONValue, Rewind
 from launchhelm.runlog._checkpoints import DIRECTORY_FORMAT
 from launchhelm.runlog._events import RunState
+from launchhelm.runlog._records import CheckpointEvent
 from launchhelm.storage import Store
 from launchhelm.storage._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 
@@ -58,7 +59,7 @@ def check_arguments(owner: str, project: object, run: object, config: object, re
         raise InvalidTypeError(f"resume={resume!r}: pass the run id string (run.id)")
 
 
-def find_checkpoint(state: RunState, run_id: str, which: str) -> tuple[dict[str, Any] | None, bool]:
+def find_checkpoint(state: RunState, run_id: str, which: str) -> tuple[CheckpointEvent | None, bool]:
     """The checkpoint event ``which`` names, and whether restoring it consumes the resume choice.
 
     ``"latest"``: the newest; ``"resume"``: the one chosen with
@@ -85,7 +86,7 @@ def find_checkpoint(state: RunState, run_id: str, which: str) -> tuple[dict[str,
     return event, False
 
 
-def download_checkpoint(store: Store, run_id: str, event: Mapping[str, Any], directory: Path) -> Path:
+def download_checkpoint(store: Store, run_id: str, event: CheckpointEvent, directory: Path) -> Path:
     """Fetch a published checkpoint's files into ``directory/<checkpoint id>``, each verified; return its path.
 
     The folder for a folder checkpoint, the file for a single-file one.
@@ -148,10 +149,10 @@ def record_restore(run: Run, step: int, pending: PendingRestore | None, cause: s
     return rewind
 
 
-def plain_config(values: Mapping[str, Any]) -> dict[str, Any]:
+def plain_config(values: Mapping[str, object]) -> dict[str, JSONValue]:
     """``values`` as plain JSON config: numbers, strings, bools, None, lists and dicts; anything else as ``str``."""
 
-    def plain(value: Any) -> Any:
+    def plain(value: object) -> JSONValue:
         if value is None or isinstance(value, (bool, str)):
             return value
         if isinstance(value, int):
@@ -163,14 +164,14 @@ def plain_config(values: Mapping[str, Any]) -> dict[str, Any]:
         if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, os.PathLike):
-            return os.fspath(value)
+            return cast("str", os.fspath(value))  # a str path (a bytes one fails json.dumps below, as before)
         item = getattr(value, "item", None)  # numpy and torch scalars
         if callable(item):
             try:
                 return plain(item())
             except (TypeError, ValueError, RuntimeError):
                 pass
-        enum_value = getattr(value, "value", None)
+        enum_value: object = getattr(value, "value", None)
         if isinstance(enum_value, (str, int, float, bool)):
             return enum_value
         return str(value)

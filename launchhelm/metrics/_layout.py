@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypedDict
 
 from launchhelm._exceptions import LaunchHelmError
 from launchhelm.storage import Store
@@ -45,6 +45,17 @@ class ChunkRef:
     size: int = field(default=0, compare=False)
 
 
+class SegmentRecord(TypedDict):
+    """A segment as a manifest names it (``SegmentRef`` in JSON)."""
+
+    key: str
+    level: int
+    rows: int
+    bytes: int
+    first_step: int
+    last_step: int
+
+
 @dataclass(frozen=True)
 class SegmentRef:
     key: str  # relative to the metrics prefix, "segments/L0-....parquet"
@@ -54,7 +65,7 @@ class SegmentRef:
     first_step: int
     last_step: int
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SegmentRecord:
         return {
             "key": self.key,
             "level": self.level,
@@ -65,7 +76,7 @@ class SegmentRef:
         }
 
     @classmethod
-    def from_json(cls, raw: dict[str, Any]) -> SegmentRef:
+    def from_json(cls, raw: SegmentRecord) -> SegmentRef:
         return cls(
             str(raw["key"]),
             int(raw["level"]),

@@ -32,9 +32,9 @@ import io
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict
 
 from launchhelm._exceptions import AlreadyExistsError, LaunchHelmError, StorageError
 from launchhelm.metrics._compact import compaction_grace
@@ -56,7 +56,15 @@ from launchhelm.storage._keys import (
 )
 
 if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    import numpy as np
+    import numpy.typing as npt
+    import pandas as pd
     import pyarrow as pa
+
+    #: One run's rows as a segment holds them: its id, its points (the five columns), and which are abandoned.
+    _Part: TypeAlias = tuple[str, pa.Table, npt.NDArray[np.bool_]]
 
 __all__ = [
     "BUILD_AFTER",
@@ -87,6 +95,31 @@ class DamagedGenerationError(LaunchHelmError, ValueError):
     """A project dataset manifest that does not parse, or of a format this version does not read."""
 
 
+class SettledRewind(TypedDict):
+    """A rewind as a generation records it: :class:`launchhelm.Rewind`'s fields."""
+
+    to_step: int
+    reached: int
+    cause: str
+    checkpoint: str | None
+    attempt: int
+
+
+class SettledRunRecord(TypedDict):
+    """A :class:`SettledRun` as a generation's manifest stores it (under ``runs``, keyed by run id)."""
+
+    segment: str
+    offset: int
+    rows: int
+    marker: str
+    evals: list[str]
+    name: str
+    created: float
+    status: str
+    sessions: int
+    rewinds: list[SettledRewind]
+
+
 @dataclass(frozen=True)
 class SettledRun:
     """What a generation records of one run: where its rows are, and what they were read under."""
@@ -101,9 +134,9 @@ class SettledRun:
     created: float
     status: str
     sessions: int
-    rewinds: tuple[dict[str, Any], ...]  # to_step, reached, cause, checkpoint, attempt
+    rewinds: tuple[SettledRewind, ...]
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> SettledRunRecord:
         return {
             "segment": self.segment,
             "offset": self.offset,
@@ -114,11 +147,11 @@ class SettledRun:
             "created": self.created,
             "status": self.status,
             "sessions": self.sessions,
-            "rewinds": [dict(r) for r in self.rewinds],
+            "rewinds": [r.copy() for r in self.rewinds],
         }
 
     @classmethod
-    def from_json(cls, run_id: str, raw: Mapping[str, Any]) -> SettledRun:
+    def from_json(cls, run_id: str, raw: SettledRunRecord) -> SettledRun:
         return cls(
             run_id=run_id,
             segment=str(raw["segment"]),
@@ -131,13 +164,13 @@ class SettledRun:
             status=str(raw["status"]),
             sessions=int(raw["sessions"]),
             rewinds=tuple(
-                {
-                    "to_step": int(r["to_step"]),
-                    "reached": int(r["reached"]),
-                    "cause": str(r["cause"]),
-                    "checkpoint": r.get("checkpoint"),
-                    "attempt": int(r["attempt"]),
-                }
+                SettledRewind(
+                    to_step=int(r["to_step"]),
+                    reached=int(r["reached"]),
+                    cause=str(r["cause"]),
+                    checkpoint=r.get("checkpoint"),
+                    attempt=int(r["attempt"]),
+                )
                 for r in raw["rewinds"]
             ),
         )
@@ -197,27 +230,21 @@ class ProjectListing:
         return max(self.generations, default=0)
 
 
-def _parallel(calls: Sequence[Callable[[], Any]]) -> list[Any]:
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=len(calls)) as pool:
-        return list(pool.map(lambda call: call(), calls))
-
-
 def list_project(store: Store, project: str) -> ProjectListing:
     """The project's runs, row markers, logged evaluations and dataset: four listings, concurrently.
 
     Each is one request per 1,000 objects; the evaluations' grows with the
     evaluations kept, not with the runs.
     """
-    runs, table, evaluations, history = _parallel(
-        [
-            lambda: store.list(project_runs_prefix(project)),
-            lambda: store.list_info(table_prefix(project)),
-            lambda: store.list(evaluations_prefix(project)),
-            lambda: store.list_info(project_history_prefix(project)),
-        ]
-    )
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        listed_runs = pool.submit(store.list, project_runs_prefix(project))
+        listed_table = pool.submit(store.list_info, table_prefix(project))
+        listed_evaluations = pool.submit(store.list, evaluations_prefix(project))
+        listed_history = pool.submit(store.list_info, project_history_prefix(project))
+        runs, table = listed_runs.result(), listed_table.result()
+        evaluations, history = listed_evaluations.result(), listed_history.result()
     markers: dict[str, str | None] = {}
     for info in table:
         run_id = parse_row_marker_name(info.key)
@@ -346,10 +373,10 @@ class ReadRun:
 
     entry: SettledRun  # segment, offset and rows are filled in by :func:`publish`
     points: pa.Table  # the five columns, in arrival order
-    abandoned: Any  # a boolean numpy array, one per point
+    abandoned: npt.NDArray[np.bool_]  # one per point
 
 
-def _segment_bytes(parts: list[tuple[str, pa.Table, Any]]) -> bytes:
+def _segment_bytes(parts: list[_Part]) -> bytes:
     """Runs' rows, each run's together: the five columns plus ``run`` and ``abandoned``."""
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -370,9 +397,9 @@ def _segment_bytes(parts: list[tuple[str, pa.Table, Any]]) -> bytes:
     return sink.getvalue()
 
 
-def _groups(parts: list[tuple[str, pa.Table, Any]]) -> list[list[tuple[str, pa.Table, Any]]]:
+def _groups(parts: list[_Part]) -> list[list[_Part]]:
     """Runs in segments of at most :data:`SEGMENT_ROWS` rows (a bigger run alone)."""
-    groups: list[list[tuple[str, pa.Table, Any]]] = []
+    groups: list[list[_Part]] = []
     rows = 0
     for part in parts:
         if not groups or (rows + part[1].num_rows > SEGMENT_ROWS and groups[-1]):
@@ -417,7 +444,7 @@ def publish(
         if moved:
             reader.read(listing, [e.run_id for e in moved])  # fetch their segments if not read yet
         tables = reader.tables()
-        parts: list[tuple[str, pa.Table, Any]] = []
+        parts: list[_Part] = []
         entries: dict[str, SettledRun] = {r: e for r, e in kept_entries.items() if e.segment in whole}
         meta: dict[str, SettledRun] = {}
         for entry in moved:
@@ -536,7 +563,7 @@ def project_frame(
     parts: Sequence[tuple[str, pa.Table, Sequence[tuple[int, int]]]],
     keys: Sequence[str] | str | None = None,
     duplicates: str = "all",
-) -> Any:
+) -> pd.DataFrame | None:
     """Many runs' history frames as one, the ``run`` column first: ``Api.history``'s answer.
 
     ``parts``: per run, in the order wanted, its id, its points (arrival
@@ -604,7 +631,7 @@ def project_frame(
                     columns.setdefault(c, None)
 
     # rows: (run, step, attempt) or (run, step), sorted
-    ks: tuple[Any, ...]
+    ks: tuple[npt.NDArray[np.int64], ...]
     if duplicates == "all":
         by = np.lexsort((attempt, step, run))
         ks = (run[by], step[by], attempt[by])
@@ -645,7 +672,7 @@ def project_frame(
                 abandoned[lo:hi] |= (row_attempt[lo:hi] < rewind_attempt) & (row_step[lo:hi] > to_step)
 
     ids = np.array([run_id for run_id, _, _ in parts], dtype=object)
-    data: dict[str, Any] = {
+    data: dict[str, object] = {
         "run": ids[row_run],
         "step": row_step.astype(np.int64),
         "attempt": row_attempt.astype(np.int64),
@@ -654,4 +681,5 @@ def project_frame(
     }
     for c in columns:
         data[names[c]] = grid[:, c]
-    return pd.DataFrame(data)
+    frame: pd.DataFrame = pd.DataFrame(data)
+    return frame

@@ -23,7 +23,15 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    import pandas as pd
+    import psutil
+    import pyarrow as pa
 
 __all__ = [
     "DEFAULT_SYSTEM_INTERVAL",
@@ -79,8 +87,8 @@ class SystemSampler:
         world = os.environ.get("WORLD_SIZE", "")
         if world.isdigit() and int(world) > 1:
             self._prefix = f"{SYSTEM_PREFIX}rank{os.environ.get('RANK', '0')}/"
-        self._process: Any = None
-        self._psutil: Any = None
+        self._process: psutil.Process | None = None
+        self._psutil: ModuleType | None = None
         try:
             import psutil
 
@@ -89,8 +97,8 @@ class SystemSampler:
             self._process.cpu_percent(None)  # the first call only starts the interval
         except Exception as exc:  # no psutil: no CPU, memory, disk or network keys
             _log.debug("system metrics without psutil: %s", exc)
-        self._nvml: Any = None
-        self._gpus: list[Any] = []
+        self._nvml: ModuleType | None = None
+        self._gpus: list[object] = []  # NVML device handles
         try:
             import pynvml
 
@@ -103,11 +111,11 @@ class SystemSampler:
     def sample(self) -> dict[str, float]:
         out: dict[str, float] = {}
         p = self._prefix
-        ps = self._psutil
-        if ps is not None:
+        ps, process = self._psutil, self._process
+        if ps is not None and process is not None:
             try:
-                out[f"{p}cpu_percent"] = float(self._process.cpu_percent(None))
-                out[f"{p}memory_rss_bytes"] = float(self._process.memory_info().rss)
+                out[f"{p}cpu_percent"] = float(process.cpu_percent(None))
+                out[f"{p}memory_rss_bytes"] = float(process.memory_info().rss)
                 out[f"{p}memory_percent"] = float(ps.virtual_memory().percent)
                 disk = ps.disk_io_counters()
                 if disk is not None:
@@ -120,6 +128,8 @@ class SystemSampler:
             except Exception as exc:  # a container without /proc/diskstats...: keep what was read
                 _log.debug("system metrics: %s", exc)
         nv = self._nvml
+        if nv is None:
+            return out
         for i, handle in enumerate(self._gpus):
             g = f"{p}gpu{i}/"
             try:
@@ -132,13 +142,13 @@ class SystemSampler:
         return out
 
 
-def _is_system(table: Any) -> Any:
+def _is_system(table: pa.Table) -> pa.ChunkedArray:
     import pyarrow.compute as pc
 
     return pc.starts_with(table.column("key"), SYSTEM_PREFIX)
 
 
-def default_points(table: Any) -> Any:
+def default_points(table: pa.Table) -> pa.Table:
     """The run's own points: everything but ``system/``."""
     import pyarrow.compute as pc
 
@@ -147,7 +157,7 @@ def default_points(table: Any) -> Any:
     return table.filter(pc.invert(_is_system(table)))
 
 
-def system_frame(table: Any, keys: Any = None) -> Any:
+def system_frame(table: pa.Table, keys: Sequence[str] | str | None = None) -> pd.DataFrame:
     """System samples as a frame by wall time: ``time`` (UTC), ``step``, then one column per key."""
     import pandas as pd
 
@@ -157,14 +167,16 @@ def system_frame(table: Any, keys: Any = None) -> Any:
         wanted = [keys] if isinstance(keys, str) else list(keys)
         frame = frame[frame["key"].isin(wanted)]
     if frame.empty:
-        empty: Any = pd.DataFrame(
+        empty: pd.DataFrame = pd.DataFrame(
             {"time": pd.Series([], dtype="datetime64[ns, UTC]"), "step": pd.Series([], dtype="int64")}
         )
         return empty
     wide = frame.pivot_table(index="time", columns="key", values="value", aggfunc="last")
     steps = frame.groupby("time")["step"].max()
     order = list(dict.fromkeys(frame["key"]))
-    out = pd.DataFrame({"time": pd.to_datetime(wide.index.to_numpy(), unit="s", utc=True), "step": steps.to_numpy()})
+    out: pd.DataFrame = pd.DataFrame(
+        {"time": pd.to_datetime(wide.index.to_numpy(), unit="s", utc=True), "step": steps.to_numpy()}
+    )
     for key in order:
         out[key] = wide[key].to_numpy()
     return out

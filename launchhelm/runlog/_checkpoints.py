@@ -238,7 +238,7 @@ def upload_path(store: Store, prefix: str, path: Path) -> tuple[str, list[dict[s
     return DIRECTORY_FORMAT, files, manifest.hexdigests(), sum(f["size"] for f in files)
 
 
-def checkpoint_record(run_id: str, state: RunState, stored: Mapping[str, Any], reached: int) -> Checkpoint:
+def checkpoint_record(run_id: str, state: RunState, stored: Mapping[str, object], reached: int) -> Checkpoint:
     """The public view of a ``checkpoint`` event."""
     event = cast("CheckpointEvent", stored)
     step = int(event["step"])

@@ -22,11 +22,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from typing import cast
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, TunableNotFoundError
 from launchhelm.runlog._events import RunState
-from launchhelm.runlog._records import ControlAppliedEvent, Json
+from launchhelm.runlog._records import Json
 
 __all__ = ["ACTIONS", "check_plain", "check_tunable_changes", "in_force"]
 
@@ -113,5 +112,5 @@ def in_force(initial: Mapping[str, Json], state: RunState) -> tuple[dict[str, Js
     """``(tunables, control_seq, paused)`` the last training process had applied."""
     if not state.applied:
         return dict(initial), 0, False
-    last = cast("ControlAppliedEvent", state.applied[-1])
+    last = state.applied[-1]
     return dict(last.get("tunables") or initial), int(last.get("control_seq") or 0), bool(last.get("paused"))

@@ -50,6 +50,11 @@ from launchhelm.runlog._records import (
     SESSION_ENDED,
     SESSION_STARTED,
     CheckpointDeletedEvent,
+    CheckpointEvent,
+    ControlActionEvent,
+    ControlAppliedEvent,
+    ControlEvent,
+    ControlTunablesEvent,
     DamagedEvent,
     Event,
     RewindEvent,
@@ -65,7 +70,15 @@ from launchhelm.storage._keys import (
 )
 
 #: An event type RunState keeps a copy of.
-HeldT = TypeVar("HeldT", RewindEvent, CheckpointDeletedEvent)
+HeldT = TypeVar(
+    "HeldT",
+    RewindEvent,
+    CheckpointEvent,
+    CheckpointDeletedEvent,
+    ControlTunablesEvent,
+    ControlActionEvent,
+    ControlAppliedEvent,
+)
 
 __all__ = [
     "CHECKPOINT",
@@ -217,12 +230,12 @@ class EventLog:
             self._fetch(range(seq + 1, self._top + 1))
             return [self._events[s] for s in range(seq + 1, self._top + 1)]
 
-    # The untyped doors for callers outside the run log (``Run``, ``Api``, gc, the evaluation queue), which
-    # hold events as plain dicts: the same lists as :meth:`events` and :meth:`events_since`.
-    def read(self) -> list[dict[str, Any]]:
-        """All events, oldest first, as plain dicts (see :meth:`events`)."""
-        return cast("list[dict[str, Any]]", self.events())
+    def read(self) -> list[Event]:
+        """All events, oldest first (the same list as :meth:`events`)."""
+        return self.events()
 
+    # The untyped doors for callers outside the run log that hold events as plain dicts (``Run``, ``init``,
+    # the importers): the same events as :meth:`events_since` and :meth:`append_event`.
     def since(self, seq: int) -> list[dict[str, Any]]:
         """The events after ``seq``, oldest first, as plain dicts (see :meth:`events_since`)."""
         return cast("list[dict[str, Any]]", self.events_since(seq))
@@ -318,7 +331,7 @@ class EventLog:
             self.on_append(cast("dict[str, Any]", event))
         return event
 
-    def append(self, type_: str, payload: Mapping[str, Any], *, expect_seq: int | None = None) -> dict[str, Any]:
+    def append(self, type_: str, payload: Mapping[str, object], *, expect_seq: int | None = None) -> dict[str, Any]:
         """:meth:`append_event`, the event returned as a plain dict (the untyped door, as :meth:`read`)."""
         return cast("dict[str, Any]", self.append_event(type_, payload, expect_seq=expect_seq))
 
@@ -379,13 +392,10 @@ class RunState:
     sessions: list[SessionRecord] = field(default_factory=list)
     closed: bool = False
     closed_at: float | None = None
-    # The events below are the ``_records`` types named in each comment. Checkpoints and control
-    # events are held as plain dicts because code outside the run log (Api, launchhelm.torch) reads
-    # them as such.
     #: ``rewind`` events (:class:`_records.RewindEvent`)
     rewinds: list[RewindEvent] = field(default_factory=list)
     #: ``checkpoint`` events still published (:class:`_records.CheckpointEvent`)
-    checkpoints: list[dict[str, Any]] = field(default_factory=list)
+    checkpoints: list[CheckpointEvent] = field(default_factory=list)
     #: ``checkpoint_deleted`` events: checkpoints gc removed (no longer in ``checkpoints``;
     #: :class:`_records.CheckpointDeletedEvent`)
     deleted_checkpoints: list[CheckpointDeletedEvent] = field(default_factory=list)
@@ -395,24 +405,25 @@ class RunState:
     #: pause or resume (stop and checkpoint requests change no saved setting)
     last_control_seq: int = 0
     #: control requests (tunables and actions), oldest first
-    controls: list[dict[str, Any]] = field(default_factory=list)  # _records.ControlEvent
+    controls: list[ControlEvent] = field(default_factory=list)
     #: what training processes applied, oldest first (:class:`_records.ControlAppliedEvent`)
-    applied: list[dict[str, Any]] = field(default_factory=list)
+    applied: list[ControlAppliedEvent] = field(default_factory=list)
     last_seq: int = 0
 
-    def checkpoint(self, checkpoint_id: str) -> dict[str, Any] | None:
+    def checkpoint(self, checkpoint_id: str) -> CheckpointEvent | None:
+        """The published checkpoint with that id, if any."""
         for event in self.checkpoints:
             if event["checkpoint"] == checkpoint_id:
                 return event
         return None
 
     @property
-    def latest_checkpoint(self) -> dict[str, Any] | None:
+    def latest_checkpoint(self) -> CheckpointEvent | None:
         """The newest published checkpoint: what ``"latest"`` restores."""
         return self.checkpoints[-1] if self.checkpoints else None
 
     @property
-    def resume_checkpoint(self) -> dict[str, Any] | None:
+    def resume_checkpoint(self) -> CheckpointEvent | None:
         """What ``"resume"`` restores: the chosen checkpoint, else the newest."""
         if self.resume_choice is not None:
             chosen = self.checkpoint(self.resume_choice)
@@ -425,7 +436,7 @@ class RunState:
         """Sequence number of the newest request a training process applied (0: none)."""
         return max((int(e.get("request") or 0) for e in self.applied), default=0)
 
-    def pending_controls(self) -> list[dict[str, Any]]:
+    def pending_controls(self) -> list[ControlEvent]:
         """Requests not applied yet, in order.
 
         Actions (pause, stop...) are aimed at a live session: one asked for
@@ -455,11 +466,6 @@ class RunState:
 def _held(event: HeldT) -> HeldT:
     """A copy of ``event`` as :class:`RunState` holds it."""
     return event.copy()
-
-
-def _held_dict(event: Event) -> dict[str, Any]:
-    """A copy of ``event`` as a plain dict (the :class:`RunState` fields held so)."""
-    return cast("dict[str, Any]", event.copy())
 
 
 def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) -> RunState:
@@ -501,7 +507,7 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
         elif event["type"] == REWIND:
             state.rewinds.append(_held(event))
         elif event["type"] == CHECKPOINT:
-            state.checkpoints.append(_held_dict(event))
+            state.checkpoints.append(_held(event))
         elif event["type"] == CHECKPOINT_DELETED:
             gone = event.get("checkpoint")
             state.checkpoints = [c for c in state.checkpoints if c["checkpoint"] != gone]
@@ -515,14 +521,14 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None
         elif event["type"] == CONTROL_TUNABLES:
-            state.controls.append(_held_dict(event))
+            state.controls.append(_held(event))
             state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_ACTION:
-            state.controls.append(_held_dict(event))
+            state.controls.append(_held(event))
             if event.get("action") in STATE_ACTIONS:
                 state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_APPLIED:
-            state.applied.append(_held_dict(event))
+            state.applied.append(_held(event))
     return state
 
 
@@ -534,7 +540,7 @@ def _event_digest(event: Mapping[str, object]) -> str:
     return hashlib.sha256(_canonical(event)).hexdigest()
 
 
-def encode_state(state: RunState, run_id: str, last_event: Mapping[str, Any]) -> bytes:
+def encode_state(state: RunState, run_id: str, last_event: Event) -> bytes:
     """The snapshot of ``state`` (folded through ``last_event``): deterministic JSON.
 
     The same events give the same bytes, so racing writers ``create`` the
@@ -554,7 +560,7 @@ def encode_state(state: RunState, run_id: str, last_event: Mapping[str, Any]) ->
     )
 
 
-def decode_state(data: bytes, run_id: str, seq: int, last_event: Mapping[str, object]) -> RunState | None:
+def decode_state(data: bytes, run_id: str, seq: int, last_event: Event) -> RunState | None:
     """The state in a snapshot, or None if it is not a trustworthy snapshot of this log at ``seq``.
 
     Checks the format, the run, the sequence number, the digest of event

@@ -49,6 +49,7 @@ __all__ = [
     "ResumeChoiceEvent",
     "RewindEvent",
     "RunRecord",
+    "RunRow",
     "SessionEndedEvent",
     "SessionRecordDict",
     "SessionStartedEvent",
@@ -251,6 +252,13 @@ Event: TypeAlias = (
 )
 
 
+#: One row of the runs table (``_summary.run_rows``): ``id``, ``name``, ``status``, ``step``,
+#: ``created``, ``last_heartbeat``, ``sessions``, ``rewinds``, then flat ``config.<key>``,
+#: ``tunable.<key>`` and ``metric.<key>`` columns, so its keys are open-ended (no TypedDict can name
+#: them on Python 3.10); values as JSON carries them.
+RunRow: TypeAlias = dict[str, Any]
+
+
 # -- other records ------------------------------------------------------------------------------
 class RunRecord(TypedDict):
     """``runs/<id>/run.json``: written once, when the run is created."""
@@ -319,4 +327,4 @@ class IndexEntry(TypedDict):
     """
 
     marker: str | None
-    row: dict[str, Any]  # a row as ``_summary.run_rows`` makes it
+    row: RunRow

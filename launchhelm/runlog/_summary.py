@@ -17,11 +17,11 @@ import json
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, cast
+from typing import cast
 
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._events import RunState, SessionRecord, event_key, read_state
-from launchhelm.runlog._records import Heartbeat, Json, RunRecord, SessionRecordDict, Summary
+from launchhelm.runlog._records import Heartbeat, Json, RunRecord, RunRow, SessionRecordDict, Summary
 from launchhelm.runlog._runinfo import metrics_last_step, run_record
 from launchhelm.runlog._sessions import (
     fresher_beat,
@@ -176,7 +176,7 @@ def _flatten(prefix: str, values: Mapping[str, object], out: dict[str, object]) 
             out[f"{prefix}{key}"] = value
 
 
-def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> list[dict[str, Any]]:
+def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> list[RunRow]:
     """One row per run (in ``run_ids``' order), in a bounded number of rounds of concurrent requests.
 
     1. every summary, in one ``read_many``;
@@ -244,14 +244,14 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
     return [_row(store, views[run_id]) for run_id in run_ids]
 
 
-def _row(store: Store, view: _View) -> dict[str, Any]:
+def _row(store: Store, view: _View) -> RunRow:
     live = None
     if view.last is not None:
         # an ended session's last sign of life: the summary put after its end event
         beat = view.beat if view.beat_read else fresher_beat(None, view.summary, view.last.id)
         live = liveness(store, view.id, view.last, beat=beat)
     state = RunState(sessions=[view.last] if view.last is not None else [], closed=view.closed)
-    row: dict[str, Any] = {
+    row: RunRow = {
         "id": view.id,
         "name": view.name,
         "status": run_status(state, live),

@@ -28,10 +28,10 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import cast
 
 from launchhelm._exceptions import AlreadyExistsError, StorageError
-from launchhelm.runlog._records import IndexEntry
+from launchhelm.runlog._records import IndexEntry, RunRow
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     new_index_name,
@@ -90,13 +90,13 @@ def _settled(row: Mapping[str, object]) -> bool:
     return row.get("status") in ("resumable", "closed")
 
 
-def project_rows(store: Store, project: str, run_ids: list[str]) -> list[dict[str, Any]]:
+def project_rows(store: Store, project: str, run_ids: list[str]) -> list[RunRow]:
     """The rows of ``run_ids`` (in order): index rows where still exact, the rest from summaries and logs."""
     from launchhelm.runlog._summary import run_rows
 
     markers, indexes = _listing(store, project)
     index = _read_index(store, project, indexes[-1] if indexes else None)
-    rows: dict[str, dict[str, Any]] = {}
+    rows: dict[str, RunRow] = {}
     fresh = []
     for run_id in run_ids:
         entry = index.get(run_id)
@@ -120,7 +120,7 @@ def _write_index(
     older: list[str],
     index: dict[str, IndexEntry],
     markers: dict[str, str | None],
-    new_rows: dict[str, dict[str, Any]],
+    new_rows: dict[str, RunRow],
 ) -> None:
     """A new index: the old one's rows still exact, plus the settled rows just read. Best effort."""
     runs = {r: e for r, e in index.items() if markers.get(r) is not None and e.get("marker") == markers.get(r)}

@@ -14,8 +14,9 @@ import json
 import math
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
+from launchhelm._types import JSONValue
 from launchhelm.views._humanize import ago, duration, local_time, status_sentence
 
 if TYPE_CHECKING:
@@ -58,8 +59,28 @@ DEFAULT_EXTRA_COLUMNS = 10
 #: Row-frame prefixes, in the order their columns come.
 _PREFIXES = (("metric.", "metric"), ("config.", "config"), ("tunable.", "tunable"))
 
+#: A table row, or any mapping with its keys (the widgets hold them as plain dicts).
+RowT = TypeVar("RowT", bound=Mapping[str, object])
 
-def _epoch(value: Any) -> float | None:
+
+class RunsTableRow(TypedDict):
+    """One row of :func:`table_rows`: a run as the runs table shows it."""
+
+    id: str
+    name: str
+    status: str
+    sentence: str
+    step: JSONValue
+    created: float | None
+    last_heartbeat: float | None
+    duration: float | None
+    sessions: JSONValue
+    rewinds: JSONValue
+    #: every ``metric.``/``config.``/``tunable.`` column's value (None: missing)
+    values: dict[str, JSONValue]
+
+
+def _epoch(value: Any) -> float | None:  # a pandas cell: Timestamp, NaT, a number or None
     """A timestamp (pandas, or epoch seconds) as epoch seconds; None for none."""
     if value is None:
         return None
@@ -76,11 +97,11 @@ def _epoch(value: Any) -> float | None:
     return number if math.isfinite(number) else None
 
 
-def _plain(value: Any) -> Any:
+def _plain(value: object) -> JSONValue:
     """A cell value as JSON carries it: NaN is None, numpy scalars are numbers, objects their JSON."""
     if hasattr(value, "item") and not isinstance(value, (list, dict, str, bytes)):
         try:
-            value = value.item()
+            value = getattr(value, "item")()  # noqa: B009 (hasattr above: an attribute any object may have)
         except (ValueError, AttributeError):
             pass
     if isinstance(value, float) and not math.isfinite(value):
@@ -89,7 +110,8 @@ def _plain(value: Any) -> Any:
         return value
     if isinstance(value, (list, tuple, dict)):
         try:
-            return json.loads(json.dumps(value, default=str))
+            plain: JSONValue = json.loads(json.dumps(value, default=str))
+            return plain
         except (TypeError, ValueError):
             return str(value)
     return str(value)
@@ -105,7 +127,7 @@ def table_columns(frame: pd.DataFrame) -> list[dict[str, str]]:
     return columns
 
 
-def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[dict[str, Any]]:
+def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[RunsTableRow]:
     """:meth:`Api.runs`' frame as the table's rows (JSON-ready).
 
     Each row: ``id``, ``name``, ``status``, ``sentence`` ("stopped without
@@ -117,7 +139,7 @@ def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[dict[str, 
     """
     now = time.time() if now is None else now
     extra = [c for c in frame.columns if str(c).startswith(tuple(p for p, _ in _PREFIXES))]
-    rows = []
+    rows: list[RunsTableRow] = []
     for record in frame.to_dict("records"):
         created = _epoch(record.get("created"))
         beat = _epoch(record.get("last_heartbeat"))
@@ -141,11 +163,12 @@ def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[dict[str, 
     return rows
 
 
-def cell_value(row: dict[str, Any], column: str) -> Any:
+def cell_value(row: Mapping[str, object], column: str) -> Any:  # the caller formats it by column
     """A row's value in ``column`` (a base column or a ``metric.``/``config.``/``tunable.`` one)."""
     if column in _BASE_IDS:
         return row.get(column)
-    return row.get("values", {}).get(column)
+    values = row.get("values", {})
+    return values.get(column) if isinstance(values, Mapping) else None
 
 
 def cell_text(value: object) -> str:
@@ -158,7 +181,7 @@ def cell_text(value: object) -> str:
     return str(value)
 
 
-def filter_rows(rows: Iterable[dict[str, Any]], query: str = "", statuses: Sequence[str] = ()) -> list[dict[str, Any]]:
+def filter_rows(rows: Iterable[RowT], query: str = "", statuses: Sequence[str] = ()) -> list[RowT]:
     """Rows whose status is among ``statuses`` (none given: any) and whose text contains every word of ``query``.
 
     A row's text is its name, id, status and sentence, and each of its
@@ -174,7 +197,9 @@ def filter_rows(rows: Iterable[dict[str, Any]], query: str = "", statuses: Seque
         if words:
             parts = [str(row.get("name", "")), str(row.get("id", "")), str(row.get("status", ""))]
             parts.append(str(row.get("sentence", "")))
-            for column, value in row.get("values", {}).items():
+            values = row.get("values", {})
+            for column, value in values.items() if isinstance(values, Mapping) else ():
+                column = str(column)
                 text = cell_text(value)
                 parts.append(f"{column}={text}")
                 parts.append(f"{column.split('.', 1)[-1]}={text}")
@@ -185,14 +210,14 @@ def filter_rows(rows: Iterable[dict[str, Any]], query: str = "", statuses: Seque
     return out
 
 
-def sort_rows(rows: Iterable[dict[str, Any]], column: str, descending: bool = False) -> list[dict[str, Any]]:
+def sort_rows(rows: Iterable[RowT], column: str, descending: bool = False) -> list[RowT]:
     """Rows sorted by ``column``: numbers as numbers, text as text; empty cells last either way."""
-    present: list[dict[str, Any]] = []
-    missing: list[dict[str, Any]] = []
+    present: list[RowT] = []
+    missing: list[RowT] = []
     for row in rows:
         (missing if cell_value(row, column) is None else present).append(row)
 
-    def key(row: dict[str, Any]) -> tuple[int, Any]:
+    def key(row: RowT) -> tuple[int, float | str]:
         value = cell_value(row, column)
         if isinstance(value, bool):
             return (0, int(value))

@@ -19,7 +19,7 @@ from http_proxy import RequestCounter
 from lhtest import BUCKET, make_store_url
 
 import launchhelm as lh
-from launchhelm._api import _project_frame, _publish, read_project
+from launchhelm._api._project import _project_frame, _publish, read_project
 from launchhelm._cli import main as cli_main
 from launchhelm.metrics import _project
 from launchhelm.metrics._points import encode_chunk
@@ -259,7 +259,7 @@ def test_many_runs_pivot_in_one_pass_exactly_as_run_by_run() -> None:
     import numpy as np
     import pyarrow as pa
 
-    from launchhelm._api import ProjectRun
+    from launchhelm._api._project import ProjectRun
     from launchhelm._types import Rewind
     from launchhelm.metrics._project import project_frame
     from launchhelm.metrics._segments import points_schema

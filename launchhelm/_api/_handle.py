@@ -1,11 +1,10 @@
-"""The query API: what notebooks, widgets and the CLI read runs through."""
+"""A run as stored, read from any process: :class:`RunHandle` and what its :meth:`~RunHandle.poll` returns."""
 
 from __future__ import annotations
 
-import os
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from launchhelm._exceptions import (
     CheckpointError,
@@ -13,23 +12,11 @@ from launchhelm._exceptions import (
     InvalidTypeError,
     LaunchHelmError,
     RunClosedError,
-    RunNotFoundError,
 )
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
-from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm.evaluation._queue import queue_for, queue_manual
 from launchhelm.metrics._points import abandoned_mask, history_frame
-from launchhelm.metrics._project import (
-    BUILD_AFTER,
-    ProjectReader,
-    ReadRun,
-    SettledRun,
-    eval_dirs,
-    list_project,
-    project_frame,
-    publish,
-)
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
 from launchhelm.metrics._spool import recover_run, spool_root
@@ -43,28 +30,42 @@ from launchhelm.runlog._events import (
     EventLog,
     RunState,
     SequenceTaken,
-    validate_project,
 )
 from launchhelm.runlog._liveness import requester
-from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._records import Event, Json, Requester, RunRow
+from launchhelm.runlog._runinfo import furthest_step, run_record
 from launchhelm.runlog._sessions import Liveness, liveness, run_status
 from launchhelm.runlog._summary import run_rows
-from launchhelm.runlog._table import mark_row, project_rows
-from launchhelm.storage import Store, open_store
-from launchhelm.storage._keys import PROJECTS, parse_project_listing, project_runs_prefix
+from launchhelm.runlog._table import mark_row
+from launchhelm.storage import Store
 
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["Api", "ProjectReader", "ProjectRun", "RunHandle", "RunView", "read_project", "settled_views"]
+T = TypeVar("T")
+
+
+class ControlChange(TypedDict):
+    """One row of :meth:`RunHandle.control_changes`: a control request and what became of it."""
+
+    seq: int
+    time: float
+    #: ``"tunables"`` or the action
+    what: str
+    #: the new tunable values (empty for an action)
+    changes: dict[str, Json]
+    by: Requester | None
+    #: None while pending, or if it was dropped
+    applied_at_step: int | None
+    applied_time: float | None
 
 
 @dataclass(frozen=True)
 class RunView:
     """What :meth:`RunHandle.poll` read: a run's summary, rewinds and history at one moment."""
 
-    summary: dict[str, Any]
+    summary: dict[str, object]
     rewinds: list[Rewind]
     history: pd.DataFrame
 
@@ -92,7 +93,7 @@ class RunHandle:
 
     def __init__(self, store: Store, run_id: str) -> None:
         self._store = store
-        self._record = read_run_record(store, run_id)
+        self._record = run_record(store, run_id)
         self._recover()
         self._events = EventLog(store, run_id)
         self._points = PointReader(store, run_id)
@@ -113,7 +114,7 @@ class RunHandle:
         return str(self._record["name"])
 
     @property
-    def config(self) -> Mapping[str, Any]:
+    def config(self) -> Mapping[str, Json]:
         return dict(self._record.get("config") or {})
 
     @property
@@ -129,13 +130,13 @@ class RunHandle:
     def __repr__(self) -> str:
         return f"<launchhelm.RunHandle {self.project}/{self.id} {self.name!r}>"
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, object] | None:
         """In a notebook, a handle left as a cell's last expression shows its run panel."""
         from launchhelm._display import run_mimebundle
 
         return run_mimebundle(self)
 
-    def _display_(self) -> Any:
+    def _display_(self) -> object:
         """In marimo too (it asks for ``_display_``): the run panel, its tabs live."""
         from launchhelm._display import marimo_display
 
@@ -179,11 +180,11 @@ class RunHandle:
         live = self._last_liveness(self._state())
         return live.last_heartbeat if live else None
 
-    def events(self) -> list[dict[str, Any]]:
+    def events(self) -> list[Event]:
         """The run's event log, oldest first (session starts and ends, ...)."""
-        return self._events.read()
+        return self._events.events()
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> RunRow:
         """One row of :meth:`Api.runs`: id, name, status, step, created, ..., ``config.<k>``, ``metric.<k>``.
 
         Read from the run's summary object when it is current, else from its
@@ -279,7 +280,7 @@ class RunHandle:
                 )
             try:
                 # only onto the state just checked: garbage collection may be deleting it
-                self._events.append(RESUME_CHOICE, {"checkpoint": checkpoint_id}, expect_seq=state.last_seq + 1)
+                self._events.append_event(RESUME_CHOICE, {"checkpoint": checkpoint_id}, expect_seq=state.last_seq + 1)
                 break
             except SequenceTaken:
                 continue
@@ -288,7 +289,7 @@ class RunHandle:
 
     # tunables and control
     @property
-    def tunables(self) -> dict[str, Any]:
+    def tunables(self) -> dict[str, Json]:
         """The tunables in force in the training process (as it last applied them).
 
         Requests it has not applied yet are in :meth:`pending_controls`.
@@ -303,7 +304,7 @@ class RunHandle:
         """
         return "paused" if in_force({}, self._state())[2] else "running"
 
-    def pending_controls(self) -> list[dict[str, Any]]:
+    def pending_controls(self) -> list[ControlChange]:
         """Control requests the training process has not applied yet, oldest first.
 
         Rows as in :meth:`control_changes`. An action asked for before the
@@ -313,7 +314,7 @@ class RunHandle:
         pending = {int(e["seq"]) for e in self._state().pending_controls()}
         return [row for row in self.control_changes() if row["seq"] in pending]
 
-    def control_changes(self) -> list[dict[str, Any]]:
+    def control_changes(self) -> list[ControlChange]:
         """Every control request and what became of it, oldest first.
 
         Each row: ``seq``, ``time``, ``what`` (``"tunables"`` or the action),
@@ -322,8 +323,8 @@ class RunHandle:
         was dropped).
         """
         state = self._state()
-        applied = {int(e["request"]): e for e in state.applied if e.get("request")}
-        rows = []
+        applied = {int(request): e for e in state.applied if (request := e.get("request"))}
+        rows: list[ControlChange] = []
         for event in state.controls:
             done = applied.get(int(event["seq"]))
             rows.append(
@@ -331,7 +332,7 @@ class RunHandle:
                     "seq": int(event["seq"]),
                     "time": float(event["time"]),
                     "what": "tunables" if event["type"] == CONTROL_TUNABLES else str(event.get("action")),
-                    "changes": dict(event.get("changes") or {}),
+                    "changes": dict(event.get("changes") or {}) if event["type"] == CONTROL_TUNABLES else {},
                     "by": event.get("by"),
                     "applied_at_step": int(done["step"]) if done else None,
                     "applied_time": float(done["time"]) if done else None,
@@ -347,7 +348,7 @@ class RunHandle:
                 run_id=self.id,
             )
 
-    def set_tunables(self, **values: Any) -> int:
+    def set_tunables(self, **values: object) -> int:
         """Change tunables of the run; the training process applies them at its next step boundary.
 
         Recorded as a control change (an event); returns its sequence number.
@@ -379,7 +380,7 @@ class RunHandle:
         current = {**(self._record.get("tunables") or {}), **in_force({}, state)[0]}
         changes = check_tunable_changes(current, values)
         self._store.require_coordination("changing tunables")
-        event = self._events.append(CONTROL_TUNABLES, {"changes": changes, "by": requester()})
+        event = self._events.append_event(CONTROL_TUNABLES, {"changes": changes, "by": requester()})
         return int(event["seq"])
 
     def control(self, action: str) -> int:
@@ -413,7 +414,7 @@ class RunHandle:
                 f"resume it first (launchhelm.init({self.project!r}, resume={self.id!r}))"
             )
         self._store.require_coordination("controlling a run")
-        event = self._events.append(CONTROL_ACTION, {"action": action, "by": requester()})
+        event = self._events.append_event(CONTROL_ACTION, {"action": action, "by": requester()})
         return int(event["seq"])
 
     def history(
@@ -581,7 +582,7 @@ class RunHandle:
         }
         return RunView(summary=summary, rewinds=self._rewinds_of(state), history=frame)
 
-    def _poll_parts(self) -> tuple[RunState, Any, Any, int]:
+    def _poll_parts(self) -> tuple[RunState, Liveness | None, pa.Table, int]:
         """What one :meth:`poll` reads, before any frame: the state, the last session's liveness (or
         None), every point so far as an Arrow table (only new chunks read), and the furthest step.
         The chart reads the same through this and turns the table into numpy arrays itself."""
@@ -619,7 +620,7 @@ class RunHandle:
         return self._points_table
 
 
-def _in_parallel(calls: Sequence[Any]) -> list[Any]:
+def _in_parallel(calls: Sequence[Callable[[], T]]) -> list[T]:
     """Run independent reads concurrently (each already batches its own requests); results in order."""
     if len(calls) <= 1:
         return [call() for call in calls]
@@ -645,216 +646,7 @@ def recover_points(store: Store, project: str, run_ids: Sequence[str]) -> set[st
     return changed
 
 
-@dataclass(frozen=True)
-class _Rewound:
-    """The part of a run's state :func:`abandoned_mask` reads: its rewinds' attempts and steps."""
-
-    rewinds: list[dict[str, Any]]
-
-
-@dataclass
-class ProjectRun:
-    """One run of a project read: its points (arrival order, the run's own metrics) and rewinds.
-
-    From the project dataset (``handle`` None) or from the run itself; the
-    frame is built the same way from either, so both read the same.
-    """
-
-    run_id: str
-    name: str
-    created: float
-    status: str | None  # "resumable" / "closed" when settled, else None (not asked: a live run's is)
-    sessions: int
-    rewinds: list[Rewind]
-    points: pa.Table
-    handle: RunHandle | None = None
-
-    def frame(self, keys: Sequence[str] | str | None, duplicates: str) -> pd.DataFrame:
-        """:meth:`RunHandle.history`'s frame (stream "default")."""
-        state = _Rewound([{"attempt": r.attempt, "to_step": r.to_step} for r in self.rewinds])
-        frame = history_frame(self.points, keys=keys, duplicates=duplicates)
-        frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
-        return frame
-
-
-def _settled_status(state: RunState) -> str | None:
-    """ "closed", or "resumable" (its last session ended), else None: as :func:`run_status` says them."""
-    if state.closed:
-        return "closed"
-    last = state.last_session
-    return "resumable" if last is not None and last.ended_at is not None else None
-
-
-def _read_one(handle: RunHandle) -> ProjectRun:
-    """A run read by itself, as :meth:`RunHandle.history` reads it (its state, then its points)."""
-    state = handle._state()
-    points = default_points(handle._read_points())
-    return ProjectRun(
-        handle.id,
-        handle.name,
-        handle.created,
-        _settled_status(state),
-        len(state.sessions),
-        handle._rewinds_of(state),
-        points,
-        handle,
-    )
-
-
-def _from_dataset(entry: SettledRun, points: pa.Table) -> ProjectRun:
-    rewinds = [
-        Rewind(
-            to_step=int(r["to_step"]),
-            reached=int(r["reached"]),
-            cause=str(r["cause"]),
-            checkpoint=r.get("checkpoint"),
-            attempt=int(r["attempt"]),
-        )
-        for r in entry.rewinds
-    ]
-    return ProjectRun(entry.run_id, entry.name, entry.created, entry.status, entry.sessions, rewinds, points)
-
-
-def _checked_handles(store: Store, project: str, run_ids: list[str]) -> dict[str, RunHandle]:
-    handles = _in_parallel([lambda r=r: RunHandle(store, r) for r in run_ids])
-    for handle in handles:
-        if handle.project != project:
-            raise RunNotFoundError(
-                f"run {handle.id} belongs to project {handle.project!r}, not {project!r}; "
-                f"list {project!r}'s runs with Api().runs({project!r})",
-                run_id=handle.id,
-            )
-    return {h.id: h for h in handles}
-
-
-def read_project(
-    store: Store,
-    project: str,
-    runs: list[str] | None,
-    *,
-    reader: ProjectReader | None = None,
-    build_after: int | None = None,
-) -> list[ProjectRun]:
-    """Many runs of a project: settled ones from the project dataset, the rest each from itself.
-
-    ``runs`` None: every run, newest first; else those ids, in that order.
-    Four listings and the dataset's newest manifest and segments (when the
-    runs in it are still exact: see :mod:`launchhelm.metrics._project`), plus
-    each other run's own reads, concurrently. When ``build_after`` or more
-    settled runs were read by themselves (default
-    :data:`~launchhelm.metrics._project.BUILD_AFTER`), publishes a new
-    generation holding them, if the store lets this process write (best
-    effort; a read-only credential just reads).
-    """
-    reader = reader or ProjectReader(store, project)
-    listing = list_project(store, project)
-    wanted = listing.run_ids if runs is None else runs
-    # a session killed on this host: its spooled points go up first, and its run is read by itself
-    recovered = recover_points(store, project, [r for r in dict.fromkeys(wanted) if r in set(listing.run_ids)])
-    found = {r: _from_dataset(e, t) for r, (e, t) in reader.read(listing, wanted, recovered).items()}
-    rest = [r for r in dict.fromkeys(wanted) if r not in found]
-    if rest:
-        handles = _checked_handles(store, project, rest)
-        for run in _in_parallel([lambda h=handles[r]: _read_one(h) for r in rest]):
-            found[run.run_id] = run
-    settled = [
-        found[r]
-        for r in rest
-        if found[r].status is not None and listing.markers.get(r) is not None and r not in recovered
-    ]
-    if settled and len(settled) >= (BUILD_AFTER if build_after is None else build_after):
-        _publish(store, project, reader, listing, settled)
-    ordered = [found[r] for r in wanted]
-    if runs is None:
-        ordered.sort(key=lambda run: run.created, reverse=True)
-    return ordered
-
-
-def _publish(store: Store, project: str, reader: ProjectReader, listing: Any, settled: list[ProjectRun]) -> None:
-    """A new generation with ``settled`` added (they were just read by themselves). Best effort."""
-    if not store.atomic_create:
-        return  # no put-if-absent: two builders could clobber each other
-    added = {}
-    for run in settled:
-        assert run.handle is not None
-        state = _Rewound([{"attempt": r.attempt, "to_step": r.to_step} for r in run.rewinds])
-        points = run.points
-        mask = abandoned_mask(points.column("step").to_numpy(), points.column("attempt").to_numpy(), state)
-        dirs = set(run.handle._points.cursor.max_seen) | listing.logged.get(run.run_id, set())
-        entry = SettledRun(
-            run_id=run.run_id,
-            segment="",
-            offset=0,
-            rows=points.num_rows,
-            marker=str(listing.markers[run.run_id]),
-            evals=tuple(sorted(eval_dirs(dirs))),
-            name=run.name,
-            created=run.created,
-            status=str(run.status),
-            sessions=run.sessions,
-            rewinds=tuple(
-                {
-                    "to_step": r.to_step,
-                    "reached": r.reached,
-                    "cause": r.cause,
-                    "checkpoint": r.checkpoint,
-                    "attempt": r.attempt,
-                }
-                for r in run.rewinds
-            ),
-        )
-        added[run.run_id] = ReadRun(entry, points, mask)
-    publish(store, project, reader, listing, added, by=f"{requester().get('host', '')}:{os.getpid()}")
-
-
-def _project_frame(parts: list[tuple[str, pd.DataFrame]]) -> pd.DataFrame:
-    """Runs' frames as one, a ``run`` column first (as :meth:`Api.history` returns it)."""
-    import pandas as pd
-
-    frames = []
-    for run_id, frame in parts:
-        frame.insert(0, "run", run_id)
-        frames.append(frame)
-    if not frames:
-        empty: pd.DataFrame = pd.DataFrame({"run": pd.Series([], dtype=object)})
-        return empty
-    result: pd.DataFrame = pd.concat(frames, ignore_index=True, sort=False)
-    return result
-
-
-def settled_views(
-    store: Store, project: str, run_ids: Sequence[str], keys: Sequence[str] | None, reader: ProjectReader
-) -> dict[str, RunView]:
-    """The views of those ``run_ids`` the project dataset holds exactly (the rest: poll each run).
-
-    What :class:`~launchhelm.widgets.CompareChart` (and so the runs table's
-    selection) reads many runs through: four listings, plus the dataset's
-    manifest and segments when a new generation appeared.
-    """
-    import pandas as pd
-
-    listing = list_project(store, project)
-    listed = set(listing.run_ids)
-    recovered = recover_points(store, project, [r for r in run_ids if r in listed])
-    views = {}
-    for run_id, (entry, points) in reader.read(listing, run_ids, recovered).items():
-        run = _from_dataset(entry, points)
-        summary = {
-            "id": run.run_id,
-            "name": run.name,
-            "status": run.status,
-            "created": pd.Timestamp(run.created, unit="s", tz="UTC"),
-            "sessions": run.sessions,
-            "rewinds": len(run.rewinds),
-        }
-        views[run_id] = RunView(summary=summary, rewinds=run.rewinds, history=run.frame(keys, "all"))
-    return views
-
-
-_RUN_COLUMNS = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds"]
-
-
-def _timestamps(row: dict[str, Any]) -> dict[str, Any]:
+def _timestamps(row: RunRow) -> RunRow:
     """A raw row with its times as UTC pandas timestamps, as the runs table shows them."""
     import pandas as pd
 
@@ -864,196 +656,3 @@ def _timestamps(row: dict[str, Any]) -> dict[str, Any]:
         "created": pd.Timestamp(row["created"], unit="s", tz="UTC"),
         "last_heartbeat": pd.Timestamp(beat, unit="s", tz="UTC") if beat is not None else pd.NaT,
     }
-
-
-class Api:
-    """Read and steer runs in a store.
-
-    Parameters
-    ----------
-    store:
-        Store URL or path; default ``$LAUNCHHELM_STORE``, else ``~/.launchhelm``.
-    storage_options:
-        Passed to fsspec.
-
-    Examples
-    --------
-    >>> import launchhelm as lh
-    >>> api = lh.Api("memory://doc")
-    >>> api.projects()    # doctest: +SKIP
-    ['quickstart']
-    """
-
-    def __init__(
-        self,
-        store: str | os.PathLike[str] | Store | None = None,
-        storage_options: dict[str, Any] | None = None,
-    ) -> None:
-        self.store = open_store(store, storage_options)
-
-    def __repr__(self) -> str:
-        return f"<launchhelm.Api {self.store.url}>"
-
-    def projects(self) -> list[str]:
-        """Names of the projects in the store, sorted."""
-        names = set()
-        for name in self.store.list(PROJECTS):
-            parsed = parse_project_listing(name)
-            if parsed is not None and parsed[0] == "project":
-                names.add(parsed[1])
-        return sorted(names)
-
-    def run_ids(self, project: str) -> list[str]:
-        """Ids of the project's runs."""
-        validate_project(project)
-        return [name for name in self.store.list(project_runs_prefix(project)) if "/" not in name]
-
-    def runs(self, project: str) -> pd.DataFrame:
-        """One row per run of ``project``, newest first.
-
-        Columns: id, name, status, step (furthest reached), created,
-        last_heartbeat, sessions, rewinds; then one ``config.<key>`` column
-        per config value (nested dicts flattened: ``config.optim.lr``), one
-        ``tunable.<key>`` column per tunable (the value in force) and one
-        ``metric.<key>`` column per metric with its latest value, each
-        sorted by name (missing: NaN / None).
-
-        Reads each run's summary (kept current by its live session), all
-        at once; a run whose summary is missing or behind its event log is
-        folded from its log instead, so the answer is the log's.
-
-        Examples
-        --------
-        >>> table = lh.Api().runs("quickstart")                      # doctest: +SKIP
-        >>> table[table["config.lr"] < 1e-3].sort_values("metric.loss")  # doctest: +SKIP
-        """
-        import pandas as pd
-
-        validate_project(project)
-        run_ids = self.run_ids(project)
-        recover_points(self.store, project, run_ids)  # sessions killed on this host: their last points first
-        rows = [_timestamps(row) for row in project_rows(self.store, project, run_ids)]
-        extra = sorted({k for row in rows for k in row if k.startswith("config.")})
-        extra += sorted({k for row in rows for k in row if k.startswith("tunable.")})
-        extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
-        frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])
-        if len(frame):
-            frame = frame.sort_values("created", ascending=False, ignore_index=True)
-        result: pd.DataFrame = frame
-        return result
-
-    def history(
-        self,
-        project: str,
-        keys: Sequence[str] | str | None = None,
-        runs: Sequence[str] | None = None,
-        duplicates: str = "all",
-    ) -> pd.DataFrame:
-        """Many runs' metrics in one DataFrame, read concurrently: the base for comparing runs.
-
-        Parameters
-        ----------
-        project:
-            The project whose runs to read.
-        keys:
-            Metric names (default: every metric of every run).
-        runs:
-            Run ids (default: every run of the project).
-        duplicates:
-            As in :meth:`RunHandle.history`: ``"all"`` or ``"last"``.
-
-        Returns
-        -------
-        pandas.DataFrame
-            A ``run`` column (the run id), then :meth:`RunHandle.history`'s
-            columns (``step``, ``attempt``, ``time``, ``abandoned``, one per
-            metric); runs in the order given (default: newest first), each
-            sorted by step then attempt. A metric a run never logged is NaN
-            in its rows.
-
-        Notes
-        -----
-        Settled runs (closed, or their last session ended) are read from the
-        project's history dataset: a few requests for all of them, whatever
-        their number. Every other run, and any run changed since the dataset
-        was built (resumed, scored by an evaluation), is read by itself, so
-        the answer is always each run's own :meth:`RunHandle.history`. Once
-        a call has read 8 settled runs by themselves, it publishes a new
-        generation of the dataset holding them (when the store lets it
-        write); ``launchhelm compact --project P`` does it ahead of time.
-        See ``docs/storage.md``, "A project's history in a few segments".
-
-        Examples
-        --------
-        >>> frame = lh.Api().history("quickstart", keys=["loss"])   # doctest: +SKIP
-        >>> frame.pivot_table(index="step", columns="run", values="loss")   # doctest: +SKIP
-        """
-        validate_project(project)
-        check_history_keys(keys)
-        if duplicates not in ("all", "last"):
-            raise InvalidArgumentError(
-                f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
-            )
-        if runs is not None:
-            if isinstance(runs, str):
-                runs = [runs]
-            if not isinstance(runs, Collection) or not all(isinstance(r, str) for r in runs):
-                raise InvalidTypeError(f"runs={runs!r}: give a list of run ids (strings), or None for every run")
-        read = read_project(self.store, project, list(runs) if runs is not None else None)
-        parts = [(r.run_id, r.points, [(w.attempt, w.to_step) for w in r.rewinds]) for r in read]
-        frame: pd.DataFrame | None = project_frame(parts, keys, duplicates)
-        if frame is None:  # a run with nothing to show: concat's rules for empty frames, run by run
-            frame = _project_frame([(r.run_id, r.frame(keys, duplicates)) for r in read])
-        return frame
-
-    def build_project_history(self, project: str) -> int:
-        """Bring the project's history dataset up to date now; return how many runs its newest generation holds.
-
-        What ``launchhelm compact --project P`` does: reads every settled run
-        (last session ended, or closed) the dataset does not hold yet, one by
-        one, and publishes them with those it still holds
-        (``docs/storage.md``, "A project's history in a few segments").
-        ``Api.history(project)`` does the same by itself once it read
-        ``BUILD_AFTER`` settled runs one by one, so calling this is only
-        needed to pay that first read ahead of time.
-        """
-        validate_project(project)
-        self.store.require_coordination("publishing a project's history dataset")
-        reader = ProjectReader(self.store, project)
-        read_project(self.store, project, None, reader=reader, build_after=1)
-        return len(reader.generation.runs) if reader.generation is not None else 0
-
-    def _handles(self, run_ids: list[str]) -> list[RunHandle]:
-        """Handles on many runs, their records read concurrently."""
-        return _in_parallel([lambda r=r: RunHandle(self.store, r) for r in run_ids])
-
-    def run(self, run_id: str) -> RunHandle:
-        """A handle on the run ``run_id``.
-
-        Raises
-        ------
-        InvalidArgumentError
-            ``run_id`` is not a run id at all (ids are lowercase letters and digits).
-        RunNotFoundError
-            No run with that id is in the store.
-        """
-        return RunHandle(self.store, run_id)
-
-    def project(self, name: str) -> ProjectHandle:
-        """A project's rule and evaluation queue (the project need not have runs yet).
-
-        Examples
-        --------
-        >>> lh.Api().project("quickstart").evaluate_every_checkpoint(True)   # doctest: +SKIP
-        """
-        return ProjectHandle(self.store, name)
-
-    def evaluation(self, evaluation_id: str) -> EvaluationHandle:
-        """One evaluation by id (``Evaluation.id``); ``.retry()`` is "Try again".
-
-        Raises
-        ------
-        EvaluationNotFoundError
-            No such evaluation is queued.
-        """
-        return EvaluationHandle(self.store, evaluation_id)
