@@ -65,7 +65,7 @@ import time
 import weakref
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final, Literal, TypedDict, cast
+from typing import TYPE_CHECKING, Final, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -75,9 +75,17 @@ from launchhelm._exceptions import (
     ObjectNotFoundError,
 )
 from launchhelm._types import Evaluation, JSONValue
+from launchhelm.evaluation._records import (
+    EvaluationRequest,
+    Outcome,
+    RetryRecord,
+    RuleEntry,
+    Slot,
+    _EvaluationFields,
+)
 from launchhelm.runlog._events import REWIND, EventLog, RunState, validate_project, validate_run_id
 from launchhelm.runlog._liveness import ProcessIdentity, process_identity, process_state, requester
-from launchhelm.runlog._records import CheckpointEvent, Requester, RewindEvent
+from launchhelm.runlog._records import CheckpointEvent, RewindEvent
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     attempt_name,
@@ -100,9 +108,7 @@ from launchhelm.storage._keys import (
 )
 
 if TYPE_CHECKING:
-    from typing import TypeAlias
-
-    from typing_extensions import NotRequired
+    pass
 
 __all__ = [
     "DEFAULT_LEASE_SECONDS",
@@ -124,98 +130,6 @@ REQUEST_FORMAT = "launchhelm.evaluation/1"
 #: epoch's (lapsed or released) holder from ever publishing.
 RESULT, FENCE = "result", "fence"
 SCORE_PREFIX = "eval/"
-
-
-class EvaluationRequest(TypedDict):
-    """``.../request.json``: what :meth:`EvaluationQueue.queue` creates, once per checkpoint."""
-
-    format: str
-    id: str
-    project: str
-    run_id: str
-    checkpoint: str
-    step: int
-    checkpoint_time: float
-    queued_at: float
-    #: ``"rule"`` or ``"manual"``; requests queued by earlier versions lack it (a rule's)
-    reason: NotRequired[str]
-
-
-class RetryRecord(TypedDict):
-    """``.../a<n>/retry.json``: someone asked for another attempt of a failed evaluation."""
-
-    time: float
-    by: Requester
-
-
-class DoneOutcome(TypedDict):
-    """What a worker publishes when the score function returned: the scores and where they are logged."""
-
-    state: Literal["done"]
-    scores: dict[str, float]
-    step: int
-    #: the run attempt the checkpoint was saved under (its points go with that attempt)
-    run_attempt: int
-    point_time: float
-
-
-class FailedOutcome(TypedDict):
-    """What a worker publishes when the score function raised."""
-
-    state: Literal["failed"]
-    error: str
-    traceback: str
-
-
-#: The outcome of one call of the score function.
-Outcome: TypeAlias = DoneOutcome | FailedOutcome
-
-
-class Slot(TypedDict, total=False):
-    """An epoch's result slot as read back: a result or a fence (``kind``).
-
-    A result is an :data:`Outcome` plus who published it (``worker``,
-    ``attempt``, ``epoch``, ``started_at``, ``finished_at``); a fence says
-    why the epoch can no longer publish (``reason``, ``by``, ``time``).
-    """
-
-    kind: str
-    state: str
-    scores: dict[str, float]
-    step: int
-    run_attempt: int
-    point_time: float
-    error: str
-    traceback: str
-    worker: str
-    attempt: int
-    epoch: int
-    started_at: float
-    finished_at: float
-    reason: str
-    by: str
-    time: float
-
-
-class _EvaluationFields(TypedDict, total=False):
-    """The fields of an :class:`Evaluation` that its state decides."""
-
-    state: str
-    scores: dict[str, float]
-    error: str | None
-    traceback: str | None
-    worker: str | None
-    lease_expires: float | None
-    started_at: float | None
-    finished_at: float | None
-
-
-class RuleEntry(TypedDict):
-    """One change of a project's evaluate-every-checkpoint rule."""
-
-    enabled: bool
-    time: float
-    by: Requester
 
 
 _CHECKPOINT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

@@ -53,9 +53,9 @@ from launchhelm.evaluation._queue import (
     SCORE_PREFIX,
     Claim,
     EvaluationQueue,
-    Outcome,
     _Listed,
 )
+from launchhelm.evaluation._records import Outcome
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.runlog._events import RunState, validate_project
 from launchhelm.storage import Store, open_store
