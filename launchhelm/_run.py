@@ -35,12 +35,9 @@ from launchhelm._exceptions import (
 from launchhelm._types import Rewind
 from launchhelm.console import _capture as _console
 from launchhelm.evaluation._queue import on_checkpoint_published
-from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
-from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
-from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._pause import pause
-from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
-from launchhelm.metrics._spool import Spool
+from launchhelm.metrics._buffer import PointBuffer
+from launchhelm.metrics._flusher import MetricFlusher
+from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm.runlog._events import (
@@ -53,7 +50,6 @@ from launchhelm.runlog._events import (
     SESSION_ENDED,
     EventLog,
 )
-from launchhelm.runlog._liveness import process_identity
 from launchhelm.runlog._sessions import (
     encode_heartbeat,
     env_seconds,
@@ -152,30 +148,6 @@ def _seconds(name: str, given: float | None, env: str, default: float) -> float:
     return float(given)
 
 
-_warmed_up = False
-
-
-def _warm_up_encoder() -> None:
-    """Encode one chunk now, in the caller's thread.
-
-    pyarrow imports parts of itself (and pandas) lazily on first use. Done
-    at interpreter exit that fails ("can't register atexit after shutdown"),
-    and done in the flush thread it would stall ``log()`` on the import lock.
-    """
-    global _warmed_up
-    if not _warmed_up:
-        buffer = PointBuffer(KeyIds(), 1)
-        buffer.append(0, 0, 0.0, {"warm-up": 0.0})
-        encode_buffer(buffer)
-        buffer.latest()
-        # the compactor's modules too: imported by the first compaction, in the background thread,
-        # loading them would hold the GIL for tens of milliseconds while the training loop runs
-        import pyarrow.compute
-        import pyarrow.parquet  # noqa: F401
-
-        _warmed_up = True
-
-
 def _check_flag(name: str, value: object) -> None:
     # flags that destroy or take over something must be real bools: "no" is truthy
     if not isinstance(value, bool):
@@ -256,31 +228,18 @@ class Run:
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
-        # points not yet stored: the buffer log() appends to, and buffers cut from it (see _cut)
-        self._keys = KeyIds()
-        self._chunk_values = 1 << 20  # values per buffer (and so per chunk); _set_memory sets them
-        self._max_held = 1 << 22  # values held in memory before log() leaves them to the spool alone
-        self._buffer = PointBuffer(self._keys, self._chunk_values)
-        self._sealed: list[PointBuffer] = []
-        self._held = 0
-        # logging outran the store: points are only in the spool, read back from there (see _flush)
-        self._spilled = False
-        self._flushed_end: tuple[int, int] | None = None  # the spool position the store has every point before
-        self._set_memory(compaction_memory_setting())  # start_run sets the one init() was given
-        self._lock = threading.Lock()
-        self._io_lock = threading.Lock()
+        self._lock = threading.Lock()  # log()'s appends, the control requests handed over
+        # points not yet stored: buffered, spooled, written as chunks, compacted (see MetricFlusher)
+        self._flusher = MetricFlusher(
+            store, self.id, session_id, self._lock, on_chunk=self._note_latest, on_store_error=self._store_failed
+        )
         self._known_keys: set[str] = set()
-        self._chunk_number = 0
-        self._unsealed: dict[str, bytes] = {}  # our chunks not yet in a segment
-        self._unsealed_bytes = 0
-        self._spool: Spool | None = None  # points on local disk until the store has them
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
         self._sampler: SystemSampler | None = None
         self._capture_console = False  # set by start_run: capture stdout/stderr while the session lives
         self._console: _console.ConsoleBuffer | None = None
         self._console_number = 0
         self._console_lock = threading.Lock()
-        self._compactor: Compactor | None = None
         self._finished = False
         self._flush_interval = flush_interval
         self._heartbeat_interval = heartbeat_interval
@@ -289,7 +248,6 @@ class Run:
         self._outage_since: float | None = None  # wall time the store stopped answering (said once)
         self._outage_lock = threading.Lock()  # the flusher, a save and a compaction may all fail at once
         self._outage_ended = -math.inf  # wall time the store last answered again
-        self._answers = 0  # chunks the store took: a flush that wrote one shows the store answers
         self._control_seq = control_seq
         self._control_interval = control_interval
         self._control_cursor = control_cursor  # newest request seen by the poller
@@ -424,132 +382,23 @@ class Run:
             return
         if step > self._reached:
             self._reached = step
-        now = time.time()
-        with self._lock:
-            if self._spool is not None:
-                self._spool.append(step, self._attempt, now, row)
-            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
-                self._cut()
+        self._flusher.append(step, self._attempt, time.time(), row)
 
     def _append_row(self, step: int, now: float, row: dict[str, float]) -> None:
         """``log()``'s append, for rows the background thread makes (system metrics)."""
-        with self._lock:
-            if self._spool is not None:
-                self._spool.append(step, self._attempt, now, row)
-            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
-                self._cut()
+        self._flusher.append(step, self._attempt, now, row)
 
     def _set_memory(self, compaction_memory: int) -> None:
         """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
-        self._compaction_memory = compaction_memory
-        # a chunk: its bytes are kept for the compactor, and its decoded table is read by it: a few of
-        # them fit the working set
-        self._chunk_values = max(1024, compaction_memory // 128)
-        self._max_held = max(self._chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
-        self._buffer.limit = self._chunk_values
-
-    def _cut(self) -> None:
-        """Seal the buffer (under ``_lock``): it becomes one chunk, ending where the spool stands now.
-
-        Past ``_max_held`` values waiting, memory lets go of them all: they are in
-        the spool, and the flushes read them from there until they catch up.
-        """
-        buffer, spool = self._buffer, self._spool
-        self._buffer = PointBuffer(self._keys, self._chunk_values)
-        if not len(buffer):
-            return
-        buffer.end = spool.position() if spool is not None else None
-        self._sealed.append(buffer)
-        self._held += len(buffer)
-        if spool is not None and self._held > self._max_held:
-            self._spilled = True
-            self._sealed, self._held = [], 0
+        self._flusher.set_memory(compaction_memory)
 
     def flush(self) -> None:
         """Write every buffered point to the store now (blocking)."""
         self._flush(drain=True)
 
     def _flush(self, drain: bool = True) -> bool:
-        """Write what is buffered; with ``drain``, also every point spooled when the buffer let go.
-
-        Each cut buffer is one chunk. A chunk's ``create`` that fails leaves it
-        (and those after it) for the next try, unless memory let go of them
-        meanwhile: then the spool has them. Without ``drain``, stops once a
-        segment's worth of chunk bytes waits for compaction (they are kept for
-        it: memory), and returns True: more is left for the next round, after
-        the compaction.
-        """
-        with self._io_lock:
-            while True:
-                spool = self._spool
-                with self._lock:
-                    spilled = self._spilled and spool is not None
-                    if spilled:
-                        assert spool is not None
-                        end, names = spool.position(), spool.key_names()
-                        work: list[PointBuffer] = []
-                    else:
-                        self._cut()
-                        work, self._sealed, self._held = self._sealed, [], 0
-                if not spilled:
-                    for i, buffer in enumerate(work):
-                        try:
-                            self._write_chunk(buffer, buffer.end)
-                        except BaseException:
-                            self._put_back(work[i:])
-                            raise
-                        if not drain and i + 1 < len(work) and self._unsealed_bytes >= BYTES_PER_SEGMENT:
-                            self._put_back(work[i + 1 :])
-                            return True
-                    return False
-                assert spool is not None and self._flushed_end is not None
-                for piece in read_spool(
-                    spool.dir, self.session_id, self._flushed_end, end, names, max_bytes=self._chunk_values * 12
-                ):
-                    self._write_chunk(piece.buffer, piece.end)
-                    if not drain and self._unsealed_bytes >= BYTES_PER_SEGMENT:
-                        break
-                    pause()
-                with self._lock:
-                    if self._flushed_end == spool.position():
-                        self._spilled = False  # caught up: log() buffers again
-                        return False
-                if not drain:
-                    return True
-
-    def _put_back(self, buffers: list[PointBuffer]) -> None:
-        with self._lock:
-            if self._spilled:
-                return  # memory let go of them meanwhile: the spool has them
-            self._sealed[:0] = buffers
-            self._held += sum(map(len, buffers))
-            if self._spool is not None and self._held > self._max_held:
-                self._spilled = True
-                self._sealed, self._held = [], 0
-
-    def _write_chunk(self, buffer: PointBuffer, end: tuple[int, int] | None) -> None:
-        """One chunk with ``buffer``'s points; the spool then says the store has every point before ``end``."""
-        spool = self._spool
-        if len(buffer):
-            data = encode_buffer(buffer)
-            first, last = buffer.step_range()
-            while True:
-                key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
-                self._chunk_number += 1
-                if spool is not None and end is not None:
-                    spool.pending(self._chunk_number - 1, end, self._chunk_number)
-                try:
-                    self._store.create(key, data)
-                    self._answers += 1  # the store answered: an outage's end is said after a real request
-                    self._unsealed[key] = data  # the compactor needs no GET for our own chunks
-                    self._unsealed_bytes += len(data)
-                    break
-                except AlreadyExistsError:
-                    continue  # a chunk number taken by an earlier, ambiguous write
-        if spool is not None and end is not None:
-            spool.flushed(end, self._chunk_number)
-            self._flushed_end = end
-        self._note_latest(buffer)
+        """Write what is buffered (see :meth:`MetricFlusher.flush`); subclasses hook here."""
+        return self._flusher.flush(drain)
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
@@ -590,34 +439,8 @@ class Run:
         self._append_row(self._step, time.time(), row)
 
     def _compact(self, *, only_if_due: bool) -> None:
-        """Fold sealed chunks into segments (background thread, and once at the end of the session).
-
-        Never fatal: the chunks stay readable as they are, and the next
-        session or ``launchhelm compact`` finishes the work.
-        """
-        with self._io_lock:  # a consistent view of what _flush has written
-            known = self._unsealed
-            if only_if_due and len(known) < CHUNKS_PER_SEGMENT and sum(map(len, known.values())) < BYTES_PER_SEGMENT:
-                return
-            self._unsealed, self._unsealed_bytes = {}, 0
-        if self._compactor is None:
-            self._compactor = Compactor(self._store, self.id, by=self.session_id, memory=self._compaction_memory)
-        compactor = self._compactor
-        compactor.known.update(known)
-        started = time.time()
-        try:
-            # while live: no listing (see Compactor.compact_live); at the end: a listing covers
-            # everything, evaluation scores too, and collects what aged
-            if only_if_due:
-                compactor.compact_live(only_if_due=False)
-            else:
-                compactor.compact(only_if_due=False)
-        except OSError as exc:  # the store: an outage is said once, by _store_failed
-            self._store_failed(exc, sent=started)
-        except Exception as exc:
-            _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
-        if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
-            compactor.forget()  # bounded: a later compaction lists and GETs them instead
+        """Fold sealed chunks into segments (see :meth:`MetricFlusher.compact`); never fatal."""
+        self._flusher.compact(only_if_due=only_if_due)
 
     def _beat(self) -> None:
         self._store.put(
@@ -1044,9 +867,7 @@ class Run:
         if self._capture_console:
             self._console = _console.attach()
         try:
-            self._spool = _open_spool(self)
-            if self._spool is not None:
-                self._flushed_end = self._spool.position()
+            self._flusher.open_spool(self.project, self._flush_interval)
             self._beat()
             self._after_event({"seq": self._session_seq})  # the summary of our session_started event
             if self.resumed:
@@ -1074,12 +895,13 @@ class Run:
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
                     while True:
-                        answers = self._answers
+                        answers = self._flusher.answers
                         more = self._flush(drain=False)
-                        if self._answers != answers:  # a flush with nothing to write asked the store nothing
+                        if self._flusher.answers != answers:  # a flush with nothing to write asked the store nothing
                             self._store_answered()
-                        if self._spool is not None:
-                            self._spool.prepare()
+                        spool = self._flusher.spool
+                        if spool is not None:
+                            spool.prepare()
                         self._flush_console()
                         self._compact(only_if_due=True)
                         # catching up (a segment's worth at a time), within a flush interval: heartbeats
@@ -1100,15 +922,11 @@ class Run:
 
     def _leave_in_spool(self, exc: BaseException) -> None:
         """The session ends without the store: what it lacks stays on disk, and the user is told where."""
-        spool, self._spool = self._spool, None
+        spool = self._flusher.abandon()
         if spool is None:
             return
-        spool.close(remove=False)
         # the session is over as a crashed one is: its points are the spool's to upload, and the exit
         # hook must not try the store again (the run stays resumable; its session never ended)
-        with self._lock:
-            self._sealed, self._held, self._spilled = [], 0, False
-            self._buffer = PointBuffer(self._keys, self._chunk_values)
         self._finished = True
         with _live_lock:
             _live_runs.discard(self)
@@ -1121,15 +939,6 @@ class Run:
             " ".join(f"{type(exc).__name__}: {exc}".split())[:200],
             spool.dir,
         )
-
-    def _held_points(self) -> str:
-        with self._lock:
-            held = self._held + len(self._buffer)
-            spilled = self._spilled
-        where = f"in the spool at {self._spool.dir}" if self._spool is not None else "in memory only"
-        if spilled:
-            return f"points are held {where}"
-        return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
 
     def _store_failed(self, exc: BaseException, since: float | None = None, sent: float | None = None) -> None:
         """The first failure of an outage: one line saying what failed, since when, and what is held where.
@@ -1155,7 +964,7 @@ class Run:
             self._store.url,
             time.strftime("%H:%M:%S", time.localtime(self._outage_since)),
             reason,
-            self._held_points(),
+            self._flusher.held_points(),
         )
 
     def _store_answered(self) -> None:
@@ -1226,12 +1035,9 @@ class Run:
             except BaseException as exc:
                 self._leave_in_spool(exc)
                 raise
-        if self._spool is not None:
-            self._spool.close(remove=True)
-            self._spool = None
+        self._flusher.close()
         self._compact(only_if_due=False)
-        if self._compactor is not None:
-            self._compactor.close()  # its local copies of segments: the store has them
+        self._flusher.close_compactor()
         self._settle_summary(end=True)  # the final summary below is then the last one put
         self._events.append(
             SESSION_ENDED,
@@ -1247,30 +1053,6 @@ class Run:
         self._finished = True
         with _live_lock:
             _live_runs.discard(self)
-
-
-def _open_spool(run: Run) -> Spool | None:
-    """The session's spool, unless the store dies with the process anyway or ``LAUNCHHELM_SPOOL=off``."""
-    if run.store.protocol == "memory" or os.environ.get("LAUNCHHELM_SPOOL", "").lower() in ("0", "off", "false"):
-        return None
-    meta = {
-        "run": run.id,
-        "session": run.session_id,
-        "project": run.project,
-        "store": run.store.url,
-        "process": process_identity(),
-        "created": time.time(),
-    }
-    try:
-        return Spool(run.id, run.session_id, meta)
-    except OSError as exc:  # a read-only home: run on, with the flush interval as the only loss bound
-        _log.warning(
-            "launchhelm: no metrics spool for run %s (%s): a hard crash loses up to %.0fs of points",
-            run.id,
-            exc,
-            run._flush_interval,
-        )
-        return None
 
 
 def _at_exit() -> None:

@@ -26,10 +26,10 @@ from launchhelm._run import (
     _new_run_id,
     _new_session_id,
     _seconds,
-    _warm_up_encoder,
 )
 from launchhelm.console import _capture as _console
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm.metrics._flusher import warm_up_encoder
 from launchhelm.metrics._spool import recover_run
 from launchhelm.metrics._system import system_interval
 from launchhelm.runlog._control import check_plain, in_force
@@ -244,7 +244,7 @@ def start_run(
         if not isinstance(tunables, Mapping):
             raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         check_plain(tunables, "tunables")
-    _warm_up_encoder()
+    warm_up_encoder()
     _install_exit_hook()
 
     st = open_store(store, storage_options)
