@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,6 @@ from launchhelm._exceptions import (
 from launchhelm._types import Rewind
 from launchhelm.console import _capture as _console
 from launchhelm.evaluation._queue import on_checkpoint_published
-from launchhelm.metrics._buffer import PointBuffer
 from launchhelm.metrics._flusher import MetricFlusher
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.metrics._system import SystemSampler
@@ -50,13 +49,8 @@ from launchhelm.runlog._events import (
     SESSION_ENDED,
     EventLog,
 )
-from launchhelm.runlog._sessions import (
-    encode_heartbeat,
-    env_seconds,
-    heartbeat_key,
-    summary_key,
-)
-from launchhelm.runlog._summary import encode_summary
+from launchhelm.runlog._sessions import env_seconds
+from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store
 from launchhelm.storage._backends import request_budget
@@ -72,8 +66,6 @@ DEFAULT_CONTROL_INTERVAL = 3.5
 #: Seconds ``finish()`` waits for an unreachable store before leaving the points in the spool
 #: (``LAUNCHHELM_FINISH_TIMEOUT``).
 DEFAULT_FINISH_TIMEOUT = 60.0
-#: Every this many heartbeats, the session puts its run's summary instead (it carries the heartbeat).
-SUMMARY_EVERY = 3
 
 _log = logging.getLogger("launchhelm")
 
@@ -210,28 +202,27 @@ class Run:
         self.session_id = session_id
         self.resumed = resumed
         self._events = events
-        self._created = float(record.get("created") or 0.0)
-        # the run's summary: latest value of each metric flushed (kept by the flush, never by log())
-        self._latest: dict[str, float] = {}
-        self._latest_lock = threading.Lock()
-        self._summary_lock = threading.Lock()  # puts in order: a newer summary is never overwritten by an older
-        self._beats = 0
-        self._summary_deferred = 0  # inside _one_summary(): events owe one summary at its end
-        self._summary_owed = False
-        # summaries put after a load returned, by one thread kept for them (see _summary_soon)
-        self._summary_thread: threading.Thread | None = None
-        self._summary_cv = threading.Condition()
-        self._summaries_asked = 0  # of that thread
-        self._summaries_done = 0  # by it: a summary put (or given up) covers every ask before it began
-        self._summaries_end = False
-        events.on_append = self._after_event
+        # heartbeats and the run's summary (the runs table's row)
+        self._summary_writer = SummaryWriter(
+            store,
+            events,
+            self,
+            created=float(record.get("created") or 0.0),
+            heartbeat_interval=heartbeat_interval,
+        )
+        events.on_append = self._summary_writer.after_event
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
         self._lock = threading.Lock()  # log()'s appends, the control requests handed over
         # points not yet stored: buffered, spooled, written as chunks, compacted (see MetricFlusher)
         self._flusher = MetricFlusher(
-            store, self.id, session_id, self._lock, on_chunk=self._note_latest, on_store_error=self._store_failed
+            store,
+            self.id,
+            session_id,
+            self._lock,
+            on_chunk=self._summary_writer.note_latest,
+            on_store_error=self._store_failed,
         )
         self._known_keys: set[str] = set()
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
@@ -442,134 +433,22 @@ class Run:
         """Fold sealed chunks into segments (see :meth:`MetricFlusher.compact`); never fatal."""
         self._flusher.compact(only_if_due=only_if_due)
 
-    def _beat(self) -> None:
-        self._store.put(
-            heartbeat_key(self.id, self.session_id),
-            encode_heartbeat(max(self._step, self._reached), self._heartbeat_interval),
-        )
+    @property
+    def _latest(self) -> dict[str, float]:
+        """The latest value of each metric stored, as the summary says it (a resumed session's start fills it)."""
+        return self._summary_writer.latest
 
-    def _heartbeat(self) -> None:
-        """The background beat: every SUMMARY_EVERY-th one is the summary (no more requests than before)."""
-        self._beats += 1
-        if self._beats % SUMMARY_EVERY == 0:
-            self._put_summary()
-        else:
-            self._beat()
+    @property
+    def _beats(self) -> int:
+        return self._summary_writer.beats
 
-    def _note_latest(self, buffer: PointBuffer) -> None:
-        """After a flush: the latest value of each metric stored, for the summary."""
-        latest = buffer.latest()
-        with self._latest_lock:
-            self._latest.update(latest)
-
-    def _put_summary(self) -> None:
-        """Put the run's summary: the heartbeat plus its runs-table row (single writer: this session)."""
-        if not self._records_events:
-            return  # a DDP follower: rank 0's session writes it
-        with self._summary_lock:
-            state = self._events.state(refresh=False)  # what this session appended and saw
-            with self._latest_lock:
-                metrics = dict(self._latest)
-            body = encode_summary(
-                run_id=self.id,
-                name=self.name,
-                project=self.project,
-                created=self._created,
-                config=self.config,
-                tunables=self._tunables,
-                state=state,
-                session_id=self.session_id,
-                step=max(self._step, self._reached),
-                interval=self._heartbeat_interval,
-                metrics=metrics,
-            )
-            self._store.put(summary_key(self.id), body)
-
-    @contextlib.contextmanager
-    def _one_summary(self) -> Iterator[None]:
-        """Events appended inside share one summary, put at the end from a short-lived thread
-        (:meth:`_summary_soon`): a load's rewind and restore, on the path that blocks the training
-        loop, wait for neither that request nor its fsync."""
-        self._summary_deferred += 1
-        try:
-            yield
-        finally:
-            self._summary_deferred -= 1
-            if not self._summary_deferred and self._summary_owed:
-                self._summary_owed = False
-                self._summary_soon()
-
-    def _summary_soon(self) -> None:
-        """Have the summary thread put the summary, so the caller (a checkpoint load, which blocks
-        the training loop) returns without waiting for that write and its fsync.
-
-        The events themselves are durable before the caller returns; a summary a moment behind
-        the log only makes a reader fold this run's last events (docs/storage.md, "Runs table").
-        The thread is kept for the next load (starting one cost a load ~0.5 ms here: it took the
-        GIL from the load's last steps); asks made while it is busy are covered by its next put.
-        The session's end waits for it and ends it (:meth:`_settle_summary`)."""
-        with self._summary_cv:
-            self._summaries_asked += 1
-            thread = self._summary_thread
-            if thread is None or not thread.is_alive():  # the first ask, or after a fork or an idle end
-                thread = threading.Thread(target=self._summaries, name="launchhelm-summary", daemon=True)
-                try:
-                    thread.start()
-                except RuntimeError:  # no thread to be had (interpreter shutting down): put it here
-                    thread = None
-                self._summary_thread = thread
-                self._summaries_end = False
-            self._summary_cv.notify_all()
-        if thread is None:
-            self._after_event({})
-            with self._summary_cv:
-                self._summaries_done = self._summaries_asked
-
-    def _summaries(self) -> None:
-        """The summary thread: put one summary for all asks so far, wait for the next; end after a
-        minute idle (a later ask starts another) or when the session ends."""
-        while True:
-            with self._summary_cv:
-                while self._summaries_done >= self._summaries_asked and not self._summaries_end:
-                    if not self._summary_cv.wait(60) and self._summaries_done >= self._summaries_asked:
-                        self._summaries_end = True
-                if self._summaries_done >= self._summaries_asked:  # ended, nothing owed
-                    if self._summary_thread is threading.current_thread():
-                        self._summary_thread = None
-                    self._summary_cv.notify_all()
-                    return
-                asked = self._summaries_asked
-            try:
-                self._after_event({})
-            finally:
-                with self._summary_cv:
-                    self._summaries_done = max(self._summaries_done, asked)
-                    self._summary_cv.notify_all()
+    def _one_summary(self) -> contextlib.AbstractContextManager[None]:
+        """Events appended inside share one summary, put after (see :meth:`SummaryWriter.one_summary`)."""
+        return self._summary_writer.one_summary()
 
     def _settle_summary(self, end: bool = False) -> None:
-        """Wait until every summary asked of :meth:`_summary_soon` is put; ``end``: and end its thread."""
-        with self._summary_cv:
-            thread = self._summary_thread
-            if thread is None or thread is threading.current_thread():
-                return
-            while self._summaries_done < self._summaries_asked and thread.is_alive():
-                self._summary_cv.wait(0.5)
-            if end:
-                self._summaries_end = True
-                self._summary_cv.notify_all()
-        if end:
-            thread.join()
-
-    def _after_event(self, event: dict[str, Any]) -> None:
-        """Each event this session appends is followed by a summary that reflects it."""
-        if self._summary_deferred:
-            self._summary_owed = True
-            return
-        try:
-            self._put_summary()
-        except Exception as exc:  # the event is in: a summary behind the log is only slower to read
-            self._last_error = exc
-            _log.debug("run %s: could not put its summary after event %s: %s", self.id, event.get("seq"), exc)
+        """Wait until every summary asked for is put; ``end``: and end the thread that puts them."""
+        self._summary_writer.settle(end)
 
     # -- checkpoints and rewinds ----------------------------------------
     def checkpoint(self, path: str | os.PathLike[str], step: int | None = None) -> str:
@@ -868,8 +747,8 @@ class Run:
             self._console = _console.attach()
         try:
             self._flusher.open_spool(self.project, self._flush_interval)
-            self._beat()
-            self._after_event({"seq": self._session_seq})  # the summary of our session_started event
+            self._summary_writer.beat()
+            self._summary_writer.after_event({"seq": self._session_seq})  # the summary of our session_started event
             if self.resumed:
                 self._poll_controls()  # tunables changed while no session was live apply at the first step
         except BaseException:
@@ -910,7 +789,7 @@ class Run:
                             break
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
-                    self._heartbeat()
+                    self._summary_writer.heartbeat()
                     self._store_answered()
                 if now >= next_poll:
                     next_poll = now + self._control_interval
