@@ -39,9 +39,9 @@ from launchhelm.metrics._flusher import MetricFlusher
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm.runlog._control_poller import ControlPoller
 from launchhelm.runlog._events import (
     CHECKPOINT,
-    CONTROL_ACTION,
     CONTROL_APPLIED,
     CONTROL_TUNABLES,
     RESUME_CHOICE_CONSUMED,
@@ -241,13 +241,9 @@ class Run:
         self._outage_ended = -math.inf  # wall time the store last answered again
         self._control_seq = control_seq
         self._control_interval = control_interval
-        self._control_cursor = control_cursor  # newest request seen by the poller
         self._session_seq = session_seq  # our session_started event: older actions are dropped
-        # events of the log the poller has looked at: none after the last request applied
-        self._polled = control_cursor
-        self._requests: list[dict[str, Any]] = []  # delivered by the poller, applied at a step boundary
-        self._control_flag = False  # cheap check on the hot path: requests are waiting
-        self._control_wake = threading.Event()
+        # control requests found in the log, handed to the training thread at a step boundary
+        self._control_poller = ControlPoller(events, self._lock, cursor=control_cursor, session_seq=session_seq)
         self._paused = paused
         self._tunables_callbacks: list[Callable[[dict[str, Any]], Any]] = []
         self._checkpoint_callbacks: list[Callable[[], Any]] = []
@@ -588,32 +584,21 @@ class Run:
         self._checkpoint_callbacks.append(callback)
         return callback
 
+    @property
+    def _control_flag(self) -> bool:
+        """Requests are waiting for the next step boundary (or a restore left the run paused)."""
+        return self._control_poller.flag
+
+    @_control_flag.setter
+    def _control_flag(self, value: bool) -> None:
+        self._control_poller.flag = value
+
     def _poll_controls(self) -> None:
         """Background thread: deliver new control requests to the training thread."""
-        fresh = self._events.since(self._polled)
-        if fresh:
-            self._polled = int(fresh[-1]["seq"])
-        found = []
-        for event in fresh:
-            kind, seq = event.get("type"), int(event["seq"])
-            if kind not in (CONTROL_TUNABLES, CONTROL_ACTION) or seq <= self._control_cursor:
-                continue
-            if kind == CONTROL_ACTION and seq < self._session_seq:
-                continue  # aimed at an earlier session
-            found.append(event)
-        if found:
-            with self._lock:
-                self._requests.extend(found)
-                self._control_cursor = max(self._control_cursor, *(int(e["seq"]) for e in found))
-                self._control_flag = True
-            self._control_wake.set()
+        self._control_poller.poll()
 
     def _take_requests(self) -> list[dict[str, Any]]:
-        with self._lock:
-            requests, self._requests = self._requests, []
-            self._control_flag = False
-            self._control_wake.clear()
-        return requests
+        return self._control_poller.take()
 
     def _step_boundary(self) -> None:
         """Apply waiting control requests; while paused, wait here (heartbeats go on)."""
@@ -629,7 +614,7 @@ class Run:
             self._wait_while_paused()
 
     def _wait_while_paused(self) -> None:
-        self._control_wake.wait(timeout=1.0)
+        self._control_poller.wake.wait(timeout=1.0)
 
     @property
     def _records_events(self) -> bool:
