@@ -9,13 +9,11 @@ exit write what is buffered.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import math
 import os
-import sys
 import threading
 import time
 import types
@@ -49,11 +47,12 @@ from launchhelm.runlog._events import (
     SESSION_ENDED,
     EventLog,
 )
+from launchhelm.runlog._live_sessions import add_live, discard_live
+from launchhelm.runlog._outage import OutageReporter
 from launchhelm.runlog._sessions import env_seconds
 from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store
-from launchhelm.storage._backends import request_budget
 from launchhelm.storage._keys import console_key
 
 __all__ = ["Run"]
@@ -113,9 +112,6 @@ _NOUNS = [
     "badger",
     "bison",
 ]
-
-_live_runs: set[Run] = set()
-_live_lock = threading.Lock()
 
 
 def _new_run_id() -> str:
@@ -236,9 +232,8 @@ class Run:
         self._heartbeat_interval = heartbeat_interval
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
-        self._outage_since: float | None = None  # wall time the store stopped answering (said once)
-        self._outage_lock = threading.Lock()  # the flusher, a save and a compaction may all fail at once
-        self._outage_ended = -math.inf  # wall time the store last answered again
+        # one line when the store stops answering, one when it answers again
+        self._outage = OutageReporter(self.id, store.url, self._flusher.held_points)
         self._control_seq = control_seq
         self._control_interval = control_interval
         self._session_seq = session_seq  # our session_started event: older actions are dropped
@@ -739,8 +734,7 @@ class Run:
         except BaseException:
             self._stop_console()
             raise
-        with _live_lock:
-            _live_runs.add(self)
+        add_live(self)
         self._worker.start()
 
     def _work(self) -> None:
@@ -792,8 +786,7 @@ class Run:
         # the session is over as a crashed one is: its points are the spool's to upload, and the exit
         # hook must not try the store again (the run stays resumable; its session never ended)
         self._finished = True
-        with _live_lock:
-            _live_runs.discard(self)
+        discard_live(self)
         _log.warning(
             "launchhelm: run %s: the store %s did not take the last points at the end of the session (%s); "
             "they are kept in the spool at %s: `launchhelm recover` uploads them once this process has exited "
@@ -805,45 +798,11 @@ class Run:
         )
 
     def _store_failed(self, exc: BaseException, since: float | None = None, sent: float | None = None) -> None:
-        """The first failure of an outage: one line saying what failed, since when, and what is held where.
-
-        ``since``: when the request that failed was sent (default: now); ``sent``: when the work that
-        failed began, if not then. A request an outage swallowed can fail after the store answers
-        again: that is the old outage, not a new one.
-        """
-        sent = sent if sent is not None else since
-        with self._outage_lock:
-            if self._outage_since is not None:
-                return
-            if (sent is not None and sent < self._outage_ended) or (
-                sent is None and time.time() - self._outage_ended < request_budget()
-            ):
-                _log.debug("run %s: a request sent before the store answered again failed: %s", self.id, exc)
-                return
-            self._outage_since = time.time() if since is None else since
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-        _log.warning(
-            "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
-            self.id,
-            self._store.url,
-            time.strftime("%H:%M:%S", time.localtime(self._outage_since)),
-            reason,
-            self._flusher.held_points(),
-        )
+        """The first failure of an outage is said once (see :meth:`OutageReporter.failed`)."""
+        self._outage.failed(exc, since, sent)
 
     def _store_answered(self) -> None:
-        with self._outage_lock:
-            if self._outage_since is None:
-                return
-            self._outage_ended = time.time()
-            lasted = self._outage_ended - self._outage_since
-            self._outage_since = None
-        _log.warning(
-            "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",
-            self.id,
-            self._store.url,
-            lasted,
-        )
+        self._outage.answered()
 
     # -- ending ---------------------------------------------------------
     def finish(self, close_run: bool = True) -> None:
@@ -915,45 +874,7 @@ class Run:
         if self._records_events:
             mark_row(self._store, self.project, self.id, self.session_id, "ended")  # after the final summary
         self._finished = True
-        with _live_lock:
-            _live_runs.discard(self)
-
-
-def _at_exit() -> None:
-    """End live sessions at interpreter exit, keeping their runs open."""
-    last = getattr(sys, "last_value", None)
-    reason = f"exception: {type(last).__name__}: {last}" if last is not None else "exit"
-    with _live_lock:
-        runs = list(_live_runs)
-    for run in runs:
-        try:
-            run._end_session(close_run=False, reason=reason)
-        except Exception as exc:  # the store may be gone; nothing else to do here
-            print(f"launchhelm: could not end run {run.id} at exit: {exc}", file=sys.stderr)
-
-
-_exit_hook_installed = False
-
-
-def _install_exit_hook() -> None:
-    """End live sessions at exit, before the interpreter stops thread pools.
-
-    Object-store clients (aiohttp under s3fs) resolve hosts in the event
-    loop's thread pool, which refuses work once ``concurrent.futures`` has
-    shut down at exit. ``threading``'s exit hooks run before that one when
-    registered after it (they run in reverse order), so the final flush can
-    still reach S3. ``atexit`` stays as the fallback.
-    """
-    global _exit_hook_installed
-    if _exit_hook_installed:
-        return
-    import concurrent.futures.thread  # noqa: F401  registers its own hook first
-
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_at_exit)
-    atexit.register(_at_exit)
-    _exit_hook_installed = True
+        discard_live(self)
 
 
 def _control_state(tunables: Mapping[str, Any], control_seq: int, paused: bool) -> str:

@@ -22,7 +22,6 @@ from launchhelm._run import (
     Run,
     _check_flag,
     _default_name,
-    _install_exit_hook,
     _new_run_id,
     _new_session_id,
     _seconds,
@@ -42,6 +41,7 @@ from launchhelm.runlog._events import (
     validate_project,
     validate_run_id,
 )
+from launchhelm.runlog._live_sessions import install_exit_hook
 from launchhelm.runlog._liveness import process_identity
 from launchhelm.runlog._runinfo import furthest_step, read_run_record
 from launchhelm.runlog._sessions import (
@@ -245,7 +245,7 @@ def start_run(
             raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         check_plain(tunables, "tunables")
     warm_up_encoder()
-    _install_exit_hook()
+    install_exit_hook()
 
     st = open_store(store, storage_options)
     session_id = _new_session_id()
