@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from launchhelm._exceptions import (
-    AlreadyExistsError,
     InvalidArgumentError,
     InvalidMetricError,
     InvalidTypeError,
@@ -31,7 +30,7 @@ from launchhelm._exceptions import (
     RunStopped,
 )
 from launchhelm._types import Rewind
-from launchhelm.console import _capture as _console
+from launchhelm.console._writer import ConsoleWriter
 from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._flusher import MetricFlusher
 from launchhelm.metrics._points import coerce_value, validate_key
@@ -53,7 +52,6 @@ from launchhelm.runlog._sessions import env_seconds
 from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store
-from launchhelm.storage._keys import console_key
 
 __all__ = ["Run"]
 
@@ -224,9 +222,7 @@ class Run:
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
         self._sampler: SystemSampler | None = None
         self._capture_console = False  # set by start_run: capture stdout/stderr while the session lives
-        self._console: _console.ConsoleBuffer | None = None
-        self._console_number = 0
-        self._console_lock = threading.Lock()
+        self._console = ConsoleWriter(store, self.id, session_id)
         self._finished = False
         self._flush_interval = flush_interval
         self._heartbeat_interval = heartbeat_interval
@@ -384,32 +380,11 @@ class Run:
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
-        console = self._console
-        if console is None:
-            return
-        with self._console_lock:
-            _console.drain()
-            data = console.take(final)
-            if data is None:
-                return
-            try:
-                while True:
-                    key = console_key(self.id, self.session_id, self._console_number)
-                    self._console_number += 1
-                    try:
-                        self._store.create(key, data)
-                        break
-                    except AlreadyExistsError:
-                        continue  # a number taken by an earlier, ambiguous write
-            except BaseException:
-                console.put_back(data)
-                raise
+        self._console.flush(final)
 
     def _stop_console(self) -> None:
         """Put stdout and stderr back as they were (fds and ``sys`` objects), keeping what was printed."""
-        console = self._console
-        if console is not None:
-            _console.detach(console)
+        self._console.stop()
 
     def _sample_system(self) -> None:
         """One sample of the machine, as points under ``system/`` (background thread only)."""
@@ -724,7 +699,7 @@ class Run:
     # -- background work ------------------------------------------------
     def _start(self) -> None:
         if self._capture_console:
-            self._console = _console.attach()
+            self._console.attach()
         try:
             self._flusher.open_spool(self.project, self._flush_interval)
             self._summary_writer.beat()
