@@ -66,65 +66,6 @@ DEFAULT_FINISH_TIMEOUT = 60.0
 
 _log = logging.getLogger("launchhelm")
 
-_ADJECTIVES = [
-    "amber",
-    "brave",
-    "calm",
-    "daring",
-    "eager",
-    "fleet",
-    "gentle",
-    "hardy",
-    "keen",
-    "lively",
-    "mellow",
-    "nimble",
-    "proud",
-    "quiet",
-    "rapid",
-    "steady",
-    "swift",
-    "tidy",
-    "vivid",
-    "witty",
-]
-_NOUNS = [
-    "otter",
-    "falcon",
-    "heron",
-    "lynx",
-    "marten",
-    "osprey",
-    "panda",
-    "puffin",
-    "raven",
-    "robin",
-    "salmon",
-    "swift",
-    "tern",
-    "tiger",
-    "vole",
-    "wren",
-    "yak",
-    "zebra",
-    "badger",
-    "bison",
-]
-
-
-def _new_run_id() -> str:
-    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
-    return "".join(alphabet[b % 36] for b in os.urandom(8))
-
-
-def _new_session_id() -> str:
-    return f"{int(time.time() * 1000):012x}{os.urandom(4).hex()}"
-
-
-def _default_name() -> str:
-    a, n, k = os.urandom(3)
-    return f"{_ADJECTIVES[a % len(_ADJECTIVES)]}-{_NOUNS[n % len(_NOUNS)]}-{k % 100}"
-
 
 def _seconds(name: str, given: float | None, env: str, default: float) -> float:
     if given is None:

@@ -21,9 +21,6 @@ from launchhelm._run import (
     DEFAULT_FLUSH_INTERVAL,
     Run,
     _check_flag,
-    _default_name,
-    _new_run_id,
-    _new_session_id,
     _seconds,
 )
 from launchhelm.console import _capture as _console
@@ -43,6 +40,7 @@ from launchhelm.runlog._events import (
 )
 from launchhelm.runlog._live_sessions import install_exit_hook
 from launchhelm.runlog._liveness import process_identity
+from launchhelm.runlog._names import default_name, new_run_id, new_session_id
 from launchhelm.runlog._runinfo import furthest_step, read_run_record
 from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -248,7 +246,7 @@ def start_run(
     install_exit_hook()
 
     st = open_store(store, storage_options)
-    session_id = _new_session_id()
+    session_id = new_session_id()
     session_payload = {
         "session": session_id,
         "process": process_identity(),
@@ -307,12 +305,12 @@ def _create_run(
     given_id: str | None = None,
 ) -> tuple[dict[str, Any], EventLog]:
     while True:
-        run_id = given_id or _new_run_id()
+        run_id = given_id or new_run_id()
         record = {
             "format": "launchhelm.run/1",
             "id": run_id,
             "project": project,
-            "name": name or _default_name(),
+            "name": name or default_name(),
             "config": dict(config or {}),
             "tunables": dict(tunables or {}),
             "created": time.time(),
