@@ -1,10 +1,16 @@
-"""Writing a run: ``init``, ``log``, ``flush``, ``finish``.
+"""Writing a run: ``log``, ``flush``, ``finish`` of the live session.
 
 ``log()`` only validates and appends to an in-memory buffer (a few
 microseconds); a background thread writes the buffer as immutable chunks
 every ``flush_interval`` seconds and rewrites the session's heartbeat every
 ``heartbeat_interval`` seconds. ``flush()``, ``finish()`` and interpreter
 exit write what is buffered.
+
+:class:`Run` drives the session (its background thread, step boundaries,
+checkpoints, the end) and holds collaborators for the rest: the metric
+flusher (``metrics/_flusher``), the summary writer (``runlog/_summary_writer``),
+the control poller (``runlog/_control_poller``), the console writer
+(``console/_writer``) and the outage reporter (``runlog/_outage``). ``init`` lives in ``_start``.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import time
 import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from launchhelm._exceptions import (
     InvalidArgumentError,
@@ -55,6 +61,10 @@ from launchhelm.storage import Store
 
 __all__ = ["Run"]
 
+_TunablesCallback = TypeVar("_TunablesCallback", bound=Callable[[dict[str, Any]], object])
+_CheckpointCallback = TypeVar("_CheckpointCallback", bound=Callable[[], object])
+_RewindCallback = TypeVar("_RewindCallback", bound=Callable[[Rewind], object])
+
 #: Seconds between background metric flushes (``LAUNCHHELM_FLUSH_INTERVAL``).
 DEFAULT_FLUSH_INTERVAL = 2.0
 #: Seconds between polls for control requests (``LAUNCHHELM_CONTROL_INTERVAL``). 3.5 s, not 3 s as
@@ -65,14 +75,6 @@ DEFAULT_CONTROL_INTERVAL = 3.5
 DEFAULT_FINISH_TIMEOUT = 60.0
 
 _log = logging.getLogger("launchhelm")
-
-
-def _seconds(name: str, given: float | None, env: str, default: float) -> float:
-    if given is None:
-        return env_seconds(env, default)
-    if isinstance(given, bool) or not isinstance(given, (int, float)) or not given > 0:
-        raise InvalidArgumentError(f"{name}={given!r}: give a positive number of seconds")
-    return float(given)
 
 
 def _check_flag(name: str, value: object) -> None:
@@ -177,9 +179,9 @@ class Run:
         # control requests found in the log, handed to the training thread at a step boundary
         self._control_poller = ControlPoller(events, self._lock, cursor=control_cursor, session_seq=session_seq)
         self._paused = paused
-        self._tunables_callbacks: list[Callable[[dict[str, Any]], Any]] = []
-        self._checkpoint_callbacks: list[Callable[[], Any]] = []
-        self._rewind_callbacks: list[Callable[[Rewind], Any]] = []
+        self._tunables_callbacks: list[Callable[[dict[str, Any]], object]] = []
+        self._checkpoint_callbacks: list[Callable[[], object]] = []
+        self._rewind_callbacks: list[Callable[[Rewind], object]] = []
         self._worker = threading.Thread(target=self._work, name=f"launchhelm-{self.id}", daemon=True)
 
     # -- identity -------------------------------------------------------
@@ -226,7 +228,7 @@ class Run:
         state = "finished" if self._finished else "live"
         return f"<launchhelm.Run {self.project}/{self.id} {self.name!r} step={self._step} {state}>"
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any] | None:
         """In a notebook, a run left as a cell's last expression shows its run panel."""
         from launchhelm._display import run_mimebundle
 
@@ -431,7 +433,7 @@ class Run:
         on_checkpoint_published(self._store, self.project, self.id, event)
         return event
 
-    def on_rewind(self, callback: Callable[[Rewind], Any]) -> Callable[[Rewind], Any]:
+    def on_rewind(self, callback: _RewindCallback) -> _RewindCallback:
         """Call ``callback(rewind)`` whenever a restore takes the run back.
 
         For state a checkpoint does not hold (a data position kept in
@@ -468,7 +470,7 @@ class Run:
         self._events.append(RESUME_CHOICE_CONSUMED, {"session": self.session_id, "checkpoint": checkpoint_id})
 
     # -- tunables and control ---------------------------------------------
-    def on_tunables_change(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def on_tunables_change(self, callback: _TunablesCallback) -> _TunablesCallback:
         """Call ``callback(changes)`` when tunables change; usable as a decorator.
 
         ``changes`` maps each changed name to its new value. It runs in the
@@ -483,7 +485,7 @@ class Run:
         self._tunables_callbacks.append(callback)
         return callback
 
-    def on_checkpoint_request(self, callback: Callable[[], Any]) -> Callable[[], Any]:
+    def on_checkpoint_request(self, callback: _CheckpointCallback) -> _CheckpointCallback:
         """Call ``callback()`` when ``RunHandle.control("checkpoint")`` takes effect.
 
         For code that saves its own checkpoints (``run.checkpoint(path)``);
@@ -531,7 +533,7 @@ class Run:
     def _records_events(self) -> bool:
         return True
 
-    def _record_applied(self, request: int | None, cause: str, **detail: Any) -> None:
+    def _record_applied(self, request: int | None, cause: str, **detail: object) -> None:
         if self._records_events:
             self._events.append(
                 CONTROL_APPLIED,
@@ -793,6 +795,6 @@ class Run:
         discard_live(self)
 
 
-def _control_state(tunables: Mapping[str, Any], control_seq: int, paused: bool) -> str:
+def _control_state(tunables: Mapping[str, object], control_seq: int, paused: bool) -> str:
     """Tunables and control state as the log folds them (``launchhelm.runlog._control.in_force``), exactly."""
     return json.dumps([dict(tunables), control_seq, paused], sort_keys=True)

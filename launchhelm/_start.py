@@ -21,7 +21,6 @@ from launchhelm._run import (
     DEFAULT_FLUSH_INTERVAL,
     Run,
     _check_flag,
-    _seconds,
 )
 from launchhelm.console import _capture as _console
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
@@ -45,6 +44,7 @@ from launchhelm.runlog._runinfo import furthest_step, read_run_record
 from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
+    env_seconds,
     liveness,
     summary_key,
 )
@@ -290,6 +290,14 @@ def start_run(
     run._capture_console = _console.capture_wanted(capture_console)
     run._start()
     return run
+
+
+def _seconds(name: str, given: float | None, env: str, default: float) -> float:
+    if given is None:
+        return env_seconds(env, default)
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not given > 0:
+        raise InvalidArgumentError(f"{name}={given!r}: give a positive number of seconds")
+    return float(given)
 
 
 def _read_or_none(store: Store, key: str) -> bytes | None:
