@@ -1,30 +1,33 @@
-"""Writing a run: ``init``, ``log``, ``flush``, ``finish``.
+"""Writing a run: ``log``, ``flush``, ``finish`` of the live session.
 
 ``log()`` only validates and appends to an in-memory buffer (a few
 microseconds); a background thread writes the buffer as immutable chunks
 every ``flush_interval`` seconds and rewrites the session's heartbeat every
 ``heartbeat_interval`` seconds. ``flush()``, ``finish()`` and interpreter
 exit write what is buffered.
+
+:class:`Run` drives the session (its background thread, step boundaries,
+checkpoints, the end) and holds collaborators for the rest: the metric
+flusher (``metrics/_flusher``), the summary writer (``runlog/_summary_writer``),
+the control poller (``runlog/_control_poller``), the console writer
+(``console/_writer``) and the outage reporter (``runlog/_outage``). ``init`` lives in ``_start``.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
 import math
 import os
-import sys
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from launchhelm._exceptions import (
-    AlreadyExistsError,
     InvalidArgumentError,
     InvalidMetricError,
     InvalidTypeError,
@@ -33,19 +36,15 @@ from launchhelm._exceptions import (
     RunStopped,
 )
 from launchhelm._types import Rewind
-from launchhelm.console import _capture as _console
+from launchhelm.console._writer import ConsoleWriter
 from launchhelm.evaluation._queue import on_checkpoint_published
-from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
-from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
-from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._pause import pause
-from launchhelm.metrics._points import chunk_key, coerce_value, encode_buffer, validate_key
-from launchhelm.metrics._spool import Spool
+from launchhelm.metrics._flusher import MetricFlusher
+from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm.runlog._control_poller import ControlPoller
 from launchhelm.runlog._events import (
     CHECKPOINT,
-    CONTROL_ACTION,
     CONTROL_APPLIED,
     CONTROL_TUNABLES,
     RESUME_CHOICE_CONSUMED,
@@ -53,20 +52,18 @@ from launchhelm.runlog._events import (
     SESSION_ENDED,
     EventLog,
 )
-from launchhelm.runlog._liveness import process_identity
-from launchhelm.runlog._sessions import (
-    encode_heartbeat,
-    env_seconds,
-    heartbeat_key,
-    summary_key,
-)
-from launchhelm.runlog._summary import encode_summary
+from launchhelm.runlog._live_sessions import add_live, discard_live
+from launchhelm.runlog._outage import OutageReporter
+from launchhelm.runlog._sessions import env_seconds
+from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store
-from launchhelm.storage._backends import request_budget
-from launchhelm.storage._keys import console_key
 
 __all__ = ["Run"]
+
+_TunablesCallback = TypeVar("_TunablesCallback", bound=Callable[[dict[str, Any]], object])
+_CheckpointCallback = TypeVar("_CheckpointCallback", bound=Callable[[], object])
+_RewindCallback = TypeVar("_RewindCallback", bound=Callable[[Rewind], object])
 
 #: Seconds between background metric flushes (``LAUNCHHELM_FLUSH_INTERVAL``).
 DEFAULT_FLUSH_INTERVAL = 2.0
@@ -76,104 +73,8 @@ DEFAULT_CONTROL_INTERVAL = 3.5
 #: Seconds ``finish()`` waits for an unreachable store before leaving the points in the spool
 #: (``LAUNCHHELM_FINISH_TIMEOUT``).
 DEFAULT_FINISH_TIMEOUT = 60.0
-#: Every this many heartbeats, the session puts its run's summary instead (it carries the heartbeat).
-SUMMARY_EVERY = 3
 
 _log = logging.getLogger("launchhelm")
-
-_ADJECTIVES = [
-    "amber",
-    "brave",
-    "calm",
-    "daring",
-    "eager",
-    "fleet",
-    "gentle",
-    "hardy",
-    "keen",
-    "lively",
-    "mellow",
-    "nimble",
-    "proud",
-    "quiet",
-    "rapid",
-    "steady",
-    "swift",
-    "tidy",
-    "vivid",
-    "witty",
-]
-_NOUNS = [
-    "otter",
-    "falcon",
-    "heron",
-    "lynx",
-    "marten",
-    "osprey",
-    "panda",
-    "puffin",
-    "raven",
-    "robin",
-    "salmon",
-    "swift",
-    "tern",
-    "tiger",
-    "vole",
-    "wren",
-    "yak",
-    "zebra",
-    "badger",
-    "bison",
-]
-
-_live_runs: set[Run] = set()
-_live_lock = threading.Lock()
-
-
-def _new_run_id() -> str:
-    alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
-    return "".join(alphabet[b % 36] for b in os.urandom(8))
-
-
-def _new_session_id() -> str:
-    return f"{int(time.time() * 1000):012x}{os.urandom(4).hex()}"
-
-
-def _default_name() -> str:
-    a, n, k = os.urandom(3)
-    return f"{_ADJECTIVES[a % len(_ADJECTIVES)]}-{_NOUNS[n % len(_NOUNS)]}-{k % 100}"
-
-
-def _seconds(name: str, given: float | None, env: str, default: float) -> float:
-    if given is None:
-        return env_seconds(env, default)
-    if isinstance(given, bool) or not isinstance(given, (int, float)) or not given > 0:
-        raise InvalidArgumentError(f"{name}={given!r}: give a positive number of seconds")
-    return float(given)
-
-
-_warmed_up = False
-
-
-def _warm_up_encoder() -> None:
-    """Encode one chunk now, in the caller's thread.
-
-    pyarrow imports parts of itself (and pandas) lazily on first use. Done
-    at interpreter exit that fails ("can't register atexit after shutdown"),
-    and done in the flush thread it would stall ``log()`` on the import lock.
-    """
-    global _warmed_up
-    if not _warmed_up:
-        buffer = PointBuffer(KeyIds(), 1)
-        buffer.append(0, 0, 0.0, {"warm-up": 0.0})
-        encode_buffer(buffer)
-        buffer.latest()
-        # the compactor's modules too: imported by the first compaction, in the background thread,
-        # loading them would hold the GIL for tens of milliseconds while the training loop runs
-        import pyarrow.compute
-        import pyarrow.parquet  # noqa: F401
-
-        _warmed_up = True
 
 
 def _check_flag(name: str, value: object) -> None:
@@ -238,71 +139,49 @@ class Run:
         self.session_id = session_id
         self.resumed = resumed
         self._events = events
-        self._created = float(record.get("created") or 0.0)
-        # the run's summary: latest value of each metric flushed (kept by the flush, never by log())
-        self._latest: dict[str, float] = {}
-        self._latest_lock = threading.Lock()
-        self._summary_lock = threading.Lock()  # puts in order: a newer summary is never overwritten by an older
-        self._beats = 0
-        self._summary_deferred = 0  # inside _one_summary(): events owe one summary at its end
-        self._summary_owed = False
-        # summaries put after a load returned, by one thread kept for them (see _summary_soon)
-        self._summary_thread: threading.Thread | None = None
-        self._summary_cv = threading.Condition()
-        self._summaries_asked = 0  # of that thread
-        self._summaries_done = 0  # by it: a summary put (or given up) covers every ask before it began
-        self._summaries_end = False
-        events.on_append = self._after_event
+        # heartbeats and the run's summary (the runs table's row)
+        self._summary_writer = SummaryWriter(
+            store,
+            events,
+            self,
+            created=float(record.get("created") or 0.0),
+            heartbeat_interval=heartbeat_interval,
+        )
+        events.on_append = self._summary_writer.after_event
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
-        # points not yet stored: the buffer log() appends to, and buffers cut from it (see _cut)
-        self._keys = KeyIds()
-        self._chunk_values = 1 << 20  # values per buffer (and so per chunk); _set_memory sets them
-        self._max_held = 1 << 22  # values held in memory before log() leaves them to the spool alone
-        self._buffer = PointBuffer(self._keys, self._chunk_values)
-        self._sealed: list[PointBuffer] = []
-        self._held = 0
-        # logging outran the store: points are only in the spool, read back from there (see _flush)
-        self._spilled = False
-        self._flushed_end: tuple[int, int] | None = None  # the spool position the store has every point before
-        self._set_memory(compaction_memory_setting())  # start_run sets the one init() was given
-        self._lock = threading.Lock()
-        self._io_lock = threading.Lock()
+        self._lock = threading.Lock()  # log()'s appends, the control requests handed over
+        # points not yet stored: buffered, spooled, written as chunks, compacted (see MetricFlusher)
+        self._flusher = MetricFlusher(
+            store,
+            self.id,
+            session_id,
+            self._lock,
+            on_chunk=self._summary_writer.note_latest,
+            on_store_error=self._store_failed,
+        )
         self._known_keys: set[str] = set()
-        self._chunk_number = 0
-        self._unsealed: dict[str, bytes] = {}  # our chunks not yet in a segment
-        self._unsealed_bytes = 0
-        self._spool: Spool | None = None  # points on local disk until the store has them
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
         self._sampler: SystemSampler | None = None
         self._capture_console = False  # set by start_run: capture stdout/stderr while the session lives
-        self._console: _console.ConsoleBuffer | None = None
-        self._console_number = 0
-        self._console_lock = threading.Lock()
-        self._compactor: Compactor | None = None
+        self._console = ConsoleWriter(store, self.id, session_id)
         self._finished = False
         self._flush_interval = flush_interval
         self._heartbeat_interval = heartbeat_interval
         self._stop = threading.Event()
         self._last_error: BaseException | None = None
-        self._outage_since: float | None = None  # wall time the store stopped answering (said once)
-        self._outage_lock = threading.Lock()  # the flusher, a save and a compaction may all fail at once
-        self._outage_ended = -math.inf  # wall time the store last answered again
-        self._answers = 0  # chunks the store took: a flush that wrote one shows the store answers
+        # one line when the store stops answering, one when it answers again
+        self._outage = OutageReporter(self.id, store.url, self._flusher.held_points)
         self._control_seq = control_seq
         self._control_interval = control_interval
-        self._control_cursor = control_cursor  # newest request seen by the poller
         self._session_seq = session_seq  # our session_started event: older actions are dropped
-        # events of the log the poller has looked at: none after the last request applied
-        self._polled = control_cursor
-        self._requests: list[dict[str, Any]] = []  # delivered by the poller, applied at a step boundary
-        self._control_flag = False  # cheap check on the hot path: requests are waiting
-        self._control_wake = threading.Event()
+        # control requests found in the log, handed to the training thread at a step boundary
+        self._control_poller = ControlPoller(events, self._lock, cursor=control_cursor, session_seq=session_seq)
         self._paused = paused
-        self._tunables_callbacks: list[Callable[[dict[str, Any]], Any]] = []
-        self._checkpoint_callbacks: list[Callable[[], Any]] = []
-        self._rewind_callbacks: list[Callable[[Rewind], Any]] = []
+        self._tunables_callbacks: list[Callable[[dict[str, Any]], object]] = []
+        self._checkpoint_callbacks: list[Callable[[], object]] = []
+        self._rewind_callbacks: list[Callable[[Rewind], object]] = []
         self._worker = threading.Thread(target=self._work, name=f"launchhelm-{self.id}", daemon=True)
 
     # -- identity -------------------------------------------------------
@@ -349,7 +228,7 @@ class Run:
         state = "finished" if self._finished else "live"
         return f"<launchhelm.Run {self.project}/{self.id} {self.name!r} step={self._step} {state}>"
 
-    def _repr_mimebundle_(self, include: Any = None, exclude: Any = None) -> dict[str, Any] | None:
+    def _repr_mimebundle_(self, include: object = None, exclude: object = None) -> dict[str, Any] | None:
         """In a notebook, a run left as a cell's last expression shows its run panel."""
         from launchhelm._display import run_mimebundle
 
@@ -424,161 +303,31 @@ class Run:
             return
         if step > self._reached:
             self._reached = step
-        now = time.time()
-        with self._lock:
-            if self._spool is not None:
-                self._spool.append(step, self._attempt, now, row)
-            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
-                self._cut()
+        self._flusher.append(step, self._attempt, time.time(), row)
 
     def _append_row(self, step: int, now: float, row: dict[str, float]) -> None:
         """``log()``'s append, for rows the background thread makes (system metrics)."""
-        with self._lock:
-            if self._spool is not None:
-                self._spool.append(step, self._attempt, now, row)
-            if not self._spilled and self._buffer.append(step, self._attempt, now, row):
-                self._cut()
+        self._flusher.append(step, self._attempt, now, row)
 
     def _set_memory(self, compaction_memory: int) -> None:
         """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
-        self._compaction_memory = compaction_memory
-        # a chunk: its bytes are kept for the compactor, and its decoded table is read by it: a few of
-        # them fit the working set
-        self._chunk_values = max(1024, compaction_memory // 128)
-        self._max_held = max(self._chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
-        self._buffer.limit = self._chunk_values
-
-    def _cut(self) -> None:
-        """Seal the buffer (under ``_lock``): it becomes one chunk, ending where the spool stands now.
-
-        Past ``_max_held`` values waiting, memory lets go of them all: they are in
-        the spool, and the flushes read them from there until they catch up.
-        """
-        buffer, spool = self._buffer, self._spool
-        self._buffer = PointBuffer(self._keys, self._chunk_values)
-        if not len(buffer):
-            return
-        buffer.end = spool.position() if spool is not None else None
-        self._sealed.append(buffer)
-        self._held += len(buffer)
-        if spool is not None and self._held > self._max_held:
-            self._spilled = True
-            self._sealed, self._held = [], 0
+        self._flusher.set_memory(compaction_memory)
 
     def flush(self) -> None:
         """Write every buffered point to the store now (blocking)."""
         self._flush(drain=True)
 
     def _flush(self, drain: bool = True) -> bool:
-        """Write what is buffered; with ``drain``, also every point spooled when the buffer let go.
-
-        Each cut buffer is one chunk. A chunk's ``create`` that fails leaves it
-        (and those after it) for the next try, unless memory let go of them
-        meanwhile: then the spool has them. Without ``drain``, stops once a
-        segment's worth of chunk bytes waits for compaction (they are kept for
-        it: memory), and returns True: more is left for the next round, after
-        the compaction.
-        """
-        with self._io_lock:
-            while True:
-                spool = self._spool
-                with self._lock:
-                    spilled = self._spilled and spool is not None
-                    if spilled:
-                        assert spool is not None
-                        end, names = spool.position(), spool.key_names()
-                        work: list[PointBuffer] = []
-                    else:
-                        self._cut()
-                        work, self._sealed, self._held = self._sealed, [], 0
-                if not spilled:
-                    for i, buffer in enumerate(work):
-                        try:
-                            self._write_chunk(buffer, buffer.end)
-                        except BaseException:
-                            self._put_back(work[i:])
-                            raise
-                        if not drain and i + 1 < len(work) and self._unsealed_bytes >= BYTES_PER_SEGMENT:
-                            self._put_back(work[i + 1 :])
-                            return True
-                    return False
-                assert spool is not None and self._flushed_end is not None
-                for piece in read_spool(
-                    spool.dir, self.session_id, self._flushed_end, end, names, max_bytes=self._chunk_values * 12
-                ):
-                    self._write_chunk(piece.buffer, piece.end)
-                    if not drain and self._unsealed_bytes >= BYTES_PER_SEGMENT:
-                        break
-                    pause()
-                with self._lock:
-                    if self._flushed_end == spool.position():
-                        self._spilled = False  # caught up: log() buffers again
-                        return False
-                if not drain:
-                    return True
-
-    def _put_back(self, buffers: list[PointBuffer]) -> None:
-        with self._lock:
-            if self._spilled:
-                return  # memory let go of them meanwhile: the spool has them
-            self._sealed[:0] = buffers
-            self._held += sum(map(len, buffers))
-            if self._spool is not None and self._held > self._max_held:
-                self._spilled = True
-                self._sealed, self._held = [], 0
-
-    def _write_chunk(self, buffer: PointBuffer, end: tuple[int, int] | None) -> None:
-        """One chunk with ``buffer``'s points; the spool then says the store has every point before ``end``."""
-        spool = self._spool
-        if len(buffer):
-            data = encode_buffer(buffer)
-            first, last = buffer.step_range()
-            while True:
-                key = chunk_key(self.id, self.session_id, self._chunk_number, first, last)
-                self._chunk_number += 1
-                if spool is not None and end is not None:
-                    spool.pending(self._chunk_number - 1, end, self._chunk_number)
-                try:
-                    self._store.create(key, data)
-                    self._answers += 1  # the store answered: an outage's end is said after a real request
-                    self._unsealed[key] = data  # the compactor needs no GET for our own chunks
-                    self._unsealed_bytes += len(data)
-                    break
-                except AlreadyExistsError:
-                    continue  # a chunk number taken by an earlier, ambiguous write
-        if spool is not None and end is not None:
-            spool.flushed(end, self._chunk_number)
-            self._flushed_end = end
-        self._note_latest(buffer)
+        """Write what is buffered (see :meth:`MetricFlusher.flush`); subclasses hook here."""
+        return self._flusher.flush(drain)
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
-        console = self._console
-        if console is None:
-            return
-        with self._console_lock:
-            _console.drain()
-            data = console.take(final)
-            if data is None:
-                return
-            try:
-                while True:
-                    key = console_key(self.id, self.session_id, self._console_number)
-                    self._console_number += 1
-                    try:
-                        self._store.create(key, data)
-                        break
-                    except AlreadyExistsError:
-                        continue  # a number taken by an earlier, ambiguous write
-            except BaseException:
-                console.put_back(data)
-                raise
+        self._console.flush(final)
 
     def _stop_console(self) -> None:
         """Put stdout and stderr back as they were (fds and ``sys`` objects), keeping what was printed."""
-        console = self._console
-        if console is not None:
-            _console.detach(console)
+        self._console.stop()
 
     def _sample_system(self) -> None:
         """One sample of the machine, as points under ``system/`` (background thread only)."""
@@ -590,163 +339,25 @@ class Run:
         self._append_row(self._step, time.time(), row)
 
     def _compact(self, *, only_if_due: bool) -> None:
-        """Fold sealed chunks into segments (background thread, and once at the end of the session).
+        """Fold sealed chunks into segments (see :meth:`MetricFlusher.compact`); never fatal."""
+        self._flusher.compact(only_if_due=only_if_due)
 
-        Never fatal: the chunks stay readable as they are, and the next
-        session or ``launchhelm compact`` finishes the work.
-        """
-        with self._io_lock:  # a consistent view of what _flush has written
-            known = self._unsealed
-            if only_if_due and len(known) < CHUNKS_PER_SEGMENT and sum(map(len, known.values())) < BYTES_PER_SEGMENT:
-                return
-            self._unsealed, self._unsealed_bytes = {}, 0
-        if self._compactor is None:
-            self._compactor = Compactor(self._store, self.id, by=self.session_id, memory=self._compaction_memory)
-        compactor = self._compactor
-        compactor.known.update(known)
-        started = time.time()
-        try:
-            # while live: no listing (see Compactor.compact_live); at the end: a listing covers
-            # everything, evaluation scores too, and collects what aged
-            if only_if_due:
-                compactor.compact_live(only_if_due=False)
-            else:
-                compactor.compact(only_if_due=False)
-        except OSError as exc:  # the store: an outage is said once, by _store_failed
-            self._store_failed(exc, sent=started)
-        except Exception as exc:
-            _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.id, exc)
-        if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
-            compactor.forget()  # bounded: a later compaction lists and GETs them instead
+    @property
+    def _latest(self) -> dict[str, float]:
+        """The latest value of each metric stored, as the summary says it (a resumed session's start fills it)."""
+        return self._summary_writer.latest
 
-    def _beat(self) -> None:
-        self._store.put(
-            heartbeat_key(self.id, self.session_id),
-            encode_heartbeat(max(self._step, self._reached), self._heartbeat_interval),
-        )
+    @property
+    def _beats(self) -> int:
+        return self._summary_writer.beats
 
-    def _heartbeat(self) -> None:
-        """The background beat: every SUMMARY_EVERY-th one is the summary (no more requests than before)."""
-        self._beats += 1
-        if self._beats % SUMMARY_EVERY == 0:
-            self._put_summary()
-        else:
-            self._beat()
-
-    def _note_latest(self, buffer: PointBuffer) -> None:
-        """After a flush: the latest value of each metric stored, for the summary."""
-        latest = buffer.latest()
-        with self._latest_lock:
-            self._latest.update(latest)
-
-    def _put_summary(self) -> None:
-        """Put the run's summary: the heartbeat plus its runs-table row (single writer: this session)."""
-        if not self._records_events:
-            return  # a DDP follower: rank 0's session writes it
-        with self._summary_lock:
-            state = self._events.state(refresh=False)  # what this session appended and saw
-            with self._latest_lock:
-                metrics = dict(self._latest)
-            body = encode_summary(
-                run_id=self.id,
-                name=self.name,
-                project=self.project,
-                created=self._created,
-                config=self.config,
-                tunables=self._tunables,
-                state=state,
-                session_id=self.session_id,
-                step=max(self._step, self._reached),
-                interval=self._heartbeat_interval,
-                metrics=metrics,
-            )
-            self._store.put(summary_key(self.id), body)
-
-    @contextlib.contextmanager
-    def _one_summary(self) -> Iterator[None]:
-        """Events appended inside share one summary, put at the end from a short-lived thread
-        (:meth:`_summary_soon`): a load's rewind and restore, on the path that blocks the training
-        loop, wait for neither that request nor its fsync."""
-        self._summary_deferred += 1
-        try:
-            yield
-        finally:
-            self._summary_deferred -= 1
-            if not self._summary_deferred and self._summary_owed:
-                self._summary_owed = False
-                self._summary_soon()
-
-    def _summary_soon(self) -> None:
-        """Have the summary thread put the summary, so the caller (a checkpoint load, which blocks
-        the training loop) returns without waiting for that write and its fsync.
-
-        The events themselves are durable before the caller returns; a summary a moment behind
-        the log only makes a reader fold this run's last events (docs/storage.md, "Runs table").
-        The thread is kept for the next load (starting one cost a load ~0.5 ms here: it took the
-        GIL from the load's last steps); asks made while it is busy are covered by its next put.
-        The session's end waits for it and ends it (:meth:`_settle_summary`)."""
-        with self._summary_cv:
-            self._summaries_asked += 1
-            thread = self._summary_thread
-            if thread is None or not thread.is_alive():  # the first ask, or after a fork or an idle end
-                thread = threading.Thread(target=self._summaries, name="launchhelm-summary", daemon=True)
-                try:
-                    thread.start()
-                except RuntimeError:  # no thread to be had (interpreter shutting down): put it here
-                    thread = None
-                self._summary_thread = thread
-                self._summaries_end = False
-            self._summary_cv.notify_all()
-        if thread is None:
-            self._after_event({})
-            with self._summary_cv:
-                self._summaries_done = self._summaries_asked
-
-    def _summaries(self) -> None:
-        """The summary thread: put one summary for all asks so far, wait for the next; end after a
-        minute idle (a later ask starts another) or when the session ends."""
-        while True:
-            with self._summary_cv:
-                while self._summaries_done >= self._summaries_asked and not self._summaries_end:
-                    if not self._summary_cv.wait(60) and self._summaries_done >= self._summaries_asked:
-                        self._summaries_end = True
-                if self._summaries_done >= self._summaries_asked:  # ended, nothing owed
-                    if self._summary_thread is threading.current_thread():
-                        self._summary_thread = None
-                    self._summary_cv.notify_all()
-                    return
-                asked = self._summaries_asked
-            try:
-                self._after_event({})
-            finally:
-                with self._summary_cv:
-                    self._summaries_done = max(self._summaries_done, asked)
-                    self._summary_cv.notify_all()
+    def _one_summary(self) -> contextlib.AbstractContextManager[None]:
+        """Events appended inside share one summary, put after (see :meth:`SummaryWriter.one_summary`)."""
+        return self._summary_writer.one_summary()
 
     def _settle_summary(self, end: bool = False) -> None:
-        """Wait until every summary asked of :meth:`_summary_soon` is put; ``end``: and end its thread."""
-        with self._summary_cv:
-            thread = self._summary_thread
-            if thread is None or thread is threading.current_thread():
-                return
-            while self._summaries_done < self._summaries_asked and thread.is_alive():
-                self._summary_cv.wait(0.5)
-            if end:
-                self._summaries_end = True
-                self._summary_cv.notify_all()
-        if end:
-            thread.join()
-
-    def _after_event(self, event: dict[str, Any]) -> None:
-        """Each event this session appends is followed by a summary that reflects it."""
-        if self._summary_deferred:
-            self._summary_owed = True
-            return
-        try:
-            self._put_summary()
-        except Exception as exc:  # the event is in: a summary behind the log is only slower to read
-            self._last_error = exc
-            _log.debug("run %s: could not put its summary after event %s: %s", self.id, event.get("seq"), exc)
+        """Wait until every summary asked for is put; ``end``: and end the thread that puts them."""
+        self._summary_writer.settle(end)
 
     # -- checkpoints and rewinds ----------------------------------------
     def checkpoint(self, path: str | os.PathLike[str], step: int | None = None) -> str:
@@ -822,7 +433,7 @@ class Run:
         on_checkpoint_published(self._store, self.project, self.id, event)
         return event
 
-    def on_rewind(self, callback: Callable[[Rewind], Any]) -> Callable[[Rewind], Any]:
+    def on_rewind(self, callback: _RewindCallback) -> _RewindCallback:
         """Call ``callback(rewind)`` whenever a restore takes the run back.
 
         For state a checkpoint does not hold (a data position kept in
@@ -859,7 +470,7 @@ class Run:
         self._events.append(RESUME_CHOICE_CONSUMED, {"session": self.session_id, "checkpoint": checkpoint_id})
 
     # -- tunables and control ---------------------------------------------
-    def on_tunables_change(self, callback: Callable[[dict[str, Any]], Any]) -> Callable[[dict[str, Any]], Any]:
+    def on_tunables_change(self, callback: _TunablesCallback) -> _TunablesCallback:
         """Call ``callback(changes)`` when tunables change; usable as a decorator.
 
         ``changes`` maps each changed name to its new value. It runs in the
@@ -874,7 +485,7 @@ class Run:
         self._tunables_callbacks.append(callback)
         return callback
 
-    def on_checkpoint_request(self, callback: Callable[[], Any]) -> Callable[[], Any]:
+    def on_checkpoint_request(self, callback: _CheckpointCallback) -> _CheckpointCallback:
         """Call ``callback()`` when ``RunHandle.control("checkpoint")`` takes effect.
 
         For code that saves its own checkpoints (``run.checkpoint(path)``);
@@ -886,32 +497,21 @@ class Run:
         self._checkpoint_callbacks.append(callback)
         return callback
 
+    @property
+    def _control_flag(self) -> bool:
+        """Requests are waiting for the next step boundary (or a restore left the run paused)."""
+        return self._control_poller.flag
+
+    @_control_flag.setter
+    def _control_flag(self, value: bool) -> None:
+        self._control_poller.flag = value
+
     def _poll_controls(self) -> None:
         """Background thread: deliver new control requests to the training thread."""
-        fresh = self._events.since(self._polled)
-        if fresh:
-            self._polled = int(fresh[-1]["seq"])
-        found = []
-        for event in fresh:
-            kind, seq = event.get("type"), int(event["seq"])
-            if kind not in (CONTROL_TUNABLES, CONTROL_ACTION) or seq <= self._control_cursor:
-                continue
-            if kind == CONTROL_ACTION and seq < self._session_seq:
-                continue  # aimed at an earlier session
-            found.append(event)
-        if found:
-            with self._lock:
-                self._requests.extend(found)
-                self._control_cursor = max(self._control_cursor, *(int(e["seq"]) for e in found))
-                self._control_flag = True
-            self._control_wake.set()
+        self._control_poller.poll()
 
     def _take_requests(self) -> list[dict[str, Any]]:
-        with self._lock:
-            requests, self._requests = self._requests, []
-            self._control_flag = False
-            self._control_wake.clear()
-        return requests
+        return self._control_poller.take()
 
     def _step_boundary(self) -> None:
         """Apply waiting control requests; while paused, wait here (heartbeats go on)."""
@@ -927,13 +527,13 @@ class Run:
             self._wait_while_paused()
 
     def _wait_while_paused(self) -> None:
-        self._control_wake.wait(timeout=1.0)
+        self._control_poller.wake.wait(timeout=1.0)
 
     @property
     def _records_events(self) -> bool:
         return True
 
-    def _record_applied(self, request: int | None, cause: str, **detail: Any) -> None:
+    def _record_applied(self, request: int | None, cause: str, **detail: object) -> None:
         if self._records_events:
             self._events.append(
                 CONTROL_APPLIED,
@@ -1042,20 +642,17 @@ class Run:
     # -- background work ------------------------------------------------
     def _start(self) -> None:
         if self._capture_console:
-            self._console = _console.attach()
+            self._console.attach()
         try:
-            self._spool = _open_spool(self)
-            if self._spool is not None:
-                self._flushed_end = self._spool.position()
-            self._beat()
-            self._after_event({"seq": self._session_seq})  # the summary of our session_started event
+            self._flusher.open_spool(self.project, self._flush_interval)
+            self._summary_writer.beat()
+            self._summary_writer.after_event({"seq": self._session_seq})  # the summary of our session_started event
             if self.resumed:
                 self._poll_controls()  # tunables changed while no session was live apply at the first step
         except BaseException:
             self._stop_console()
             raise
-        with _live_lock:
-            _live_runs.add(self)
+        add_live(self)
         self._worker.start()
 
     def _work(self) -> None:
@@ -1074,12 +671,13 @@ class Run:
                 if now >= next_flush:
                     next_flush = now + self._flush_interval
                     while True:
-                        answers = self._answers
+                        answers = self._flusher.answers
                         more = self._flush(drain=False)
-                        if self._answers != answers:  # a flush with nothing to write asked the store nothing
+                        if self._flusher.answers != answers:  # a flush with nothing to write asked the store nothing
                             self._store_answered()
-                        if self._spool is not None:
-                            self._spool.prepare()
+                        spool = self._flusher.spool
+                        if spool is not None:
+                            spool.prepare()
                         self._flush_console()
                         self._compact(only_if_due=True)
                         # catching up (a segment's worth at a time), within a flush interval: heartbeats
@@ -1088,7 +686,7 @@ class Run:
                             break
                 if now >= next_beat:
                     next_beat = now + self._heartbeat_interval
-                    self._heartbeat()
+                    self._summary_writer.heartbeat()
                     self._store_answered()
                 if now >= next_poll:
                     next_poll = now + self._control_interval
@@ -1100,18 +698,13 @@ class Run:
 
     def _leave_in_spool(self, exc: BaseException) -> None:
         """The session ends without the store: what it lacks stays on disk, and the user is told where."""
-        spool, self._spool = self._spool, None
+        spool = self._flusher.abandon()
         if spool is None:
             return
-        spool.close(remove=False)
         # the session is over as a crashed one is: its points are the spool's to upload, and the exit
         # hook must not try the store again (the run stays resumable; its session never ended)
-        with self._lock:
-            self._sealed, self._held, self._spilled = [], 0, False
-            self._buffer = PointBuffer(self._keys, self._chunk_values)
         self._finished = True
-        with _live_lock:
-            _live_runs.discard(self)
+        discard_live(self)
         _log.warning(
             "launchhelm: run %s: the store %s did not take the last points at the end of the session (%s); "
             "they are kept in the spool at %s: `launchhelm recover` uploads them once this process has exited "
@@ -1122,55 +715,12 @@ class Run:
             spool.dir,
         )
 
-    def _held_points(self) -> str:
-        with self._lock:
-            held = self._held + len(self._buffer)
-            spilled = self._spilled
-        where = f"in the spool at {self._spool.dir}" if self._spool is not None else "in memory only"
-        if spilled:
-            return f"points are held {where}"
-        return f"{held:,} values are held in memory" + (f" and {where}" if self._spool is not None else "")
-
     def _store_failed(self, exc: BaseException, since: float | None = None, sent: float | None = None) -> None:
-        """The first failure of an outage: one line saying what failed, since when, and what is held where.
-
-        ``since``: when the request that failed was sent (default: now); ``sent``: when the work that
-        failed began, if not then. A request an outage swallowed can fail after the store answers
-        again: that is the old outage, not a new one.
-        """
-        sent = sent if sent is not None else since
-        with self._outage_lock:
-            if self._outage_since is not None:
-                return
-            if (sent is not None and sent < self._outage_ended) or (
-                sent is None and time.time() - self._outage_ended < request_budget()
-            ):
-                _log.debug("run %s: a request sent before the store answered again failed: %s", self.id, exc)
-                return
-            self._outage_since = time.time() if since is None else since
-        reason = " ".join(f"{type(exc).__name__}: {exc}".split())[:200]
-        _log.warning(
-            "launchhelm: run %s: the store %s is not answering since %s (%s); %s, nothing is lost; retrying",
-            self.id,
-            self._store.url,
-            time.strftime("%H:%M:%S", time.localtime(self._outage_since)),
-            reason,
-            self._held_points(),
-        )
+        """The first failure of an outage is said once (see :meth:`OutageReporter.failed`)."""
+        self._outage.failed(exc, since, sent)
 
     def _store_answered(self) -> None:
-        with self._outage_lock:
-            if self._outage_since is None:
-                return
-            self._outage_ended = time.time()
-            lasted = self._outage_ended - self._outage_since
-            self._outage_since = None
-        _log.warning(
-            "launchhelm: run %s: the store %s answers again after %.0fs; the held points are written",
-            self.id,
-            self._store.url,
-            lasted,
-        )
+        self._outage.answered()
 
     # -- ending ---------------------------------------------------------
     def finish(self, close_run: bool = True) -> None:
@@ -1226,12 +776,9 @@ class Run:
             except BaseException as exc:
                 self._leave_in_spool(exc)
                 raise
-        if self._spool is not None:
-            self._spool.close(remove=True)
-            self._spool = None
+        self._flusher.close()
         self._compact(only_if_due=False)
-        if self._compactor is not None:
-            self._compactor.close()  # its local copies of segments: the store has them
+        self._flusher.close_compactor()
         self._settle_summary(end=True)  # the final summary below is then the last one put
         self._events.append(
             SESSION_ENDED,
@@ -1245,71 +792,9 @@ class Run:
         if self._records_events:
             mark_row(self._store, self.project, self.id, self.session_id, "ended")  # after the final summary
         self._finished = True
-        with _live_lock:
-            _live_runs.discard(self)
+        discard_live(self)
 
 
-def _open_spool(run: Run) -> Spool | None:
-    """The session's spool, unless the store dies with the process anyway or ``LAUNCHHELM_SPOOL=off``."""
-    if run.store.protocol == "memory" or os.environ.get("LAUNCHHELM_SPOOL", "").lower() in ("0", "off", "false"):
-        return None
-    meta = {
-        "run": run.id,
-        "session": run.session_id,
-        "project": run.project,
-        "store": run.store.url,
-        "process": process_identity(),
-        "created": time.time(),
-    }
-    try:
-        return Spool(run.id, run.session_id, meta)
-    except OSError as exc:  # a read-only home: run on, with the flush interval as the only loss bound
-        _log.warning(
-            "launchhelm: no metrics spool for run %s (%s): a hard crash loses up to %.0fs of points",
-            run.id,
-            exc,
-            run._flush_interval,
-        )
-        return None
-
-
-def _at_exit() -> None:
-    """End live sessions at interpreter exit, keeping their runs open."""
-    last = getattr(sys, "last_value", None)
-    reason = f"exception: {type(last).__name__}: {last}" if last is not None else "exit"
-    with _live_lock:
-        runs = list(_live_runs)
-    for run in runs:
-        try:
-            run._end_session(close_run=False, reason=reason)
-        except Exception as exc:  # the store may be gone; nothing else to do here
-            print(f"launchhelm: could not end run {run.id} at exit: {exc}", file=sys.stderr)
-
-
-_exit_hook_installed = False
-
-
-def _install_exit_hook() -> None:
-    """End live sessions at exit, before the interpreter stops thread pools.
-
-    Object-store clients (aiohttp under s3fs) resolve hosts in the event
-    loop's thread pool, which refuses work once ``concurrent.futures`` has
-    shut down at exit. ``threading``'s exit hooks run before that one when
-    registered after it (they run in reverse order), so the final flush can
-    still reach S3. ``atexit`` stays as the fallback.
-    """
-    global _exit_hook_installed
-    if _exit_hook_installed:
-        return
-    import concurrent.futures.thread  # noqa: F401  registers its own hook first
-
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(_at_exit)
-    atexit.register(_at_exit)
-    _exit_hook_installed = True
-
-
-def _control_state(tunables: Mapping[str, Any], control_seq: int, paused: bool) -> str:
+def _control_state(tunables: Mapping[str, object], control_seq: int, paused: bool) -> str:
     """Tunables and control state as the log folds them (``launchhelm.runlog._control.in_force``), exactly."""
     return json.dumps([dict(tunables), control_seq, paused], sort_keys=True)

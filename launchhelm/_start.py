@@ -21,15 +21,10 @@ from launchhelm._run import (
     DEFAULT_FLUSH_INTERVAL,
     Run,
     _check_flag,
-    _default_name,
-    _install_exit_hook,
-    _new_run_id,
-    _new_session_id,
-    _seconds,
-    _warm_up_encoder,
 )
 from launchhelm.console import _capture as _console
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm.metrics._flusher import warm_up_encoder
 from launchhelm.metrics._spool import recover_run
 from launchhelm.metrics._system import system_interval
 from launchhelm.runlog._control import check_plain, in_force
@@ -42,11 +37,14 @@ from launchhelm.runlog._events import (
     validate_project,
     validate_run_id,
 )
+from launchhelm.runlog._live_sessions import install_exit_hook
 from launchhelm.runlog._liveness import process_identity
+from launchhelm.runlog._names import default_name, new_run_id, new_session_id
 from launchhelm.runlog._runinfo import furthest_step, read_run_record
 from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
+    env_seconds,
     liveness,
     summary_key,
 )
@@ -244,11 +242,11 @@ def start_run(
         if not isinstance(tunables, Mapping):
             raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         check_plain(tunables, "tunables")
-    _warm_up_encoder()
-    _install_exit_hook()
+    warm_up_encoder()
+    install_exit_hook()
 
     st = open_store(store, storage_options)
-    session_id = _new_session_id()
+    session_id = new_session_id()
     session_payload = {
         "session": session_id,
         "process": process_identity(),
@@ -294,6 +292,14 @@ def start_run(
     return run
 
 
+def _seconds(name: str, given: float | None, env: str, default: float) -> float:
+    if given is None:
+        return env_seconds(env, default)
+    if isinstance(given, bool) or not isinstance(given, (int, float)) or not given > 0:
+        raise InvalidArgumentError(f"{name}={given!r}: give a positive number of seconds")
+    return float(given)
+
+
 def _read_or_none(store: Store, key: str) -> bytes | None:
     return store.read_many([key])[key]
 
@@ -307,12 +313,12 @@ def _create_run(
     given_id: str | None = None,
 ) -> tuple[dict[str, Any], EventLog]:
     while True:
-        run_id = given_id or _new_run_id()
+        run_id = given_id or new_run_id()
         record = {
             "format": "launchhelm.run/1",
             "id": run_id,
             "project": project,
-            "name": name or _default_name(),
+            "name": name or default_name(),
             "config": dict(config or {}),
             "tunables": dict(tunables or {}),
             "created": time.time(),

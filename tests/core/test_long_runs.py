@@ -27,9 +27,9 @@ _CHILD = textwrap.dedent(
     import gc, json, sys, time
     import pyarrow as pa
     import launchhelm as lh
-    import launchhelm._run, launchhelm.metrics._compact
+    import launchhelm.metrics._compact, launchhelm.metrics._flusher
     # compaction due after every flush: many merges in a few seconds
-    launchhelm._run.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
+    launchhelm.metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
     store, steps, memory = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     run = lh.init("long", store=store, system_metrics=False, capture_console=False,
                   flush_interval=3600, compaction_memory=memory)
@@ -121,8 +121,8 @@ def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path:
         """
         import sys
         import launchhelm as lh
-        import launchhelm._run, launchhelm.metrics._compact
-        launchhelm._run.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
+        import launchhelm.metrics._compact, launchhelm.metrics._flusher
+        launchhelm.metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
         run = lh.init("lean", store=sys.argv[1], system_metrics=False, capture_console=False, flush_interval=3600)
         for step in range(2_000):
             run.log({"loss": 1.0 / (step + 1), "lr": 3e-4}, step=step)

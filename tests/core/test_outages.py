@@ -107,11 +107,11 @@ _TRAIN = textwrap.dedent(
     """
     import json, queue, sys, threading, time
     import torch
-    import launchhelm._run, launchhelm.metrics._compact
+    import launchhelm.metrics._compact, launchhelm.metrics._flusher
     import launchhelm.torch as lht
 
     # compaction due every few flushes, so merges run before, during and after the outage
-    launchhelm._run.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 4
+    launchhelm.metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 4
     store, endpoint, project = sys.argv[1:4]
     told = queue.Queue()
     threading.Thread(target=lambda: [told.put(line.strip()) for line in sys.stdin], daemon=True).start()
