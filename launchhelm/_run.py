@@ -609,8 +609,8 @@ class Run:
         """A checkpoint restore brings back the tunables and control state it saw.
 
         It is recorded (a ``control_applied`` event, cause ``restore``) only where it changed them:
-        a restore to the state already in force would fold to the same state, and costs the load
-        that blocks training an event's two fsyncs (~0.6 ms here)."""
+        a restore to the state already in force would fold to the same state, and would cost the
+        load that blocks training an event's two fsyncs."""
         before = _control_state(self._tunables, self._control_seq, self._paused)
         changes: dict[str, Any] = {}
         if tunables is not None:

@@ -144,8 +144,8 @@ class SummaryWriter:
 
         The events themselves are durable before the caller returns; a summary a moment behind
         the log only makes a reader fold this run's last events (docs/storage.md, "Runs table").
-        The thread is kept for the next load (starting one cost a load ~0.5 ms here: it took the
-        GIL from the load's last steps); asks made while it is busy are covered by its next put.
+        The thread is kept for the next load (starting one takes the GIL from the load's last
+        steps); asks made while it is busy are covered by its next put.
         The session's end waits for it and ends it (:meth:`settle`)."""
         with self._cv:
             self._asked += 1
