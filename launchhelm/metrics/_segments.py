@@ -65,8 +65,8 @@ def decode_segment(blob: bytes) -> pa.Table:
 
     # Single-threaded on purpose: Arrow's CPU pool, once started, can abort a
     # process at exit ("terminate called without an active exception",
-    # apache/arrow#34314), and a training script must exit 0. Decoding a
-    # 1M-point segment costs ~40 ms more this way.
+    # apache/arrow#34314), and a training script must exit 0; a large segment
+    # decodes a little slower this way.
     return _plain(pq.ParquetFile(pa.BufferReader(blob)).read(use_threads=False))
 
 
