@@ -118,6 +118,17 @@ def test_tensorboard_scalars_steps_names_and_hparams_import_exactly(tb_logdir: P
     assert mnist.events()[0]["imported"]["source"] == "tensorboard"
 
 
+def test_an_import_shows_a_progress_bar_and_one_line_per_run(
+    tb_logdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lines: list[str] = []
+    import_tensorboard(tb_logdir, "tb", store=str(tmp_path / "store"), progress=True, report=lines.append)
+    out, err = capsys.readouterr()
+    assert "import tensorboard" in err and "3/3" in err  # the bar, on stderr, counting runs
+    assert len([line for line in out.splitlines() if line.strip()]) == 3  # a line per run, above the bar
+    assert not lines  # with the bar, lines go through it, not to report()
+
+
 @pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.slow)])
 def test_importing_tensorboard_again_adds_nothing_through_the_command_line(
     tb_logdir: Path, tmp_path: Path, backend: str, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
