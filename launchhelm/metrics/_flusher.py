@@ -253,6 +253,10 @@ class MetricFlusher:
                 compactor.compact_live(only_if_due=False)
             else:
                 compactor.compact(only_if_due=False)
+        except AlreadyExistsError as exc:
+            # another compaction published that object first (a racing session, or a compaction of
+            # this one run from another thread): not an outage, and the next round starts from it
+            _log.debug("run %s: a compaction lost a race, the next one goes on: %s", self.run_id, exc)
         except OSError as exc:  # the store: an outage is said once, by the run's _store_failed
             self._on_store_error(exc, sent=started)
         except Exception as exc:

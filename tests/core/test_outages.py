@@ -414,3 +414,27 @@ def test_a_request_the_outage_swallowed_failing_after_it_ended_is_not_a_new_outa
     finally:
         run._store_answered()
         run.finish()
+
+
+def test_a_compaction_that_loses_a_race_is_not_an_outage(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # two compactions of one run (a racing session, or one from another thread) may both try to
+    # publish the next manifest: the loser's AlreadyExistsError is an OSError, but no outage
+    from launchhelm.metrics._compact import Compactor
+
+    def lost(self: Compactor, only_if_due: bool = True) -> None:
+        raise lh.AlreadyExistsError("manifest-00000000000000000013.json already exists", url="x")
+
+    monkeypatch.setattr(Compactor, "compact", lost)
+    run = lh.init("outages", store=str(tmp_path), system_metrics=False, capture_console=False)
+    try:
+        run.log({"x": 1.0})
+        run.flush()
+        with caplog.at_level("WARNING", logger="launchhelm"):
+            run._compact(only_if_due=False)
+        assert [r.getMessage() for r in caplog.records] == []
+    finally:
+        monkeypatch.undo()
+        run.finish()
+    assert lh.Api(str(tmp_path)).run(run.id).history()["x"].tolist() == [1.0]
