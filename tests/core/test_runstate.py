@@ -234,7 +234,16 @@ def test_a_folded_local_log_is_listed_again_only_when_its_next_event_exists(tmp_
 
 
 def test_a_summary_behind_the_log_still_gives_the_right_row(store_url: str) -> None:
-    run = lh.init("behind", config={"lr": 0.5}, store=store_url, heartbeat_interval=60, heartbeat_timeout=120)
+    # no console capture: the session is abandoned below, not ended, and must leave sys.stdout alone
+    run = lh.init(
+        "behind",
+        config={"lr": 0.5},
+        store=store_url,
+        heartbeat_interval=60,
+        heartbeat_timeout=120,
+        capture_console=False,
+        system_metrics=False,
+    )
     run.log({"loss": 2.0}, step=3)
     run.flush()
     try:
