@@ -160,7 +160,7 @@ def flood(store: Any, options: dict[str, Any] | None, seconds: float) -> dict[st
         "marks": marks,
         "after_init": after_init / MIB,
         "finish_s": time.monotonic() - finish_s,
-        "memory": run._compaction_memory / MIB,
+        "memory": run._flusher.compaction_memory / MIB,
         "store": run.store,
     }
 
