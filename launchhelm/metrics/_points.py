@@ -216,6 +216,11 @@ def decode_chunks(blobs: Iterable[bytes]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+#: Points pivoted at a time by :func:`history_frame`: its temporaries are a few times this many
+#: 8-byte values, whatever the run's length.
+PIVOT_BATCH = 1 << 20
+
+
 def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates: str = "all") -> pd.DataFrame:
     """Pivot long points into the wide history frame.
 
@@ -225,6 +230,11 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
     its last value. With ``duplicates="last"`` there is one row per step and
     each key holds its value from the newest attempt that logged it there;
     ``attempt`` is then the newest attempt at that step.
+
+    The points are pivoted :data:`PIVOT_BATCH` at a time, in arrival order,
+    straight into the frame's columns: beyond the frame itself, memory does
+    not grow with the run (a long run's history must not need many times its
+    size).
     """
     import numpy as np
     import pandas as pd
@@ -239,54 +249,71 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
         if isinstance(keys, str):
             keys = [keys]
         table = table.filter(pc.is_in(table.column("key"), value_set=pa.array(list(keys), pa.string())))
-    encoded = table.column("key").combine_chunks().dictionary_encode()
-    key_names: list[str] = encoded.dictionary.to_pylist()
-    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    step = table.column("step").to_numpy()
-    attempt = table.column("attempt").to_numpy().astype(np.int64)
-    t = table.column("time").to_numpy()
-    value = table.column("value").to_numpy()
-    if keys is not None:
-        order_names = [k for k in keys if k in key_names]
-    else:
-        order_names = key_names
-    n = len(step)
-    arrival = np.arange(n, dtype=np.int64)
-    if duplicates == "all":
-        # one int64 per (step, attempt): np.unique on it is ~20x faster than on pairs
-        width = int(attempt.max()) + 1 if n else 1
-        uniq, row_of = np.unique(step * width + attempt, return_inverse=True)
-        row_step, row_attempt = uniq // width, uniq % width
-    else:
-        row_step, row_of = np.unique(step, return_inverse=True)
-        row_attempt = np.full(len(row_step), -1, dtype=np.int64)
-        if n:
-            np.maximum.at(row_attempt, row_of, attempt)
-    row_of = row_of.reshape(-1)
-    nrows, nkeys = len(row_step), len(key_names)
+    n = table.num_rows
+    batches = [b for b in table.to_batches(max_chunksize=PIVOT_BATCH) if b.num_rows]
+    width = int(pc.max(table.column("attempt")).as_py()) + 1 if n else 1
+    last = duplicates == "last"
+
+    # pass 1: key names in first-logged order, and the rows ((step, attempt) or step), sorted
+    key_index: dict[str, int] = {}
+    pieces = []
+    for batch in batches:
+        for name in batch.column("key").dictionary_encode().dictionary.to_pylist():
+            key_index.setdefault(name, len(key_index))
+        step = batch.column("step").to_numpy()
+        pieces.append(np.unique(step if last else step * width + batch.column("attempt").to_numpy().astype(np.int64)))
+    rows = np.unique(np.concatenate(pieces)) if pieces else np.zeros(0, dtype=np.int64)
+    del pieces
+    nrows, nkeys = len(rows), len(key_index)
+    key_names = list(key_index)
+    order_names = key_names if keys is None else [k for k in keys if k in key_index]
+
+    # pass 2: each batch's values into the columns. Last write wins per cell: the newest attempt,
+    # then the latest arrival; batches go in arrival order, so a later batch wins a tie.
+    grid = np.full((max(nkeys, 1), nrows), np.nan)
     times = np.full(nrows, -np.inf)
-    if n:
-        np.maximum.at(times, row_of, t)
-    # last write wins per cell: newest attempt first, then latest arrival
-    cell = row_of * max(nkeys, 1) + codes
-    order = np.lexsort((arrival, attempt))[::-1]
-    _, first = np.unique(cell[order], return_index=True)
-    chosen = order[first]
-    grid = np.full((nrows, max(nkeys, 1)), np.nan)
-    grid[row_of[chosen], codes[chosen]] = value[chosen]
-    frame = pd.DataFrame(
-        {
-            "step": row_step.astype(np.int64),
-            "attempt": row_attempt.astype(np.int64),
-            "time": pd.to_datetime(times if nrows else np.array([], dtype=float), unit="s", utc=True),
-        }
-    )
-    index = {name: i for i, name in enumerate(key_names)}
-    columns = {name: grid[:, index[name]] for name in order_names}
-    if columns:
-        frame = pd.concat([frame, pd.DataFrame(columns)], axis=1)
-    result: pd.DataFrame = frame
-    return result
+    row_attempt = np.full(nrows, -1, dtype=np.int64)
+    cell_attempt = np.full((max(nkeys, 1), nrows), -1, dtype=np.int32) if last else None
+    for batch in batches:
+        encoded = batch.column("key").dictionary_encode()
+        lookup = np.array([key_index[name] for name in encoded.dictionary.to_pylist()], dtype=np.int64)
+        codes = lookup[encoded.indices.to_numpy(zero_copy_only=False)]
+        step = batch.column("step").to_numpy()
+        attempt = batch.column("attempt").to_numpy()
+        row_of = np.searchsorted(rows, step if last else step * width + attempt.astype(np.int64))
+        np.maximum.at(times, row_of, batch.column("time").to_numpy())
+        if last:
+            np.maximum.at(row_attempt, row_of, attempt)
+        cell = codes * nrows + row_of
+        del codes, row_of
+        value = batch.column("value").to_numpy()
+        if last:
+            assert cell_attempt is not None
+            # this batch's winner per cell: newest attempt, then latest arrival
+            order = np.lexsort((np.arange(len(cell)), attempt))[::-1]
+            _, first = np.unique(cell[order], return_index=True)
+            chosen = order[first]
+            cell, won_attempt = cell[chosen], attempt[chosen]
+            newer = won_attempt >= cell_attempt.reshape(-1)[cell]
+            cell = cell[newer]
+            cell_attempt.reshape(-1)[cell] = won_attempt[newer]
+            grid.reshape(-1)[cell] = value[chosen[newer]]
+        else:
+            # one attempt per row: the latest arrival wins
+            _, first = np.unique(cell[::-1], return_index=True)
+            chosen = len(cell) - 1 - first
+            grid.reshape(-1)[cell[chosen]] = value[chosen]
+    if not last:
+        row_attempt = rows % width
+        rows = rows // width
+    columns: dict[str, object] = {
+        "step": rows.astype(np.int64),
+        "attempt": row_attempt.astype(np.int64),
+        "time": pd.to_datetime(times if nrows else np.array([], dtype=float), unit="s", utc=True),
+    }
+    columns.update({name: grid[key_index[name]] for name in order_names})
+    frame: pd.DataFrame = pd.DataFrame(columns, copy=False)  # the columns are ours: no second copy
+    return frame
 
 
 def abandoned_mask(step: Any, attempt: Any, state: Any) -> Any:

@@ -154,7 +154,10 @@ def default_points(table: pa.Table) -> pa.Table:
 
     if not table.num_rows:
         return table
-    return table.filter(pc.invert(_is_system(table)))
+    system = _is_system(table)
+    if not pc.any(system).as_py():
+        return table  # no copy of a long run's points for nothing
+    return table.filter(pc.invert(system))
 
 
 def system_frame(table: pa.Table, keys: Sequence[str] | str | None = None) -> pd.DataFrame:

@@ -218,3 +218,95 @@ def test_points_from_two_sessions_read_in_order(store_url: str) -> None:
     again.finish()
     frame = lh.Api(store_url).run(run.id).history()
     assert frame["x"].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+
+
+def _pivot_by_hand(rows: list[tuple[int, int, float, dict[str, float]]], duplicates: str) -> dict[object, object]:
+    """The history's definition, one point at a time: the newest attempt wins a cell, then the latest arrival."""
+    cells: dict[object, dict[str, tuple[int, float]]] = {}
+    times: dict[object, float] = {}
+    attempts: dict[object, int] = {}
+    for step, attempt, t, values in rows:
+        row = step if duplicates == "last" else (step, attempt)
+        times[row] = max(times.get(row, -math.inf), t)
+        attempts[row] = max(attempts.get(row, -1), attempt)
+        for key, value in values.items():
+            held = cells.setdefault(row, {}).get(key)
+            if held is None or attempt >= held[0]:
+                cells[row][key] = (attempt, value)
+    return {row: (attempts[row], times[row], {k: v for k, (_, v) in cells[row].items()}) for row in sorted(times)}
+
+
+@pytest.mark.parametrize("duplicates", ["all", "last"])
+@pytest.mark.parametrize("batch", [1, 3, 1 << 20])
+def test_the_pivot_agrees_with_its_definition_however_the_points_are_batched(
+    duplicates: str, batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launchhelm.metrics import _points
+
+    monkeypatch.setattr(_points, "PIVOT_BATCH", batch)  # cells won across batches, not only within one
+    rng = np.random.default_rng(7 + batch)
+    keys = ["loss", "acc", "lr", "z"]
+    rows = [
+        (
+            int(rng.integers(0, 12)),
+            int(rng.integers(0, 3)),
+            float(rng.integers(0, 50)),
+            {k: float(rng.integers(0, 1000)) for k in keys if rng.random() < 0.6} or {"loss": -1.0},
+        )
+        for _ in range(300)
+    ]
+    table = decode_chunks([encode_chunk(rows[i : i + 37]) for i in range(0, len(rows), 37)])
+    _agrees(history_frame(table, duplicates=duplicates), rows, duplicates)  # type: ignore[arg-type]
+    # a subset of keys: rows only where one of them was logged, their columns in the order asked
+    wanted = ["z", "acc"]
+    some = [(s, a, t, {k: v for k, v in values.items() if k in wanted}) for s, a, t, values in rows]
+    some = [row for row in some if row[3]]
+    subset = history_frame(table, keys=wanted, duplicates=duplicates)  # type: ignore[arg-type]
+    assert subset.columns.tolist() == ["step", "attempt", "time", *wanted]
+    _agrees(subset[["step", "attempt", "time", *dict.fromkeys(k for *_, v in some for k in v)]], some, duplicates)
+
+
+def _agrees(frame: pd.DataFrame, rows: list[tuple[int, int, float, dict[str, float]]], duplicates: str) -> None:
+    first_logged = list(dict.fromkeys(k for *_, values in rows for k in values))
+    assert frame.columns.tolist() == ["step", "attempt", "time", *first_logged]
+    expected = _pivot_by_hand(rows, duplicates)
+    assert len(frame) == len(expected)
+    for (row, (attempt, t, cells)), got in zip(expected.items(), frame.itertuples(index=False), strict=True):
+        step = row if duplicates == "last" else row[0]  # type: ignore[index]
+        assert (got.step, got.attempt, got.time) == (step, attempt, pd.Timestamp(t, unit="s", tz="UTC"))
+        for key in first_logged:
+            value = getattr(got, key)
+            assert (value == cells[key]) if key in cells else math.isnan(value), (row, key)
+
+
+def test_the_pivot_of_a_long_run_needs_little_more_than_the_frame_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tracemalloc
+
+    import pyarrow as pa
+
+    from launchhelm.metrics import _points
+    from launchhelm.metrics._segments import points_schema
+
+    monkeypatch.setattr(_points, "PIVOT_BATCH", 1 << 16)
+    steps, keys = 400_000, ["loss", "lr", "grad_norm", "acc", "tput"]
+    step = np.repeat(np.arange(steps, dtype=np.int64), len(keys))
+    table = pa.Table.from_arrays(
+        [
+            pa.array(step),
+            pa.array(np.zeros(len(step), dtype=np.int32)),
+            pa.array(step.astype(np.float64)),
+            pa.array(keys * steps, pa.string()),
+            pa.array(-step.astype(np.float64)),
+        ],
+        schema=points_schema(),
+    )
+    del step
+    tracemalloc.start()  # numpy's allocations are traced; the Arrow table above is not counted
+    try:
+        frame = history_frame(table)  # type: ignore[arg-type]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(frame) == steps and (frame["tput"].to_numpy() == -np.arange(steps)).all()
+    size = int(frame.memory_usage(index=False).sum())
+    assert peak < 2.5 * size, f"the pivot peaked at {peak / size:.1f}x the frame's {size / 2**20:.0f} MiB"
