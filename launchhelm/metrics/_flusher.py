@@ -122,7 +122,7 @@ class MetricFlusher:
         # a chunk: its bytes are kept for the compactor, and its decoded table is read by it: a few of
         # them fit the working set
         self.chunk_values = max(1024, compaction_memory // 128)
-        self.max_held = max(self.chunk_values, compaction_memory // 2 // BYTES_PER_VALUE)
+        self.max_held = max(self.chunk_values, compaction_memory // 4 // BYTES_PER_VALUE)
         self.buffer.limit = self.chunk_values
 
     def open_spool(self, project: str, flush_interval: float) -> None:

@@ -99,6 +99,7 @@ class Spool:
         self._lock = threading.Lock()  # rotation and closing against the flush thread
         self._ready: list[tuple[int, mmap.mmap, int]] = []  # the next file, made ready by prepare()
         self._made = -1  # the highest file number made so far
+        self._removed = 0  # files below this number are deleted
         self._retired: list[tuple[mmap.mmap, int]] = []  # ready files not used, unmapped by retire()
         self._open_next()
 
@@ -242,11 +243,12 @@ class Spool:
         """After the chunk landed: the store has every point up to ``end``; drop files wholly before it."""
         _STATE.pack_into(self._state, 0, next_number, -1, 0, 0, end[0], end[1])
         self.retire()
-        for k in range(end[0]):
+        for k in range(self._removed, end[0]):  # from the last one deleted: a flood's spool has hundreds
             try:
                 self._path(k).unlink()
             except FileNotFoundError:
                 pass
+        self._removed = max(self._removed, end[0])
 
     def close(self, *, remove: bool) -> None:
         """End of the session: with ``remove`` (every point is in the store), delete the spool."""
