@@ -82,17 +82,47 @@ def row(step: int) -> dict[str, float]:
     return {"loss": 1.0 / (x + 1.0), "lr": 3e-4, "grad_norm": x, "acc": x * 0.5, "tput": -x}
 
 
+def high_water() -> float:
+    """The process's peak RSS since the last :func:`reset_high_water`, MiB (VmHWM)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def reset_high_water() -> None:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM to the current RSS
+    except OSError:
+        pass
+
+
 def exact(store: Any, run_id: str, steps: int) -> bool:
+    """Every point back through ``history()``, exactly; prints what the read cost in memory."""
     import numpy as np
 
     import launchhelm as lh
 
+    gc.collect()
+    before = rss() / MIB
+    reset_high_water()
+    started = time.perf_counter()
     frame = lh.Api(store).run(run_id).history()
+    took = time.perf_counter() - started
+    size = frame.memory_usage(index=False).sum() / MIB
+    print(
+        f"  history(): {len(frame):,} rows in {took:.1f} s; the frame {size:.0f} MiB, "
+        f"the read's peak RSS {high_water() - before:.0f} MiB over the {before:.0f} MiB before it",
+        flush=True,
+    )
     expected = np.arange(steps, dtype=np.float64)
     return (
         len(frame) == steps
         and np.array_equal(frame["grad_norm"].to_numpy(), expected)
         and np.array_equal(frame["tput"].to_numpy(), -expected)
+        and np.array_equal(frame["step"].to_numpy(), np.arange(steps))
     )
 
 

@@ -113,12 +113,12 @@ class PointReader:
         tables = []
         for seg in manifest.segments:
             if seg.key not in self._segments:
-                blob = blobs.get(f"{self.prefix}/{seg.key}")
+                blob = blobs.pop(f"{self.prefix}/{seg.key}", None)  # each blob freed once decoded
                 if blob is None:
                     raise StaleRead(seg.key)
                 self._segments[seg.key] = _decode_segment(f"{self.prefix}/{seg.key}", blob, self.run_id)
             tables.append(self._segments[seg.key])
-        tables += [_decode(c, blobs.get(c.key), self.run_id) for c in tail]
+        tables += [_decode(c, blobs.pop(c.key, None), self.run_id) for c in tail]
         self._segments = {s.key: self._segments[s.key] for s in manifest.segments}
         cursor = Cursor(manifest=manifest, max_step=manifest.max_step)
         for chunk in tail:
