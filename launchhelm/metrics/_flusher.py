@@ -263,7 +263,6 @@ class MetricFlusher:
             _log.warning("run %s: could not compact its metrics (%s); they stay readable as chunks", self.run_id, exc)
         if sum(map(len, compactor.known.values())) > min(4 * BYTES_PER_SEGMENT, compactor.memory // 4):
             compactor.forget()  # bounded: a later compaction lists and GETs them instead
-        _release_arrow_memory()
 
     def close(self) -> None:
         """The session ended with the store: the spool's points are stored, the compactor's copies too."""
@@ -322,16 +321,3 @@ def _open_spool(store: Store, run_id: str, session_id: str, project: str, flush_
             flush_interval,
         )
         return None
-
-
-def _release_arrow_memory() -> None:
-    """Hand the pages a compaction freed back to the system.
-
-    Arrow's allocator keeps freed pages for reuse; in a training process that
-    logs as fast as it can they added tens of MiB to the resident set between
-    compactions, on top of the working set the setting bounds.
-    """
-    import pyarrow as pa
-
-    pause()
-    pa.default_memory_pool().release_unused()
