@@ -259,6 +259,11 @@ def main() -> int:
         if args.storage_options:
             common += ["--storage-options", args.storage_options]
         env = {**os.environ, "LAUNCHHELM_SPOOL": os.environ.get("LAUNCHHELM_SPOOL") or os.path.join(tmp, "spool")}
+        if args.s3:
+            # moto 5.2 answers a GET of an object uploaded in parts (FULL_OBJECT CRC64NVME) with a
+            # 4-byte crc64nvme header that cannot match, and botocore then refuses the whole read; S3
+            # itself returns the checksum the upload gave and checked. Validate only where required.
+            env["AWS_RESPONSE_CHECKSUM_VALIDATION"] = "when_required"
         failed = 0
         for part in ("day", "flood"):
             code = subprocess.run([sys.executable, __file__, *common, "--only", part], env=env, check=False).returncode
