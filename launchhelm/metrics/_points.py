@@ -254,12 +254,10 @@ def history_frame(table: pa.Table, keys: Sequence[str] | None = None, duplicates
     width = int(pc.max(table.column("attempt")).as_py()) + 1 if n else 1
     last = duplicates == "last"
 
-    # pass 1: key names in first-logged order, and the rows ((step, attempt) or step), sorted
-    key_index: dict[str, int] = {}
+    # pass 1: the rows ((step, attempt) or step), sorted; key names in first-logged order
+    key_index = {name: i for i, name in enumerate(pc.unique(table.column("key")).to_pylist())}
     pieces = []
     for batch in batches:
-        for name in batch.column("key").dictionary_encode().dictionary.to_pylist():
-            key_index.setdefault(name, len(key_index))
         step = batch.column("step").to_numpy()
         pieces.append(np.unique(step if last else step * width + batch.column("attempt").to_numpy().astype(np.int64)))
     rows = np.unique(np.concatenate(pieces)) if pieces else np.zeros(0, dtype=np.int64)
