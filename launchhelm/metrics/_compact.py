@@ -62,7 +62,8 @@ DEFAULT_COMPACTION_MEMORY = 64 * 2**20
 MIN_COMPACTION_MEMORY = 4 * 2**20
 #: Bytes a decoded point takes in Arrow (step, attempt, time, key offset and text, value) with headroom
 #: for the Parquet reader's and writer's own buffers: a batch of ``memory // BYTES_PER_ROW_HELD`` rows.
-BYTES_PER_ROW_HELD = 256
+#: Half the setting's worth: the allocators keep some of what a batch freed (bench_soak's flood).
+BYTES_PER_ROW_HELD = 512
 #: Segments at most this size are sent with one ``create`` of their bytes; bigger ones stream from disk.
 INLINE_UPLOAD_BYTES = 8 * 2**20
 

@@ -34,6 +34,28 @@ _log = logging.getLogger("launchhelm")
 _warmed_up = False
 
 
+def prefer_returning_pool() -> None:
+    """Make jemalloc pyarrow's default pool, unless the user chose one (``ARROW_DEFAULT_MEMORY_POOL``,
+    or ``LAUNCHHELM_ARROW_POOL=keep``).
+
+    The flush thread's tables come and go all run long; pyarrow's default,
+    mimalloc, keeps much of what they freed resident, jemalloc hands it back
+    to the system within a second (docs/long-runs.md has the figures).
+    Buffers allocated before the switch are still freed to their own pool.
+    """
+    if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or os.environ.get("LAUNCHHELM_ARROW_POOL", "").lower() == "keep":
+        return
+    import pyarrow as pa
+
+    if pa.default_memory_pool().backend_name != "mimalloc":
+        return  # chosen already (pa.set_memory_pool), by the user or an earlier session
+    try:
+        pool = pa.jemalloc_memory_pool()
+    except NotImplementedError:  # a pyarrow built without it
+        return
+    pa.set_memory_pool(pool)
+
+
 class StoreErrorSink(Protocol):
     """Where a store failure goes: the run's outage line (``Run._store_failed``)."""
 
@@ -49,6 +71,7 @@ def warm_up_encoder() -> None:
     """
     global _warmed_up
     if not _warmed_up:
+        prefer_returning_pool()
         buffer = PointBuffer(KeyIds(), 1)
         buffer.append(0, 0, 0.0, {"warm-up": 0.0})
         encode_buffer(buffer)

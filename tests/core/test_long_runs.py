@@ -150,6 +150,48 @@ def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path:
     assert lh.Api(store).run(run_id).history()["step"].tolist() == list(range(2_000))
 
 
+_POOL_CHILD = textwrap.dedent(
+    """
+    import sys
+    import pyarrow as pa
+    import launchhelm as lh
+    before = pa.default_memory_pool().backend_name
+    run = lh.init("pool", store=sys.argv[1], system_metrics=False, capture_console=False)
+    run.log({"loss": 1.0}, step=0)
+    run.finish()
+    print(before, pa.default_memory_pool().backend_name)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "jemalloc"),  # mimalloc keeps what the flush thread's tables freed resident: see prefer_returning_pool
+        ({"ARROW_DEFAULT_MEMORY_POOL": "system"}, "system"),  # the user's choice stands
+        ({"LAUNCHHELM_ARROW_POOL": "keep"}, "mimalloc"),
+    ],
+)
+def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
+    tmp_path: Path, env: dict[str, str], expected: str
+) -> None:
+    pa = pytest.importorskip("pyarrow")
+    if "jemalloc" not in pa.supported_memory_backends():
+        pytest.skip("this pyarrow is built without jemalloc")
+    base = {k: v for k, v in child_env().items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "LAUNCHHELM_ARROW_POOL")}
+    out = subprocess.run(
+        [sys.executable, "-c", _POOL_CHILD, str(tmp_path / "store")],
+        env={**base, "LAUNCHHELM_SPOOL": str(tmp_path / "spool"), **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.split()
+    assert after == expected, (before, after)
+    assert lh.Api(str(tmp_path / "store")).runs("pool")["id"].size == 1  # the session's points still landed
+
+
 _OUTAGE_CHILD = textwrap.dedent(
     """
     import socket, sys, threading, time
