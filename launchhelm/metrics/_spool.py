@@ -57,6 +57,24 @@ PREFAULT_BYTES = 2**20
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; mmap has no name for it before Python 3.13
 
 
+def _release(mm: mmap.mmap, start: int, length: int) -> None:
+    """Unmap written pages from the process (``MADV_DONTNEED``): the file keeps them.
+
+    On a shared file mapping the page cache holds the data and writes it back;
+    only the process's page table lets go, so a spool file's written pages
+    stop counting in the resident set long before the file is closed.
+    """
+    from launchhelm.metrics._pause import pause
+
+    step = 2**20
+    for at in range(start, start + max(0, length), step):
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, at, min(step, start + length - at))
+        except (OSError, ValueError, AttributeError):
+            return  # another system, or log() closed the file: it is unmapped whole then
+        pause()
+
+
 def _populate(mm: mmap.mmap, start: int, length: int) -> None:
     """Fault in (for writing) ``length`` bytes of ``mm`` from ``start`` (page-aligned), where Linux can."""
     from launchhelm.metrics._pause import pause
@@ -101,6 +119,7 @@ class Spool:
         self._made = -1  # the highest file number made so far
         self._removed = 0  # files below this number are deleted
         self._retired: list[tuple[mmap.mmap, int]] = []  # ready files not used, unmapped by retire()
+        self._released = (-1, 0)  # (file, offset): its pages before offset are unmapped (see prepare)
         self._open_next()
 
     # -- files ----------------------------------------------------------------------
@@ -166,8 +185,14 @@ class Spool:
                 self._made = k
                 _populate(ready[1], 0, PREFAULT_BYTES)
                 self._ready.append(ready)
+            file = self._file
             start = self._pos & ~(mmap.PAGESIZE - 1)
             _populate(mm, start, min(FILE_BYTES, start + PREFAULT_BYTES) - start)
+            # pages behind the writer are never written again: out of the resident set with them
+            done = self._released[1] if self._released[0] == file else 0
+            if start - done >= PREFAULT_BYTES:
+                _release(mm, done, start - done)
+                self._released = (file, start)
         self.retire()
 
     def retire(self) -> None:
