@@ -57,6 +57,22 @@ PREFAULT_BYTES = 2**20
 _MADV_POPULATE_WRITE = 23  # Linux 5.14+; mmap has no name for it before Python 3.13
 
 
+def _advise(mm: mmap.mmap, advice: int, start: int, length: int, step: int) -> None:
+    """``madvise`` ``length`` bytes from ``start`` (page-aligned), ``step`` bytes a call with pauses between.
+
+    Each call holds the GIL. An error ends it quietly: an older kernel or
+    another system lacks the advice, or ``log()`` closed the file meanwhile.
+    """
+    from launchhelm.metrics._pause import pause
+
+    for at in range(start, start + max(0, length), step):
+        try:
+            mm.madvise(advice, at, min(step, start + length - at))
+        except (OSError, ValueError, AttributeError):
+            return
+        pause()
+
+
 def _release(mm: mmap.mmap, start: int, length: int) -> None:
     """Unmap written pages from the process (``MADV_DONTNEED``): the file keeps them.
 
@@ -64,28 +80,12 @@ def _release(mm: mmap.mmap, start: int, length: int) -> None:
     only the process's page table lets go, so a spool file's written pages
     stop counting in the resident set long before the file is closed.
     """
-    from launchhelm.metrics._pause import pause
-
-    step = 2**20
-    for at in range(start, start + max(0, length), step):
-        try:
-            mm.madvise(mmap.MADV_DONTNEED, at, min(step, start + length - at))
-        except (OSError, ValueError, AttributeError):
-            return  # another system, or log() closed the file: it is unmapped whole then
-        pause()
+    _advise(mm, getattr(mmap, "MADV_DONTNEED", -1), start, length, 2**20)
 
 
 def _populate(mm: mmap.mmap, start: int, length: int) -> None:
     """Fault in (for writing) ``length`` bytes of ``mm`` from ``start`` (page-aligned), where Linux can."""
-    from launchhelm.metrics._pause import pause
-
-    step = 2**18  # the call holds the GIL: a quarter MiB at a time, with pauses between
-    for at in range(start, start + max(0, length), step):
-        try:
-            mm.madvise(_MADV_POPULATE_WRITE, at, min(step, start + length - at))
-        except (OSError, ValueError, AttributeError):
-            return  # an older kernel, another system, or log() closed the file: it faults pages in itself
-        pause()
+    _advise(mm, _MADV_POPULATE_WRITE, start, length, 2**18)
 
 
 def spool_root() -> Path:
