@@ -36,7 +36,7 @@ from launchhelm.metrics._layout import (
 )
 from launchhelm.metrics._pause import pause
 from launchhelm.metrics._segments import SEGMENT_FORMAT, decode_chunk, plain_points, points_schema
-from launchhelm.storage import Store
+from launchhelm.storage import LocalStore, Store
 from launchhelm.storage._keys import manifest_name, new_segment_name
 
 if TYPE_CHECKING:
@@ -410,7 +410,9 @@ class Compactor:
         return SegmentRef(key, level, rows, path.stat().st_size, int(first or 0), int(last or 0))
 
     def _upload(self, key: str, path: Path) -> None:
-        if path.stat().st_size <= INLINE_UPLOAD_BYTES:
+        # a local store copies the file through one reused block: the segment's bytes read whole would be a
+        # large malloc freed at once (see launchhelm.storage._store._copy); a remote one is sent in one request
+        if path.stat().st_size <= INLINE_UPLOAD_BYTES and not isinstance(self.store, LocalStore):
             self.store.create(f"{self.prefix}/{key}", path.read_bytes())
         else:
             self.store.upload(f"{self.prefix}/{key}", path)

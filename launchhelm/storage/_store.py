@@ -22,12 +22,13 @@ This module holds the surface every backend shares; the backends live in
 from __future__ import annotations
 
 import builtins
+import mmap
 import os
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO
+from typing import TYPE_CHECKING, BinaryIO, Protocol
 
 from launchhelm._exceptions import (
     CoordinationUnsupportedError,
@@ -112,12 +113,31 @@ class ObjectInfo:
     version: str | None = None
 
 
-def _copy(src: BinaryIO, dst: SupportsWrite[bytes], block: int = _BLOCK, progress: Progress | None = None) -> None:
-    """Stream ``src`` to ``dst`` in blocks (never the whole file in memory)."""
-    while chunk := src.read(block):
-        dst.write(chunk)
-        if progress is not None:
-            progress.update(len(chunk))
+class _ReadsInto(Protocol):
+    def readinto(self, buffer: Buffer, /) -> int | None: ...
+
+
+def _copy(src: _ReadsInto, dst: SupportsWrite[Buffer], block: int = _BLOCK, progress: Progress | None = None) -> None:
+    """Stream ``src`` to ``dst`` in blocks (never the whole file in memory).
+
+    The block is an anonymous map, not ``bytes``: glibc raises its mmap
+    threshold to the size of each large block freed, and from then on
+    allocations that size come from heaps that fragment and stay resident
+    (bench_soak's day, docs/long-runs.md).
+    """
+    buffer = mmap.mmap(-1, block)
+    view = memoryview(buffer)
+    try:
+        while n := src.readinto(view):
+            dst.write(view[:n])
+            if progress is not None:
+                progress.update(n)
+    finally:
+        view.release()
+        try:
+            buffer.close()
+        except BufferError:  # ``dst`` kept a view of the block: the map goes with it
+            pass
 
 
 def _writing(data: bytes) -> Callable[[BinaryIO], None]:
