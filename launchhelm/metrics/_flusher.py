@@ -10,6 +10,7 @@ back from the spool.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -56,6 +57,33 @@ def prefer_returning_pool() -> None:
     pa.set_memory_pool(pool)
 
 
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        glibc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError, AttributeError):  # not glibc, or not a POSIX system
+        glibc = ""
+    if not glibc.startswith("glibc"):
+        return None
+    import ctypes
+
+    trim: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return trim
+
+
+def give_back_free_heap() -> None:
+    """Hand the C heaps' free pages back to the system (glibc's ``malloc_trim``), where glibc is the allocator.
+
+    glibc only gives back the top of a heap by itself: the holes a merge's
+    buffers leave between live blocks stay resident, and over a day of merges
+    they read as growth (bench_soak's compressed day). Called after a merge,
+    every few minutes at most; ctypes releases the GIL for the call.
+    """
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
 class StoreErrorSink(Protocol):
     """Where a store failure goes: the run's outage line (``Run._store_failed``)."""
 
@@ -81,6 +109,7 @@ def warm_up_encoder() -> None:
         import pyarrow.compute
         import pyarrow.parquet  # noqa: F401
 
+        _malloc_trim()  # and ctypes, for the trims after merges
         _warmed_up = True
 
 
@@ -273,9 +302,11 @@ class MetricFlusher:
             # while live: no listing (see Compactor.compact_live); at the end: a listing covers
             # everything, evaluation scores too, and collects what aged
             if only_if_due:
-                compactor.compact_live(only_if_due=False)
+                result = compactor.compact_live(only_if_due=False)
             else:
-                compactor.compact(only_if_due=False)
+                result = compactor.compact(only_if_due=False)
+            if result is not None and result.merged:
+                give_back_free_heap()
         except AlreadyExistsError as exc:
             # another compaction published that object first (a racing session, or a compaction of
             # this one run from another thread): not an outage, and the next round starts from it

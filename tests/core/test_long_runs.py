@@ -8,6 +8,7 @@ faster than the store takes it.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -190,6 +191,44 @@ def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
     before, after = out.stdout.split()
     assert after == expected, (before, after)
     assert lh.Api(str(tmp_path / "store")).runs("pool")["id"].size == 1  # the session's points still landed
+
+
+_TRIM_CHILD = textwrap.dedent(
+    """
+    from launchhelm.metrics._flusher import give_back_free_heap
+
+    def anon_mib():
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) // 1024 for line in f if line.startswith("RssAnon:"))
+
+    big = bytes(16 << 20)
+    del big  # a freed mmapped block: glibc now serves blocks up to 16 MiB from its heap
+    holes, kept = [], []
+    for _ in range(256):
+        block = bytearray(256 << 10)
+        block[::4096] = b"x" * 64  # each page touched: resident
+        holes.append(block)  # 64 MiB
+        kept.append(bytearray(600))  # a live block between each two: freed, they stay holes
+    del holes
+    before = anon_mib()
+    give_back_free_heap()
+    print(before, anon_mib())
+    """
+)
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"),
+    reason="malloc_trim is glibc's",
+)
+def test_after_a_merge_the_heaps_free_holes_go_back_to_the_system() -> None:
+    # glibc keeps the free holes between live blocks resident; a day of merges leaves many (bench_soak)
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIM_CHILD], env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert before - after >= 48, (before, after)
 
 
 _OUTAGE_CHILD = textwrap.dedent(
