@@ -546,7 +546,9 @@ class AzurePartUpload:
 
         async def stage() -> None:
             async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
-                await client.stage_block(block_id=block_id, data=data, length=len(data), validate_content=True)
+                # the SDK's content check takes bytes or a file, not a bytearray
+                body = data if isinstance(data, bytes) else bytes(data)
+                await client.stage_block(block_id=block_id, data=body, length=len(body), validate_content=True)
 
         _sync(self.fs, stage)
         self.staged = True

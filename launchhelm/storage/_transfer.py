@@ -165,7 +165,8 @@ class PartWriter:
             self._upload.begin()
             self._begun = True
             self._pool = ThreadPoolExecutor(max(1, self._upload.concurrency), thread_name_prefix="launchhelm-upload")
-        data, self._buffer = bytes(self._buffer), bytearray()
+        # the buffer itself, not a bytes copy: a part is up to 64 MiB, and each copy is a large block freed
+        data, self._buffer = self._buffer, bytearray()
         number, offset = self._number, self._offset
         self._number += 1
         self._offset += len(data)
@@ -213,8 +214,7 @@ class PartWriter:
                 return
             self._wait()
             self._raise_failure()
-            data = bytes(self._buffer)
-            self._buffer = bytearray()
+            data, self._buffer = self._buffer, bytearray()
             tokens = [self._tokens[n] for n in sorted(self._tokens)]
             self._upload.finish(tokens, self._number, self._offset, data, self._offset + len(data))
             self._progress.update(len(data))
