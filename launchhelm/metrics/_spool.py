@@ -129,9 +129,10 @@ class Spool:
     def _map(self, k: int) -> tuple[mmap.mmap, int]:
         fd = os.open(self._path(k), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
         os.ftruncate(fd, FILE_BYTES)
-        mm = mmap.mmap(fd, FILE_BYTES)
-        mm[: len(_HEADER)] = _HEADER
-        return mm, fd
+        # written, not stored through the map: a new file's first page can wait milliseconds on the
+        # file system, and a store through the map would wait holding the GIL
+        os.pwrite(fd, _HEADER, 0)
+        return mmap.mmap(fd, FILE_BYTES), fd
 
     def _open_next(self) -> None:
         """Move on to the next file: the one the flush thread made ready, if it did (creating a file
