@@ -231,28 +231,34 @@ def tag_library(watch: Watch) -> None:
     """Wrap the background steps of a live session (flusher, compactor, summaries, store calls)."""
     import launchhelm._run as run_module
     import launchhelm.metrics._compact as compact_module
+    import launchhelm.metrics._flusher as flusher_module
     import launchhelm.metrics._segments as segments_module
     import launchhelm.metrics._spool as spool_module
+    import launchhelm.runlog._summary_writer as summary_module
     import launchhelm.storage as storage_module
 
     run_cls = run_module.Run
     for attr, name in (
         ("_flush", "flush (other)"),
-        ("_write_chunk", "flush: write chunk (other)"),
-        ("_note_latest", "flush: latest values"),
         ("_compact", "compact (other)"),
-        ("_heartbeat", "heartbeat"),
-        ("_put_summary", "summary: encode + put"),
         ("_poll_controls", "control poll"),
         ("_flush_console", "console"),
     ):
         if hasattr(run_cls, attr):
             watch.wrap(run_cls, attr, name)
-    for attr, name in (("encode_buffer", "flush: encode chunk (Arrow IPC)"), ("read_spool", "flush: read spool")):
-        if hasattr(run_module, attr):
-            watch.wrap(run_module, attr, name)
-    if hasattr(run_module, "encode_summary"):
-        watch.wrap(run_module, "encode_summary", "summary: JSON")
+    flusher = flusher_module.MetricFlusher
+    for attr, name in (("write_chunk", "flush: write chunk (other)"), ("put_back", "flush: put back")):
+        watch.wrap(flusher, attr, name)
+    watch.wrap(flusher, "cut", "cut buffer (training thread)", main_too=True)
+    for attr, name in (
+        ("encode_buffer", "flush: encode chunk (Arrow IPC)"),
+        ("read_spool", "flush: read spool"),
+        ("give_back_free_heap", "compact: malloc_trim"),
+    ):
+        watch.wrap(flusher_module, attr, name)
+    writer = summary_module.SummaryWriter
+    for attr, name in (("note_latest", "flush: latest values"), ("heartbeat", "heartbeat"), ("put", "summary: put")):
+        watch.wrap(writer, attr, name)
     comp = compact_module.Compactor
     for attr, name in (
         ("_write_segment", "compact: write segment (other)"),
@@ -272,7 +278,7 @@ def tag_library(watch: Watch) -> None:
     for attr, name in (("flushed", "spool: flushed (unlink)"), ("pending", "spool: pending")):
         watch.wrap(spool_cls, attr, name)
     watch.wrap(spool_cls, "_open_next", "spool: next file (training thread)", main_too=True)
-    watch.wrap(run_cls, "_cut", "cut buffer (training thread)", main_too=True)
+    watch.wrap(spool_cls, "prepare", "spool: prepare next file")
     try:
         import pyarrow as pa
         import pyarrow.compute as pc
