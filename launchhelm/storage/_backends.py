@@ -274,7 +274,7 @@ class S3PartUpload:
         )
         self.upload_id = str(out["UploadId"])
 
-    def put_part(self, number: int, offset: int, data: bytes) -> _S3Part:
+    def put_part(self, number: int, offset: int, data: bytes | bytearray) -> _S3Part:
         from launchhelm.storage._checksum import CRC64NVME, crc64nvme, header_value
 
         crc = crc64nvme(data)
@@ -310,7 +310,7 @@ class S3PartUpload:
         digests = b"".join(bytes.fromhex(str(t["ETag"]).strip('"')) for t in parts)
         return f"{hashlib.md5(digests, usedforsecurity=False).hexdigest()}-{len(tokens)}"
 
-    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes | bytearray, size: int) -> None:
         from launchhelm.storage._checksum import CRC64NVME, header_value
         from launchhelm.storage._transfer import with_retries
 
@@ -385,7 +385,7 @@ class GCSPartUpload:
         self._crc32c = 0  # of every byte sent so far: chunks go in order, one at a time
         self._counted = 0  # bytes the CRC covers (a chunk sent again is not counted twice)
 
-    def _count(self, offset: int, data: bytes) -> None:
+    def _count(self, offset: int, data: bytes | bytearray) -> None:
         from launchhelm.storage._checksum import crc32c
 
         if offset + len(data) > self._counted:
@@ -414,14 +414,16 @@ class GCSPartUpload:
             )
         )
 
-    def _put(self, offset: int, data: bytes, total: str, extra: dict[str, str] | None = None) -> tuple[object, bytes]:
+    def _put(
+        self, offset: int, data: bytes | bytearray, total: str, extra: dict[str, str] | None = None
+    ) -> tuple[object, bytes]:
         end = offset + len(data) - 1
         headers = {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {offset}-{end}/{total}"}
         headers.update(extra or {})
         out: tuple[object, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
         return out
 
-    def put_part(self, number: int, offset: int, data: bytes) -> None:
+    def put_part(self, number: int, offset: int, data: bytes | bytearray) -> None:
         self._count(offset, data)
         headers, body = self._put(offset, data, "*")
         if body:
@@ -440,7 +442,7 @@ class GCSPartUpload:
                 self.put_part(number, end + 1, data[-missing:])
         return None
 
-    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes | bytearray, size: int) -> None:
         from launchhelm.storage._checksum import CRC32C, header_value
         from launchhelm.storage._transfer import with_retries
 
@@ -541,7 +543,7 @@ class AzurePartUpload:
         # two writers of one key never overwrite each other's blocks
         return base64.b64encode(f"{self._prefix}-{number:08d}".encode()).decode()
 
-    def _stage(self, number: int, data: bytes) -> str:
+    def _stage(self, number: int, data: bytes | bytearray) -> str:
         block_id = self._block_id(number)
 
         async def stage() -> None:
@@ -554,7 +556,7 @@ class AzurePartUpload:
         self.staged = True
         return block_id
 
-    def put_part(self, number: int, offset: int, data: bytes) -> str:
+    def put_part(self, number: int, offset: int, data: bytes | bytearray) -> str:
         return self._stage(number, data)
 
     def _committed_ids(self) -> list[str] | None:
@@ -570,7 +572,7 @@ class AzurePartUpload:
         except Exception:
             return None
 
-    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes | bytearray, size: int) -> None:
         from azure.storage.blob import BlobBlock
 
         from launchhelm.storage._transfer import with_retries

@@ -85,10 +85,10 @@ class PartUpload(Protocol):
     def begin(self) -> None:
         """Start a multipart upload (called before the first part)."""
 
-    def put_part(self, number: int, offset: int, data: bytes) -> object:
+    def put_part(self, number: int, offset: int, data: bytes | bytearray) -> object:
         """Upload part ``number`` (not the last); return what ``finish`` needs to commit it."""
 
-    def finish(self, tokens: list[object], number: int, offset: int, data: bytes, size: int) -> None:
+    def finish(self, tokens: list[object], number: int, offset: int, data: bytes | bytearray, size: int) -> None:
         """Upload the last part and commit the object, put-if-absent (FileExistsError if taken)."""
 
     def abort(self) -> None:
@@ -175,7 +175,7 @@ class PartWriter:
         self._futures.append(self._pool.submit(self._send, number, offset, data))
         self._raise_failure()
 
-    def _send(self, number: int, offset: int, data: bytes) -> None:
+    def _send(self, number: int, offset: int, data: bytearray) -> None:
         try:
             with self._lock:
                 if self._error is not None:
@@ -214,10 +214,10 @@ class PartWriter:
                 return
             self._wait()
             self._raise_failure()
-            data, self._buffer = self._buffer, bytearray()
+            last, self._buffer = self._buffer, bytearray()
             tokens = [self._tokens[n] for n in sorted(self._tokens)]
-            self._upload.finish(tokens, self._number, self._offset, data, self._offset + len(data))
-            self._progress.update(len(data))
+            self._upload.finish(tokens, self._number, self._offset, last, self._offset + len(last))
+            self._progress.update(len(last))
         except BaseException:
             self._abort()
             raise
