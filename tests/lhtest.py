@@ -155,6 +155,11 @@ class FaultyS3Proxy:
         #: Flip one byte in the body of the next this many forwarded PUTs whose path contains ``match``
         #: (after their headers were computed): a corruption in transit.
         self.corrupt_puts = 0
+        #: Hold each forwarded PUT whose path contains ``match`` this long, so parts sent at once overlap.
+        self.hold_puts_s = 0.0
+        #: The most PUTs whose path contains ``match`` that were in the proxy at once.
+        self.most_puts_in_flight = 0
+        self._puts_in_flight = 0
         self._lock = threading.Lock()
         self._server = socket.socket()
         self._server.bind(("127.0.0.1", 0))
@@ -209,7 +214,9 @@ class FaultyS3Proxy:
 
     def _serve(self, client: object) -> None:
         import socket
+        import time
 
+        counted = False
         try:
             got = self._read_head(client)
             if got is None:
@@ -217,7 +224,12 @@ class FaultyS3Proxy:
             lines, body = got
             method, path = lines[0].decode().split(" ")[:2]
             inject = False
-            if method == "PUT" and self.match in path:
+            counted = method == "PUT" and self.match in path
+            if counted:
+                with self._lock:
+                    self._puts_in_flight += 1
+                    self.most_puts_in_flight = max(self.most_puts_in_flight, self._puts_in_flight)
+                time.sleep(self.hold_puts_s)
                 with self._lock:
                     inject = self.remaining > 0
                     if inject:
@@ -260,6 +272,9 @@ class FaultyS3Proxy:
         except OSError:
             pass
         finally:
+            if counted:
+                with self._lock:
+                    self._puts_in_flight -= 1
             client.close()  # type: ignore[attr-defined]
 
     def close(self) -> None:

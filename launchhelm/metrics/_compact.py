@@ -66,6 +66,8 @@ MIN_COMPACTION_MEMORY = 4 * 2**20
 BYTES_PER_ROW_HELD = 512
 #: Segments at most this size are sent with one ``create`` of their bytes; bigger ones stream from disk.
 INLINE_UPLOAD_BYTES = 8 * 2**20
+#: Parts of a segment's upload sent at once: memory holds one more, 8 MiB each.
+UPLOAD_PARTS_IN_FLIGHT = 2
 
 
 def compaction_grace() -> float:
@@ -415,7 +417,8 @@ class Compactor:
         if path.stat().st_size <= INLINE_UPLOAD_BYTES and not isinstance(self.store, LocalStore):
             self.store.create(f"{self.prefix}/{key}", path.read_bytes())
         else:
-            self.store.upload(f"{self.prefix}/{key}", path)
+            # two parts in flight, not the backend's four: parts are 8 MiB each and outside the Arrow budget
+            self.store.upload(f"{self.prefix}/{key}", path, max_concurrency=UPLOAD_PARTS_IN_FLIGHT)
 
     def _publish(self, manifest: Manifest, tail: list[ChunkRef]) -> tuple[Manifest, int]:
         written: list[str] = []

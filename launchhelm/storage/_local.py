@@ -154,7 +154,7 @@ class LocalStore(Store):
             self._made_dirs.discard(parent)
             parent = parent.parent
 
-    def _upload(self, key: str, path: Path, progress: Progress) -> None:
+    def _upload(self, key: str, path: Path, progress: Progress, max_concurrency: int | None = None) -> None:
         def copy(f: BinaryIO) -> None:
             with open(path, "rb") as src:
                 _copy(src, f, progress=progress)

@@ -375,13 +375,13 @@ class ObjectStore(Store):
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
 
     @contextmanager
-    def _streaming(self, key: str, progress: Progress) -> Iterator[BinaryIO]:
+    def _streaming(self, key: str, progress: Progress, max_concurrency: int | None = None) -> Iterator[BinaryIO]:
         from launchhelm.storage._transfer import PartWriter
 
         upload = self._part_upload(key)
         if upload is None:  # callers stream only where _part_upload has one
             raise AssertionError(f"{self.protocol} stores take no part uploads")
-        writer = PartWriter(upload, progress)
+        writer = PartWriter(upload, progress, max_concurrency)
         try:
             yield cast(BinaryIO, writer)  # a write-only binary file: all a writer's caller uses
         except BaseException:
@@ -420,7 +420,7 @@ class ObjectStore(Store):
             raise
         f.close()
 
-    def _upload(self, key: str, path: Path, progress: Progress) -> None:
+    def _upload(self, key: str, path: Path, progress: Progress, max_concurrency: int | None = None) -> None:
         remote = self._path(key)
         if not self.atomic_create:
             if self.fs.exists(remote):
@@ -431,7 +431,7 @@ class ObjectStore(Store):
         if self._part_upload(key) is None:
             self._retrying(lambda: self.fs.put_file(str(path), remote, mode="create"), key, "writing")
             return
-        with self._streaming(key, progress) as f, open(path, "rb") as src:
+        with self._streaming(key, progress, max_concurrency) as f, open(path, "rb") as src:
             while block := src.read(_BLOCK):
                 f.write(block)
 
@@ -503,7 +503,7 @@ class MemoryStore(ObjectStore):
         yield _CountingFile(buffer, progress)  # type: ignore[misc]
         self._create(key, buffer.getvalue())
 
-    def _upload(self, key: str, path: Path, progress: Progress) -> None:
+    def _upload(self, key: str, path: Path, progress: Progress, max_concurrency: int | None = None) -> None:
         remote = self._path(key)
         with self._lock:
             if self.fs.isfile(remote):

@@ -324,13 +324,23 @@ class Store:
         if wanted:
             self._delete_many(wanted)
 
-    def upload(self, key: str, local_path: str | os.PathLike[str], *, progress: bool | None = None) -> None:
+    def upload(
+        self,
+        key: str,
+        local_path: str | os.PathLike[str],
+        *,
+        progress: bool | None = None,
+        max_concurrency: int | None = None,
+    ) -> None:
         """Stream a local file to ``key``, put-if-absent, never partly visible.
 
         Parameters
         ----------
         progress:
             Show a progress bar: None follows :attr:`progress` (bars past 256 MB).
+        max_concurrency:
+            Parts in flight at most, where the store uploads in parts (memory
+            holds one more part than this); None keeps the backend's own.
 
         Raises
         ------
@@ -342,7 +352,7 @@ class Store:
             raise PathNotFoundError(f"cannot upload {str(path)!r}: no such file", path=str(path))
         bar = Progress(self._progress(progress), f"upload {path.name}", path.stat().st_size)
         try:
-            self._upload(_check_key(key), path, bar)
+            self._upload(_check_key(key), path, bar, max_concurrency)
         finally:
             bar.close()
 
@@ -470,7 +480,7 @@ class Store:
     def _delete(self, key: str) -> None:
         raise NotImplementedError
 
-    def _upload(self, key: str, path: Path, progress: Progress) -> None:
+    def _upload(self, key: str, path: Path, progress: Progress, max_concurrency: int | None = None) -> None:
         raise NotImplementedError
 
     def _download(self, key: str, out: BinaryIO, progress: Progress) -> None:

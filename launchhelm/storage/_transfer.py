@@ -99,9 +99,10 @@ class PartWriter:
     """A write-only binary file that streams into a :class:`PartUpload`.
 
     ``close()`` commits; ``discard()`` aborts. Either may be called once.
+    ``max_concurrency`` lowers the backend's parts in flight, never raises it.
     """
 
-    def __init__(self, upload: PartUpload, progress: Progress) -> None:
+    def __init__(self, upload: PartUpload, progress: Progress, max_concurrency: int | None = None) -> None:
         self._upload = upload
         self._progress = progress
         self._buffer = bytearray()
@@ -112,7 +113,8 @@ class PartWriter:
         self._tokens: dict[int, object] = {}
         self._futures: list[Future[None]] = []
         self._pool: ThreadPoolExecutor | None = None
-        self._slots = threading.BoundedSemaphore(max(1, upload.concurrency))
+        self._concurrency = max(1, min(upload.concurrency, max_concurrency or upload.concurrency))
+        self._slots = threading.BoundedSemaphore(self._concurrency)
         self._error: BaseException | None = None
         self._lock = threading.Lock()
         self.closed = False
@@ -164,7 +166,7 @@ class PartWriter:
         if not self._begun:
             self._upload.begin()
             self._begun = True
-            self._pool = ThreadPoolExecutor(max(1, self._upload.concurrency), thread_name_prefix="launchhelm-upload")
+            self._pool = ThreadPoolExecutor(self._concurrency, thread_name_prefix="launchhelm-upload")
         # the buffer itself, not a bytes copy: a part is up to 64 MiB, and each copy is a large block freed
         data, self._buffer = self._buffer, bytearray()
         number, offset = self._number, self._offset

@@ -221,6 +221,32 @@ def test_a_part_that_keeps_failing_aborts_the_upload(moto_endpoint: str) -> None
         proxy.close()
 
 
+def test_an_upload_sends_no_more_parts_at_once_than_it_was_allowed(moto_endpoint: str, tmp_path: Path) -> None:
+    """The compactor uploads with two parts in flight: its memory budget counts them."""
+    proxy, store = _through_proxy(
+        moto_endpoint,
+        f"part-limit-{os.urandom(3).hex()}",
+        status=500,
+        code="InternalError",
+        failures=0,
+        match="partNumber=",
+    )
+    try:
+        proxy.hold_puts_s = 0.3  # long enough that parts sent together are seen together
+        data = os.urandom(6 * PART_SIZE + 1)
+        (tmp_path / "seg.parquet").write_bytes(data)
+        store.upload("limited.bin", tmp_path / "seg.parquet", max_concurrency=2)
+        assert proxy.most_puts_in_flight == 2
+        proxy.most_puts_in_flight = 0
+        store.upload("default.bin", tmp_path / "seg.parquet")
+        assert proxy.most_puts_in_flight == 4  # the backend's own, which the limit lowered
+        assert store.read("limited.bin") == data
+        assert store.read("default.bin") == data
+        assert _multipart_uploads(store) == []
+    finally:
+        proxy.close()
+
+
 # -- leftovers of killed uploads ------------------------------------------------------
 def test_incomplete_uploads_are_listed_and_aborted(object_store_url: str) -> None:
     store = open_store(object_store_url)
