@@ -162,6 +162,11 @@ class Spool:
                         self._retired.append(ready[1:])
                     mm, fd = self._map(k)
                     self._made = max(self._made, k)
+                    if k == 0:
+                        # the first file is made in init: its first pages faulted in now, else the first
+                        # log() to reach each one waits on the file system (ms) holding the GIL, until
+                        # the first flush's prepare() faults pages in ahead
+                        _populate(mm, 0, PREFAULT_BYTES)
         old_mm, old_fd = self._mm, self._fd
         self._file = k
         self._mm, self._fd, self._pos = mm, fd, len(_HEADER)

@@ -214,3 +214,28 @@ def test_files_made_ready_by_the_flush_thread_keep_every_row_in_order(tmp_path: 
     assert recover_session(store, "run", "s", spool.dir, lambda number: False) == rows + len(b_values)
     table = decode_chunks(store.read(f"runs/run/metrics/{key}") for key in store.list("runs/run/metrics/"))
     assert sorted(table.column("step").to_pylist()) == sorted(steps + list(range(0, rows, 7)))
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="MADV_POPULATE_WRITE and per-thread fault counts are Linux's"
+)
+def test_a_new_sessions_first_appends_find_their_pages_mapped(tmp_path: Path) -> None:
+    """Before the first flush faults pages in ahead, the first log() to reach each page of a new file
+    waited on the file system holding the GIL (5 ms, once, measured by bench_log)."""
+    import resource
+
+    from launchhelm.metrics._spool import PREFAULT_BYTES, Spool
+
+    spool = Spool("run", "s", {}, directory=tmp_path / "spool")
+    row = {"loss": 1.0, "lr": 3e-4, "grad_norm": 2.0}
+    before = resource.getrusage(resource.RUSAGE_THREAD)
+    step = 0
+    while spool.position()[1] < PREFAULT_BYTES - 4096:  # pages the populated region covers
+        spool.append(step, 0, 1.0, row)
+        step += 1
+    after = resource.getrusage(resource.RUSAGE_THREAD)
+    spool.close(remove=True)
+    pages = PREFAULT_BYTES // 4096
+    # unmapped, each of these pages would fault once: 255 here
+    assert after.ru_minflt - before.ru_minflt < pages // 8, (after.ru_minflt - before.ru_minflt, step)
+    assert after.ru_majflt == before.ru_majflt
