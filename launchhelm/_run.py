@@ -39,6 +39,7 @@ from launchhelm._types import Rewind
 from launchhelm.console._writer import ConsoleWriter
 from launchhelm.evaluation._queue import on_checkpoint_published
 from launchhelm.metrics._flusher import MetricFlusher
+from launchhelm.metrics._pause import yield_on_wakeup
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.metrics._system import SystemSampler
 from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
@@ -656,6 +657,7 @@ class Run:
         self._worker.start()
 
     def _work(self) -> None:
+        yield_on_wakeup()
         now = time.monotonic()
         next_flush = now + self._flush_interval
         next_beat = now + self._heartbeat_interval

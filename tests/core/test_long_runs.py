@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -215,6 +216,22 @@ _TRIM_CHILD = textwrap.dedent(
     print(before, anon_mib())
     """
 )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
+def test_the_background_thread_never_takes_the_cpu_from_the_training_thread_on_waking(tmp_path: Path) -> None:
+    """Under the default policy the waking flush thread preempted log() 79 times a minute (bench_log)."""
+    run = lh.init("policy", store=str(tmp_path / "store"), system_metrics=False, capture_console=False)
+    try:
+        worker = run._worker
+        assert worker.is_alive() and worker.native_id is not None
+        deadline = time.monotonic() + 10  # the thread sets its policy as it starts
+        while os.sched_getscheduler(worker.native_id) != os.SCHED_BATCH and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert os.sched_getscheduler(worker.native_id) == os.SCHED_BATCH
+        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own policy is left alone
+    finally:
+        run.finish()
 
 
 @pytest.mark.skipif(
