@@ -253,7 +253,7 @@ def tag_library(watch: Watch) -> None:
     for attr, name in (
         ("encode_buffer", "flush: encode chunk (Arrow IPC)"),
         ("read_spool", "flush: read spool"),
-        ("give_back_free_heap", "compact: malloc_trim"),
+        ("give_back_free_heap", "heap trim (malloc_trim)"),
     ):
         watch.wrap(flusher_module, attr, name)
     writer = summary_module.SummaryWriter
@@ -270,7 +270,11 @@ def tag_library(watch: Watch) -> None:
     ):
         if hasattr(comp, attr):
             watch.wrap(comp, attr, name)
-    for attr, name in (("decode_chunk", "compact: decode chunk"), ("plain_points", "compact: plain points")):
+    for attr, name in (
+        ("decode_chunk", "compact: decode chunk"),
+        ("plain_points", "compact: plain points"),
+        ("give_back_free_heap", "heap trim (malloc_trim)"),
+    ):
         if hasattr(compact_module, attr):
             watch.wrap(compact_module, attr, name)
     del segments_module

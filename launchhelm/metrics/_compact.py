@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, ObjectNotFoundError, StorageError
+from launchhelm.metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap
 from launchhelm.metrics._layout import (
     EMPTY,
     ChunkRef,
@@ -440,6 +441,8 @@ class Compactor:
                     if ref.key not in {s.key for s in manifest.segments}:
                         self._local.pop(ref.key).unlink(missing_ok=True)
                 merged += 1
+            # the merges' garbage goes back before the uploads' parts are made (see metrics._heap)
+            give_back_free_heap(grown=TRIM_AFTER_GROWTH)
             # only what the manifest names is written: a new L0 merged at once never reaches the store
             for ref in segments:
                 if ref.key in pending:

@@ -10,7 +10,6 @@ back from the spool.
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import threading
@@ -22,6 +21,7 @@ from launchhelm._exceptions import AlreadyExistsError
 from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm.metrics._heap import TRIM_AFTER_GROWTH, _glibc, give_back_free_heap
 from launchhelm.metrics._pause import pause
 from launchhelm.metrics._points import chunk_key, encode_buffer
 from launchhelm.metrics._spool import Spool
@@ -57,33 +57,6 @@ def prefer_returning_pool() -> None:
     pa.set_memory_pool(pool)
 
 
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        glibc = os.confstr("CS_GNU_LIBC_VERSION") or ""
-    except (ValueError, OSError, AttributeError):  # not glibc, or not a POSIX system
-        glibc = ""
-    if not glibc.startswith("glibc"):
-        return None
-    import ctypes
-
-    trim: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
-    return trim
-
-
-def give_back_free_heap() -> None:
-    """Hand the C heaps' free pages back to the system (glibc's ``malloc_trim``), where glibc is the allocator.
-
-    glibc only gives back the top of a heap by itself: the holes a merge's
-    buffers leave between live blocks stay resident, and over a day of merges
-    they read as growth (bench_soak's compressed day). Called after a merge,
-    every few minutes at most; ctypes releases the GIL for the call.
-    """
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
 class StoreErrorSink(Protocol):
     """Where a store failure goes: the run's outage line (``Run._store_failed``)."""
 
@@ -109,7 +82,7 @@ def warm_up_encoder() -> None:
         import pyarrow.compute
         import pyarrow.parquet  # noqa: F401
 
-        _malloc_trim()  # and ctypes, for the trims after merges
+        _glibc()  # and ctypes, for the heap trims
         _warmed_up = True
 
 
@@ -281,6 +254,7 @@ class MetricFlusher:
             spool.flushed(end, self.chunk_number)
             self.flushed_end = end
         self._on_chunk(buffer)
+        give_back_free_heap(grown=TRIM_AFTER_GROWTH)
 
     def compact(self, *, only_if_due: bool) -> None:
         """Fold sealed chunks into segments (background thread, and once at the end of the session).

@@ -6,6 +6,8 @@ import os
 import threading
 import time
 
+from launchhelm.metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap
+
 __all__ = ["PAUSE_SECONDS", "pause", "yield_on_wakeup"]
 
 #: Seconds of a pause: long enough for a training thread waiting for the GIL to wake and take it.
@@ -22,6 +24,8 @@ def pause() -> None:
     """
     if threading.current_thread() is not threading.main_thread():
         time.sleep(PAUSE_SECONDS)
+        # between pieces of work is also where the heaps' free pages go back (see metrics._heap)
+        give_back_free_heap(grown=TRIM_AFTER_GROWTH)
 
 
 def yield_on_wakeup() -> bool:

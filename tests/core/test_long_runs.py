@@ -196,7 +196,7 @@ def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
 
 _TRIM_CHILD = textwrap.dedent(
     """
-    from launchhelm.metrics._flusher import give_back_free_heap
+    from launchhelm.metrics._heap import give_back_free_heap
 
     def anon_mib():
         with open("/proc/self/status") as f:

@@ -1,0 +1,71 @@
+"""glibc's heaps in a long run: the free pages they keep, handed back to the system.
+
+glibc gives back only the free top of a heap by itself. Once a large block it
+mapped is freed (a part upload, a segment's bytes), it raises its mmap
+threshold to that size, and later blocks up to that size come from its heaps:
+the holes they leave between live blocks stay resident (40-55 MiB in a flood on
+S3, bench_soak). LaunchHelm leaves glibc's settings alone (they are the whole
+process's) and trims instead, from the flush thread.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+
+__all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap"]
+
+#: Growth of resident anonymous memory since the last trim past which the flush thread trims again.
+TRIM_AFTER_GROWTH = 8 * 2**20
+
+_after_last_trim = 0  # anonymous bytes resident after the last trim
+
+
+@functools.cache
+def _glibc() -> Callable[[int], int] | None:
+    """glibc's ``malloc_trim``, or None where glibc is not the C library.
+
+    Looked up once, at ``init`` (ctypes is not imported by ``import launchhelm``)."""
+    try:
+        version = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    except (ValueError, OSError, AttributeError):  # not glibc, or not a POSIX system
+        version = ""
+    if not version.startswith("glibc"):
+        return None
+    import ctypes
+
+    trim: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
+    return trim
+
+
+def _anonymous_bytes() -> int | None:
+    """The process's resident anonymous memory (``/proc/self/statm``: resident less shared), or None."""
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            fields = f.read().split()
+        return (int(fields[1]) - int(fields[2])) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def give_back_free_heap(grown: int = 0) -> bool:
+    """Hand the heaps' free pages back to the system (``malloc_trim``); True if it was called.
+
+    With ``grown``, only once resident anonymous memory has grown that much since the last trim
+    (read from ``/proc/self/statm``: microseconds), so it can be asked after every chunk. What the
+    heaps keep resident cannot be asked of glibc: ``mallinfo2`` counts trimmed pages as free too.
+    ctypes releases the GIL for the trim.
+    """
+    global _after_last_trim
+    trim = _glibc()
+    if trim is None:
+        return False
+    if grown:
+        now = _anonymous_bytes()
+        if now is not None and now - _after_last_trim < grown:
+            _after_last_trim = min(_after_last_trim, now)  # growth counts from the lowest point since
+            return False
+    trim(0)
+    _after_last_trim = _anonymous_bytes() or 0
+    return True
