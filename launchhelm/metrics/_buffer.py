@@ -234,7 +234,7 @@ def _row_dtype(pairs: int) -> Any:
     return np.dtype({"names": names, "formats": formats, "offsets": offsets, "itemsize": 27 + 12 * pairs})
 
 
-def _parse(data: bytes, stop: int, spool_names: dict[int, str], out: PointBuffer) -> int:
+def _parse(data: bytes | memoryview, stop: int, spool_names: dict[int, str], out: PointBuffer) -> int:
     """Append the row records in ``data[:stop]`` to ``out``; return where parsing stopped.
 
     Runs of records with the same number of pairs (nearly all of them) are
@@ -313,15 +313,21 @@ def read_spool(
     pieces number their keys themselves (the live buffers' table is the
     training thread's).
     """
+    import mmap
+
     keys = KeyIds()
     file, pos = start
+    # read into one anonymous map, reused: a new ``bytes`` of several MiB each read would be a large
+    # malloc freed at once, which raises glibc's mmap threshold (see metrics._heap)
+    block = mmap.mmap(-1, max_bytes)
     while (file, pos) < end:
         path = directory / f"{session_id}-{file:06d}.log"
         stop_in_file = end[1] if file == end[0] else None
         with open(path, "rb") as f:
             f.seek(pos)
             want = max_bytes if stop_in_file is None else min(max_bytes, stop_in_file - pos)
-            data = f.read(want)
+            got = f.readinto(memoryview(block)[:want])
+        data = memoryview(block)[:got]
         out = PointBuffer(keys, 1 << 62)
         used = _parse(data, len(data), spool_names, out)
         if used == 0 and stop_in_file is None and (len(data) < max_bytes or _at_end(data)):
@@ -333,5 +339,5 @@ def read_spool(
         yield SpoolPiece(out, (file, pos))
 
 
-def _at_end(data: bytes) -> bool:
+def _at_end(data: bytes | memoryview) -> bool:
     return len(data) >= 4 and _LEN.unpack_from(data, 0)[0] == 0
