@@ -196,7 +196,9 @@ def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
 
 _TRIM_CHILD = textwrap.dedent(
     """
+    import sys, threading
     from launchhelm.metrics._heap import give_back_free_heap
+    from launchhelm.metrics._pause import pause
 
     def anon_mib():
         with open("/proc/self/status") as f:
@@ -204,6 +206,7 @@ _TRIM_CHILD = textwrap.dedent(
 
     big = bytes(16 << 20)
     del big  # a freed mmapped block: glibc now serves blocks up to 16 MiB from its heap
+    give_back_free_heap()  # where the growth of resident memory counts from
     holes, kept = [], []
     for _ in range(256):
         block = bytearray(256 << 10)
@@ -212,7 +215,12 @@ _TRIM_CHILD = textwrap.dedent(
         kept.append(bytearray(600))  # a live block between each two: freed, they stay holes
     del holes
     before = anon_mib()
-    give_back_free_heap()
+    if sys.argv[1] == "trim":
+        give_back_free_heap()
+    elif sys.argv[1] == "pause":  # the flush thread between two pieces of work
+        worker = threading.Thread(target=pause)
+        worker.start()
+        worker.join()
     print(before, anon_mib())
     """
 )
@@ -238,14 +246,26 @@ def test_the_background_thread_never_takes_the_cpu_from_the_training_thread_on_w
     not sys.platform.startswith("linux") or not (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc"),
     reason="malloc_trim is glibc's",
 )
-def test_after_a_merge_the_heaps_free_holes_go_back_to_the_system() -> None:
-    # glibc keeps the free holes between live blocks resident; a day of merges leaves many (bench_soak)
+@pytest.mark.parametrize("how", ["trim", "pause"])
+def test_after_a_merge_the_heaps_free_holes_go_back_to_the_system(how: str) -> None:
+    # glibc keeps the free holes between live blocks resident; a day of merges leaves many (bench_soak),
+    # and a flood on S3 more; the flush thread's pauses trim once resident memory grew 8 MiB
     out = subprocess.run(
-        [sys.executable, "-c", _TRIM_CHILD], env=child_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _TRIM_CHILD, how], env=child_env(), capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
     assert before - after >= 48, (before, after)
+
+
+def test_without_a_trim_the_heaps_keep_their_free_holes() -> None:
+    """The control: what the test above gives back is what glibc would have kept."""
+    out = subprocess.run(
+        [sys.executable, "-c", _TRIM_CHILD, "none"], env=child_env(), capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    before, after = map(int, out.stdout.split())
+    assert before - after < 16, (before, after)
 
 
 _OUTAGE_CHILD = textwrap.dedent(
