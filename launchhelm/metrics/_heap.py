@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from collections.abc import Callable
 
 __all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap"]
@@ -19,7 +20,15 @@ __all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap"]
 #: Growth of resident anonymous memory since the last trim past which the flush thread trims again.
 TRIM_AFTER_GROWTH = 8 * 2**20
 
+#: Trims asked for by growth take at most this share of the time: the next waits 100 times as long
+#: as the last one took. A process whose own memory grows steadily has a big heap, which takes longer
+#: to trim (its arenas are locked meanwhile): it is trimmed less often.
+TRIM_TIME_SHARE = 0.01
+#: And never more often than this (seconds).
+MIN_TRIM_INTERVAL = 0.05
+
 _after_last_trim = 0  # anonymous bytes resident after the last trim
+_next_trim_at = 0.0  # time.monotonic() before which growth asks for no trim
 
 
 @functools.cache
@@ -53,19 +62,25 @@ def give_back_free_heap(grown: int = 0) -> bool:
     """Hand the heaps' free pages back to the system (``malloc_trim``); True if it was called.
 
     With ``grown``, only once resident anonymous memory has grown that much since the last trim
-    (read from ``/proc/self/statm``: microseconds), so it can be asked after every chunk. What the
+    (read from ``/proc/self/statm``: microseconds), and long enough after it that trims take at
+    most 1% of the time, so it can be asked after every chunk. What the
     heaps keep resident cannot be asked of glibc: ``mallinfo2`` counts trimmed pages as free too.
     ctypes releases the GIL for the trim.
     """
-    global _after_last_trim
+    global _after_last_trim, _next_trim_at
     trim = _glibc()
     if trim is None:
         return False
     if grown:
+        if time.monotonic() < _next_trim_at:
+            return False
         now = _anonymous_bytes()
         if now is not None and now - _after_last_trim < grown:
             _after_last_trim = min(_after_last_trim, now)  # growth counts from the lowest point since
             return False
+    started = time.monotonic()
     trim(0)
+    ended = time.monotonic()
     _after_last_trim = _anonymous_bytes() or 0
+    _next_trim_at = ended + max(MIN_TRIM_INTERVAL, (ended - started) / TRIM_TIME_SHARE)
     return True

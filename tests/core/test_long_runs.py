@@ -196,7 +196,7 @@ def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
 
 _TRIM_CHILD = textwrap.dedent(
     """
-    import sys, threading
+    import sys, threading, time
     from launchhelm.metrics._heap import give_back_free_heap
     from launchhelm.metrics._pause import pause
 
@@ -218,6 +218,7 @@ _TRIM_CHILD = textwrap.dedent(
     if sys.argv[1] == "trim":
         give_back_free_heap()
     elif sys.argv[1] == "pause":  # the flush thread between two pieces of work
+        time.sleep(0.5)  # trims asked for by growth are spaced (100 times as long as the last took)
         worker = threading.Thread(target=pause)
         worker.start()
         worker.join()
