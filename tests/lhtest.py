@@ -266,9 +266,15 @@ class FaultyS3Proxy:
             kept = [ln for ln in lines if not ln.lower().startswith((b"connection:", b"expect:"))]
             upstream = socket.create_connection(("127.0.0.1", self.upstream_port))
             upstream.sendall(b"\r\n".join([*kept, b"Connection: close"]) + b"\r\n\r\n" + body)
+            reply = b""
             while chunk := upstream.recv(65536):
-                client.sendall(chunk)  # type: ignore[attr-defined]
+                reply += chunk
             upstream.close()
+            if counted:  # done before the client hears: it may send its next part at once
+                counted = False
+                with self._lock:
+                    self._puts_in_flight -= 1
+            client.sendall(reply)  # type: ignore[attr-defined]
         except OSError:
             pass
         finally:

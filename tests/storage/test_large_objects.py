@@ -239,7 +239,7 @@ def test_an_upload_sends_no_more_parts_at_once_than_it_was_allowed(moto_endpoint
         assert proxy.most_puts_in_flight == 2
         proxy.most_puts_in_flight = 0
         store.upload("default.bin", tmp_path / "seg.parquet")
-        assert proxy.most_puts_in_flight > 2  # the backend's own (4; fewer overlap on a loaded machine)
+        assert proxy.most_puts_in_flight > 2  # the backend's own (4), which the limit lowered
         assert store.read("limited.bin") == data
         assert store.read("default.bin") == data
         assert _multipart_uploads(store) == []
