@@ -21,7 +21,7 @@ from launchhelm._exceptions import AlreadyExistsError
 from launchhelm.metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm.metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._heap import TRIM_AFTER_GROWTH, _glibc, give_back_free_heap
+from launchhelm.metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap, prepare_trims
 from launchhelm.metrics._pause import pause
 from launchhelm.metrics._points import chunk_key, encode_buffer
 from launchhelm.metrics._spool import Spool
@@ -82,7 +82,7 @@ def warm_up_encoder() -> None:
         import pyarrow.compute
         import pyarrow.parquet  # noqa: F401
 
-        _glibc()  # and ctypes, for the heap trims
+        prepare_trims()
         _warmed_up = True
 
 

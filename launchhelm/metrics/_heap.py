@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap"]
+__all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap", "prepare_trims"]
 
 #: Growth of resident anonymous memory since the last trim past which the flush thread trims again.
 TRIM_AFTER_GROWTH = 8 * 2**20
@@ -46,6 +46,12 @@ def _glibc() -> Callable[[int], int] | None:
 
     trim: Callable[[int], int] | None = getattr(ctypes.CDLL(None), "malloc_trim", None)
     return trim
+
+
+def prepare_trims() -> None:
+    """Import ctypes and find ``malloc_trim`` now (at ``init``), not in the first trim: in the flush
+    thread, the import would hold the GIL for milliseconds while the training loop runs."""
+    _glibc()
 
 
 def _anonymous_bytes() -> int | None:
