@@ -276,6 +276,7 @@ class S3PartUpload:
 
     def put_part(self, number: int, offset: int, data: bytes | bytearray) -> _S3Part:
         from launchhelm.storage._checksum import CRC64NVME, crc64nvme, header_value
+        from launchhelm.storage._transfer import BufferReader
 
         crc = crc64nvme(data)
         self._crcs[number] = (crc, len(data))
@@ -286,7 +287,7 @@ class S3PartUpload:
             Key=self.key,
             UploadId=self.upload_id,
             PartNumber=number,
-            Body=data,
+            Body=BufferReader(data),  # streamed, not copied twice more by aiohttp
             ChecksumAlgorithm=self.checksum_algorithm,
             ChecksumCRC64NVME=value,
         )

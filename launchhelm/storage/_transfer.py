@@ -18,6 +18,7 @@ a part, finish (upload the last part and commit with put-if-absent), abort.
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,7 @@ from launchhelm.storage._progress import Progress
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["PART_SIZE", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
+__all__ = ["PART_SIZE", "BufferReader", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
 
 T = TypeVar("T")
 
@@ -69,6 +70,51 @@ def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
     raise AssertionError("unreachable")
+
+
+class BufferReader(io.RawIOBase):
+    """A part's bytes as a read-only, seekable file, so an HTTP client streams them in small reads.
+
+    Given ``bytes`` or a ``bytearray``, aiohttp (which s3fs's requests go
+    through) copies the body twice more: a ``bytearray`` slice, then the join
+    with the request's headers. Each copy is as large as the part, so an 8 MiB
+    part held 32 MiB while in flight. Read as a file, it is sent in 64 KiB
+    reads with nothing else held. botocore rewinds it with ``seek`` to retry.
+    """
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        chunk = bytes(self._view[self._pos : end])
+        self._pos = max(self._pos, end)
+        return chunk
+
+    def readinto(self, buffer: Buffer) -> int:
+        out = memoryview(buffer).cast("B")
+        n = max(0, min(len(out), len(self._view) - self._pos))
+        out[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def __len__(self) -> int:
+        return len(self._view)
 
 
 class PartUpload(Protocol):
