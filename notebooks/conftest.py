@@ -1,4 +1,4 @@
-"""``pytest --nbval-lax notebooks/``: every notebook here, top to bottom, against a temporary store.
+"""``pytest -p nbval --nbval-lax notebooks/``: every notebook here, top to bottom, against a temporary store.
 
 The store is made before nbval starts a kernel, and handed to the kernels
 (and the training and worker subprocesses they start) by ``LAUNCHHELM_STORE``,

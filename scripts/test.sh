@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# The whole test suite: set up .venv with the dev extras, then lint, type-check
-# and run every test (moto_server and other helpers are started by the tests).
+# The whole test suite: set up .venv with the dev extras, then lint, type-check and run every test
+# (moto_server and the other emulators are started by the tests, one of each per xdist worker).
+#   bash scripts/test.sh                 everything, as CI runs it
+#   bash scripts/test.sh --quick         what to run after a small change (under 3 minutes): no slow or browser test
+#   bash scripts/test.sh tests/storage -x     arguments go to pytest
+# pytest runs twice: the tests on LAUNCHHELM_TEST_WORKERS xdist workers (default 6: most of their time is
+# waiting on child processes, so more workers than cores pay), then the `serial` ones alone, since they
+# measure time or count heartbeats. The docs site build and the layers contract are tests
+# (tests/docs/test_site.py, tests/core/test_import_graph.py), so they run once, in pytest.
 set -euo pipefail
+quick=0
+if [ "${1:-}" = "--quick" ]; then
+    quick=1
+    shift
+fi
 source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "dev,torch,lightning,transformers,docs"
 # Azurite (the Azure Storage emulator of the storage tests), from tests/azurite/package-lock.json
 if [ ! -x tests/azurite/node_modules/.bin/azurite-blob ] || [ tests/azurite/package-lock.json -nt tests/azurite/node_modules/.package-lock.json ]; then
@@ -13,8 +25,6 @@ ruff check launchhelm tests benchmarks examples docs/hooks
 ruff format --check launchhelm tests benchmarks examples docs/hooks
 echo "== mypy"
 mypy
-echo "== lint-imports (the layers contract in pyproject.toml)"
-lint-imports
 # the front end is checked like the Python: JSDoc types by tsc (strict, --checkJs) and Biome's linter and
 # formatter, both from js/package-lock.json's dev dependencies
 echo "== tsc, biome (js/)"
@@ -32,9 +42,29 @@ if [ ! -x /usr/bin/chromium ]; then
         exit 1
     fi
 fi
-# the docs site (mkdocs.yml, the docs extra): strict, so a broken link or a reference entry that no longer
-# resolves fails here; nothing is downloaded at build time. tests/docs/ checks what it built.
-echo "== mkdocs build --strict"
-NO_MKDOCS_2_WARNING=1 mkdocs build --strict --quiet --site-dir "${TMPDIR:-/tmp}/launchhelm-site"
-echo "== pytest"
-python -m pytest --durations=30 "$@"
+workers=${LAUNCHHELM_TEST_WORKERS:-6}
+# pytest's exit 5 is "no test selected": fine for one phase (a folder with no serial test), not for both
+phase() {
+    local rc=0
+    python -m pytest "$@" || rc=$?
+    if [ "$rc" -eq 5 ]; then return 5; fi
+    return "$rc"
+}
+if [ "$quick" = 1 ]; then
+    echo "== pytest --quick (not slow, not browser, not serial; $workers workers)"
+    python -m pytest -n "$workers" --dist loadgroup -m "not slow and not browser and not serial" --durations=15 "$@"
+    exit 0
+fi
+echo "== pytest ($workers workers)"
+rc1=0
+phase -n "$workers" --dist loadgroup -m "not serial" --durations=30 "$@" || rc1=$?
+echo "== pytest (serial: the tests that measure time, alone)"
+rc2=0
+phase -p no:xdist -m serial --durations=10 "$@" || rc2=$?
+if [ "$rc1" -eq 5 ] && [ "$rc2" -eq 5 ]; then
+    echo "scripts/test.sh: no test selected" >&2
+    exit 5
+fi
+for rc in "$rc1" "$rc2"; do
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 5 ]; then exit "$rc"; fi
+done

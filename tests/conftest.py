@@ -23,6 +23,22 @@ from emulators import azurite_endpoint, gcs_endpoint  # noqa: F401  (fixtures)
 from lhtest import BUCKET, make_store_url
 
 BACKENDS = ["local", "memory", "s3", "gcs", "azure"]
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Keep each module whose own module-scoped fixtures build something (a store of killed runs,
+    a torchrun job) on one xdist worker, so it is built once, not once per worker
+    (``--dist loadgroup``: scripts/test.sh). Runs before xdist reads the groups."""
+    for item in items:
+        if item.get_closest_marker("xdist_group"):
+            continue  # a group of its own already (the browser tests share one server and browser)
+        module = item.nodeid.split("::", 1)[0]
+        defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+        if any(d.scope == "module" and d.baseid == module for ds in defs.values() for d in ds):
+            item.add_marker(pytest.mark.xdist_group(module))
+
+
 #: Backends other processes can reach too (memory:// is per process).
 SHARED_BACKENDS = ["local", "s3", "gcs", "azure"]
 

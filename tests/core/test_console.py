@@ -669,6 +669,7 @@ def test_a_python_level_flood_whose_writes_release_the_gil_keeps_the_queue_bound
     assert kept + dropped == 100_000
 
 
+@pytest.mark.serial  # times a read to 20 ms and 1 s
 def test_the_terminal_gets_a_line_written_in_pieces_whole_and_a_line_never_ended_soon() -> None:
     """An unbuffered ``print("saving", 12)`` is four writes: the reader passes the line on in one write once
     its newline came (a SIGKILL in between leaves no half line on the terminal); a progress bar that never

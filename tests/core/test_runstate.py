@@ -13,6 +13,7 @@ import signal
 import time
 from typing import Any
 
+import pytest
 from http_proxy import RequestCounter
 from lhtest import BUCKET, spawn
 
@@ -375,6 +376,7 @@ def test_the_runs_table_of_100_runs_reads_in_a_bounded_number_of_requests_on_s3(
         proxy.close()
 
 
+@pytest.mark.serial  # counts heartbeats in 3 s
 def test_a_live_session_sends_no_more_requests_per_second_than_before(moto_endpoint: str) -> None:
     proxy, store = _proxied(moto_endpoint, f"rate-{os.urandom(3).hex()}")
     try:

@@ -50,14 +50,39 @@ def widget_runs(widget_runs_template: WidgetRuns, tmp_path: Path) -> WidgetRuns:
     return copy_runs(widget_runs_template, tmp_path)
 
 
-# -- the browser tests' shared fixtures (each module defines its own ``server``) --------------
-@pytest.fixture(scope="module")
+# -- the browser tests' shared fixtures: one Chromium and one Jupyter server for them all ----------
+# (they run on one xdist worker: jupyter_browser.browser_marks groups them)
+@pytest.fixture(scope="session")
 def browser() -> Iterator[Any]:
-    """Headless Debian Chromium, one per browser test module."""
+    """Headless Debian Chromium, one per test session."""
     from jupyter_browser import chromium
 
     with chromium() as b:
         yield b
+
+
+@pytest.fixture(scope="session")
+def notebooks_store(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The server's kernels' default store (``LAUNCHHELM_STORE``): notebooks that name no store use it."""
+    return str(tmp_path_factory.mktemp("notebooks-store"))
+
+
+@pytest.fixture(scope="session")
+def jupyter(tmp_path_factory: pytest.TempPathFactory, notebooks_store: str) -> Iterator[Any]:
+    """One JupyterLab (it serves Notebook 7 too) for every browser test; each test writes its own notebook
+    into ``root`` under a name of its own, and its kernels sample the machine only when asked."""
+    from jupyter_browser import serving
+
+    env = {"LAUNCHHELM_STORE": notebooks_store, "LAUNCHHELM_SYSTEM_METRICS": "off"}
+    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home"), env=env) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def server(jupyter: Any) -> Iterator[Any]:
+    """The shared server, its kernels shut down after each module."""
+    yield jupyter
+    jupyter.shutdown_kernels()
 
 
 @pytest.fixture

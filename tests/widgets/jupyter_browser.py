@@ -191,6 +191,8 @@ def browser_marks() -> list[Any]:
     return [
         pytest.mark.slow,
         pytest.mark.browser,
+        # one xdist worker runs them all, on one JupyterLab and one Chromium (tests/widgets/conftest.py)
+        pytest.mark.xdist_group("browser"),
         pytest.mark.skipif(
             not os.path.exists(CHROMIUM) and not os.environ.get("CI"),
             reason="needs /usr/bin/chromium (scripts/test.sh installs it)",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from jupyter_browser import (
     browser_marks,
     open_notebook,
     run_all,
-    serving,
     write_notebook,
 )
 
@@ -55,12 +53,6 @@ def grid_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
         run_id = run.id
     lh.Api(store).run(run_id).evaluate(checkpoint)  # queued: its row says when
     return store, run_id
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
-        yield jupyter
 
 
 def _visible_keys(page: Any) -> list[str]:

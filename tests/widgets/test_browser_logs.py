@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +19,6 @@ from jupyter_browser import (
     browser_marks,
     open_notebook,
     run_all,
-    serving,
     write_notebook,
 )
 from lhtest import spawn
@@ -47,12 +45,6 @@ while not os.path.exists(stop):
     time.sleep(0.05)
 run.finish()
 """
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
-        yield jupyter
 
 
 @pytest.mark.parametrize("app", ["lab", "notebook"])

@@ -21,7 +21,6 @@ from jupyter_browser import (
     browser_marks,
     open_notebook,
     run_all,
-    serving,
     write_notebook,
 )
 from lhtest import ROOT
@@ -71,18 +70,19 @@ CLIPPED_LABELS = """(chart) => {
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(tmp_path_factory.mktemp("notebooks-store"))
+def store(notebooks_store: str) -> str:
+    """Where the shipped notebooks, which name no store, keep their runs: the server's default."""
+    return notebooks_store
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, store: str) -> Iterator[JupyterServer]:
-    root = tmp_path_factory.mktemp("notebooks")
+def server(jupyter: JupyterServer) -> Iterator[JupyterServer]:
+    """The shared server, with the shipped notebooks copied into its root."""
     for item in (ROOT / "notebooks").iterdir():
         if item.suffix in (".ipynb", ".py") and item.name != "conftest.py":
-            shutil.copy(item, root / item.name)
-    with serving(root, tmp_path_factory.mktemp("jupyter-home"), env={"LAUNCHHELM_STORE": store}) as jupyter:
-        yield jupyter
+            shutil.copy(item, jupyter.root / item.name)
+    yield jupyter
+    jupyter.shutdown_kernels()
 
 
 def run_notebook(page: Any, server: JupyterServer, name: str, app: str = "lab") -> None:

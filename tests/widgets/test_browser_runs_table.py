@@ -10,7 +10,6 @@ real ``load_checkpoint``.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +19,6 @@ from jupyter_browser import (
     execute,
     open_notebook,
     run_all,
-    serving,
     write_notebook,
 )
 from rewound_runs import BACK_TO, REACHED, rewound_run
@@ -46,12 +44,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     time.sleep(0.01)
     ids["gamma"] = rewound_run(store, "cmp", "gamma", 0.001, end=30)
     return ids
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    with serving(tmp_path_factory.mktemp("notebooks"), tmp_path_factory.mktemp("jupyter-home")) as jupyter:
-        yield jupyter
 
 
 def _names(page: Any) -> list[str]:

@@ -16,7 +16,6 @@ import re
 import struct
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,6 @@ from jupyter_browser import (
     execute,
     open_notebook,
     run_all,
-    serving,
     write_notebook,
 )
 from widget_runs import FAILED_STEP, FAILURE, RESUMED_CRASH_AT, RESUMED_END, RESUMED_FROM, WidgetRuns, copy_runs
@@ -56,13 +54,6 @@ def _png_size(path: Path) -> tuple[int, int]:
 @pytest.fixture(scope="module")
 def runs(widget_runs_template: WidgetRuns, tmp_path_factory: pytest.TempPathFactory) -> WidgetRuns:
     return copy_runs(widget_runs_template, tmp_path_factory.mktemp("browser-store"))
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterServer]:
-    root = tmp_path_factory.mktemp("notebooks")
-    with serving(root, tmp_path_factory.mktemp("jupyter-home")) as jupyter:
-        yield jupyter
 
 
 def _show(page: Any, server: JupyterServer, name: str, cells: list[str], app: str = "lab") -> None:

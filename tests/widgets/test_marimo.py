@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from jupyter_browser import browser_marks, chromium
+from jupyter_browser import browser_marks
 from lhtest import ROOT, child_env
 from widget_runs import FAILED_STEP, RESUMED_CRASH_AT, RESUMED_FROM, WidgetRuns
 
@@ -91,12 +91,6 @@ class MarimoApp:
         except subprocess.TimeoutExpired:
             self.proc.kill()
         self.log.close()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as b:
-        yield b
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The notebooks in notebooks/ run top to bottom under nbval, as a user runs
-them: ``pytest --nbval-lax notebooks/`` against a temporary store (made by
+them: ``pytest -p nbval --nbval-lax notebooks/`` against a temporary store (made by
 notebooks/conftest.py). Their cells assert what they show (the SIGKILL, the
 restored step, the rewind, the evaluation states, the applied tunables), so a
 notebook that silently stops working fails here."""
@@ -30,7 +30,7 @@ def test_every_notebook_runs_top_to_bottom_under_nbval(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--nbval-lax", "notebooks/", "-p", "no:cacheprovider", "-q"],
+        [sys.executable, "-m", "pytest", "-p", "nbval", "--nbval-lax", "notebooks/", "-p", "no:cacheprovider", "-q"],
         cwd=ROOT,
         capture_output=True,
         text=True,
