@@ -285,3 +285,63 @@ class FaultyS3Proxy:
 
     def close(self) -> None:
         self._server.close()
+
+
+class Terminal:
+    """A child process whose stdin, stdout and stderr are a real pseudo-terminal (80 x 24).
+
+    What a person at a terminal would see is gathered by a reader thread; :meth:`output` is all of it so
+    far, raw (tqdm's ``\\r`` redraws, the terminal's ``\\r\\n`` line ends).
+    """
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+        import threading
+
+        self._master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+        try:
+            self.proc = subprocess.Popen(
+                argv, stdin=slave, stdout=slave, stderr=slave, env={"TERM": "xterm", **env}, cwd=ROOT
+            )
+        except BaseException:
+            os.close(self._master)
+            raise
+        finally:
+            os.close(slave)  # the child holds the terminal now: its exit ends the reads
+        self._chunks: list[bytes] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self._master, 65536)
+            except OSError:  # EIO: every holder of the terminal's other end is gone
+                return
+            if not data:
+                return
+            self._chunks.append(data)
+
+    def output(self) -> bytes:
+        return b"".join(self._chunks)
+
+    def wait(self, timeout: float = 120) -> int:
+        """The child's exit status, once it and the reader are done."""
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            self.close()
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._reader.join(10)
+        if self._master >= 0:
+            os.close(self._master)
+            self._master = -1

@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Protocol, TextIO, cast
 
 from launchhelm.console._buffer import BUFFER_BYTES, LINE_BYTES, ConsoleBuffer
+from launchhelm.storage._progress import note_stderr_captured
 
 if TYPE_CHECKING:
     from typing import TypeAlias, TypeGuard
@@ -309,6 +310,7 @@ class _StreamCapture:
             raise
         self._saved_fd = saved
         self.mode = "fd"
+        self._note_terminal(saved)
 
     def _start_fd(self, stream: TextIO) -> None:
         try:
@@ -338,10 +340,16 @@ class _StreamCapture:
                 pass
         self._saved_fd = saved
         self.mode = "fd"
+        self._note_terminal(saved)
         self._reader = threading.Thread(
             target=self._pump, args=(read_end, saved), name=f"launchhelm-console-{self.name}", daemon=True
         )
         self._reader.start()
+
+    def _note_terminal(self, saved: int | None) -> None:
+        """Tell the progress bars whether stderr still reaches a terminal now that fd 2 is our pipe."""
+        if self.fd == 2:
+            note_stderr_captured(None if saved is None else os.isatty(saved))
 
     def _pump(self, read_end: int, out: int) -> None:
         """Reader thread: the pipe to the original fd and to every sink, until the pipe's writers are gone.
@@ -459,6 +467,7 @@ class _StreamCapture:
         saved, reader = self._saved_fd, self._reader
         self._saved_fd = self._reader = None
         assert saved is not None
+        self._note_terminal(None)
         try:
             current = getattr(sys, self.name, None)
             if current is not None:

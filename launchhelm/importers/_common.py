@@ -68,9 +68,10 @@ from launchhelm.storage._keys import (
     run_record_key,
     summary_key,
 )
+from launchhelm.storage._progress import progress_delay, stderr_interactive
 
 if TYPE_CHECKING:
-    from typing import TextIO
+    from contextlib import AbstractContextManager
 
     import pyarrow as pa
 
@@ -209,7 +210,7 @@ class _Rewind(TypedDict):
 class _Bar(Protocol):
     """What is used of a tqdm bar (tqdm ships no type hints)."""
 
-    def write(self, s: str, file: TextIO | None = None) -> None: ...
+    def external_write_mode(self) -> AbstractContextManager[None]: ...
 
     def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
 
@@ -514,10 +515,19 @@ def _clear_leftovers(store: Store, run_id: str) -> None:
         store.delete_many([f"{run_prefix(run_id)}/{k}" for k in leftovers])
 
 
-def _progress(total: int, enabled: bool, desc: str) -> _Bar:
+def _progress(total: int, shown: bool, desc: str) -> _Bar:
+    """The import's bar; drawn only where ``shown``, and only once the import has lasted the delay."""
     from tqdm.auto import tqdm
 
-    bar: _Bar = tqdm(total=total, disable=not enabled, unit="run", desc=desc, file=sys.stderr, dynamic_ncols=True)
+    bar: _Bar = tqdm(
+        total=total,
+        disable=not shown,
+        unit="run",
+        desc=desc,
+        file=sys.stderr,
+        dynamic_ncols=True,
+        delay=progress_delay(),
+    )
     return bar
 
 
@@ -543,14 +553,18 @@ def import_runs(
     result = ImportResult(project)
     failures: dict[str, BaseException] = {}
     listed = set(st.list(project_runs_prefix(project)))
-    bar = _progress(len(sources), progress, f"import {kind}")
+    # a bar on a terminal or in a notebook; in a log the lines below and the caller's summary say it all
+    shown = progress and stderr_interactive()
+    bar = _progress(len(sources), shown, f"import {kind}")
+    drawn_after = time.monotonic() + progress_delay()
 
     def say(line: str) -> None:
         if report is None:
             return
-        if progress:
-            bar.write(line, file=sys.stdout)
-        else:
+        if shown and time.monotonic() >= drawn_after:
+            with bar.external_write_mode():  # the bar is on screen: clear it, write the line, draw it below
+                report(line)
+        else:  # no bar on screen yet (drawing it around the line would skip the delay)
             report(line)
 
     def one(source: SourceRun) -> tuple[SourceRun, str, tuple[ImportedRun, bool] | BaseException]:

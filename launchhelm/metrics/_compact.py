@@ -356,7 +356,9 @@ class Compactor:
             if ref.key in self._local and self._local[ref.key].is_file():
                 continue
             try:
-                self._local[ref.key] = self.store.download(f"{self.prefix}/{ref.key}", self._work_path(ref.key))
+                self._local[ref.key] = self.store.download(
+                    f"{self.prefix}/{ref.key}", self._work_path(ref.key), progress=False
+                )
             except ObjectNotFoundError:
                 raise AlreadyExistsError(
                     f"segment {ref.key} is gone: another compactor moved on", url=ref.key
@@ -419,7 +421,7 @@ class Compactor:
             self.store.create(f"{self.prefix}/{key}", path.read_bytes())
         else:
             # two parts in flight, not the backend's four: parts are 8 MiB each and outside the Arrow budget
-            self.store.upload(f"{self.prefix}/{key}", path, max_concurrency=UPLOAD_PARTS_IN_FLIGHT)
+            self.store.upload(f"{self.prefix}/{key}", path, max_concurrency=UPLOAD_PARTS_IN_FLIGHT, progress=False)
 
     def _publish(self, manifest: Manifest, tail: list[ChunkRef]) -> tuple[Manifest, int]:
         written: list[str] = []

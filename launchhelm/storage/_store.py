@@ -350,11 +350,8 @@ class Store:
         path = Path(local_path)
         if not path.is_file():
             raise PathNotFoundError(f"cannot upload {str(path)!r}: no such file", path=str(path))
-        bar = Progress(self._progress(progress), f"upload {path.name}", path.stat().st_size)
-        try:
+        with Progress(self._progress(progress), f"upload {path.name}", path.stat().st_size) as bar:
             self._upload(_check_key(key), path, bar, max_concurrency)
-        finally:
-            bar.close()
 
     @contextmanager
     def writer(self, key: str, *, progress: bool | None = None) -> Iterator[BinaryIO]:
@@ -371,12 +368,8 @@ class Store:
         ...     torch.save(state, f)
         """
         _check_key(key)
-        bar = Progress(self._progress(progress), f"save {key.rsplit('/', 1)[-1]}")
-        try:
-            with self._writer(key, bar) as f:
-                yield f
-        finally:
-            bar.close()
+        with Progress(self._progress(progress), f"save {key.rsplit('/', 1)[-1]}") as bar, self._writer(key, bar) as f:
+            yield f
 
     def download(self, key: str, local_path: str | os.PathLike[str], *, progress: bool | None = None) -> Path:
         """Stream the object at ``key`` to a local file and return its path.
@@ -386,13 +379,12 @@ class Store:
         target = Path(local_path)
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.{os.urandom(4).hex()}.part")
-        bar = Progress(self._progress(progress), f"download {target.name}")
         try:
-            with open(tmp, "wb") as out:
-                self._download(_check_key(key), out, bar)
-            os.replace(tmp, target)
+            with Progress(self._progress(progress), f"download {target.name}") as bar:
+                with open(tmp, "wb") as out:
+                    self._download(_check_key(key), out, bar)
+                os.replace(tmp, target)
         finally:
-            bar.close()
             if tmp.exists():
                 tmp.unlink()
         return target

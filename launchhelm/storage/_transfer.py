@@ -269,18 +269,13 @@ class PartWriter:
         except BaseException:
             self._abort()
             raise
-        finally:
-            self._progress.close()
 
     def discard(self) -> None:
         """Abort: nothing becomes visible and the parts are discarded."""
         if self.closed:
             return
         self.closed = True
-        try:
-            self._abort()
-        finally:
-            self._progress.close()
+        self._abort()
 
     def _abort(self) -> None:
         with self._lock:

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from lhtest import make_store_url, run_python
+from lhtest import Terminal, child_env, make_store_url, run_python
 
 import launchhelm as lh
 from launchhelm._cli import main as cli_main
@@ -118,15 +118,38 @@ def test_tensorboard_scalars_steps_names_and_hparams_import_exactly(tb_logdir: P
     assert mnist.events()[0]["imported"]["source"] == "tensorboard"
 
 
-def test_an_import_shows_a_progress_bar_and_one_line_per_run(
+def test_an_import_into_a_log_reports_a_line_per_run_and_draws_no_bar(
     tb_logdir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """stderr is no terminal here (pytest's capture, as a batch job's file): no bar's ``\\r`` states, even with
+    ``progress=True``; the lines per run are the record."""
     lines: list[str] = []
     import_tensorboard(tb_logdir, "tb", store=str(tmp_path / "store"), progress=True, report=lines.append)
     out, err = capsys.readouterr()
-    assert "import tensorboard" in err and "3/3" in err  # the bar, on stderr, counting runs
-    assert len([line for line in out.splitlines() if line.strip()]) == 3  # a line per run, above the bar
-    assert not lines  # with the bar, lines go through it, not to report()
+    assert "import tensorboard" not in err and "\r" not in err, err
+    assert out == ""  # the lines went to report(), not around a bar
+    assert len(lines) == 3 and all(line.startswith("imported ") for line in lines), lines
+
+
+@pytest.mark.slow
+def test_an_import_on_a_terminal_shows_a_bar_below_its_lines(tb_logdir: Path, tmp_path: Path) -> None:
+    """``launchhelm import`` under a real pseudo-terminal: a bar counting runs, the line per run printed above
+    it. The delay is 0 here: three small runs import faster than the 2 s a bar waits for."""
+    code = "import sys; from launchhelm._cli import main; sys.exit(main(sys.argv[1:]))"
+    args = ["import", "tensorboard", str(tb_logdir), "--project", "tb", "--store", str(tmp_path / "store")]
+    terminal = Terminal([sys.executable, "-c", code, *args], child_env(LAUNCHHELM_PROGRESS_DELAY="0"))
+    assert terminal.wait() == 0, terminal.output()
+    shown = terminal.output().decode(errors="replace")
+    assert [state for state in shown.split("\r") if "import tensorboard" in state and "3/3" in state], shown
+    assert shown.count("imported          ") == 3 and "3 run(s) imported" in shown, shown
+    # each line is written above the bar: the bar is cleared first, so no line starts in the middle of it
+    assert all(line.startswith(("imported", "3 run(s)")) for line in _lines_without_bar(shown)), shown
+
+
+def _lines_without_bar(shown: str) -> list[str]:
+    """What stays on a terminal's lines once each line's \\r redraws are done: the text after the last \\r."""
+    kept = [line.rsplit("\r", 1)[-1].strip() for line in shown.split("\r\n")]
+    return [line for line in kept if line and not line.startswith("import tensorboard")]
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.slow)])

@@ -297,27 +297,53 @@ def test_local_staging_leftovers_count_as_incomplete_uploads(tmp_path: Path) -> 
 
 
 # -- progress bars ------------------------------------------------------------------------
-def test_progress_bars_show_for_large_transfers_and_can_be_silenced(
+def test_progress_in_a_log_is_one_line_per_long_transfer_and_can_be_silenced(
     store_url: str, tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """stderr is a file here (pytest's capture), as in a batch job: never a bar's ``\\r`` states. A large
+    transfer nobody waited on writes nothing; one that lasted the delay writes one line when it ends; a
+    small, a failed or a silenced one nothing. (The bar itself, on a terminal: tests/torch/test_progress_bars.py.)
+    """
     monkeypatch.setenv("LAUNCHHELM_PROGRESS_MIN_MB", "1")  # "large" = 1 MB here
+    monkeypatch.delenv("LAUNCHHELM_PROGRESS", raising=False)
+    # a transfer over before the delay (2 s by default; a minute here, whatever the machine's load) says nothing
+    monkeypatch.setenv("LAUNCHHELM_PROGRESS_DELAY", "60")
     store = open_store(store_url)
     src = tmp_path / "payload.bin"
     src.write_bytes(os.urandom(3 * 2**20))
     store.upload("big", src)
     store.download("big", tmp_path / "back.bin")
+    assert capfd.readouterr().err == ""
+    monkeypatch.setenv("LAUNCHHELM_PROGRESS_DELAY", "0")  # from here every transfer counts as waited on
+    store.upload("big2", src)
+    store.download("big", tmp_path / "back2.bin")
+    with store.writer("streamed/model.pt") as f:
+        f.write(os.urandom(2 * 2**20))
     err = capfd.readouterr().err
-    assert "upload payload.bin" in err and "download back.bin" in err
-    store.upload("small", tmp_path / "back.bin", progress=False)
+    assert "\r" not in err, err
+    lines = err.splitlines()
+    assert [line.split(": ")[1] for line in lines] == ["upload payload.bin", "download back2.bin", "save model.pt"]
+    assert lines[0].startswith("launchhelm: upload payload.bin: 3.0 MiB in ") and lines[0].endswith("/s"), lines
+    assert "save model.pt: 2.0 MiB in " in lines[2], lines
+    small = tmp_path / "small.bin"
+    small.write_bytes(b"x" * 1000)
+    store.upload("small", small)  # under the size
+    store.upload("quiet", src, progress=False)
+    with pytest.raises(RuntimeError), store.writer("failed/model.pt") as f:
+        f.write(os.urandom(2 * 2**20))
+        raise RuntimeError("the caller's block failed: the error says so, not a line about bytes")
     monkeypatch.setenv("LAUNCHHELM_PROGRESS", "0")
     store.download("big", tmp_path / "again.bin")
-    with store.writer("streamed") as f:
+    with store.writer("streamed2") as f:
         f.write(os.urandom(2 * 2**20))
     assert capfd.readouterr().err == ""
     quiet = open_store(store_url, progress=False)
     monkeypatch.delenv("LAUNCHHELM_PROGRESS")
     quiet.download("big", tmp_path / "third.bin")
     assert capfd.readouterr().err == ""
+    # True: every transfer, whatever its size and however short, still one line in a log
+    store.download("small", tmp_path / "small-back.bin", progress=True)
+    assert capfd.readouterr().err.splitlines()[0].startswith("launchhelm: download small-back.bin: 1000 B in ")
 
 
 STREAMER = """
