@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from gcs_finalize_proxy import GcsFinalizeProxy
-from lhtest import BUCKET, FaultyS3Proxy, make_store_url
+from lhtest import BUCKET, ROOT, FaultyS3Proxy, child_env, make_store_url
 
 from launchhelm.storage import AlreadyExistsError, ObjectStore, StorageError, Store, open_store
 from launchhelm.storage._transfer import PART_SIZE
@@ -344,6 +344,54 @@ def test_progress_in_a_log_is_one_line_per_long_transfer_and_can_be_silenced(
     # True: every transfer, whatever its size and however short, still one line in a log
     store.download("small", tmp_path / "small-back.bin", progress=True)
     assert capfd.readouterr().err.splitlines()[0].startswith("launchhelm: download small-back.bin: 1000 B in ")
+
+
+def _cell(client: object, code: str) -> list[dict[str, object]]:
+    """Execute ``code`` in a real kernel; return the messages the cell sent to the notebook."""
+    msg_id = client.execute(code)  # type: ignore[attr-defined]
+    sent = []
+    while True:
+        msg = client.get_iopub_msg(timeout=60)  # type: ignore[attr-defined]
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        if msg["msg_type"] == "error":
+            raise AssertionError("\n".join(msg["content"]["traceback"]))
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            return sent
+        if msg["msg_type"] not in ("status", "execute_input"):
+            sent.append(msg)
+
+
+@pytest.mark.slow
+def test_in_a_notebook_a_long_transfer_shows_a_widget_bar_and_a_short_one_nothing(tmp_path: Path) -> None:
+    """A real Jupyter kernel (its stderr is ipykernel's stream, no terminal): tqdm's widget for a transfer
+    that lasted the delay, nothing at all for one that did not."""
+    manager_module = pytest.importorskip("jupyter_client.manager")
+    pytest.importorskip("ipywidgets", reason="tqdm draws its notebook bar with ipywidgets")
+    env = child_env(LAUNCHHELM_PROGRESS_MIN_MB="1")
+    env.pop("LAUNCHHELM_PROGRESS", None)
+    env.pop("PYTEST_CURRENT_TEST", None)
+    manager, client = manager_module.start_new_kernel(kernel_name="python3", env=env, cwd=str(ROOT))
+    try:
+        _cell(
+            client,
+            "import os\nfrom launchhelm.storage import open_store\n"
+            f"store = open_store({str(tmp_path / 'store')!r})\n"
+            f"src = {str(tmp_path / 'payload.bin')!r}\n"
+            "open(src, 'wb').write(os.urandom(3 * 2**20))",
+        )
+        quick = _cell(client, "os.environ['LAUNCHHELM_PROGRESS_DELAY'] = '60'\nstore.upload('quick', src)")
+        visible = [m for m in quick if m["msg_type"] in ("display_data", "stream")]
+        assert visible == [], visible  # over before the delay: nothing shows in the notebook
+        waited = _cell(client, "os.environ['LAUNCHHELM_PROGRESS_DELAY'] = '0'\nstore.upload('waited', src)")
+        shown = [m for m in waited if m["msg_type"] == "display_data"]
+        assert shown and "application/vnd.jupyter.widget-view+json" in shown[0]["content"]["data"], waited
+        described = [m for m in waited if "payload.bin" in str(m["content"])]
+        assert described, waited  # the widget's label ("upload payload.bin"), sent as its state
+        assert not [m for m in waited if m["msg_type"] == "stream"], waited  # no text bar, no log line
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
 
 
 STREAMER = """
