@@ -27,6 +27,7 @@ from launchhelm._exceptions import (
     EvaluationNotFoundError,
     EvaluationStateError,
     InvalidArgumentError,
+    InvalidMediaError,
     InvalidMetricError,
     InvalidTypeError,
     LaunchHelmError,
@@ -49,6 +50,7 @@ from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
 from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
+from launchhelm.media import Histogram, Image, Media, MediaItem, Table
 
 if TYPE_CHECKING:
     from launchhelm._ipython import IPythonShell
@@ -66,10 +68,15 @@ __all__ = [
     "EvaluationNotFoundError",
     "EvaluationStateError",
     "EvaluationWorker",
+    "Histogram",
+    "Image",
     "InvalidArgumentError",
+    "InvalidMediaError",
     "InvalidMetricError",
     "InvalidTypeError",
     "LaunchHelmError",
+    "Media",
+    "MediaItem",
     "ObjectNotFoundError",
     "PathNotFoundError",
     "ProjectHandle",
@@ -84,6 +91,7 @@ __all__ = [
     "StorageError",
     "StoreAccessDeniedError",
     "StoreUnreachableError",
+    "Table",
     "TunableNotFoundError",
     "UnsupportedFeatureError",
     "__version__",

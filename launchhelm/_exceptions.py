@@ -19,7 +19,8 @@ inherits the built-in exception a caller would naturally catch, so
     ├── RunInUseError (RuntimeError)
     ├── RunFinishedError (RuntimeError)
     ├── InvalidArgumentError (ValueError)
-    │   └── InvalidMetricError
+    │   ├── InvalidMetricError
+    │   └── InvalidMediaError
     ├── InvalidTypeError (TypeError)
     ├── TunableNotFoundError (KeyError)
     ├── PathNotFoundError (FileNotFoundError)
@@ -44,6 +45,7 @@ __all__ = [
     "EvaluationStateError",
     "ImportFailedError",
     "InvalidArgumentError",
+    "InvalidMediaError",
     "InvalidMetricError",
     "InvalidTypeError",
     "LaunchHelmError",
@@ -201,6 +203,24 @@ class InvalidTypeError(LaunchHelmError, TypeError):
 
 class InvalidMetricError(InvalidArgumentError):
     """A metric key or step is malformed (values of the wrong type raise :class:`InvalidTypeError`)."""
+
+
+class InvalidMediaError(InvalidArgumentError):
+    """An image, table or histogram given to ``log()`` cannot be stored (its shape, a NaN, its size...).
+
+    Wrong types raise :class:`InvalidTypeError` and missing files
+    :class:`PathNotFoundError`; every one names the key, and nothing of
+    that ``log()`` call is recorded.
+
+    Attributes
+    ----------
+    key:
+        The metric key the media was logged under.
+    """
+
+    def __init__(self, message: str, *, key: str | None = None) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 class TunableNotFoundError(LaunchHelmError, KeyError):

@@ -38,6 +38,8 @@ from launchhelm._exceptions import (
 from launchhelm._types import Rewind
 from launchhelm.console._writer import ConsoleWriter
 from launchhelm.evaluation._queue import on_checkpoint_published
+from launchhelm.media._types import Prepared, prepare_media
+from launchhelm.media._writer import MediaWriter
 from launchhelm.metrics._flusher import MetricFlusher
 from launchhelm.metrics._pause import yield_on_wakeup
 from launchhelm.metrics._points import coerce_value, validate_key
@@ -162,6 +164,10 @@ class Run:
             on_chunk=self._summary_writer.note_latest,
             on_store_error=self._store_failed,
         )
+        # images, tables, histograms: encoded and stored by the media thread, indexed at each flush
+        self._media = MediaWriter(
+            store, self.id, session_id, self._flusher.compaction_memory, on_store_error=self._store_failed
+        )
         self._known_keys: set[str] = set()
         self._system_interval: float | None = None  # seconds between system samples (None: no sampler)
         self._sampler: SystemSampler | None = None
@@ -256,8 +262,12 @@ class Run:
 
         Values must be real numbers: bool, int, float, numpy scalars or
         one-element torch tensors; NaN and infinities are stored as such.
-        The whole call is checked before anything is recorded, so a bad
-        value raises and loses nothing logged before.
+        A value may also be a :class:`launchhelm.Image`, :class:`launchhelm.Table`
+        or :class:`launchhelm.Histogram`, or a list of one kind of them: their
+        content is copied here and stored in the background
+        (``RunHandle.media()`` reads them). The whole call is checked before
+        anything is recorded, so a bad value raises and loses nothing logged
+        before.
 
         Raises
         ------
@@ -265,6 +275,11 @@ class Run:
             A value is not a real number (the message names the key), a key
             is not a string, or ``step`` is not an integer (also a
             ``TypeError``).
+        InvalidMediaError
+            An image, table or histogram cannot be stored (its shape, NaN
+            pixels, a table over 10,000 rows...); the message names the key
+            (also a ``ValueError``). A missing image file raises
+            ``PathNotFoundError`` (a ``FileNotFoundError``).
         InvalidMetricError
             A key is empty, has an empty, ``.`` or ``..`` segment, or control
             characters, or is one of the names history frames use for their
@@ -288,6 +303,7 @@ class Run:
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             raise InvalidTypeError(f"log() takes a mapping of metric names to numbers, not {type(metrics).__name__}")
         row: dict[str, float] = {}
+        media: list[tuple[str, list[Prepared]]] | None = None
         known = self._known_keys
         for key, value in metrics.items():
             if key not in known:
@@ -299,12 +315,20 @@ class Run:
             elif kind is int:
                 row[key] = float(value)
             else:
-                row[key] = coerce_value(key, value)
-        if not row:
+                items = prepare_media(key, value)  # checked and copied; None: not media
+                if items is None:
+                    row[key] = coerce_value(key, value)
+                else:
+                    media = [*(media or []), (key, items)]
+        if not row and not media:
             return
         if step > self._reached:
             self._reached = step
-        self._flusher.append(step, self._attempt, time.time(), row)
+        now = time.time()
+        if row:
+            self._flusher.append(step, self._attempt, now, row)
+        if media:
+            self._media.add(step, self._attempt, now, media)
 
     def _append_row(self, step: int, now: float, row: dict[str, float]) -> None:
         """``log()``'s append, for rows the background thread makes (system metrics)."""
@@ -319,8 +343,15 @@ class Run:
         self._flush(drain=True)
 
     def _flush(self, drain: bool = True) -> bool:
-        """Write what is buffered (see :meth:`MetricFlusher.flush`); subclasses hook here."""
-        return self._flusher.flush(drain)
+        """Write what is buffered (see :meth:`MetricFlusher.flush`) and the media index; subclasses hook here.
+
+        With ``drain``, first waits for the media thread to store every item logged.
+        """
+        more = self._flusher.flush(drain)
+        if drain:
+            self._media.drain(env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT))
+        self._media.write_index()
+        return more
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
@@ -778,6 +809,9 @@ class Run:
             except BaseException as exc:
                 self._leave_in_spool(exc)
                 raise
+        left = self._media.close(timeout=0.0)  # the flush above drained it, unless the store stayed away
+        if left:
+            _log.warning("launchhelm: run %s: the store did not take %d media items", self.id, left)
         self._flusher.close()
         self._compact(only_if_due=False)
         self._flusher.close_compactor()

@@ -16,6 +16,7 @@ from launchhelm._exceptions import (
 from launchhelm._types import Checkpoint, Evaluation, Rewind
 from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
 from launchhelm.evaluation._queue import queue_for, queue_manual
+from launchhelm.media._read import MediaItem
 from launchhelm.metrics._points import abandoned_mask, history_frame
 from launchhelm.metrics._read import PointReader
 from launchhelm.metrics._segments import concat as concat_points
@@ -470,6 +471,50 @@ class RunHandle:
         frame = history_frame(default_points(self._read_points()), keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         return frame
+
+    def media(self, key: Sequence[str] | str | None = None, duplicates: str = "all") -> list[MediaItem]:
+        """The images, tables and histograms the run logged, without their content.
+
+        Reads the run's media index (one listing and one round of concurrent
+        GETs, whatever the run's length); each item's :meth:`MediaItem.load`
+        then reads its object.
+
+        Parameters
+        ----------
+        key:
+            A key or keys to return (default: all).
+        duplicates:
+            ``"all"``: every attempt's items; at a step redone after a rewind
+            the abandoned attempt's are marked ``abandoned``. ``"last"``: per
+            key and step, the newest attempt's items only.
+
+        Returns
+        -------
+        list of MediaItem
+            Sorted by key, step, attempt and index in the list logged.
+
+        Raises
+        ------
+        InvalidTypeError
+            ``key`` is not a string or a sequence of strings.
+        InvalidArgumentError
+            ``duplicates`` is neither ``"all"`` nor ``"last"``.
+
+        Examples
+        --------
+        >>> items = lh.Api().run(run_id).media("val/samples", duplicates="last")  # doctest: +SKIP
+        >>> pixels = items[-1].load()                                           # doctest: +SKIP
+        """
+        check_history_keys(key)
+        if duplicates not in ("all", "last"):
+            raise InvalidArgumentError(
+                f"duplicates={duplicates!r}: use 'all' (every attempt) or 'last' (newest attempt per step)"
+            )
+        from launchhelm.media._read import media_items, read_media_index
+
+        table = read_media_index(self._store, self.id)
+        keys = list(key) if key is not None and not isinstance(key, str) else key
+        return media_items(self._store, self.id, table, self._state(), keys, duplicates)
 
     def console(self, session: str | int | None = None, tail: int | None = None) -> str:
         """What the run's process printed to stdout and stderr (``lh.init(capture_console=True)``).

@@ -42,6 +42,9 @@ __all__ = [
     "logged_key",
     "manifest_key",
     "manifest_name",
+    "media_index_key",
+    "media_index_prefix",
+    "media_object_key",
     "metrics_prefix",
     "new_index_name",
     "new_project_segment_name",
@@ -52,6 +55,7 @@ __all__ = [
     "parse_event_name",
     "parse_index_name",
     "parse_manifest_name",
+    "parse_media_index_name",
     "parse_project_listing",
     "parse_row_marker_name",
     "parse_rule_name",
@@ -330,6 +334,32 @@ def compat_key(run_id: str, api: str) -> str:
     return f"{run_prefix(run_id)}/compat/{api}{_JSON}"
 
 
+# -- media -----------------------------------------------------------------------
+def media_object_key(run_id: str, name: str) -> str:
+    """``runs/<run>/media/objects/<sha256>.<ext>``: an image, table or histogram, named by its content."""
+    return f"{run_prefix(run_id)}/media/objects/{name}"
+
+
+def media_index_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/media/index"
+
+
+def media_index_key(run_id: str, session_id: str, first: int, last: int) -> str:
+    """``runs/<run>/media/index/<session>/<first:08d>-<last:08d>.parquet``: index rows of chunks first..last."""
+    return f"{media_index_prefix(run_id)}/{session_id}/{first:08d}-{last:08d}{_PARQUET}"
+
+
+def parse_media_index_name(name: str) -> tuple[str, int, int] | None:
+    """``(session, first, last)`` of a name listed under :func:`media_index_prefix`, else None."""
+    session, _, rest = name.partition("/")
+    if not rest.endswith(_PARQUET) or "/" in rest:
+        return None
+    first, dash, last = rest[: -len(_PARQUET)].partition("-")
+    if not dash or len(first) != 8 or len(last) != 8 or not (first.isdigit() and last.isdigit()):
+        return None
+    return session, int(first), int(last)
+
+
 # -- checkpoints (artifacts) -----------------------------------------------------
 def artifacts_prefix(run_id: str) -> str:
     return f"{run_prefix(run_id)}/artifacts"
@@ -451,6 +481,8 @@ ROWS: dict[str, Callable[[], str]] = {
     ),
     "runs/<run>/console/<session>/<n:08d>.txt": lambda: console_key("run", "session", 3),
     "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
+    "runs/<run>/media/objects/<sha256>.<ext>": lambda: media_object_key("run", "0123abcd.png"),
+    "runs/<run>/media/index/<session>/<first:08d>-<last:08d>.parquet": lambda: media_index_key("run", "session", 8, 15),
     "runs/<run>/artifacts/<id>/...": lambda: f"{artifact_prefix('run', 'id')}/model.pt",
     "projects/<p>/rules/evaluate_every_checkpoint/<seq:020d>.json": lambda: rule_key("p", 7),
     "projects/<p>/evaluations/<run>/<ckpt>/request.json": lambda: request_key(evaluation_prefix("p", "run", "ckpt")),

@@ -1,0 +1,123 @@
+"""The media index: one row per logged item, in Parquet objects a session writes and merges itself.
+
+A session's index objects are numbered chunks ``first..last`` under
+``media/index/<session>/``: a flush writes one chunk (``n-n``); every
+:data:`FANOUT` adjacent objects of the same span are merged into one
+covering them all (``first-last``), so a session of any length leaves at
+most ``FANOUT - 1`` objects per level. Readers take, per session, the
+widest objects that cover ``0..last`` without overlap: names alone say what
+an object covers, so no manifest is needed (see docs/storage.md, "Media").
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from launchhelm.storage._keys import parse_media_index_name
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["FANOUT", "INDEX_COLUMNS", "IndexRow", "choose_index_objects", "decode_index", "encode_index"]
+
+#: Adjacent index objects of one span merged into one.
+FANOUT = 8
+
+
+class IndexRow(TypedDict):
+    """One logged item (an image of a list, a table, a histogram)."""
+
+    key: str
+    step: int
+    attempt: int
+    time: float
+    kind: str  # "image" | "table" | "histogram"
+    index: int  # its place in the list logged under the key at that step
+    caption: str | None
+    object: str  # the object's name under media/objects/
+    size: int  # the object's bytes
+    thumbnail: str | None  # a small PNG's name under media/objects/ (images)
+    height: int | None  # images: pixels; tables: rows
+    width: int | None  # images: pixels; tables: columns
+
+
+#: Column order of the index objects.
+INDEX_COLUMNS = tuple(IndexRow.__annotations__)
+
+
+def index_schema() -> pa.Schema:
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            ("key", pa.string()),
+            ("step", pa.int64()),
+            ("attempt", pa.int32()),
+            ("time", pa.float64()),
+            ("kind", pa.string()),
+            ("index", pa.int32()),
+            ("caption", pa.string()),
+            ("object", pa.string()),
+            ("size", pa.int64()),
+            ("thumbnail", pa.string()),
+            ("height", pa.int32()),
+            ("width", pa.int32()),
+        ]
+    )
+
+
+def encode_index(rows: list[IndexRow] | pa.Table) -> bytes:
+    """Parquet bytes (zstd) of index rows: DuckDB and Polars read them as they are."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=index_schema())
+    sink = pa.BufferOutputStream()
+    pq.write_table(table, sink, compression="zstd")
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def decode_index(data: bytes) -> pa.Table:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(pa.BufferReader(data))
+    return table.select(list(INDEX_COLUMNS)).cast(index_schema())
+
+
+def choose_index_objects(names: list[str]) -> list[tuple[str, str, int, int]]:
+    """The index objects to read, ``(name, session, first, last)``, in session then chunk order.
+
+    Per session: from chunk 0, the object starting there that reaches
+    furthest, then from the chunk after it, and so on; objects that others
+    cover (merged away, deleted after the grace period) are skipped.
+    """
+    by_session: dict[str, dict[int, tuple[int, str]]] = defaultdict(dict)
+    for name in names:
+        parsed = parse_media_index_name(name)
+        if parsed is None:
+            continue
+        session, first, last = parsed
+        if last < first:
+            continue
+        best = by_session[session].get(first)
+        if best is None or last > best[0]:
+            by_session[session][first] = (last, name)
+    chosen: list[tuple[str, str, int, int]] = []
+    for session in sorted(by_session):  # session ids begin with their start time
+        starts = by_session[session]
+        at = 0
+        for first in sorted(starts):
+            if first < at:
+                continue  # inside an object already chosen
+            last, name = starts[first]
+            chosen.append((name, session, first, last))
+            at = last + 1
+    return chosen
+
+
+def merge_tables(datas: list[bytes]) -> Any:
+    import pyarrow as pa
+
+    return pa.concat_tables([decode_index(data) for data in datas])

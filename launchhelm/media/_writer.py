@@ -1,0 +1,348 @@
+"""A live session's media on their way to the store, off the training thread.
+
+``log()`` hands over checked copies (:mod:`launchhelm.media._types`) and
+returns; the media thread encodes each item (PNG, JSON), writes it as a
+content-addressed object with ``create`` and keeps its index row; the
+session's flush writes the rows gathered as one index chunk and merges
+chunks (:mod:`launchhelm.media._index`). Items waiting are bounded in
+bytes: past the bound ``log()`` waits for the thread (never drops one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from launchhelm._exceptions import AlreadyExistsError
+from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
+from launchhelm.media._png import encode_png
+from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable
+from launchhelm.storage import Store
+from launchhelm.storage._keys import media_index_key, media_object_key
+
+if TYPE_CHECKING:
+    import numpy as np
+
+__all__ = ["THUMBNAIL_SIDE", "MediaWriter", "encode_image", "thumbnail_pixels"]
+
+_log = logging.getLogger("launchhelm")
+
+#: The longest side of a thumbnail, in pixels (MLflow's).
+THUMBNAIL_SIDE = 256
+#: Object formats: a table's and a histogram's JSON say what they are.
+TABLE_FORMAT = "launchhelm.table/1"
+HISTOGRAM_FORMAT = "launchhelm.histogram/1"
+_EXTENSIONS = {"png": "png", "jpeg": "jpg", "webp": "webp"}
+#: Seconds between tries while the store does not answer.
+_RETRY = 1.0
+
+
+@dataclass
+class _Pending:
+    step: int
+    attempt: int
+    time: float
+    key: str
+    items: list[Prepared]
+    nbytes: int
+
+
+def prepared_bytes(items: list[Prepared]) -> int:
+    """What a call's media hold in memory until stored (pixels, and a rough size for cells)."""
+    total = 0
+    for item in items:
+        if isinstance(item, PreparedImage):
+            total += item.pixels.nbytes
+        elif isinstance(item, PreparedTable):
+            total += 64 * (len(item.rows) + 1) * max(1, len(item.columns))
+            total += sum(cell.pixels.nbytes for row in item.rows for cell in row if isinstance(cell, PreparedImage))
+        else:
+            total += 16 * (len(item.counts) + len(item.edges))
+    return total
+
+
+def thumbnail_pixels(pixels: np.ndarray) -> np.ndarray:
+    """``pixels`` sampled down so the longest side is at most :data:`THUMBNAIL_SIDE` (every n-th pixel)."""
+    import numpy as np
+
+    height, width = pixels.shape[:2]
+    side = max(height, width)
+    if side <= THUMBNAIL_SIDE:
+        return pixels
+    scale = THUMBNAIL_SIDE / side
+    rows = (np.arange(max(1, round(height * scale))) / scale).astype(np.int64)
+    cols = (np.arange(max(1, round(width * scale))) / scale).astype(np.int64)
+    return np.ascontiguousarray(pixels[rows][:, cols])
+
+
+def encode_image(pixels: np.ndarray, format: str = "png", quality: int | None = None) -> bytes:
+    """The object's bytes: our own PNG (same pixels, same bytes on every machine), or Pillow's JPEG/WebP."""
+    if format == "png":
+        return encode_png(pixels)
+    import io
+
+    import PIL.Image
+
+    image = PIL.Image.fromarray(pixels[:, :, 0] if pixels.shape[2] == 1 else pixels)
+    if format == "jpeg" and image.mode in ("RGBA", "LA"):
+        image = image.convert("RGB" if image.mode == "RGBA" else "L")  # JPEG has no alpha
+    out = io.BytesIO()
+    image.save(out, format=format.upper(), quality=quality)
+    return out.getvalue()
+
+
+def object_name(data: bytes, extension: str) -> str:
+    return f"{hashlib.sha256(data).hexdigest()}.{extension}"
+
+
+class MediaWriter:
+    """The media a session logged and has not stored yet, and the writing of them.
+
+    Parameters
+    ----------
+    store, run_id, session_id:
+        Where the objects and index chunks go.
+    max_bytes:
+        Bytes of pixels (and cells) waiting to be stored before ``log()`` waits.
+    on_store_error:
+        Called with a store failure of the media thread (the run's outage line).
+    """
+
+    def __init__(self, store: Store, run_id: str, session_id: str, max_bytes: int, on_store_error: Any = None) -> None:
+        self.store = store
+        self.run_id = run_id
+        self.session_id = session_id
+        self.max_bytes = max_bytes
+        self._on_store_error = on_store_error
+        self._cond = threading.Condition()
+        self._queue: deque[_Pending] = deque()
+        self._waiting_bytes = 0
+        self._rows: list[IndexRow] = []  # stored objects whose rows await the next index chunk
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._io_lock = threading.Lock()  # index chunks and merges, from the flush thread or flush()
+        self._next = 0  # the next index chunk's number
+        # the session's index objects not merged yet: (first, last, bytes kept or None: read back to merge)
+        self._stack: list[tuple[int, int, bytes | None]] = []
+        self._garbage: list[tuple[float, list[str]]] = []  # objects merged away, deleted after the grace period
+        self.stored = 0  # items stored (tests, the outage line)
+
+    # -- the training thread ------------------------------------------------
+    def add(self, step: int, attempt: int, now: float, media: list[tuple[str, list[Prepared]]]) -> None:
+        """Queue one ``log()`` call's media; waits while more than ``max_bytes`` wait already."""
+        with self._cond:
+            for key, items in media:
+                nbytes = prepared_bytes(items)
+                while self._waiting_bytes and self._waiting_bytes + nbytes > self.max_bytes:
+                    self._cond.wait()  # back-pressure: the store is slower than the logging
+                self._queue.append(_Pending(step, attempt, now, key, items, nbytes))
+                self._waiting_bytes += nbytes
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._work, name=f"launchhelm-media-{self.run_id}", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+    # -- the media thread ---------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                pending = self._queue[0]
+            try:
+                rows = self._store_call(pending)
+            except OSError as exc:  # the store: try again, the item stays first in line
+                if self._on_store_error is not None:
+                    self._on_store_error(exc)
+                with self._cond:
+                    if self._closed and self._abandon:
+                        return
+                    self._cond.wait(_RETRY)
+                continue
+            except Exception as exc:  # a bug must not kill the thread and block log() forever
+                _log.warning("run %s: media %r at step %d not stored: %s", self.run_id, pending.key, pending.step, exc)
+                rows = []
+            with self._cond:
+                self._queue.popleft()
+                self._waiting_bytes -= pending.nbytes
+                self._rows.extend(rows)
+                self.stored += len(rows)
+                self._cond.notify_all()
+
+    _abandon = False
+
+    def _put(self, data: bytes, extension: str) -> str:
+        name = object_name(data, extension)
+        try:
+            self.store.create(media_object_key(self.run_id, name), data)
+        except AlreadyExistsError:
+            pass  # the same content, logged before
+        return name
+
+    def _image_object(self, image: PreparedImage) -> tuple[str, int, str]:
+        data = encode_image(image.pixels, image.format, image.quality)
+        name = self._put(data, _EXTENSIONS[image.format])
+        small = thumbnail_pixels(image.pixels)
+        thumb = name if small is image.pixels and image.format == "png" else self._put(encode_png(small), "png")
+        return name, len(data), thumb
+
+    def _store_call(self, pending: _Pending) -> list[IndexRow]:
+        rows: list[IndexRow] = []
+        for index, item in enumerate(pending.items):
+            thumbnail: str | None = None
+            height: int | None = None
+            width: int | None = None
+            if isinstance(item, PreparedImage):
+                name, size, thumbnail = self._image_object(item)
+                height, width = int(item.pixels.shape[0]), int(item.pixels.shape[1])
+            elif isinstance(item, PreparedTable):
+                data = self._table_json(item)
+                name, size = self._put(data, "json"), len(data)
+                height, width = len(item.rows), len(item.columns)
+            else:
+                data = _histogram_json(item)
+                name, size = self._put(data, "json"), len(data)
+            rows.append(
+                IndexRow(
+                    key=pending.key,
+                    step=pending.step,
+                    attempt=pending.attempt,
+                    time=pending.time,
+                    kind=item.kind,
+                    index=index,
+                    caption=item.caption,
+                    object=name,
+                    size=size,
+                    thumbnail=thumbnail,
+                    height=height,
+                    width=width,
+                )
+            )
+        return rows
+
+    def _table_json(self, table: PreparedTable) -> bytes:
+        rows = []
+        for row in table.rows:
+            cells = []
+            for cell in row:
+                if isinstance(cell, PreparedImage):
+                    name, _, thumb = self._image_object(cell)
+                    # a dict is never a cell a user gave (log() refuses them), so it marks an image unambiguously
+                    cells.append({"image": name, "thumbnail": thumb, "caption": cell.caption})
+                else:
+                    cells.append(cell)
+            rows.append(cells)
+        doc = {"format": TABLE_FORMAT, "columns": table.columns, "rows": rows}
+        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+    # -- the flush ----------------------------------------------------------
+    def drain(self, timeout: float | None = None) -> bool:
+        """Wait until every queued item is stored (or ``timeout`` passed); True when none waits."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._queue:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left if left is None else min(left, 1.0))
+            return True
+
+    def waiting(self) -> int:
+        with self._cond:
+            return sum(len(p.items) for p in self._queue)
+
+    def write_index(self, grace: float | None = None) -> bool:
+        """Write the rows of the items stored since the last call as one index chunk, then merge.
+
+        Returns True when a chunk was written. A store failure leaves the
+        rows for the next call.
+        """
+        with self._io_lock:
+            with self._cond:
+                rows, self._rows = self._rows, []
+            if rows:
+                try:
+                    self._write_chunk(rows)
+                except BaseException:
+                    with self._cond:
+                        self._rows[:0] = rows
+                    raise
+            self._collect(grace)
+            return bool(rows)
+
+    def _write_chunk(self, rows: list[IndexRow]) -> None:
+        data = encode_index(rows)
+        while True:
+            number = self._next
+            key = media_index_key(self.run_id, self.session_id, number, number)
+            try:
+                self.store.create(key, data)
+            except AlreadyExistsError:
+                self._next += 1
+                if self.store.read(key) == data:
+                    break  # an earlier try that seemed to fail did store it
+                continue
+            self._next += 1
+            break
+        self._stack.append((number, number, data))
+        self._merge()
+
+    def _merge(self) -> None:
+        """Merge the newest :data:`FANOUT` index objects while they share a span."""
+        while len(self._stack) >= FANOUT:
+            tail = self._stack[-FANOUT:]
+            span = tail[0][1] - tail[0][0]
+            if any(last - first != span for first, last, _ in tail):
+                return
+            keys = [media_index_key(self.run_id, self.session_id, first, last) for first, last, _ in tail]
+            missing = [key for key, (_, _, data) in zip(keys, tail, strict=True) if data is None]
+            fetched = self.store.read_many(missing) if missing else {}
+            datas = [data if data is not None else fetched[key] for key, (_, _, data) in zip(keys, tail, strict=True)]
+            if any(data is None for data in datas):
+                return  # one was deleted by hand: readers still find the others
+            merged = encode_index(merge_tables([d for d in datas if d is not None]))
+            first, last = tail[0][0], tail[-1][1]
+            try:
+                self.store.create(media_index_key(self.run_id, self.session_id, first, last), merged)
+            except AlreadyExistsError:
+                pass  # an earlier try stored it
+            del self._stack[-FANOUT:]
+            # merged objects are read back from the store when merged again: memory holds the small ones only
+            self._stack.append((first, last, merged if last - first + 1 <= FANOUT else None))
+            self._garbage.append((time.time(), keys))
+
+    def _collect(self, grace: float | None) -> None:
+        from launchhelm.metrics._compact import compaction_grace
+
+        grace = compaction_grace() if grace is None else grace
+        now = time.time()
+        old = [keys for when, keys in self._garbage if now - when >= grace]
+        if old:
+            self.store.delete_many([key for keys in old for key in keys])
+            self._garbage = [(when, keys) for when, keys in self._garbage if now - when < grace]
+
+    def close(self, timeout: float | None = None) -> int:
+        """Stop the media thread once the queue is empty (or after ``timeout``); returns the items left unstored."""
+        self.drain(timeout)
+        with self._cond:
+            self._closed = True
+            self._abandon = True
+            left = sum(len(p.items) for p in self._queue)
+            self._cond.notify_all()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+        return left
+
+
+def _histogram_json(histogram: PreparedHistogram) -> bytes:
+    doc = {"format": HISTOGRAM_FORMAT, "counts": histogram.counts, "edges": histogram.edges}
+    return json.dumps(doc, separators=(",", ":")).encode("utf-8")
