@@ -4,9 +4,12 @@
 arguments and methods. Scalars are stored exactly (as float64: TensorBoard
 keeps float32); ``add_hparams`` writes a run of its own, as torch's writer
 writes a sub-folder; ``add_text`` is kept in the run's TensorBoard record;
-histograms, images, figures, graphs, embeddings, audio, video, meshes, PR
-curves and custom-scalar layouts are accepted and skipped, with one warning
-per method. Neither torch nor TensorBoard is imported. See docs/compat.md.
+``add_image``, ``add_images`` and ``add_figure`` store the pixels torch's
+writer would put in its event file (same conversions: ``dataformats``, float
+scaled by 255, grids), ``add_histogram`` the buckets it would write;
+graphs, embeddings, audio, video, meshes, PR curves and custom-scalar
+layouts are accepted and skipped, with one warning per method. Neither
+torch nor TensorBoard is imported. See docs/compat.md.
 
 Which run a writer writes:
 
@@ -32,12 +35,13 @@ import threading
 import time
 from collections.abc import Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, TypedDict, cast
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from launchhelm._compat import RECORD_INTERVAL, CompatSession, SessionOptions, compat_key, read_compat
-from launchhelm._exceptions import InvalidTypeError, RunFinishedError
+from launchhelm._exceptions import InvalidMediaError, InvalidTypeError, RunFinishedError
 from launchhelm._integration import plain_config, record_restore
 from launchhelm._start import start_run
+from launchhelm.media import Histogram, Image
 from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 
@@ -347,27 +351,52 @@ class SummaryWriter:
             self._log({}, None)  # raises, as for scalars
         self._warn_once(what)
 
+    def _media(self, tag: str, value: object, global_step: int | None) -> None:
+        self._log({tag: value}, global_step)
+
     def add_histogram(
-        self, tag: str, values: object, global_step: int | None = None, *args: object, **kwargs: object
+        self,
+        tag: str,
+        values: object,
+        global_step: int | None = None,
+        bins: object = "tensorflow",
+        walltime: float | None = None,
+        max_bins: int | None = None,
     ) -> None:
-        """Accepted, not stored (one warning)."""
-        self._skip("add_histogram")
+        """Log a histogram of ``values`` with the buckets torch's writer would write (its default
+        exponential ``"tensorflow"`` bins, trimmed to where values are), as a :class:`launchhelm.Histogram`.
+
+        ``walltime`` is not kept.
+        """
+        counts, edges = tensorboard_histogram(tag, values, bins, max_bins)
+        self._media(tag, Histogram(counts=counts, edges=edges), global_step)
 
     def add_histogram_raw(self, tag: str, *args: object, **kwargs: object) -> None:
         """Accepted, not stored (one warning)."""
         self._skip("add_histogram_raw")
 
     def add_image(
-        self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+        self,
+        tag: str,
+        img_tensor: object,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        dataformats: str = "CHW",
     ) -> None:
-        """Accepted, not stored (one warning)."""
-        self._skip("add_image")
+        """Log an image as torch's writer converts it: laid out by ``dataformats``
+        (``CHW``, ``HWC``, ``HW``...), floats scaled by 255 and clipped, uint8 as is."""
+        self._media(tag, Image(tensorboard_pixels(tag, img_tensor, dataformats)), global_step)
 
     def add_images(
-        self, tag: str, img_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
+        self,
+        tag: str,
+        img_tensor: object,
+        global_step: int | None = None,
+        walltime: float | None = None,
+        dataformats: str = "NCHW",
     ) -> None:
-        """Accepted, not stored (one warning)."""
-        self._skip("add_images")
+        """Log a batch of images as one grid, 8 across, as torch's writer does."""
+        self._media(tag, Image(tensorboard_pixels(tag, img_tensor, dataformats)), global_step)
 
     def add_image_with_boxes(
         self, tag: str, img_tensor: object, box_tensor: object, *args: object, **kwargs: object
@@ -381,18 +410,19 @@ class SummaryWriter:
         figure: object,
         global_step: int | None = None,
         close: bool = True,
-        *args: object,
-        **kwargs: object,
+        walltime: float | None = None,
     ) -> None:
-        """Accepted, not stored (one warning); closes the figure when ``close`` (as torch does)."""
-        if close:
-            import sys
+        """Log a matplotlib figure (or a list: a grid) rendered to RGB as torch's writer renders it;
+        closes the figure when ``close``."""
+        import numpy as np
 
-            pyplot = sys.modules.get("matplotlib.pyplot")
-            if pyplot is not None:
-                for one in figure if isinstance(figure, list) else [figure]:
-                    pyplot.close(one)
-        self._skip("add_figure")
+        figures = figure if isinstance(figure, list) else [figure]
+        rendered = [_render_figure(one, close) for one in figures]
+        if isinstance(figure, list):
+            pixels = tensorboard_pixels(tag, np.stack(rendered), "NCHW")
+        else:
+            pixels = tensorboard_pixels(tag, rendered[0], "CHW")
+        self._media(tag, Image(pixels), global_step)
 
     def add_video(
         self, tag: str, vid_tensor: object, global_step: int | None = None, *args: object, **kwargs: object
@@ -478,6 +508,125 @@ class SummaryWriter:
 
     def __repr__(self) -> str:
         return f"<launchhelm.tensorboard.SummaryWriter {self.log_dir!r} -> {self._project}/{self._run.id}>"
+
+
+def _render_figure(figure: Any, close: bool) -> Any:
+    """A figure's RGB pixels, ``CxHxW``, as torch's ``figure_to_image`` renders them (Agg)."""
+    import matplotlib.backends.backend_agg as agg
+    import numpy as np
+
+    canvas: Any = agg.FigureCanvasAgg(figure)  # typed or not, whichever matplotlib is installed
+    canvas.draw()
+    data = np.frombuffer(canvas.buffer_rgba(), dtype=np.uint8)
+    width, height = figure.canvas.get_width_height()
+    pixels = np.moveaxis(data.reshape([height, width, 4])[:, :, 0:3], 2, 0)
+    if close:
+        import matplotlib.pyplot as plt
+
+        plt.close(figure)
+    return pixels
+
+
+def _numpy(tag: str, value: object) -> Any:
+    """torch's ``make_np``: a numpy array of a tensor (bfloat16 as float16) or an array."""
+    import numpy as np
+
+    module = type(value).__module__ or ""
+    if module.startswith("torch") and hasattr(value, "detach"):
+        tensor: Any = value
+        if str(tensor.dtype) == "torch.bfloat16":
+            tensor = tensor.half()
+        return tensor.detach().cpu().numpy()
+    if isinstance(value, np.ndarray):
+        return value
+    if np.isscalar(value):
+        return np.array([value])
+    raise InvalidTypeError(f"{tag!r}: give a numpy array or a torch tensor, not {type(value).__name__}")
+
+
+def tensorboard_pixels(tag: str, value: object, dataformats: str) -> Any:
+    """uint8 ``HxWxC`` pixels of ``value`` exactly as torch's ``summary.image`` makes them before its PNG."""
+    import numpy as np
+
+    array = _numpy(tag, value)
+    fmt = dataformats.upper()
+    if len(set(fmt)) != len(fmt) or set(fmt) - set("NCHW") or array.ndim != len(fmt) or not 2 <= len(fmt) <= 4:
+        raise InvalidMediaError(
+            f"{tag!r}: an image of shape {array.shape} does not match dataformats={dataformats!r}", key=tag
+        )
+    if len(fmt) == 4:
+        if "N" not in fmt or "C" not in fmt:
+            raise InvalidMediaError(f"{tag!r}: dataformats={dataformats!r}: a batch is NCHW or NHWC", key=tag)
+        nchw = array.transpose([fmt.find(c) for c in "NCHW"])
+        if nchw.shape[1] == 1:
+            nchw = np.concatenate([nchw, nchw, nchw], 1)
+        if nchw.shape[1] != 3:
+            raise InvalidMediaError(f"{tag!r}: a batch of images takes 1 or 3 channels, not {nchw.shape[1]}", key=tag)
+        count, _, height, width = nchw.shape
+        across = min(count, 8)
+        down = -(-count // across) if count else 0
+        canvas = np.zeros((3, height * down, width * across), dtype=nchw.dtype)
+        for i in range(count):  # torch's make_grid for TensorBoard: no padding
+            y, x = divmod(i, across)
+            canvas[:, y * height : (y + 1) * height, x * width : (x + 1) * width] = nchw[i]
+        hwc = canvas.transpose(1, 2, 0)
+    elif len(fmt) == 3:
+        if "N" in fmt:
+            raise InvalidMediaError(f"{tag!r}: dataformats={dataformats!r}: one image is CHW or HWC", key=tag)
+        hwc = array.transpose([fmt.find(c) for c in "HWC"])
+        if hwc.shape[2] == 1:
+            hwc = np.concatenate([hwc, hwc, hwc], 2)
+    else:
+        if fmt not in ("HW", "WH"):
+            raise InvalidMediaError(f"{tag!r}: dataformats={dataformats!r}: use HW", key=tag)
+        hw = array.transpose([fmt.find(c) for c in "HW"])
+        hwc = np.stack([hw, hw, hw], 2)
+    scale = 1 if hwc.dtype == np.uint8 else 255
+    if np.issubdtype(hwc.dtype, np.floating) and np.isnan(hwc).any():
+        raise InvalidMediaError(f"{tag!r}: the image has NaN pixels", key=tag)
+    return ((hwc.astype(np.float32) * scale).clip(0, 255)).astype(np.uint8)
+
+
+def _tensorflow_bins() -> list[float]:
+    """torch's writer's default histogram bins (``bins="tensorflow"``): +-1e-12 growing by 1.1 to 1e20, and 0."""
+    v, buckets = 1e-12, []
+    while v < 1e20:
+        buckets.append(v)
+        v *= 1.1
+    return [-b for b in reversed(buckets)] + [0] + buckets
+
+
+def tensorboard_histogram(tag: str, values: object, bins: object, max_bins: int | None) -> tuple[Any, Any]:
+    """``(counts, edges)`` of the buckets torch's ``make_histogram`` writes (``bucket[1:]``, ``bucket_limit``).
+
+    TensorBoard's first bucket is an empty one whose right limit is the left
+    edge of the first real bin; so its buckets are exactly these bins.
+    """
+    import numpy as np
+
+    array = _numpy(tag, values).astype(float).reshape(-1)
+    if array.size == 0:
+        raise InvalidMediaError(f"{tag!r}: a histogram of no values", key=tag)
+    if not np.isfinite(array).all():
+        raise InvalidMediaError(f"{tag!r}: the histogram's values hold NaN or infinity", key=tag)
+    edges: Any = _tensorflow_bins() if isinstance(bins, str) and bins == "tensorflow" else bins
+    counts, limits = np.histogram(array, bins=edges)
+    if max_bins is not None and len(counts) > max_bins:
+        sub = len(counts) // max_bins
+        remainder = len(counts) % sub
+        if remainder:
+            counts = np.pad(counts, pad_width=[[0, sub - remainder]], mode="constant", constant_values=0)
+        counts = counts.reshape(-1, sub).sum(axis=-1)
+        merged = np.empty((counts.size + 1,), limits.dtype)
+        merged[:-1] = limits[:-1:sub]
+        merged[-1] = limits[-1]
+        limits = merged
+    cum = np.cumsum(np.greater(counts, 0))
+    start, end = np.searchsorted(cum, [0, cum[-1] - 1], side="right")
+    start, end = int(start), int(end) + 1
+    bucket = counts[start - 1 : end] if start > 0 else np.concatenate([[0], counts[:end]])
+    bucket_limit = limits[start : end + 1]
+    return bucket[1:], bucket_limit
 
 
 def stored_texts(

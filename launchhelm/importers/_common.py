@@ -40,6 +40,9 @@ from launchhelm._exceptions import (
     StorageError,
 )
 from launchhelm._types import JSONValue
+from launchhelm.media._index import IndexRow, encode_index
+from launchhelm.media._types import Prepared
+from launchhelm.media._writer import object_name, store_items
 from launchhelm.metrics._layout import Manifest, SegmentRef
 from launchhelm.metrics._points import RESERVED_KEYS, validate_key
 from launchhelm.metrics._segments import encode_segment
@@ -58,6 +61,8 @@ from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import (
     event_key,
     manifest_name,
+    media_index_key,
+    media_object_key,
     metrics_prefix,
     new_segment_name,
     project_record_key,
@@ -271,6 +276,7 @@ class Recorder:
         self._new_buffers()
         self._segments: list[SegmentRef] = []
         self.written: list[str] = []  # store keys written so far (deleted if the import fails)
+        self.media_rows: list[IndexRow] = []  # index rows of the media imported (one index object at the end)
 
     def _new_buffers(self) -> None:
         self._step = array("q")
@@ -352,6 +358,28 @@ class Recorder:
             }
         )
 
+    def media(self, key: str, step: int, wall_time: float, items: list[Prepared]) -> None:
+        """Images, a table or a histogram of ``key`` at ``step``: stored now, indexed when the run is published."""
+        fixed = _fix_key(key)
+        if fixed is None:
+            self.skip(f"media {key!r} (no valid metric name can be made of it)")
+            return
+        if step < 0:
+            self.skip(f"media at negative steps ({key!r} and others)")
+            return
+        if step > self.reached:
+            self.reached = step
+
+        def put(data: bytes, extension: str) -> str:
+            name = object_name(data, extension)
+            try:
+                self._create(media_object_key(self.run_id, name), data)
+            except AlreadyExistsError:
+                pass  # the same content, imported before in this run
+            return name
+
+        self.media_rows += store_items(put, fixed, step, self.attempt, wall_time, items)
+
     def skip(self, what: str) -> None:
         """Count something the import leaves out (an image, a text value), reported once at the end."""
         self.skipped[what] = self.skipped.get(what, 0) + 1
@@ -404,6 +432,8 @@ class Recorder:
         created = self.created if self.created is not None else (self._first_time or now)
         ended = self.ended if self.ended is not None else max(self._last_time or created, created)
         session = f"{int(created * 1000) & (16**12 - 1):012x}{self.run_id[:8]}"
+        if self.media_rows:
+            self._create(media_index_key(self.run_id, session, 0, 0), encode_index(self.media_rows))
         step = max(self.reached, 0)
         imported = {**self.imported, "source": self.source.kind, "id": self.source.key, "at": now}
         if self.skipped:

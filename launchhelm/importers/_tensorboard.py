@@ -322,6 +322,8 @@ def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: di
             simple: float | None = None
             tensor: tuple[int, int] | None = None
             metadata: tuple[int, int] | None = None
+            image: tuple[int, int] | None = None
+            histogram: tuple[int, int] | None = None
             other = ""
             for f_number, f_wire, a, b in _fields(data, va, vb):
                 if f_number == 1 and f_wire == 2:
@@ -332,7 +334,11 @@ def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: di
                     tensor = (a, b)
                 elif f_number == 9 and f_wire == 2:
                     metadata = (a, b)
-                elif f_number in (3, 4, 5, 6):
+                elif f_number == 4 and f_wire == 2:
+                    image = (a, b)
+                elif f_number == 5 and f_wire == 2:
+                    histogram = (a, b)
+                elif f_number in (3, 6):
                     other = {3: "histogram", 4: "image", 5: "histogram", 6: "audio"}[f_number]
             plugin = plugins.get(name)
             content = b""
@@ -342,6 +348,10 @@ def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: di
                     plugin = plugins.setdefault(name, found)
             if simple is not None:
                 point(name, step, wall_time, simple)
+            elif image is not None:
+                _image(recorder, name, step, wall_time, data, *image)
+            elif histogram is not None:
+                _histogram(recorder, name, step, wall_time, data, *histogram)
             elif plugin == _HPARAMS and content:
                 hparams = _session_start_hparams(content)
                 if hparams is not None:
@@ -360,6 +370,52 @@ def _read_event(data: bytes, path: str, at: int, recorder: Recorder, plugins: di
             "move the file out of the log folder to import the rest",
             source=path,
         ) from None
+
+
+def _image(recorder: Recorder, name: str, step: int, wall_time: float, buf: bytes, start: int, end: int) -> None:
+    """``Summary.Image``: its encoded picture (field 4), decoded and stored as our PNG of the same pixels."""
+    from launchhelm.media import Image
+    from launchhelm.media._read import decode_image
+
+    encoded = b""
+    for number, wire, a, b in _fields(buf, start, end):
+        if number == 4 and wire == 2:
+            encoded = buf[a:b]
+    try:
+        item = Image(decode_image(encoded))._prepare(name)
+    except (OSError, ValueError, TypeError, ImportError):
+        recorder.skip(f"images that could not be decoded ({name!r}...)")
+        return
+    recorder.media(name, step, wall_time, [item])
+
+
+def _doubles(buf: bytes, number: int, wire: int, a: int, b: int) -> list[float]:
+    if wire == 2:  # packed
+        return list(struct.unpack_from(f"<{(b - a) // 8}d", buf, a))
+    return [_DOUBLE.unpack_from(buf, a)[0]] if wire == 1 else []
+
+
+def _histogram(recorder: Recorder, name: str, step: int, wall_time: float, buf: bytes, start: int, end: int) -> None:
+    """``HistogramProto``: ``bucket_limit`` (6) are right edges, the first bucket an empty one whose
+    right edge is the first bin's left: so the bins are ``bucket[1:]`` between the limits."""
+    from launchhelm.media import Histogram
+
+    limits: list[float] = []
+    buckets: list[float] = []
+    for number, wire, a, b in _fields(buf, start, end):
+        if number == 6:
+            limits += _doubles(buf, number, wire, a, b)
+        elif number == 7:
+            buckets += _doubles(buf, number, wire, a, b)
+    counts: list[float] | list[int] = buckets[1:]
+    if all(c == int(c) for c in counts):
+        counts = [int(c) for c in counts]
+    try:
+        item = Histogram(counts=counts, edges=limits)._prepare(name)
+    except (ValueError, TypeError):
+        recorder.skip(f"histograms of a form LaunchHelm does not keep ({name!r}...)")
+        return
+    recorder.media(name, step, wall_time, [item])
 
 
 def _event_files(fs: AbstractFileSystem, root: str) -> dict[str, list[str]]:

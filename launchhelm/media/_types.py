@@ -47,6 +47,8 @@ MAX_TABLE_ROWS = 10_000
 MAX_TABLE_CELLS = 1_000_000
 #: Bins of one histogram (W&B's limit; 64 by default, as W&B's).
 MAX_BINS = 512
+#: Bins of a histogram given as counts and edges (TensorBoard's default bins can give several hundred).
+MAX_GIVEN_BINS = 4096
 #: Images logged under one key in one call (a list): W&B keeps 108.
 MAX_LIST = 1024
 
@@ -391,7 +393,7 @@ class Histogram(Media):
         Number of equal-width bins, 1 to 512 (default 64, as W&B's).
     counts, edges:
         A histogram already made: ``len(edges) == len(counts) + 1``, edges
-        increasing (as ``numpy.histogram`` returns them).
+        increasing (as ``numpy.histogram`` returns them); up to 4,096 bins.
     caption:
         Shown with the chart.
 
@@ -438,9 +440,9 @@ class Histogram(Media):
             raise InvalidMediaError(f"media {key!r}: give a Histogram values, or both counts and edges", key=key)
         counts = _numbers(key, "counts", self.counts).ravel()
         edges = _numbers(key, "edges", self.edges).ravel().astype(np.float64)
-        if not 1 <= counts.size <= MAX_BINS or edges.size != counts.size + 1:
+        if not 1 <= counts.size <= MAX_GIVEN_BINS or edges.size != counts.size + 1:
             raise InvalidMediaError(
-                f"media {key!r}: {counts.size} counts and {edges.size} edges: give 1 to {MAX_BINS} counts "
+                f"media {key!r}: {counts.size} counts and {edges.size} edges: give 1 to {MAX_GIVEN_BINS:,} counts "
                 "and one edge more",
                 key=key,
             )

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +30,7 @@ from launchhelm.storage._keys import media_index_key, media_object_key
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["THUMBNAIL_SIDE", "MediaWriter", "encode_image", "thumbnail_pixels"]
+__all__ = ["THUMBNAIL_SIDE", "MediaWriter", "encode_image", "object_name", "store_items", "thumbnail_pixels"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -187,61 +188,8 @@ class MediaWriter:
             pass  # the same content, logged before
         return name
 
-    def _image_object(self, image: PreparedImage) -> tuple[str, int, str]:
-        data = encode_image(image.pixels, image.format, image.quality)
-        name = self._put(data, _EXTENSIONS[image.format])
-        small = thumbnail_pixels(image.pixels)
-        thumb = name if small is image.pixels and image.format == "png" else self._put(encode_png(small), "png")
-        return name, len(data), thumb
-
     def _store_call(self, pending: _Pending) -> list[IndexRow]:
-        rows: list[IndexRow] = []
-        for index, item in enumerate(pending.items):
-            thumbnail: str | None = None
-            height: int | None = None
-            width: int | None = None
-            if isinstance(item, PreparedImage):
-                name, size, thumbnail = self._image_object(item)
-                height, width = int(item.pixels.shape[0]), int(item.pixels.shape[1])
-            elif isinstance(item, PreparedTable):
-                data = self._table_json(item)
-                name, size = self._put(data, "json"), len(data)
-                height, width = len(item.rows), len(item.columns)
-            else:
-                data = _histogram_json(item)
-                name, size = self._put(data, "json"), len(data)
-            rows.append(
-                IndexRow(
-                    key=pending.key,
-                    step=pending.step,
-                    attempt=pending.attempt,
-                    time=pending.time,
-                    kind=item.kind,
-                    index=index,
-                    caption=item.caption,
-                    object=name,
-                    size=size,
-                    thumbnail=thumbnail,
-                    height=height,
-                    width=width,
-                )
-            )
-        return rows
-
-    def _table_json(self, table: PreparedTable) -> bytes:
-        rows = []
-        for row in table.rows:
-            cells = []
-            for cell in row:
-                if isinstance(cell, PreparedImage):
-                    name, _, thumb = self._image_object(cell)
-                    # a dict is never a cell a user gave (log() refuses them), so it marks an image unambiguously
-                    cells.append({"image": name, "thumbnail": thumb, "caption": cell.caption})
-                else:
-                    cells.append(cell)
-            rows.append(cells)
-        doc = {"format": TABLE_FORMAT, "columns": table.columns, "rows": rows}
-        return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return store_items(self._put, pending.key, pending.step, pending.attempt, pending.time, pending.items)
 
     # -- the flush ----------------------------------------------------------
     def drain(self, timeout: float | None = None) -> bool:
@@ -341,6 +289,72 @@ class MediaWriter:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5.0)
         return left
+
+
+#: Stores an object's bytes under a name made of them and the extension given; returns the name.
+ObjectSink = Callable[[bytes, str], str]
+
+
+def _image_object(put: ObjectSink, image: PreparedImage) -> tuple[str, int, str]:
+    data = encode_image(image.pixels, image.format, image.quality)
+    name = put(data, _EXTENSIONS[image.format])
+    small = thumbnail_pixels(image.pixels)
+    thumb = name if small is image.pixels and image.format == "png" else put(encode_png(small), "png")
+    return name, len(data), thumb
+
+
+def store_items(
+    put: ObjectSink, key: str, step: int, attempt: int, now: float, items: list[Prepared]
+) -> list[IndexRow]:
+    """Encode and store one key's items of one ``log()`` call (objects through ``put``); their index rows."""
+    rows: list[IndexRow] = []
+    for index, item in enumerate(items):
+        thumbnail: str | None = None
+        height: int | None = None
+        width: int | None = None
+        if isinstance(item, PreparedImage):
+            name, size, thumbnail = _image_object(put, item)
+            height, width = int(item.pixels.shape[0]), int(item.pixels.shape[1])
+        elif isinstance(item, PreparedTable):
+            data = _table_json(put, item)
+            name, size = put(data, "json"), len(data)
+            height, width = len(item.rows), len(item.columns)
+        else:
+            data = _histogram_json(item)
+            name, size = put(data, "json"), len(data)
+        rows.append(
+            IndexRow(
+                key=key,
+                step=step,
+                attempt=attempt,
+                time=now,
+                kind=item.kind,
+                index=index,
+                caption=item.caption,
+                object=name,
+                size=size,
+                thumbnail=thumbnail,
+                height=height,
+                width=width,
+            )
+        )
+    return rows
+
+
+def _table_json(put: ObjectSink, table: PreparedTable) -> bytes:
+    rows = []
+    for row in table.rows:
+        cells = []
+        for cell in row:
+            if isinstance(cell, PreparedImage):
+                name, _, thumb = _image_object(put, cell)
+                # a dict is never a cell a user gave (log() refuses them), so it marks an image unambiguously
+                cells.append({"image": name, "thumbnail": thumb, "caption": cell.caption})
+            else:
+                cells.append(cell)
+        rows.append(cells)
+    doc = {"format": TABLE_FORMAT, "columns": table.columns, "rows": rows}
+    return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 def _histogram_json(histogram: PreparedHistogram) -> bytes:

@@ -21,6 +21,7 @@ from launchhelm._compat import compat_key as _compat_key
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
 from launchhelm._start import start_run
 from launchhelm._types import JSONValue
+from launchhelm.media import Media as LaunchHelmMedia
 from launchhelm.metrics._points import coerce_value, validate_key
 from launchhelm.runlog._live_sessions import install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm.storage import Store
@@ -293,8 +294,11 @@ class Run:
         pending row first and moves there; its row waits for a later step,
         ``commit=True`` or ``finish()`` (W&B's default ``commit=False`` with a
         step). A ``step`` below the current one is dropped with W&B's
-        warning. Numbers are stored; media, tables, histograms and strings
-        are skipped (one warning per type), strings kept in the summary.
+        warning. Numbers, ``Image`` (one or a list), ``Table`` and
+        ``Histogram`` are stored; other media and strings are skipped (one
+        warning per type), strings kept in the summary. A bad image or table
+        raises here (when the row is committed), and nothing of the row is
+        stored.
         """
         if self._finished:
             raise WandbUsageError(
@@ -338,9 +342,13 @@ class Run:
             self._note_summary(row)
             return
         run = self._start()
-        values: dict[str, float] = {}
+        values: dict[str, object] = {}
         for key, value in row.items():
             stored = self._store_key(key)
+            if _is_media(value):  # Image, Table, Histogram (or a list of them): stored by run.log
+                if stored is not None:
+                    values[stored] = value
+                continue
             if isinstance(value, Media):
                 self._warn_once(type(value).__name__, key)
                 continue
@@ -620,3 +628,10 @@ def _at_exit() -> None:
         run.finish(exit_code=1 if failed else 0)
     except Exception as exc:  # the store may be gone; LaunchHelm's own hook still ends the session
         print(f"launchhelm.wandb: could not finish run {run.id} at exit: {exc}", file=sys.stderr)
+
+
+def _is_media(value: object) -> bool:
+    """A value ``launchhelm.Run.log`` stores as media: an Image, Table or Histogram, or a list of them."""
+    if isinstance(value, LaunchHelmMedia):
+        return True
+    return type(value) in (list, tuple) and bool(value) and isinstance(value[0], LaunchHelmMedia)  # type: ignore[index]

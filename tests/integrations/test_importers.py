@@ -114,7 +114,10 @@ def test_tensorboard_scalars_steps_names_and_hparams_import_exactly(tb_logdir: P
     assert runs["cifar/seed1"].history()[["step", "loss"]].values.tolist() == [[7, 2.5]]
     assert mnist.summary()["status"] == "closed" and mnist.summary()["metric.train/loss"] == float(np.float32(LOSS[-1]))
     left_out = next(line for line in lines if "-> run " + mnist.id in line)
-    assert "text summaries ('notes/text_summary'" in left_out and "histogram" in left_out
+    assert "text summaries ('notes/text_summary'" in left_out and "histogram" not in left_out
+    [weights] = mnist.media("weights")  # the histogram is imported as the run's media
+    assert (weights.kind, weights.step) == ("histogram", 0)
+    assert weights.load()[0].sum() == 10
     assert mnist.events()[0]["imported"]["source"] == "tensorboard"
 
 
