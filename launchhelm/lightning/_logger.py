@@ -31,7 +31,7 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 
 import launchhelm
-from launchhelm._exceptions import CheckpointError, InvalidArgumentError
+from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm._integration import (
     PendingRestore,
     check_arguments,
@@ -88,8 +88,9 @@ class LaunchHelmLogger(Logger):
     Metrics go to the run at Lightning's step; the LightningModule's (and
     datamodule's) hyperparameters become the run's config; each file
     ``ModelCheckpoint`` saves is published as a LaunchHelm checkpoint on
-    the run's store (any store: local, S3, GCS, Azure). ``log_graph`` does
-    nothing. Add :attr:`callback` to the ``Trainer``'s callbacks: it puts
+    the run's store (any store: local, S3, GCS, Azure). ``log_image`` and
+    ``log_table`` store images and tables as ``WandbLogger``'s do;
+    ``log_graph`` does nothing. Add :attr:`callback` to the ``Trainer``'s callbacks: it puts
     every RNG into the checkpoints, so resuming is exact.
 
     Parameters
@@ -212,6 +213,39 @@ class LaunchHelmLogger(Logger):
                 values[str(key)] = float(value)
         if values:
             self.run.log(values, step=step)
+
+    @rank_zero_only
+    def log_image(self, key: str, images: list[Any], step: int | None = None, **kwargs: Any) -> None:
+        """Log images under ``key`` at ``step`` (default: the run's step), as ``WandbLogger.log_image`` takes them.
+
+        ``images`` is a list of numpy arrays, tensors, PIL images or file
+        paths (see :class:`launchhelm.Image`); ``caption=[...]`` gives one
+        caption per image. W&B's other per-image lists (``masks``, ``boxes``)
+        are not kept.
+        """
+        if not isinstance(images, list):
+            raise InvalidTypeError(f"log_image({key!r}): images must be a list, not {type(images).__name__}")
+        captions = kwargs.get("caption")
+        if captions is not None and (not isinstance(captions, list) or len(captions) != len(images)):
+            raise InvalidArgumentError(f"log_image({key!r}): caption must be a list of {len(images)} captions")
+        items = [
+            launchhelm.Image(image, caption=None if captions is None else captions[i]) for i, image in enumerate(images)
+        ]
+        self.run.log({key: items}, step=step)
+
+    @rank_zero_only
+    def log_table(
+        self,
+        key: str,
+        columns: list[str] | None = None,
+        data: list[list[Any]] | None = None,
+        dataframe: Any = None,
+        step: int | None = None,
+    ) -> None:
+        """Log a table under ``key`` at ``step``, as ``WandbLogger.log_table`` takes it: ``columns`` and
+        ``data`` (rows), or a pandas ``dataframe`` (see :class:`launchhelm.Table`)."""
+        table = launchhelm.Table(dataframe) if dataframe is not None else launchhelm.Table(columns=columns, rows=data)
+        self.run.log({key: table}, step=step)
 
     def log_graph(self, model: object, input_array: object = None) -> None:
         """Does nothing: LaunchHelm keeps no model graphs."""
