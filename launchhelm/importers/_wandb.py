@@ -11,7 +11,8 @@ Folders of one run id (a run resumed offline writes a new folder with the
 same id) are one run, read oldest first: steps the resumed part logs again
 start a new attempt. History rows give the points (``_step`` and
 ``_timestamp``; keys starting with ``_`` are W&B's own and not imported;
-media, histograms and text are counted and left out), the config records the
+images, image lists, tables of plain cells and histograms become the run's
+media, other media and text are counted and left out), the config records the
 config (later ``config.update`` calls included), and the summary's numbers
 the runs table's latest values (W&B's summary is what its runs table
 shows). Tags, notes and the summary's other values go into the record of the
@@ -132,18 +133,20 @@ def _read_files(core: str, files: list[Path], recorder: Recorder) -> None:
                 for key in item:
                     if key.endswith("._type"):
                         media[key[: -len("._type")]] = str(item[key])
+                fields: dict[str, dict[str, Any]] = {}
                 for key, value in item.items():
                     if key.startswith("_"):
                         continue
                     if media and "." in key and (owner := _media_owner(key, media)) is not None:
-                        if key == f"{owner}._type":  # one count per value logged, not per field of it
-                            recorder.skip(f"{media[owner]} values ({owner!r}...)")
+                        fields.setdefault(owner, {})[key[len(owner) + 1 :]] = value
                         continue
                     number_value = _number(value)
                     if number_value is None:
                         recorder.skip(f"values that are not numbers ({key!r}...)")
                         continue
                     point(key, step, when, number_value)
+                for owner, value in fields.items():  # images, tables, histograms: one per value logged
+                    _media(recorder, path.parent / "files", owner, step, when, value)
             elif kind == "run":
                 run = record["run"]
                 started = _time(run.get("start_time"))
@@ -188,6 +191,43 @@ def _read_files(core: str, files: list[Path], recorder: Recorder) -> None:
             "summary": others,
         }
     )
+
+
+def _media(recorder: Recorder, files: Path, key: str, step: int, when: float, value: dict[str, Any]) -> None:
+    """One W&B media value of a history row (its fields, ``_type`` first among them) as LaunchHelm media."""
+    from launchhelm.media import Histogram, Image, Table
+    from launchhelm.media._read import decode_image
+    from launchhelm.media._types import Prepared
+
+    kind = str(value.get("_type"))
+    items: list[Prepared]
+
+    def image(relative: object, caption: object) -> Image:
+        target = (files / str(relative)).resolve()
+        if files.resolve() not in target.parents:
+            raise ValueError(f"a media path outside the run folder: {relative!r}")
+        return Image(decode_image(target.read_bytes()), caption=caption if isinstance(caption, str) else None)
+
+    try:
+        if kind == "image-file":
+            items = [image(value.get("path"), value.get("caption"))._prepare(key)]
+        elif kind == "images/separated":
+            names = list(value.get("filenames") or [])
+            captions = list(value.get("captions") or [None] * len(names))
+            items = [image(name, caption)._prepare(key) for name, caption in zip(names, captions, strict=False)]
+        elif kind == "table-file":
+            doc = json.loads((files / str(value.get("path"))).read_bytes())
+            items = [Table(columns=doc.get("columns") or [], rows=doc.get("data") or [])._prepare(key)]
+        elif kind == "histogram":
+            items = [Histogram(counts=value.get("values"), edges=value.get("bins"))._prepare(key)]
+        else:
+            recorder.skip(f"{kind} values ({key!r}...)")
+            return
+    except (OSError, ValueError, TypeError, ImportError) as exc:
+        recorder.skip(f"{kind} values that could not be read ({key!r}: {type(exc).__name__})")
+        return
+    if items:
+        recorder.media(key, step, when, items)
 
 
 def _media_owner(key: str, media: dict[str, str]) -> str | None:

@@ -342,13 +342,16 @@ def test_mlflow_runs_params_tags_and_every_metrics_full_history(mlflow_store: di
 # -- W&B --------------------------------------------------------------------------------------------
 WANDB_SCRIPT = """
 import os, sys
+import numpy as np
 import wandb
 config = {"lr": 0.001, "layers": [64, 32], "optimizer": {"name": "adam", "betas": [0.9, 0.999]}}
 run = wandb.init(project="proj", name="first-run", config=config, tags=["baseline"], notes="a note")
 for i in range(10):
     run.log({"loss": 1 / (i + 1), "acc": i / 10})         # W&B's implicit steps: 0..9
 run.log({"eval/loss": 0.25}, step=12)                      # an explicit one
-run.log({"hist": wandb.Histogram([1, 2, 3]), "label": "x"}, step=13)
+samples = [wandb.Image(np.full((4, 5, 3), i, dtype=np.uint8), caption=f"s{i}") for i in range(2)]
+table = wandb.Table(columns=["a", "b"], data=[[1, "x"], [None, "<b>y</b>"]])
+run.log({"hist": wandb.Histogram([1, 2, 3]), "label": "x", "samples": samples, "tab": table}, step=13)
 run.config.update({"late": "yes"})
 run.summary["best_acc"] = 0.95
 run_id = run.id
@@ -399,7 +402,7 @@ def test_wandb_offline_runs_config_history_summary_and_a_resume(wandb_dir: dict[
     assert frame.dropna(subset=["acc"])["acc"].tolist() == [i / 10 for i in range(10)]
     assert frame.dropna(subset=["eval/loss"])[["step", "eval/loss"]].values.tolist() == [[12, 0.25]]
     assert loss[loss["attempt"] == 1][["step", "loss"]].values.tolist() == [[6, 16.0], [7, 17.0], [8, 18.0]]
-    assert [(r.to_step, r.reached, r.attempt) for r in first.rewinds()] == [(5, 12, 1)]  # step 13 held no number
+    assert [(r.to_step, r.reached, r.attempt) for r in first.rewinds()] == [(5, 13, 1)]  # step 13: media
     row = first.summary()
     assert row["metric.best_acc"] == 0.95 and row["metric.loss"] == 18.0  # W&B's summary, as its table shows
     imported = first.events()[0]["imported"]
@@ -407,7 +410,16 @@ def test_wandb_offline_runs_config_history_summary_and_a_resume(wandb_dir: dict[
         imported["tags"] == ["baseline"] and imported["notes"] == "a note" and imported["run_id"] == wandb_dir["first"]
     )
     assert len(imported["folders"]) == 2
-    assert "histogram values ('hist'" in next(line for line in lines if first.id in line)
+    assert "histogram" not in next(line for line in lines if first.id in line)
+    media = {(i.key, i.index): i for i in first.media()}  # W&B's media files, as LaunchHelm media
+    assert sorted(media) == [("hist", 0), ("samples", 0), ("samples", 1), ("tab", 0)]
+    assert {i.step for i in media.values()} == {13}
+    counts, edges = media[("hist", 0)].load()
+    assert counts.sum() == 3 and len(edges) == len(counts) + 1
+    assert [media[("samples", n)].caption for n in (0, 1)] == ["s0", "s1"]
+    np.testing.assert_array_equal(media[("samples", 1)].load(), np.full((4, 5, 3), 1, dtype=np.uint8))
+    table = media[("tab", 0)].load()
+    assert table["a"].tolist() == [1, None] and table["b"].tolist() == ["x", "<b>y</b>"]
     second = runs[wandb_dir["second"]]  # no name given: the run id
     values = second.history()["loss"].tolist()
     assert math.isnan(values[0]) and values[1] == math.inf and second.config == {"seed": 1}
