@@ -50,7 +50,7 @@ from launchhelm.runlog._events import (
     fold,
 )
 from launchhelm.storage import ObjectInfo, Store, open_store
-from launchhelm.storage._keys import PROJECTS, artifacts_prefix, parse_project_listing
+from launchhelm.storage._keys import PROJECTS, artifacts_prefix, media_index_prefix, parse_project_listing
 
 if TYPE_CHECKING:
     from launchhelm.runlog._records import CheckpointEvent
@@ -274,6 +274,17 @@ class _Collector:
         result = compact_run(self.store, run_id, by="launchhelm gc")
         if result is not None and (result.chunks or result.deleted):
             self.report.compacted.append((run_id, result.chunks, result.deleted))
+        self.media_index(run_id)
+
+    def media_index(self, run_id: str) -> None:
+        """Delete the media index objects a session merged into wider ones and ended before it could."""
+        from launchhelm.media._index import merged_away
+        from launchhelm.metrics._compact import compaction_grace
+
+        prefix = media_index_prefix(run_id)
+        doomed = merged_away(self.store.list_info(prefix), compaction_grace(), self.now)
+        if doomed:
+            self.store.delete_many(f"{prefix}/{name}" for name in doomed)
 
     def retain(self, run_id: str, log: EventLog, keep_last: int, groups: dict[str, list[ObjectInfo]]) -> None:
         project = _project_of(self.store, run_id)

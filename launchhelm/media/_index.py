@@ -19,7 +19,17 @@ from launchhelm.storage._keys import parse_media_index_name
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["FANOUT", "INDEX_COLUMNS", "IndexRow", "choose_index_objects", "decode_index", "encode_index"]
+    from launchhelm.storage import ObjectInfo
+
+__all__ = [
+    "FANOUT",
+    "INDEX_COLUMNS",
+    "IndexRow",
+    "choose_index_objects",
+    "decode_index",
+    "encode_index",
+    "merged_away",
+]
 
 #: Adjacent index objects of one span merged into one.
 FANOUT = 8
@@ -121,3 +131,21 @@ def merge_tables(datas: list[bytes]) -> Any:
     import pyarrow as pa
 
     return pa.concat_tables([decode_index(data) for data in datas])
+
+
+def merged_away(infos: list[ObjectInfo], grace: float, now: float) -> list[str]:
+    """Names (relative to the index prefix) of objects a wider one of their session covers, that one older
+    than ``grace`` seconds: what a session that ended before the grace period passed left for gc."""
+    by_session: dict[str, list[tuple[int, int, float | None, str]]] = defaultdict(list)
+    for info in infos:
+        parsed = parse_media_index_name(info.key)
+        if parsed is not None:
+            session, first, last = parsed
+            by_session[session].append((first, last, info.modified, info.key))
+    doomed = []
+    for objects in by_session.values():
+        wide = [(f, la) for f, la, when, _ in objects if when is not None and now - when >= grace]
+        for first, last, _, key in objects:
+            if any(f <= first and last <= la and (f, la) != (first, last) for f, la in wide):
+                doomed.append(key)
+    return doomed

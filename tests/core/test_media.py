@@ -249,3 +249,26 @@ def test_media_refuses_an_unknown_duplicates_mode(tmp_path: Path) -> None:
     run.finish()
     with pytest.raises(lh.InvalidArgumentError, match="duplicates"):
         lh.Api(store).run(run.id).media(duplicates="first")
+
+
+def test_gc_deletes_the_index_objects_a_session_merged_and_reads_stay_the_same(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from launchhelm._gc import collect_garbage
+
+    store = str(tmp_path / "store")
+    run = lh.init("media", store=store, flush_interval=3600)
+    for step in range(20):  # 20 chunks: two merges of 8, whose 16 small objects wait for the grace period
+        run.log({"h": lh.Histogram([float(step)], bins=1)}, step=step)
+        run.flush()
+    run.finish()
+    prefix = media_index_prefix(run.id)
+    assert len(open_store(store).list(prefix)) == 20 + 2
+    before = [(i.step, i.object) for i in lh.Api(store).run(run.id).media()]
+    collect_garbage(store)  # the merges are younger than the grace period: nothing goes
+    assert len(open_store(store).list(prefix)) == 22
+    monkeypatch.setenv("LAUNCHHELM_COMPACTION_GRACE", "0")
+    collect_garbage(store)
+    assert len(open_store(store).list(prefix)) == 2 + 4  # two merged objects and the last four chunks
+    assert [(i.step, i.object) for i in lh.Api(store).run(run.id).media()] == before
+    assert [i.step for i in lh.Api(store).run(run.id).media()] == list(range(20))
