@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Union
@@ -216,7 +217,9 @@ def image_pixels(key: str, data: object) -> np.ndarray:
             key=key,
         )
     if array.dtype == np.uint8:
-        return np.array(array, dtype=np.uint8, order="C", copy=True)
+        out = take_buffer(array.shape)
+        np.copyto(out, array)
+        return out
     if np.issubdtype(array.dtype, np.floating):
         with np.errstate(invalid="ignore"):
             low, high = float(array.min()), float(array.max())
@@ -233,6 +236,40 @@ def image_pixels(key: str, data: object) -> np.ndarray:
         f"media {key!r}: an image of dtype {array.dtype}: give uint8 (0-255) or float in [0, 1] "
         "(e.g. x.astype(np.uint8))"
     )
+
+
+#: Pixel buffers the media thread is done with, by shape, for log() to copy into: a fresh buffer of an
+#: image's size is new pages from the kernel, whose first touch costs log() more than the copy itself.
+_SPARE: dict[tuple[int, ...], list[np.ndarray]] = {}
+#: Buffers kept per shape, and bytes kept in all.
+_SPARE_PER_SHAPE = 4
+_SPARE_BYTES = 64 * 2**20
+_spare_bytes = 0
+_spare_lock = threading.Lock()
+
+
+def take_buffer(shape: tuple[int, ...]) -> np.ndarray:
+    """A uint8 buffer of ``shape`` to copy pixels into: a spare one if there is one."""
+    global _spare_bytes
+    import numpy as np
+
+    with _spare_lock:
+        spare = _SPARE.get(shape)
+        if spare:
+            buffer = spare.pop()
+            _spare_bytes -= buffer.nbytes
+            return buffer
+    return np.empty(shape, dtype=np.uint8)
+
+
+def give_back(pixels: np.ndarray) -> None:
+    """The media thread is done with ``pixels`` (nothing else holds them): keep them for a next ``log()``."""
+    global _spare_bytes
+    with _spare_lock:
+        spare = _SPARE.setdefault(pixels.shape, [])
+        if len(spare) < _SPARE_PER_SHAPE and _spare_bytes + pixels.nbytes <= _SPARE_BYTES:
+            spare.append(pixels)
+            _spare_bytes += pixels.nbytes
 
 
 def _pil_pixels(image: Any) -> np.ndarray:

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 from launchhelm._exceptions import AlreadyExistsError
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._png import encode_png
-from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable
+from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable, give_back
+from launchhelm.metrics._pause import pause, yield_on_wakeup
 from launchhelm.storage import Store
 from launchhelm.storage._keys import media_index_key, media_object_key
 
@@ -151,6 +152,7 @@ class MediaWriter:
 
     # -- the media thread ---------------------------------------------------
     def _work(self) -> None:
+        yield_on_wakeup()  # as the flush thread: never preempt the training thread on waking
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
@@ -171,12 +173,14 @@ class MediaWriter:
             except Exception as exc:  # a bug must not kill the thread and block log() forever
                 _log.warning("run %s: media %r at step %d not stored: %s", self.run_id, pending.key, pending.step, exc)
                 rows = []
+            _recycle(pending.items)
             with self._cond:
                 self._queue.popleft()
                 self._waiting_bytes -= pending.nbytes
                 self._rows.extend(rows)
                 self.stored += len(rows)
                 self._cond.notify_all()
+            pause()  # the GIL back to the training thread between items
 
     _abandon = False
 
@@ -355,6 +359,18 @@ def _table_json(put: ObjectSink, table: PreparedTable) -> bytes:
         rows.append(cells)
     doc = {"format": TABLE_FORMAT, "columns": table.columns, "rows": rows}
     return json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+def _recycle(items: list[Prepared]) -> None:
+    """Hand the pixel buffers of stored items back for later ``log()`` calls (only the queue held them)."""
+    for item in items:
+        if isinstance(item, PreparedImage) and item.pixels.base is None and item.pixels.flags.owndata:
+            give_back(item.pixels)
+        elif isinstance(item, PreparedTable):
+            for row in item.rows:
+                for cell in row:
+                    if isinstance(cell, PreparedImage) and cell.pixels.flags.owndata:
+                        give_back(cell.pixels)
 
 
 def _histogram_json(histogram: PreparedHistogram) -> bytes:
