@@ -4,7 +4,9 @@ The part of W&B's API that training scripts use, with W&B's meaning:
 ``init`` (``config``, ``id``/``resume``, ``resume_from``, ``mode``...),
 ``log`` with W&B's implicit and explicit steps and ``commit=False``,
 ``config``, ``summary``, ``define_metric``, ``finish``, ``wandb.run``.
-Media objects are accepted and skipped (one warning per type); ``watch``,
+``Image``, ``Table`` and ``Histogram`` are stored as the run's media
+(``launchhelm.RunHandle.media()``); other media objects are accepted and
+skipped (one warning per type); ``watch``,
 ``save`` and ``login`` are no-ops; artifacts, sweeps and the public API are
 refused with :class:`~launchhelm.UnsupportedFeatureError` naming what to use
 instead. No part of W&B's package is needed or imported. See

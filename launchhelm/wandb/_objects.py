@@ -44,10 +44,10 @@ class WandbUsageError(LaunchHelmError, RuntimeError):
 
 
 class Media:
-    """Base of the media and chart objects: keeps its arguments, is skipped by ``log()``.
+    """Base of W&B's media and chart objects: keeps its arguments.
 
-    ``isinstance(x, launchhelm.wandb.Media)`` tells a value that
-    :meth:`launchhelm.wandb.Run.log` will skip.
+    ``log()`` stores the ``Image``, ``Table`` and ``Histogram`` among them
+    (they are also :class:`launchhelm.Media`) and skips the others.
     """
 
     def __init__(self, *args: object, **kwargs: object) -> None:
