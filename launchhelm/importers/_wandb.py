@@ -205,7 +205,7 @@ def _media(recorder: Recorder, files: Path, key: str, step: int, when: float, va
     def image(relative: object, caption: object) -> Image:
         target = (files / str(relative)).resolve()
         if files.resolve() not in target.parents:
-            raise ValueError(f"a media path outside the run folder: {relative!r}")
+            raise SourceReadError(f"a media path outside the run folder: {relative!r}", source=str(relative))
         return Image(decode_image(target.read_bytes()), caption=caption if isinstance(caption, str) else None)
 
     try:
