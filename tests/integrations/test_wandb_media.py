@@ -103,3 +103,32 @@ def test_wandb_images_scale_floats_as_wandb_does_and_bad_ones_are_refused(tmp_pa
     np.testing.assert_array_equal(items["signed"].load()[:, :, 0], expected)
     np.testing.assert_array_equal(items["unit"].load()[:, :, 0], np.full((2, 2), 127, np.uint8))
     assert "loss" not in handle.history().columns  # nothing of the refused row
+
+
+@pytest.mark.slow
+def test_the_same_script_under_real_wandb_offline_logs_the_same_steps_keys_and_pixels(tmp_path: Path) -> None:
+    # W&B's own package, offline, runs the script unchanged but for the import; its run imported back
+    # (launchhelm import wandb) has the same images at the same steps as the launchhelm.wandb run
+    store = str(tmp_path / "store")
+    ours = run_python(DIFFUSERS_STYLE, LAUNCHHELM_STORE=store, LAUNCHHELM_SYSTEM_METRICS="false")
+    assert ours.returncode == 0, ours.stderr
+    real_script = DIFFUSERS_STYLE.replace("import launchhelm.wandb as wandb\n", "import wandb\n")
+    real = run_python(
+        real_script, WANDB_MODE="offline", WANDB_DIR=str(tmp_path), WANDB_SILENT="true", WANDB_CONSOLE="off"
+    )
+    assert real.returncode == 0, real.stderr
+    from launchhelm.importers import import_wandb
+
+    [imported] = import_wandb(tmp_path / "wandb", "real", store=store, progress=False).run_ids
+    run_id = next(line.split(" ", 1)[1] for line in ours.stdout.splitlines() if line.startswith("RUN "))
+    mine, theirs = lh.Api(store).run(run_id), lh.Api(store).run(imported)
+
+    def images(handle: lh.RunHandle) -> list[tuple[str, int, int, str | None]]:
+        return [(i.key, i.step, i.index, i.caption) for i in handle.media() if i.kind == "image"]
+
+    assert images(theirs) == images(mine)
+    for a, b in zip(
+        [i for i in mine.media() if i.kind == "image"], [i for i in theirs.media() if i.kind == "image"], strict=True
+    ):
+        np.testing.assert_array_equal(a.load(), b.load())
+    assert [(i.key, i.step) for i in theirs.media("hist")] == [(i.key, i.step) for i in mine.media("hist")]
