@@ -785,7 +785,7 @@ def bench(args: argparse.Namespace, root: Path, record: Recorder) -> dict[str, A
         assert not same_state(model, optimizer, model2, optimizer2)
         tr.load_checkpoint("latest")
         out["restored_local"] = same_state(model, optimizer, model2, optimizer2)
-        out["loaded_in_place"] = tr._loaded_in_place
+        out["loaded_in_place"] = tr._checkpointer.loaded_in_place
         if args.s3:
             prime(model2, optimizer2, grads2)
             s3["tr"].load_checkpoint("latest")

@@ -101,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         t0 = time.perf_counter()
         artifact = tr.save_checkpoint(blocking=False)
         blocked = time.perf_counter() - t0
-        pinned = all(b.is_pinned() for b in tr._snapshots._buffers if b.numel() > 1024)
+        pinned = all(b.is_pinned() for b in tr._checkpointer.snapshots._buffers if b.numel() > 1024)
         tr.wait_for_checkpoint()
         t0 = time.perf_counter()
         tr.save_checkpoint()
@@ -129,10 +129,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         restored = all(torch.equal(a, b) for a, b in zip(rng_at_save, torch.cuda.get_rng_state_all(), strict=True))
         print(
-            f"load {load_s:.3f} s, {tr._loaded_in_place / 1e6:,.1f} MB in place through pinned memory; "
+            f"load {load_s:.3f} s, {tr._checkpointer.loaded_in_place / 1e6:,.1f} MB in place through pinned memory; "
             f"bitwise: {bitwise}; CUDA RNG of {devices} device(s) restored: {restored}"
         )
-        if tr._loaded_in_place == 0:
+        if tr._checkpointer.loaded_in_place == 0:
             failures.append("nothing was read in place into the CUDA tensors")
         if not bitwise:
             failures.append("the round trip is not bitwise")

@@ -138,11 +138,11 @@ def _check(args: argparse.Namespace) -> int:
     tr = lht.init("gpu-sharded-check", store=str(work / "store"))
     tr.watch(model, optimizer)
     step()
-    if not tr._sharded:
+    if not tr._checkpointer.watched.sharded:
         failures.append("watch() did not choose sharded checkpoints for an FSDP2 model")
     tr.save_checkpoint(blocking=False)  # the first save allocates the staging buffers
     tr.wait_for_checkpoint()
-    first = [b.data_ptr() for b in tr._snapshots._buffers]
+    first = [b.data_ptr() for b in tr._checkpointer.snapshots._buffers]
     step()
     if cuda:
         torch.cuda.manual_seed(1234 + rank)
@@ -152,7 +152,7 @@ def _check(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     artifact = tr.save_checkpoint(blocking=False)
     blocked = time.perf_counter() - t0
-    buffers = tr._snapshots._buffers
+    buffers = tr._checkpointer.snapshots._buffers
     staged = [b for b in buffers if b.numel() > 1]  # the shards (AdamW's step counts are CPU scalars)
     pinned = bool(staged) and all(b.is_pinned() for b in staged)
     reused = [b.data_ptr() for b in buffers] == first

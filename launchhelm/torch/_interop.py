@@ -594,12 +594,12 @@ def _map(
 
 
 class _Writer:
-    """What format /3's writing needs of a run: its id, store, world size and publishing."""
+    """The importing run as format /3's publishing sees it (a ``_link.Publisher``), with the DCP's world size."""
 
     def __init__(self, run: Run, world: int) -> None:
-        self._run, self.id, self._store, self._world = run, run.id, run._store, world
+        self._run, self.run_id, self.store, self.world = run, run.id, run.store, world
 
-    def _publish_checkpoint(self, artifact_id: str, **kwargs: Any) -> object:
+    def publish(self, artifact_id: str, **kwargs: Any) -> object:
         return self._run._publish_checkpoint(artifact_id, **kwargs)
 
 
@@ -680,7 +680,7 @@ def import_dcp_checkpoint(
         artifact = new_artifact_id(step)
         prefix = artifact_prefix(run.id, artifact)
         chunks = [(k, ((0,) * t.dim(), tuple(t.shape)), t) for k, t in tensors.items() if t.numel()]
-        stored = [_write_object(writer, f"{prefix}/{object_name(0)}", chunks)]
+        stored = [_write_object(writer.store, f"{prefix}/{object_name(0)}", chunks)]
         # an import has no RNG state nor placement to record: the manifest holds {"rank": r} and null
         records = cast(
             "list[RankRecord]", [{"rank": r, "rng": {}, "extra": extra, "placement": None} for r in range(writers)]

@@ -51,7 +51,8 @@ if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION
 
     from launchhelm.runlog._records import CheckpointEvent
-    from launchhelm.torch._run import TorchRun
+    from launchhelm.torch._checkpointer import Checkpointer
+    from launchhelm.torch._link import Watched
 
 _log = logging.getLogger("launchhelm")
 
@@ -59,22 +60,22 @@ __all__ = ["CheckpointLoader"]
 
 
 class CheckpointLoader:
-    """One ``load_checkpoint`` of a :class:`~launchhelm.torch.TorchRun`: see the module docstring.
+    """One ``load_checkpoint`` of a :class:`~launchhelm.torch.TorchRun`'s checkpointer: see the module docstring.
 
-    Made per load, on every rank; it reads what it needs of the run when made
-    and writes back only what the run keeps of a load: the error a failed
-    load leaves pending, and how much went in place (tests read it).
+    Made per load, on every rank; it reads what it needs of the run (through
+    the checkpointer's link) when made and writes back only what the
+    checkpointer keeps of a load: the error a failed load leaves pending, and
+    how much went in place (tests read it).
     """
 
-    def __init__(
-        self, run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer, map_location: MAP_LOCATION
-    ) -> None:
-        self._run = run
-        self.id = run.id
-        self._store, self._events = run._store, run._events
-        self._rank, self._world = run._rank, run._world
-        self._scheduler, self._scaler = run._scheduler, run._scaler
-        self._model, self._optimizer, self._map_location = model, optimizer, map_location
+    def __init__(self, checkpointer: Checkpointer, watched: Watched, map_location: MAP_LOCATION) -> None:
+        self._checkpointer = checkpointer
+        link = checkpointer.link
+        self.id = link.run_id
+        self._store, self._events = link.store, link.events
+        self._rank, self._world = link.rank, link.world
+        self._scheduler, self._scaler = watched.scheduler, watched.scaler
+        self._model, self._optimizer, self._map_location = watched.model, watched.optimizer, map_location
 
     def resolve(self, checkpoint: str | os.PathLike[str]) -> LoadTarget:
         """Step 1: what to load, resolved on rank 0 and shared with every rank (a failure too)."""
@@ -89,8 +90,8 @@ class CheckpointLoader:
                 error = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
         target, error = _dist.broadcast((target, error), self._world)
         if error is not None:
-            self._run._pending_error = CheckpointError(error, run_id=self.id)
-            raise self._run._pending_error
+            self._checkpointer.pending_error = CheckpointError(error, run_id=self.id)
+            raise self._checkpointer.pending_error
         assert target is not None
         return target
 
@@ -107,7 +108,7 @@ class CheckpointLoader:
                     bundle, plan = self._fetch_and_verify(target, Path(tmp), map_location, model, optimizer, shared)
                 except Exception as exc:  # a store error on one rank too: every rank must hear of it
                     problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-                self._run._agree(problem, "was not restored (nothing was applied)")
+                self._checkpointer.agree(problem, "was not restored (nothing was applied)")
                 assert bundle is not None
                 problem = None
                 try:
@@ -119,7 +120,9 @@ class CheckpointLoader:
                     )
                 except Exception as exc:
                     problem = f"{type(exc).__name__}: {exc}" if not isinstance(exc, CheckpointError) else str(exc)
-                self._run._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+                self._checkpointer.agree(
+                    problem, "failed part-way while being applied; training state is mixed", pending=True
+                )
             finally:
                 if shared is not None and _dist.local_rank() == 0:
                     shared.unlink(missing_ok=True)  # every rank has read it: the agreements above are collective
@@ -318,7 +321,7 @@ class CheckpointLoader:
         return self._validate(bundle, where), plan
 
     def _read_in_place(self, plan: InPlaceLoad, target: LoadTarget) -> None:
-        self._run._loaded_in_place = plan.matched_bytes
+        self._checkpointer.loaded_in_place = plan.matched_bytes
         try:
             whole = plan.read_matched()
         except OSError as exc:
@@ -435,10 +438,10 @@ class CheckpointLoader:
                     tensor.copy_(tensor)
         else:
             model.load_state_dict(bundle["model"])
-        self._run._optimizer_in_place = optimizer_in_place and _inplace.load_optimizer_in_place(
+        self._checkpointer.optimizer_in_place = optimizer_in_place and _inplace.load_optimizer_in_place(
             optimizer, bundle["optimizer"]
         )
-        if not self._run._optimizer_in_place:
+        if not self._checkpointer.optimizer_in_place:
             optimizer.load_state_dict(bundle["optimizer"])
         if self._scheduler is not None:
             # _validate refused a bundle without the state of a watched scheduler or scaler

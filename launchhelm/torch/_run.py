@@ -2,25 +2,28 @@
 
 A bundle is one ``torch.save`` file holding model, optimizer, scheduler,
 scaler, step, RNG states, tunables, control state and ``extra``; it loads
-with ``torch.load(weights_only=True)``. Rank 0 streams it straight into the
-store (never a whole in-memory copy), then publishes it by an event with its
-size and whole-file CRC64NVME (computed as the bytes are written). Loads
-read tensor bytes straight into the watched model and optimizer
-(``_loader``, ``_inplace``), verify size, checksum, format and world size on every rank,
-and apply nothing unless every rank validated; if applying fails on any
-rank (a CRC mismatch found once bytes are in the model included), every rank
-raises :class:`CheckpointError` and the next watched optimizer step raises
-it again rather than train on mixed state.
+with ``torch.load(weights_only=True)``. Loads read tensor bytes straight into
+the watched model and optimizer (``_loader``, ``_inplace``), verify size,
+checksum, format and world size on every rank, and apply nothing unless every
+rank validated; if applying fails on any rank (a CRC mismatch found once bytes
+are in the model included), every rank raises :class:`CheckpointError` and
+the next watched optimizer step raises it again rather than train on mixed
+state.
+
+The run holds a :class:`~launchhelm.torch._checkpointer.Checkpointer`, which
+saves and loads (both formats) and owns their state; it sees the run through
+:class:`_Link`, the run's side of :class:`~launchhelm.torch._link.RunLink`.
+The run keeps what is the run's: the step hooks, control requests, and the
+step, tunables, control state and rewind a restore brings back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
-import threading
-import time
 import types
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -28,23 +31,22 @@ import torch
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._run import Run
 from launchhelm._start import start_run
-from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import Store, open_store
 from launchhelm.torch import _dist, _sharded
-from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD_SUFFIX
-from launchhelm.torch._loader import CheckpointLoader, _gc_paused
+from launchhelm.torch._checkpointer import Checkpointer
+from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE
+from launchhelm.torch._link import Watched
+from launchhelm.torch._loader import _gc_paused
 from launchhelm.torch._manifest import FORMAT_SHARDED
-from launchhelm.torch._payload import check_payload
-from launchhelm.torch._records import Bundle, RankRecord, Restored, Stateful
-from launchhelm.torch._rng import capture_rng
-from launchhelm.torch._snapshot import SnapshotBuffers
-from launchhelm.torch._torch_private import zip_crc32_skipped
+from launchhelm.torch._records import ControlState, Stateful
 
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION
     from torch.utils.hooks import RemovableHandle
+
+    from launchhelm.runlog._events import EventLog
 
 _log = logging.getLogger("launchhelm")
 
@@ -69,22 +71,9 @@ class TorchRun(Run):
         super().__init__(**kwargs)
         self._rank = 0
         self._world = 1
-        self._model: torch.nn.Module | None = None
-        self._optimizer: torch.optim.Optimizer | None = None
-        self._scheduler: Stateful | None = None
-        self._scaler: Stateful | None = None
         self._hooks: list[RemovableHandle] = []
-        self._pending_error: CheckpointError | None = None
-        self._save_thread: threading.Thread | None = None
-        self._save_error: CheckpointError | None = None
-        #: A sharded background save's failure, known on every rank; it becomes the pending error of
-        #: every rank at the same step boundary (see _after_optimizer_step), never of one rank alone.
-        self._save_failed: CheckpointError | None = None
-        #: Bytes the last load_checkpoint read straight into live tensors (0: all through fresh memory).
-        self._loaded_in_place = 0
-        self._optimizer_in_place = False  # the last load did load_state_dict's work itself (tests)
-        self._snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
-        self._sharded = False  # format /3 (see _sharded): chosen by watch()
+        # saves and loads, their thread, errors and buffers: the checkpointer's (it sees the run through _Link)
+        self._checkpointer = Checkpointer(_Link(self))
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -150,7 +139,7 @@ class TorchRun(Run):
             raise failed
 
     def _end_session(self, *, close_run: bool, reason: str) -> None:
-        if self._save_thread is not None and threading.current_thread() is not self._save_thread:
+        if self._checkpointer.saving_elsewhere():
             try:
                 self.wait_for_checkpoint()  # at exit: publish what was being saved
             except CheckpointError as exc:
@@ -205,20 +194,32 @@ class TorchRun(Run):
             )
         for handle in self._hooks:
             handle.remove()
-        self._sharded = bool(sharded) or has_dtensors
-        self._model, self._optimizer, self._scheduler, self._scaler = _unwrap(model), optimizer, scheduler, scaler
-        self._hooks = [
+        self._checkpointer.watched = Watched(
+            _unwrap(model), optimizer, scheduler, scaler, sharded=bool(sharded) or has_dtensors
+        )
+        self._hooks = self._register_step_hooks(optimizer)
+
+    def _register_step_hooks(self, optimizer: torch.optim.Optimizer) -> list[RemovableHandle]:
+        return [
             optimizer.register_step_pre_hook(self._before_optimizer_step),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
 
+    @contextlib.contextmanager
+    def _step_hooks_off(self, optimizer: torch.optim.Optimizer) -> Iterator[None]:
+        """torch's ``get_state_dict`` steps a stateless optimizer once (lr 0) to make its state:
+        that step is not a training step, so the run's step hooks must not see it."""
+        for handle in self._hooks:
+            handle.remove()
+        try:
+            yield
+        finally:
+            self._hooks = self._register_step_hooks(optimizer)
+
     def _before_optimizer_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
-        if self._world == 1 and self._save_failed is not None:
-            self._take_save_failure()
-        if self._pending_error is not None:
-            raise self._pending_error
+        self._checkpointer.check_before_step()
 
     def _after_optimizer_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
@@ -228,27 +229,13 @@ class TorchRun(Run):
         # at the same step: rank 0 says whether either happened (one 1-byte broadcast per step).
         # A rank raising at a step its peers train through would hang them in the next collective.
         if self._world > 1 and not self._finished:
-            control, failed = self._control_flag, self._save_failed is not None
+            control, failed = self._control_flag, self._checkpointer.save_failed
             if _dist.broadcast_flag(control or failed, self._world):
                 control, failed = _dist.broadcast((control, failed), self._world)
                 if failed:
-                    self._take_save_failure()
+                    self._checkpointer.take_save_failure()
                 if control:
                     Run._step_boundary(self)
-
-    def _take_save_failure(self) -> None:
-        """Make a failed background save the pending error (the next step raises it), on every rank.
-
-        Under DDP rank 0 reported it: the other ranks' save threads ended with the
-        same outcome (the commit shares it), or are about to.
-        """
-        if self._save_thread is not None:
-            self._save_thread.join()
-            self._save_thread = None
-        failure = self._save_failed or self._save_error
-        self._save_failed = self._save_error = None  # raised once through the pending error, cleared with it
-        if failure is not None:
-            self._pending_error = failure
 
     # -- tunables and control (see launchhelm.runlog._control) ---------------------
     @property
@@ -273,12 +260,13 @@ class TorchRun(Run):
         # other ranks wait in the next _take_requests broadcast
 
     def _tunables_changed(self, changes: dict[str, Any], *, restored: bool) -> None:
-        if not restored and self._optimizer is not None:
-            _apply_to_optimizer(self._optimizer, self._scheduler, changes)
+        watched = self._checkpointer.watched
+        if not restored and watched is not None:
+            _apply_to_optimizer(watched.optimizer, watched.scheduler, changes)
         super()._tunables_changed(changes, restored=restored)
 
     def _checkpoint_requested(self) -> str | None:
-        if self._model is not None and self._optimizer is not None:
+        if self._checkpointer.watched is not None:
             return self.save_checkpoint()
         return super()._checkpoint_requested()
 
@@ -290,13 +278,6 @@ class TorchRun(Run):
             super()._stop_session()
         else:
             self._finished = True
-
-    def _require_watch(self, what: str) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-        if self._model is None or self._optimizer is None:
-            raise CheckpointError(
-                f"{what} needs the model and optimizer: call run.watch(model, optimizer) first", run_id=self.id
-            )
-        return self._model, self._optimizer
 
     def clear_checkpoint_error(self) -> CheckpointError | None:
         """Forget a failed ``load_checkpoint``, so training may go on; return the error forgotten.
@@ -324,8 +305,7 @@ class TorchRun(Run):
         ...     print("starting from scratch:", exc)
         ...     tr.clear_checkpoint_error()
         """
-        error, self._pending_error = self._pending_error, None
-        return error
+        return self._checkpointer.clear_error()
 
     # -- saving ---------------------------------------------------------------
     def save_checkpoint(self, extra: object = None, *, blocking: bool = True) -> str | None:
@@ -366,111 +346,7 @@ class TorchRun(Run):
             be published under), None on other ranks.
         """
         self._check_live()
-        if self._pending_error is not None:
-            raise self._pending_error
-        self.wait_for_checkpoint()
-        model, optimizer = self._require_watch("save_checkpoint()")
-        problem = None
-        try:
-            check_payload(extra, "extra")
-            check_payload(dict(self.tunables), "tunables")
-        except CheckpointError as exc:
-            problem = str(exc)
-        _dist.barrier(self._world)
-        # sharded: what each rank holds travels in this one gather (a non-blocking save's only collective)
-        survey = _sharded.survey(self, model, optimizer) if self._sharded else None
-        mine: RankRecord = {
-            "rank": self._rank,
-            "problem": problem,
-            "rng": capture_rng(),
-            "extra": extra,
-            "placement": _dist.placement(self._rank),
-        }
-        if survey is not None:
-            mine["shards"] = survey.shared()
-        records = _dist.all_gather(mine, self._world) if self._world > 1 else [mine]
-        problems = [f"rank {r['rank']}: {r['problem']}" for r in records if r["problem"]]
-        if problems:
-            raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=self.id, step=self._step)
-        if self._sharded:  # every rank writes its own shards
-            return _sharded.save(self, model, optimizer, records, blocking, survey)
-        artifact: str | None = None
-        error: str | None = None
-        if self._rank == 0:
-            try:
-                if blocking:
-                    artifact = self._write_bundle(model, optimizer, records)
-                else:
-                    artifact = self._start_background_save(model, optimizer, records)
-            except Exception as exc:
-                error = f"{type(exc).__name__}: {exc}"
-                if isinstance(exc, ConnectionError):
-                    # said once with the session's other outage lines; nothing was published
-                    self._store_failed(exc)
-                    error += (
-                        "; nothing was published (the previous checkpoint is still the latest): "
-                        "save again once the store answers"
-                    )
-        artifact, error = _dist.broadcast((artifact, error), self._world)
-        if error is not None:
-            raise CheckpointError(f"checkpoint at step {self._step} was not saved: {error}", run_id=self.id)
-        return artifact if self._rank == 0 else None
-
-    def _bundle(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[RankRecord]) -> Bundle:
-        bundle: Bundle = {
-            "format": FORMAT_SINGLE if self._world == 1 else FORMAT_DISTRIBUTED,
-            "run_id": self.id,
-            "step": self._step,
-            "saved_at": time.time(),
-            "world_size": self._world,
-            "torch_version": str(torch.__version__),
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": self._scheduler.state_dict() if self._scheduler is not None else None,
-            "scaler": self._scaler.state_dict() if self._scaler is not None else None,
-            "tunables": dict(self.tunables),
-            "control": {"seq": self._control_seq, "paused": self._paused},
-        }
-        if self._world == 1:
-            bundle["rng"] = records[0]["rng"]
-            bundle["extra"] = records[0]["extra"]
-        else:
-            bundle["rng_by_rank"] = [{"rank": r["rank"], **r["rng"]} for r in records]
-            bundle["extra_by_rank"] = [r["extra"] for r in records]
-            bundle["placement_by_rank"] = [r["placement"] for r in records]
-        return bundle
-
-    def _write_bundle(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[RankRecord]) -> str:
-        bundle = self._bundle(model, optimizer, records)
-        check_payload(bundle, "checkpoint")  # e.g. a scheduler whose state holds an object
-        artifact = new_artifact_id(self._step)
-        self._write(bundle, artifact, self._step, self._control_seq)
-        return artifact
-
-    def _start_background_save(
-        self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, records: list[RankRecord]
-    ) -> str:
-        bundle = self._bundle(model, optimizer, records)
-        check_payload(bundle, "checkpoint")
-        snapshot = self._snapshots.snapshot(bundle)  # the one in-memory copy training waits for
-        artifact = new_artifact_id(self._step)
-        step, control_seq = self._step, self._control_seq
-
-        def work() -> None:
-            try:
-                self._write(snapshot, artifact, step, control_seq)
-            except BaseException as exc:
-                if isinstance(exc, ConnectionError):
-                    self._store_failed(exc)  # said once with the session's other outage lines
-                self._save_error = CheckpointError(
-                    f"background save of checkpoint {artifact} (step {step}) failed: {type(exc).__name__}: {exc}",
-                    run_id=self.id,
-                    step=step,
-                )
-
-        self._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
-        self._save_thread.start()
-        return artifact
+        return self._checkpointer.save(extra, blocking)
 
     def wait_for_checkpoint(self) -> None:
         """Wait until a ``save_checkpoint(blocking=False)`` in progress is published.
@@ -480,38 +356,7 @@ class TorchRun(Run):
         CheckpointError
             It failed (the checkpoint was not published; earlier ones stand).
         """
-        thread, self._save_thread = self._save_thread, None
-        if thread is not None:
-            thread.join()
-        error, self._save_error = self._save_error, None
-        if self._save_failed is not None:  # every rank waits here together: the next steps raise it too
-            self._pending_error, self._save_failed = self._save_failed, None
-        if error is not None:
-            raise error
-
-    def _write(self, bundle: Bundle, artifact: str, step: int, control_seq: int) -> None:
-        name = f"{artifact}{PAYLOAD_SUFFIX}"
-        key = f"{artifact_prefix(self.id, artifact)}/{name}"
-        with self._store.writer(key) as raw:
-            out = ChecksumWriter(raw, checksum_algorithms(self._store))
-            try:
-                # the zip CRC32s cost a pass over the bytes and torch.load never checks them;
-                # the CRC64NVME recorded with the checkpoint is what loads verify
-                with zip_crc32_skipped():
-                    torch.save(bundle, out)  # type: ignore[arg-type]  # write-only is all torch.save needs
-            finally:
-                out.close()
-        checksums = out.checksum.hexdigests()
-        self._publish_checkpoint(
-            artifact,
-            step=step,
-            fmt=bundle["format"],
-            files=[{"name": name, "size": out.size, **checksums}],
-            checksums=checksums,
-            size=out.size,
-            world_size=self._world,
-            control_seq=control_seq,
-        )
+        self._checkpointer.wait()
 
     # -- loading --------------------------------------------------------------
     def load_checkpoint(
@@ -570,28 +415,16 @@ class TorchRun(Run):
                 f"load_checkpoint({checkpoint!r}): pass 'latest', 'resume', a checkpoint id or a path, "
                 f"not a {type(checkpoint).__name__}"
             )
-        model, optimizer = self._require_watch("load_checkpoint()")
+        watched = self._checkpointer.require_watch("load_checkpoint()")
         self.wait_for_checkpoint()  # "latest" includes a save still being written
         with _gc_paused():
-            return self._load(checkpoint, map_location, model, optimizer, strict)
+            return self._load(checkpoint, map_location, watched, strict)
 
     def _load(
-        self,
-        checkpoint: str | os.PathLike[str],
-        map_location: MAP_LOCATION,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        strict: bool = False,
+        self, checkpoint: str | os.PathLike[str], map_location: MAP_LOCATION, watched: Watched, strict: bool = False
     ) -> Any:
         """load_checkpoint's work, once its arguments are checked (see there)."""
-        loader = CheckpointLoader(self, model, optimizer, map_location)
-        target = loader.resolve(checkpoint)
-        bundle: Bundle | Restored
-        if target.get("format") == FORMAT_SHARDED:
-            bundle, extra = _sharded.load(self, target, model, optimizer, strict)
-        else:
-            bundle, extra = loader.restore(target)
-        self._pending_error = None
+        target, bundle, extra = self._checkpointer.load(checkpoint, watched, map_location, strict)
         step = int(bundle["step"])
         tunables = bundle.get("tunables")
         saved = bundle.get("control")
@@ -619,23 +452,71 @@ class TorchRun(Run):
             self._run_rewind_callbacks(rewind)
         return extra
 
-    def _agree(self, problem: str | None, outcome: str, pending: bool = True) -> None:
-        """Raise on every rank if any rank had a problem, and keep the error for the next steps.
 
-        The product page's rule: after a failed load, the next step raises
-        the stored error instead of training on, even when the caller catches
-        the first raise (nothing applied is as wrong as half applied: the
-        model is not in the state that was asked for).
-        """
-        problems = _dist.all_gather(problem, self._world)
-        failed = [(r, p) for r, p in enumerate(problems) if p]
-        if not failed:
-            return
-        detail = "; ".join(f"rank {r}: {p}" if self._world > 1 else str(p) for r, p in failed)
-        error = CheckpointError(f"checkpoint {outcome}: {detail}", run_id=self.id)
-        if pending:
-            self._pending_error = error
-        raise error
+class _Link:
+    """The run as its checkpointer sees it: a :class:`~launchhelm.torch._link.RunLink`, read live."""
+
+    def __init__(self, run: TorchRun) -> None:
+        self._run = run
+
+    @property
+    def run_id(self) -> str:
+        return self._run.id
+
+    @property
+    def store(self) -> Store:
+        return self._run._store
+
+    @property
+    def events(self) -> EventLog:
+        return self._run._events
+
+    @property
+    def rank(self) -> int:
+        return self._run._rank
+
+    @property
+    def world(self) -> int:
+        return self._run._world
+
+    @property
+    def step(self) -> int:
+        return self._run._step
+
+    def control(self) -> ControlState:
+        return {"seq": self._run._control_seq, "paused": self._run._paused}
+
+    def tunables(self) -> Mapping[str, Any]:
+        return self._run.tunables
+
+    def publish(
+        self,
+        artifact_id: str,
+        *,
+        step: int,
+        fmt: str,
+        files: list[dict[str, Any]],
+        checksums: dict[str, str],
+        size: int,
+        world_size: int,
+        control_seq: int,
+    ) -> object:
+        return self._run._publish_checkpoint(
+            artifact_id,
+            step=step,
+            fmt=fmt,
+            files=files,
+            checksums=checksums,
+            size=size,
+            world_size=world_size,
+            control_seq=control_seq,
+        )
+
+    def store_failed(self, exc: BaseException) -> None:
+        self._run._store_failed(exc)
+
+    def step_hooks_off(self, optimizer: torch.optim.Optimizer) -> contextlib.AbstractContextManager[None]:
+        return self._run._step_hooks_off(optimizer)
 
 
 def _apply_to_optimizer(optimizer: torch.optim.Optimizer, scheduler: object, changes: Mapping[str, object]) -> None:

@@ -63,7 +63,7 @@ def mode_make(args: argparse.Namespace, rank: int, out: dict[str, Any]) -> None:
     full = full_state(model, optimizer)
     if rank == 0:
         torch.save({**full, "scheduler": scheduler.state_dict()}, Path(args.out) / "full.pt")
-    out["fsdp"] = {"run_id": tr.id, "artifact": tr.save_checkpoint(), "sharded": tr._sharded}
+    out["fsdp"] = {"run_id": tr.id, "artifact": tr.save_checkpoint(), "sharded": tr._checkpointer.watched.sharded}
     tr.finish(close_run=False)
     # torchtitan's layout: its ModelWrapper puts the model's tensors at the top level, its
     # OptimizersContainer saves flatten_optimizer_state_dict=True, each rank its own dataloader state

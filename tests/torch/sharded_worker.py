@@ -125,7 +125,7 @@ def mode_save(args: argparse.Namespace, rank: int, world: int, out: dict[str, An
     torch.manual_seed(500 + rank)
     extra = {"rank": rank, "pos": torch.tensor([rank, 7])}
     out["artifact"] = tr.save_checkpoint(extra=extra, blocking=not args.nonblocking)
-    out.update(run_id=tr.id, step=tr.global_step, sharded=tr._sharded)
+    out.update(run_id=tr.id, step=tr.global_step, sharded=tr._checkpointer.watched.sharded)
     if args.nonblocking:  # training goes on (and changes every tensor) while the save writes
         for i in range(2, 4):
             step(model, optimizer, scheduler, i, rank)

@@ -591,11 +591,11 @@ def test_non_blocking_saves_copy_into_host_buffers_reused_from_save_to_save(tmp_
     _train(tr, model, optimizer, scheduler, 2)
     first = tr.save_checkpoint(blocking=False)
     at_first = {k: v.clone() for k, v in model.state_dict().items()}
-    buffers = [b.data_ptr() for b in tr._snapshots._buffers]
+    buffers = [b.data_ptr() for b in tr._checkpointer.snapshots._buffers]
     _train(tr, model, optimizer, scheduler, 2)  # while the first is written: its copy is not touched
     second = tr.save_checkpoint(blocking=False)  # waits for the first, then copies into the same buffers
     at_second = {k: v.clone() for k, v in model.state_dict().items()}
-    assert [b.data_ptr() for b in tr._snapshots._buffers] == buffers and buffers
+    assert [b.data_ptr() for b in tr._checkpointer.snapshots._buffers] == buffers and buffers
     tr.wait_for_checkpoint()
     for artifact, expected in ((first, at_first), (second, at_second)):
         tr.load_checkpoint(artifact)

@@ -89,7 +89,7 @@ def test_a_load_reads_tensor_bytes_into_the_watched_tensors_themselves(store_url
         t.data_ptr() for st in optimizer.state.values() for t in st.values()
     ]
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert tr._loaded_in_place >= 3 * params  # weights and both AdamW moments
+    assert tr._checkpointer.loaded_in_place >= 3 * params  # weights and both AdamW moments
     train_steps(model, optimizer, 1)  # and training goes on from there
     tr.finish()
 
@@ -116,7 +116,7 @@ def test_tensors_that_changed_shape_dtype_or_have_no_state_yet_load_the_usual_wa
     # optimizer state as load_state_dict gives it: cast to its parameter's dtype (float64 for layer 0)
     restored = snapshot_state(fresh, fresh_opt)[len(saved_weights) :]
     assert all(torch.equal(a.to(b.dtype), b) for a, b in zip(saved[len(saved_weights) :], restored, strict=True))
-    assert 0 < tr._loaded_in_place < sum(t.numel() * t.element_size() for t in saved)
+    assert 0 < tr._checkpointer.loaded_in_place < sum(t.numel() * t.element_size() for t in saved)
 
     # another architecture: refused by load_state_dict as before, and the next step refuses to train
     other = torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 4))
@@ -245,7 +245,7 @@ def test_tensors_read_in_many_pieces_round_trip_and_a_flip_in_a_later_piece_is_c
     store_url, tr, model, optimizer, saved, artifact = _saved_then_trained_on(tmp_path)
     tr.load_checkpoint(artifact)
     assert same_tensors(saved, snapshot_state(model, optimizer))
-    assert tr._loaded_in_place > 0
+    assert tr._checkpointer.loaded_in_place > 0
 
     path = payload_path(store_url, tr, artifact)
     data = bytearray(path.read_bytes())
@@ -279,7 +279,7 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
 
     tr.load_checkpoint(artifact)
     assert same_tensors(saved, snapshot_state(model, optimizer))
-    assert tr._loaded_in_place > 0
+    assert tr._checkpointer.loaded_in_place > 0
     assert streams and streams[0] >= 6  # every weight, bias and AdamW moment went through the stream
 
     data = bytearray(path.read_bytes())
@@ -406,7 +406,7 @@ def test_a_bundle_torch_plans_loads_in_place_all_the_same(tmp_path: Path) -> Non
     weight = model[0].weight
     assert tr.load_checkpoint(artifact) == extra
     assert model[0].weight is weight
-    assert tr._loaded_in_place > 0
+    assert tr._checkpointer.loaded_in_place > 0
     assert same_tensors(saved, snapshot_state(model, optimizer))
     _flip(path, "0.weight", 5, 0x10)
     with pytest.raises(lh.CheckpointError, match="does not match its crc64nvme"):
@@ -796,7 +796,7 @@ def test_a_transformer_shaped_model_loads_wholly_in_place_and_bitwise(
         n_tensors = len(saved)
         tensor_bytes = sum(t.numel() * t.element_size() for t in saved)
         shared = model["wte"].weight.numel() * 4 if tie else 0  # the tied weight is saved once, loaded fresh
-        assert tr._loaded_in_place == tensor_bytes - (2 * shared if tie else 0), (tie, n_tensors)
+        assert tr._checkpointer.loaded_in_place == tensor_bytes - (2 * shared if tie else 0), (tie, n_tensors)
         tr.finish()
 
 
@@ -819,9 +819,9 @@ def test_a_torch_that_gives_no_storage_offsets_loads_the_usual_way_still_verifie
 
     monkeypatch.setattr(_inplace, "load_plan", lambda path: None)
     monkeypatch.setattr(_inplace, "plan_from_meta", without_offsets)
-    tr._loaded_in_place = -1
+    tr._checkpointer.loaded_in_place = -1
     tr.load_checkpoint(artifact)
-    assert tr._loaded_in_place == -1, "nothing goes through the in-place path"
+    assert tr._checkpointer.loaded_in_place == -1, "nothing goes through the in-place path"
     assert same_tensors(saved, snapshot_state(model, optimizer))
     train_steps(model, optimizer, 1)
     trained = snapshot_state(model, optimizer)
@@ -862,7 +862,7 @@ def test_the_state_dict_keeps_its_module_versions_through_a_planned_load(tmp_pat
     assert torch.load(payload_path(store_url, tr, artifact), weights_only=True)["model"]._metadata["0"]["version"] == 3
     tr.load_checkpoint(artifact)
     assert model[0].loaded_version == 3
-    assert tr._loaded_in_place > 0
+    assert tr._checkpointer.loaded_in_place > 0
     tr.finish()
 
 
@@ -904,7 +904,9 @@ def test_live_tensors_that_share_memory_go_in_place_only_where_they_do_not_overl
     momentum = optimizer.state[model.weight]["momentum_buffer"]
     assert torch.equal(momentum, saved_momentum)
     assert model.r.data_ptr() == model.flat[6:10].data_ptr()  # r: read in place into its window
-    assert tr._loaded_in_place == saved_r.nbytes + model.weight.nbytes  # r and the weight; not p nor momentum
+    assert (
+        tr._checkpointer.loaded_in_place == saved_r.nbytes + model.weight.nbytes
+    )  # r and the weight; not p nor momentum
     tr.finish()
 
 
@@ -947,9 +949,9 @@ def test_optimizer_state_goes_in_place_by_the_saved_groups_and_only_for_the_stoc
         weights = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         if kind is _OwnLoading:
             assert optimizer.loaded_by_hand
-            assert tr._loaded_in_place == weights  # the model only
+            assert tr._checkpointer.loaded_in_place == weights  # the model only
         else:
-            assert tr._loaded_in_place == weights + sum(p.numel() * 4 for p in model.parameters()) - 8 * 4
+            assert tr._checkpointer.loaded_in_place == weights + sum(p.numel() * 4 for p in model.parameters()) - 8 * 4
             assert momentum == [optimizer.state[p]["momentum_buffer"].data_ptr() for p in model[2].parameters()]
     tr.finish()
 
@@ -1041,7 +1043,7 @@ def test_the_optimizer_loaded_in_place_is_the_one_load_state_dict_makes(tmp_path
     _step(model, optimizer, 3)
     optimizer.param_groups[1]["lr"] = 123.0  # restored from the checkpoint
     tr.load_checkpoint(artifact)
-    assert tr._optimizer_in_place
+    assert tr._checkpointer.optimizer_in_place
 
     bundle = torch.load(payload_path(store_url, tr, artifact), weights_only=True)
     torch.manual_seed(5)
@@ -1065,7 +1067,7 @@ def test_the_optimizer_loaded_in_place_is_the_one_load_state_dict_makes(tmp_path
     seen: list[object] = []
     optimizer.register_load_state_dict_pre_hook(lambda opt, state: seen.append(state))
     tr.load_checkpoint(artifact)
-    assert len(seen) == 1 and not tr._optimizer_in_place
+    assert len(seen) == 1 and not tr._checkpointer.optimizer_in_place
     tr.finish()
 
 
@@ -1075,14 +1077,14 @@ def test_optimizer_state_that_torch_would_cast_goes_through_load_state_dict(tmp_
     saved one to the parameter's dtype (a new tensor), so the load leaves it that work."""
     _store_url, tr, model, optimizer, _saved, artifact = _saved_then_trained_on(tmp_path)
     tr.load_checkpoint(artifact)
-    assert tr._optimizer_in_place
+    assert tr._checkpointer.optimizer_in_place
     param = model[2].weight  # bf16
     state = optimizer.state[param]
     state["exp_avg"] = state["exp_avg"].float()  # saved so: the checkpoint holds float32 moments for a bf16 weight
     artifact = tr.save_checkpoint()
     assert artifact is not None
     tr.load_checkpoint(artifact)
-    assert not tr._optimizer_in_place
+    assert not tr._checkpointer.optimizer_in_place
     assert optimizer.state[param]["exp_avg"].dtype == torch.bfloat16  # as load_state_dict casts it
     tr.finish()
 

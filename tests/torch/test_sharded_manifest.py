@@ -13,7 +13,7 @@ import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch")
 lht = pytest.importorskip("launchhelm.torch")
 
 from launchhelm.torch import _manifest, _sharded  # noqa: E402
+from launchhelm.torch._checkpointer import Checkpointer  # noqa: E402
 from launchhelm.torch._sharded._reads import _plan_reads  # noqa: E402
 
 
@@ -157,10 +158,11 @@ def test_a_model_with_dtensors_cannot_opt_out_of_sharded_checkpoints() -> None:
     assert not _sharded.has_dtensors(model)
     run = lht.TorchRun.__new__(lht.TorchRun)  # watch() needs no store: only its argument checks run
     run._hooks = []
+    run._checkpointer = Checkpointer(cast(Any, None))  # nor a link: it only records what is watched
     run.watch(model, optimizer)
-    assert run._sharded is False
+    assert run._checkpointer.watched is not None and run._checkpointer.watched.sharded is False
     run.watch(model, optimizer, sharded=True)
-    assert run._sharded is True
+    assert run._checkpointer.watched.sharded is True
 
 
 def _planned(saved_boxes: list[tuple[list[int], list[int]]], live: tuple[list[int], list[int]]) -> list[Any]:

@@ -73,12 +73,12 @@ def test_an_untested_torch_saves_and_loads_through_torchs_own_path_bitwise(
 
     train_steps(model, optimizer, 2)
     assert not same_tensors(saved, snapshot_state(model, optimizer))
-    tr._loaded_in_place = -1
+    tr._checkpointer.loaded_in_place = -1
     tr.load_checkpoint(artifact)
     assert same_tensors(saved, snapshot_state(model, optimizer))  # bitwise, bf16 included
-    assert tr._loaded_in_place == -1 and not tr._optimizer_in_place, "nothing went in place"
+    assert tr._checkpointer.loaded_in_place == -1 and not tr._checkpointer.optimizer_in_place, "nothing went in place"
     tr.load_checkpoint(fast)  # a file the fast path wrote loads the slow way too
-    assert tr._loaded_in_place == -1
+    assert tr._checkpointer.loaded_in_place == -1
 
     train_steps(model, optimizer, 1)
     trained = snapshot_state(model, optimizer)
@@ -93,7 +93,7 @@ def test_an_untested_torch_saves_and_loads_through_torchs_own_path_bitwise(
 
     monkeypatch.setattr(_torch_private, "TORCH_VERSION", torch.__version__)  # the gate opens again: in place
     tr.load_checkpoint(fast)
-    assert tr._loaded_in_place > 0
+    assert tr._checkpointer.loaded_in_place > 0
     tr.finish()
 
 

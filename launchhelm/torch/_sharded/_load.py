@@ -17,13 +17,15 @@ from launchhelm.torch._manifest import MANIFEST_NAME, decode_value, dtype_named,
 from launchhelm.torch._records import LoadTarget, Restored
 from launchhelm.torch._rng import restore_rng, validate_rng
 from launchhelm.torch._sharded._reads import _plan_reads, _Read, _Reader, _Source
-from launchhelm.torch._sharded._state import Box, _box, _collect, _dtensor_type, _run_hooks_off, _state_dicts
+from launchhelm.torch._sharded._state import Box, _box, _collect, _dtensor_type, _state_dicts
 
 if TYPE_CHECKING:
     from torch.distributed.checkpoint.state_dict import OptimizerStateType, ValueType
 
+    from launchhelm.storage import Store
+    from launchhelm.torch._checkpointer import Checkpointer
+    from launchhelm.torch._link import RunLink, Watched
     from launchhelm.torch._manifest import Manifest
-    from launchhelm.torch._run import TorchRun
 
 _log = logging.getLogger("launchhelm")
 
@@ -55,51 +57,57 @@ def _fits_in_place(local: torch.Tensor, dtype: torch.dtype, box: Box) -> bool:
     )
 
 
-def _choose_per_rank(run: TorchRun, manifest: Manifest, strict: bool, where: str) -> int:
+def _choose_per_rank(link: RunLink, manifest: Manifest, strict: bool, where: str) -> int:
     """Which saved rank's RNG and ``extra`` this rank restores (see docs/storage.md)."""
     saved = int(manifest["world_size"])
-    if saved == run._world:
-        _check_placement(run, manifest["placement_by_rank"], where)
-        return run._rank
+    if saved == link.world:
+        _check_placement(link, manifest["placement_by_rank"], where)
+        return link.rank
     if strict:
         raise CheckpointError(
-            f"checkpoint {where} was saved by {saved} rank(s) and is loaded on {run._world}: model and optimizer "
+            f"checkpoint {where} was saved by {saved} rank(s) and is loaded on {link.world}: model and optimizer "
             "reshard exactly, but per-rank RNG and extra cannot be redistributed; pass strict=False to restore "
             f"those of saved rank (rank mod {saved}) on each rank"
         )
-    if run._rank == 0:
+    if link.rank == 0:
         _log.warning(
             "checkpoint %s was saved by %d rank(s), loaded on %d: each rank r restores the RNG and extra of saved "
             "rank r mod %d",
             where,
             saved,
-            run._world,
+            link.world,
             saved,
         )
-    return run._rank % saved
+    return link.rank % saved
 
 
-def _check_placement(run: TorchRun, saved: object, where: str) -> None:
+def _check_placement(link: RunLink, saved: object, where: str) -> None:
     """Refuse a same-size restore where this rank sits at another local rank than at the save (as /2 does)."""
-    if not isinstance(saved, list) or len(saved) != run._world:
+    if not isinstance(saved, list) or len(saved) != link.world:
         return
-    then, now = saved[run._rank], _dist.placement(run._rank)
+    then, now = saved[link.rank], _dist.placement(link.rank)
     if not isinstance(then, dict):
         return
     if then.get("local_rank") != now["local_rank"]:
         raise CheckpointError(
-            f"checkpoint {where}: rank {run._rank} was local rank {then.get('local_rank')} on {then.get('host')} "
+            f"checkpoint {where}: rank {link.rank} was local rank {then.get('local_rank')} on {then.get('host')} "
             f"when it was saved and is local rank {now['local_rank']} on {now['host']} now (a swapped rank "
             "mapping: each rank would restore another device's RNG streams); restore with the same rank mapping"
         )
 
 
-def prepare(
-    run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
-) -> _Prepared:
+def _source(store: Store, target: LoadTarget) -> _Source:
+    """Where ``target``'s objects are read: the folder it names, else its prefix of the store."""
+    if target.get("path"):
+        return _Source(None, target)
+    return _Source.at(store, str(target.get("key", "")).rsplit("/", 1)[0])
+
+
+def prepare(link: RunLink, target: LoadTarget, watched: Watched, strict: bool) -> _Prepared:
     """Read, verify and decode everything this rank restores; nothing is applied."""
+    model, optimizer = watched.model, watched.optimizer
     where = target.get("checkpoint") or target.get("path") or "checkpoint"
-    source = _Source(run, target)
+    source = _source(link.store, target)
     try:
         raw = source.whole(MANIFEST_NAME)
     except FileNotFoundError:
@@ -112,8 +120,8 @@ def prepare(
     files = target.get("files")
     recorded = {f["name"]: int(f["size"]) for f in files[1:]} if files else None
     manifest = validate_manifest(raw, expected_objects=recorded, where=f"checkpoint {where}")
-    source_rank = _choose_per_rank(run, manifest, strict, where)
-    msd, osd = _state_dicts(run, model, optimizer)
+    source_rank = _choose_per_rank(link, manifest, strict, where)
+    msd, osd = _state_dicts(link, model, optimizer)
     _, live = _collect({"model": msd, "optimizer": osd}, "")
     live = {k.removeprefix("/"): t for k, t in live.items()}
     saved = manifest["tensors"]
@@ -190,7 +198,7 @@ def prepare(
         validate_rng(rng, f"checkpoint {where} rng_by_rank[{source_rank}]")
     prepared.rng = dict(cast("dict[str, object]", rng))  # checked by validate_rng
     prepared.extra = _plain(decode_value(manifest["extra_by_rank"][source_rank]))
-    for name, obj in (("scheduler", run._scheduler), ("scaler", run._scaler)):
+    for name, obj in (("scheduler", watched.scheduler), ("scaler", watched.scaler)):
         if obj is not None and getattr(prepared, name) is None:
             raise CheckpointError(f"checkpoint {where} holds no {name} state, but a {name} is watched")
     return prepared
@@ -205,43 +213,44 @@ def _plain(value: object) -> object:
     return value
 
 
-def apply(run: TorchRun, prepared: _Prepared, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> object:
+def apply(link: RunLink, prepared: _Prepared, watched: Watched) -> object:
     """Put a verified load's state into the model, optimizer, scheduler, scaler and RNG; its ``extra``."""
     from torch.distributed.checkpoint.state_dict import set_state_dict
 
+    model, optimizer = watched.model, watched.optimizer
     if prepared.in_place and prepared.reader is not None:
         # every rank verified these bytes in prepare(); read again (and checked again) into the live shards
         prepared.reader.run(prepared.in_place)
-    with _run_hooks_off(run, optimizer):
+    # as around get_state_dict (see _state_dicts): torch's own optimizer steps are no training steps
+    with link.step_hooks_off(optimizer):
         set_state_dict(model, optimizer, model_state_dict=prepared.model, optim_state_dict=prepared.optimizer)
-    if run._scheduler is not None:
-        run._scheduler.load_state_dict(cast("dict[str, object]", _plain(prepared.scheduler)))
-    if run._scaler is not None:
-        run._scaler.load_state_dict(cast("dict[str, object]", _plain(prepared.scaler)))
+    if watched.scheduler is not None:
+        watched.scheduler.load_state_dict(cast("dict[str, object]", _plain(prepared.scheduler)))
+    if watched.scaler is not None:
+        watched.scaler.load_state_dict(cast("dict[str, object]", _plain(prepared.scaler)))
     if prepared.rng:
         restore_rng(prepared.rng)
     return prepared.extra
 
 
-def load(
-    run: TorchRun, target: LoadTarget, model: torch.nn.Module, optimizer: torch.optim.Optimizer, strict: bool
-) -> tuple[Restored, object]:
+def load(checkpointer: Checkpointer, target: LoadTarget, watched: Watched, strict: bool) -> tuple[Restored, object]:
     """Every rank: prepare, agree, apply, agree (the fail-together rule); the bundle's step etc. and ``extra``."""
+    link = checkpointer.link
     prepared: _Prepared | None = None
     problem = None
     try:
-        prepared = prepare(run, target, model, optimizer, strict)
+        prepared = prepare(link, target, watched, strict)
     except Exception as exc:
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-    run._agree(problem, "was not restored (nothing was applied)")
+    checkpointer.agree(problem, "was not restored (nothing was applied)")
     assert prepared is not None
     problem = None
     extra: object = None
     try:
-        extra = apply(run, prepared, model, optimizer)
+        extra = apply(link, prepared, watched)
     except Exception as exc:
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-    run._agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
+    checkpointer.agree(problem, "failed part-way while being applied; training state is mixed", pending=True)
     return prepared.bundle, extra
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 import math
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypedDict, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 import torch
 
@@ -36,32 +35,10 @@ if TYPE_CHECKING:
 
     from launchhelm._types import JSONValue
     from launchhelm.storage import Store
-    from launchhelm.torch._run import TorchRun
+    from launchhelm.torch._checkpointer import Checkpointer
+    from launchhelm.torch._link import Publisher, RunLink, Watched
 
 _T = TypeVar("_T")
-
-
-class Writer(Protocol):
-    """What writing and publishing a format /3 checkpoint needs of a run (an import has no TorchRun)."""
-
-    _store: Store
-    _world: int
-
-    @property
-    def id(self) -> str: ...
-
-    def _publish_checkpoint(
-        self,
-        artifact_id: str,
-        *,
-        step: int,
-        fmt: str,
-        files: list[dict[str, Any]],
-        checksums: dict[str, str],
-        size: int,
-        world_size: int = ...,
-        control_seq: int | None = ...,
-    ) -> object: ...
 
 
 class WrittenChunk(TypedDict):
@@ -124,11 +101,11 @@ def _bytes_of(local: torch.Tensor) -> memoryview:
     return view.cast("B")
 
 
-def _write_object(run: Writer, key: str, chunks: list[tuple[str, Box, torch.Tensor]]) -> StoredObject:
+def _write_object(store: Store, key: str, chunks: list[tuple[str, Box, torch.Tensor]]) -> StoredObject:
     """Stream the chunks into one object; its record with each chunk's place and block CRCs."""
     records: list[WrittenChunk] = []
     position, whole = 0, 0
-    with run._store.writer(key) as out:
+    with store.writer(key) as out:
         for name, (offset, shape), local in chunks:
             view = _bytes_of(local)
             crcs = []
@@ -161,22 +138,23 @@ class Survey:
         return self.offer, self.problem, self.artifact
 
 
-def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> Survey:
+def survey(link: RunLink, watched: Watched) -> Survey:
     """This rank's state dicts and what it offers to write; never raises (a problem is reported)."""
     problem: str | None = None
     offer: list[Offer] = []
     tensors: dict[str, torch.Tensor] = {}
     state: dict[str, JSONValue] | None = None
+    scheduler, scaler = watched.scheduler, watched.scaler
     try:
-        msd, osd = _state_dicts(run, model, optimizer)
+        msd, osd = _state_dicts(link, watched.model, watched.optimizer)
         model_state, model_tensors = _collect(msd, "model")
         optim_state, optim_tensors = _collect(osd, "optimizer")
         tensors = {**model_tensors, **optim_tensors}
         state = {
             "model": model_state,
             "optimizer": optim_state,
-            "scheduler": encode_value(run._scheduler.state_dict()) if run._scheduler is not None else None,
-            "scaler": encode_value(run._scaler.state_dict()) if run._scaler is not None else None,
+            "scheduler": encode_value(scheduler.state_dict()) if scheduler is not None else None,
+            "scaler": encode_value(scaler.state_dict()) if scaler is not None else None,
         }
         for key, t in tensors.items():
             (offset, shape), _local = _box(t)
@@ -184,14 +162,13 @@ def survey(run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimiz
             offer.append((key, dtype_name(t.dtype), list(t.shape), list(offset), list(shape), nbytes))
     except Exception as exc:
         problem = str(exc) if isinstance(exc, CheckpointError) else f"{type(exc).__name__}: {exc}"
-    artifact = new_artifact_id(run._step) if run._rank == 0 else None
+    artifact = new_artifact_id(link.step) if link.rank == 0 else None
     return Survey(offer, problem, artifact, tensors, state)
 
 
 def save(
-    run: TorchRun,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer,
+    checkpointer: Checkpointer,
+    watched: Watched,
     records: list[RankRecord],
     blocking: bool = True,
     surveyed: Survey | None = None,
@@ -206,8 +183,9 @@ def save(
     from save to save and returns; a thread per rank writes them and commits
     (one save in flight: the next save waits for it).
     """
-    rank, world = run._rank, run._world
-    mine_survey = surveyed if surveyed is not None else survey(run, model, optimizer)
+    link = checkpointer.link
+    rank, world = link.rank, link.world
+    mine_survey = surveyed if surveyed is not None else survey(link, watched)
     tensors, state = mine_survey.tensors, mine_survey.state
     gathered: list[Shared]
     if surveyed is not None:
@@ -219,7 +197,7 @@ def save(
     if not failed:
         failed = _disagreements([g[0] for g in gathered])
     if failed:
-        raise CheckpointError(f"checkpoint at step {run._step} was not saved: " + "; ".join(failed), run_id=run.id)
+        raise CheckpointError(f"checkpoint at step {link.step} was not saved: " + "; ".join(failed), run_id=link.run_id)
     assert state is not None  # a rank whose survey failed reported its problem above
     writer = _plan([g[0] for g in gathered])
     mine = []
@@ -229,55 +207,41 @@ def save(
             mine.append((key, box, local))
     # what the manifest records is taken now: training may change it while a non-blocking save writes
     context: SaveContext = {
-        "step": run._step,
-        "control": {"seq": run._control_seq, "paused": run._paused},
-        "tunables": encode_value(dict(run.tunables)),
+        "step": link.step,
+        "control": link.control(),
+        "tunables": encode_value(dict(link.tunables())),
         "state": state,
         "records": records,
         "meta": gathered[0][0],
     }
     if blocking:
-        outcome = _commit(run, str(artifact), mine, context, None)
+        outcome = _commit(link, str(artifact), mine, context, None)
         if outcome[1] is not None:
-            raise CheckpointError(f"checkpoint at step {context['step']} was not saved: {outcome[1]}", run_id=run.id)
+            raise CheckpointError(
+                f"checkpoint at step {context['step']} was not saved: {outcome[1]}", run_id=link.run_id
+            )
         return outcome[0] if rank == 0 else None
-    group = _save_group(run)
-    copies = run._snapshots.snapshot([local for _key, _box_, local in mine])  # the one copy training waits for
+    group = checkpointer.save_group()
+    copies = checkpointer.snapshots.snapshot([local for _key, _box_, local in mine])  # the one copy training waits for
     staged = [(key, box, copy) for (key, box, _local), copy in zip(mine, copies, strict=True)]
 
     def work() -> None:
         try:
-            _artifact, error = _commit(run, str(artifact), staged, context, group)
+            _artifact, error = _commit(link, str(artifact), staged, context, group)
         except BaseException as exc:
             error = f"{type(exc).__name__}: {exc}"
         if error is not None:
             failure = CheckpointError(
                 f"background save of checkpoint {artifact} (step {context['step']}) failed on some rank: {error}; "
                 "the next optimizer step raises this error (clear_checkpoint_error() to train on)",
-                run_id=run.id,
+                run_id=link.run_id,
                 step=context["step"],
             )
-            run._save_error = failure
             # every rank learns the outcome; the step hooks make it every rank's pending error at one step
-            run._save_failed = failure
+            checkpointer.background_failed(failure, every_rank=True)
 
-    run._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
-    run._save_thread.start()
+    checkpointer.start_background(str(artifact), work)
     return artifact if rank == 0 else None
-
-
-def _save_group(run: TorchRun) -> ProcessGroup | None:
-    """A gloo group of all ranks for background saves, created once, together, in the foreground.
-
-    The commit's collectives run on the save thread while training runs its
-    own (FSDP2's all-gathers) on the default group; sharing one group would
-    interleave them.
-    """
-    group: ProcessGroup | None = getattr(run, "_sharded_save_group", None)
-    if group is None and run._world > 1:
-        group = torch.distributed.new_group(backend="gloo")
-        run._sharded_save_group = group  # type: ignore[attr-defined]
-    return group
 
 
 def _gather(value: _T, world: int, group: ProcessGroup | None) -> list[_T]:
@@ -297,20 +261,20 @@ def _broadcast(value: _T, world: int, group: ProcessGroup | None) -> _T:
 
 
 def _commit(
-    run: TorchRun,
+    link: RunLink,
     artifact: str,
     mine: list[tuple[str, Box, torch.Tensor]],
     context: SaveContext,
     group: ProcessGroup | None,
 ) -> tuple[str | None, str | None]:
     """Every rank: store its object; rank 0 then writes the manifest and publishes. (id, error) on every rank."""
-    rank, world = run._rank, run._world
-    prefix = artifact_prefix(run.id, artifact)
+    rank, world = link.rank, link.world
+    prefix = artifact_prefix(link.run_id, artifact)
     stored: StoredObject | None = None
     error: str | None = None
     if mine:
         try:
-            stored = _write_object(run, f"{prefix}/{object_name(rank)}", mine)
+            stored = _write_object(link.store, f"{prefix}/{object_name(rank)}", mine)
         except Exception as exc:
             error = f"{type(exc).__name__}: {exc}"
     results = _gather((stored, error), world, group)
@@ -321,7 +285,7 @@ def _commit(
             outcome = (None, "; ".join(errors))
         else:
             try:
-                _publish(run, artifact, prefix, [s for s, _e in results if s is not None], context)
+                _publish(link, artifact, prefix, [s for s, _e in results if s is not None], context)
                 outcome = (artifact, None)
             except Exception as exc:
                 outcome = (None, f"{type(exc).__name__}: {exc}")
@@ -343,7 +307,7 @@ def _disagreements(offers: list[list[Offer]]) -> list[str]:
 
 
 def _publish(
-    run: Writer,
+    publisher: Publisher,
     artifact: str,
     prefix: str,
     stored: list[StoredObject],
@@ -366,10 +330,10 @@ def _publish(
             )
     manifest: Manifest = {
         "format": FORMAT_SHARDED,
-        "run_id": run.id,
+        "run_id": publisher.run_id,
         "step": context["step"],
         "saved_at": time.time(),
-        "world_size": run._world,
+        "world_size": publisher.world,
         "torch_version": str(torch.__version__),
         "byteorder": sys.byteorder,
         "block_size": BLOCK_SIZE,
@@ -383,17 +347,17 @@ def _publish(
         "placement_by_rank": [r["placement"] for r in records],
     }
     raw = json.dumps(manifest, separators=(",", ":"), allow_nan=False).encode()
-    run._store.create(f"{prefix}/{MANIFEST_NAME}", raw)
+    publisher.store.create(f"{prefix}/{MANIFEST_NAME}", raw)
     sums = {CRC64NVME: f"{crc64nvme(raw):016x}"}
     files: list[dict[str, Any]] = [{"name": MANIFEST_NAME, "size": len(raw), **sums}]
     files += [{"name": o["name"], "size": o["size"], CRC64NVME: o["crc64nvme"]} for o in stored]
-    run._publish_checkpoint(
+    publisher.publish(
         artifact,
         step=context["step"],
         fmt=FORMAT_SHARDED,
         files=files,
         checksums=sums,
         size=sum(f["size"] for f in files),
-        world_size=run._world,
+        world_size=publisher.world,
         control_seq=context["control"]["seq"],
     )

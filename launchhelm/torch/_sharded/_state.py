@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -16,7 +14,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor import DTensor
 
     from launchhelm._types import JSONValue
-    from launchhelm.torch._run import TorchRun
+    from launchhelm.torch._link import RunLink
 
 Box = tuple[tuple[int, ...], tuple[int, ...]]  # (global offset, shape) of a chunk
 
@@ -53,27 +51,14 @@ def _box(t: torch.Tensor) -> tuple[Box, torch.Tensor]:
     return (offset, shape), local
 
 
-@contextlib.contextmanager
-def _run_hooks_off(run: TorchRun, optimizer: torch.optim.Optimizer) -> Iterator[None]:
-    """torch's ``get_state_dict`` steps a stateless optimizer once (lr 0) to make its state:
-    that step is not a training step, so the run's step hooks must not see it."""
-    for handle in run._hooks:
-        handle.remove()
-    try:
-        yield
-    finally:
-        run._hooks = [
-            optimizer.register_step_pre_hook(run._before_optimizer_step),
-            optimizer.register_step_post_hook(run._after_optimizer_step),
-        ]
-
-
 def _state_dicts(
-    run: TorchRun, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+    link: RunLink, model: torch.nn.Module, optimizer: torch.optim.Optimizer
 ) -> tuple[dict[str, ValueType], OptimizerStateType]:
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    with _run_hooks_off(run, optimizer):
+    # get_state_dict steps a stateless optimizer once (lr 0) to make its state: that step is
+    # not a training step, so the run's step hooks must not see it
+    with link.step_hooks_off(optimizer):
         return get_state_dict(model, optimizer)
 
 
