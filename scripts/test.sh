@@ -43,24 +43,17 @@ if [ ! -x /usr/bin/chromium ]; then
     fi
 fi
 workers=${LAUNCHHELM_TEST_WORKERS:-6}
-# pytest's exit 5 is "no test selected": fine for one phase (a folder with no serial test), not for both
-phase() {
-    local rc=0
-    python -m pytest "$@" || rc=$?
-    if [ "$rc" -eq 5 ]; then return 5; fi
-    return "$rc"
-}
 if [ "$quick" = 1 ]; then
     echo "== pytest --quick (not slow, not browser, not serial; $workers workers)"
-    python -m pytest -n "$workers" --dist loadgroup -m "not slow and not browser and not serial" --durations=15 "$@"
-    exit 0
+    exec python -m pytest -n "$workers" --dist loadgroup -m "not slow and not browser and not serial" --durations=15 "$@"
 fi
+# pytest's exit 5 is "no test selected": fine for one phase (a folder with no serial test), not for both
 echo "== pytest ($workers workers)"
 rc1=0
-phase -n "$workers" --dist loadgroup -m "not serial" --durations=30 "$@" || rc1=$?
+python -m pytest -n "$workers" --dist loadgroup -m "not serial" --durations=30 "$@" || rc1=$?
 echo "== pytest (serial: the tests that measure time, alone)"
 rc2=0
-phase -p no:xdist -m serial --durations=10 "$@" || rc2=$?
+python -m pytest -p no:xdist -m serial --durations=10 "$@" || rc2=$?
 if [ "$rc1" -eq 5 ] && [ "$rc2" -eq 5 ]; then
     echo "scripts/test.sh: no test selected" >&2
     exit 5
