@@ -48,12 +48,16 @@ if [ "$quick" = 1 ]; then
     exec python -m pytest -n "$workers" --dist loadgroup -m "not slow and not browser and not serial" --durations=15 "$@"
 fi
 # pytest's exit 5 is "no test selected": fine for one phase (a folder with no serial test), not for both
+reports=$(mktemp -d)
 echo "== pytest ($workers workers)"
 rc1=0
-python -m pytest -n "$workers" --dist loadgroup -m "not serial" --durations=30 "$@" || rc1=$?
+python -m pytest -n "$workers" --dist loadgroup -m "not serial" --durations=30 --junitxml="$reports/parallel.xml" "$@" || rc1=$?
 echo "== pytest (serial: the tests that measure time, alone)"
 rc2=0
-python -m pytest -p no:xdist -m serial --durations=10 "$@" || rc2=$?
+python -m pytest -p no:xdist -m serial --durations=10 --junitxml="$reports/serial.xml" "$@" || rc2=$?
+# one closing line for both phases
+python scripts/junit_total.py "$reports"/*.xml || true
+rm -rf "$reports"
 if [ "$rc1" -eq 5 ] && [ "$rc2" -eq 5 ]; then
     echo "scripts/test.sh: no test selected" >&2
     exit 5
