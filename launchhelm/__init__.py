@@ -44,6 +44,7 @@ from launchhelm._exceptions import (
     TunableNotFoundError,
     UnsupportedFeatureError,
 )
+from launchhelm._options import RunOptions
 from launchhelm._run import Run
 from launchhelm._start import init
 from launchhelm._types import Checkpoint, Evaluation, Rewind
@@ -87,6 +88,7 @@ __all__ = [
     "RunHandle",
     "RunInUseError",
     "RunNotFoundError",
+    "RunOptions",
     "RunStopped",
     "StorageError",
     "StoreAccessDeniedError",

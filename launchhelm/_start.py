@@ -7,7 +7,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -16,6 +16,7 @@ from launchhelm._exceptions import (
     RunClosedError,
     RunInUseError,
 )
+from launchhelm._options import RunOptions, check_options
 from launchhelm._run import (
     DEFAULT_CONTROL_INTERVAL,
     DEFAULT_FLUSH_INTERVAL,
@@ -53,6 +54,10 @@ from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import project_record_key, project_run_marker, run_record_key
 
+if TYPE_CHECKING:
+    # typing.Unpack is 3.11+; only the type checker reads these annotations
+    from typing_extensions import Unpack
+
 __all__ = ["init", "start_run"]
 
 _log = logging.getLogger("launchhelm")
@@ -65,17 +70,7 @@ def init(
     tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
-    *,
-    storage_options: dict[str, Any] | None = None,
-    takeover: bool = False,
-    flush_interval: float | None = None,
-    heartbeat_interval: float | None = None,
-    heartbeat_timeout: float | None = None,
-    control_interval: float | None = None,
-    system_metrics: bool | float | None = None,
-    capture_console: bool = True,
-    run_id: str | None = None,
-    compaction_memory: int | str | None = None,
+    **options: Unpack[RunOptions],
 ) -> Run:
     """Start a run, or reopen one with ``resume=<run id>``.
 
@@ -100,42 +95,12 @@ def init(
         its timeout.
     store:
         Store URL or path; default ``$LAUNCHHELM_STORE``, else ``~/.launchhelm``.
-    storage_options:
-        Passed to fsspec (credentials, ``endpoint_url``...).
-    takeover:
-        With ``resume``: take the run over even if its last session still
-        looks alive. Only for when you know that process is gone (a node that
-        vanished); two live writers would interleave their metrics.
-    flush_interval, heartbeat_interval, heartbeat_timeout, control_interval:
-        Seconds; defaults 2, 5, 30 and 3 or ``LAUNCHHELM_FLUSH_INTERVAL``,
-        ``LAUNCHHELM_HEARTBEAT_INTERVAL``, ``LAUNCHHELM_HEARTBEAT_TIMEOUT``,
-        ``LAUNCHHELM_CONTROL_INTERVAL`` (how often the run looks for
-        tunable changes and pause/resume/stop/checkpoint requests).
-    system_metrics:
-        Seconds between samples of CPU, memory, disk, network and NVIDIA GPU
-        metrics, logged as ``system/...`` by the background thread (default
-        15, or ``LAUNCHHELM_SYSTEM_METRICS``); False for none. Read them
-        with ``RunHandle.history(stream="system")``.
-    capture_console:
-        Keep what the process writes to stdout and stderr in the run (the
-        terminal or notebook still shows it), written with the metric
-        flushes; read it with ``RunHandle.console()``, follow it with
-        ``launchhelm logs RUN --follow`` or the run panel's Logs tab. A
-        script's file descriptors 1 and 2 are captured (C extensions and
-        child processes included), a notebook's streams at Python level.
-        Under DDP only rank 0 captures. Output faster than the store takes
-        it, beyond 4 MiB between flushes, is dropped and counted in the log,
-        and lines past 64 KiB are cut (see ``docs/storage.md``). False: none.
-    run_id:
-        Create the new run under this id (4-64 lowercase letters and digits)
-        instead of a random one: for tools that map another tracker's run ids
-        (``launchhelm.wandb``'s ``id=``). Refused with
-        :class:`AlreadyExistsError` if a run has it. Not with ``resume``.
-    compaction_memory:
-        Bytes the session's background compaction of metrics may hold at
-        once: bytes or a string such as ``"64MiB"`` (default 64 MiB, or
-        ``LAUNCHHELM_COMPACTION_MEMORY``). The session's memory does not grow
-        with the run's length: see ``docs/long-runs.md``.
+    **options:
+        Keyword options, each described in :class:`RunOptions`:
+        ``storage_options``, ``takeover``, ``flush_interval``,
+        ``heartbeat_interval``, ``heartbeat_timeout``, ``control_interval``,
+        ``system_metrics``, ``capture_console``, ``run_id`` and
+        ``compaction_memory``.
 
     Raises
     ------
@@ -161,25 +126,7 @@ def init(
     >>> run.log({"loss": 0.5})
     >>> run.finish()
     """
-    return start_run(
-        Run,
-        project,
-        name=name,
-        config=config,
-        tunables=tunables,
-        resume=resume,
-        store=store,
-        storage_options=storage_options,
-        takeover=takeover,
-        flush_interval=flush_interval,
-        heartbeat_interval=heartbeat_interval,
-        heartbeat_timeout=heartbeat_timeout,
-        control_interval=control_interval,
-        system_metrics=system_metrics,
-        capture_console=capture_console,
-        run_id=run_id,
-        compaction_memory=compaction_memory,
-    )
+    return start_run(Run, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options)
 
 
 RunT = TypeVar("RunT", bound=Run)
@@ -194,18 +141,13 @@ def start_run(
     tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
-    storage_options: dict[str, Any] | None = None,
-    takeover: bool = False,
-    flush_interval: float | None = None,
-    heartbeat_interval: float | None = None,
-    heartbeat_timeout: float | None = None,
-    control_interval: float | None = None,
-    system_metrics: bool | float | None = None,
-    capture_console: bool = True,
-    run_id: str | None = None,
-    compaction_memory: int | str | None = None,
+    **options: Unpack[RunOptions],
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
+    check_options("init", options)
+    run_id = options.get("run_id")
+    takeover = options.get("takeover", False)
+    capture_console = options.get("capture_console", True)
     validate_project(project)
     if run_id is not None:
         validate_run_id(run_id)
@@ -213,20 +155,27 @@ def start_run(
             raise InvalidArgumentError(
                 f"run_id={run_id!r} names the id of a new run; to reopen a run, pass resume={run_id!r} alone"
             )
-    system_s = system_interval(system_metrics)
-    compaction_bytes = compaction_memory_setting(compaction_memory)
+    system_s = system_interval(options.get("system_metrics"))
+    compaction_bytes = compaction_memory_setting(options.get("compaction_memory"))
     _check_flag("takeover", takeover)  # a truthy "no" must not take over a live session
     _check_flag("capture_console", capture_console)
     if resume is not None and not isinstance(resume, str):
         raise InvalidTypeError(f"resume={resume!r}: pass the run id string printed by init() (run.id)")
-    flush_s = _seconds("flush_interval", flush_interval, "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL)
+    flush_s = _seconds(
+        "flush_interval", options.get("flush_interval"), "LAUNCHHELM_FLUSH_INTERVAL", DEFAULT_FLUSH_INTERVAL
+    )
     beat_s = _seconds(
-        "heartbeat_interval", heartbeat_interval, "LAUNCHHELM_HEARTBEAT_INTERVAL", DEFAULT_HEARTBEAT_INTERVAL
+        "heartbeat_interval",
+        options.get("heartbeat_interval"),
+        "LAUNCHHELM_HEARTBEAT_INTERVAL",
+        DEFAULT_HEARTBEAT_INTERVAL,
     )
     timeout_s = _seconds(
-        "heartbeat_timeout", heartbeat_timeout, "LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT
+        "heartbeat_timeout", options.get("heartbeat_timeout"), "LAUNCHHELM_HEARTBEAT_TIMEOUT", DEFAULT_HEARTBEAT_TIMEOUT
     )
-    control_s = _seconds("control_interval", control_interval, "LAUNCHHELM_CONTROL_INTERVAL", DEFAULT_CONTROL_INTERVAL)
+    control_s = _seconds(
+        "control_interval", options.get("control_interval"), "LAUNCHHELM_CONTROL_INTERVAL", DEFAULT_CONTROL_INTERVAL
+    )
     if timeout_s <= beat_s:
         raise InvalidArgumentError(
             f"heartbeat_timeout ({timeout_s}s) must exceed heartbeat_interval ({beat_s}s), "
@@ -245,7 +194,7 @@ def start_run(
     warm_up_encoder()
     install_exit_hook()
 
-    st = open_store(store, storage_options)
+    st = open_store(store, options.get("storage_options"))
     session_id = new_session_id()
     session_payload = {
         "session": session_id,

@@ -40,6 +40,7 @@ from launchhelm._integration import (
     plain_config,
     record_restore,
 )
+from launchhelm._options import RunOptions
 from launchhelm._run import Run
 from launchhelm.storage import Store, open_store
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint
     from lightning.pytorch.utilities.types import STEP_OUTPUT
+    from typing_extensions import Unpack
 
 _log = logging.getLogger("launchhelm")
 
@@ -101,7 +103,7 @@ class LaunchHelmLogger(Logger):
     run:
         A run already started (the other arguments are then not used).
     **options:
-        Further :func:`launchhelm.init` options (``storage_options``...).
+        Further :func:`launchhelm.init` options (:class:`launchhelm.RunOptions`: ``storage_options``...).
 
     Examples
     --------
@@ -120,7 +122,7 @@ class LaunchHelmLogger(Logger):
         store: str | os.PathLike[str] | Store | None = None,
         *,
         run: Run | None = None,
-        **options: Any,
+        **options: Unpack[RunOptions],
     ) -> None:
         super().__init__()
         check_arguments("LaunchHelmLogger", project, run, config, resume)

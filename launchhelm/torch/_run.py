@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
+from launchhelm._options import RunOptions
 from launchhelm._run import Run
 from launchhelm._start import start_run
 from launchhelm.runlog._control import in_force
@@ -45,6 +46,7 @@ from launchhelm.torch._records import ControlState, Stateful
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION
     from torch.utils.hooks import RemovableHandle
+    from typing_extensions import Unpack
 
     from launchhelm.runlog._events import EventLog
 
@@ -553,14 +555,15 @@ def init(
     tunables: Mapping[str, object] | None = None,
     resume: str | None = None,
     store: str | os.PathLike[str] | Store | None = None,
-    **options: Any,
+    **options: Unpack[RunOptions],
 ) -> TorchRun:
     """Start or resume a run for PyTorch training: :func:`launchhelm.init` plus checkpoints.
 
     Under ``torch.distributed`` every rank calls it with the same arguments:
     rank 0 creates or reopens the run, the other ranks join it (they receive
     its id), so training code is the same on every rank. Initialise the
-    process group first.
+    process group first. The arguments and keyword options
+    (:class:`launchhelm.RunOptions`) are those of :func:`launchhelm.init`.
 
     Examples
     --------

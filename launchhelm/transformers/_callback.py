@@ -19,7 +19,7 @@ import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
@@ -33,8 +33,12 @@ from launchhelm._integration import (
     plain_config,
     record_restore,
 )
+from launchhelm._options import RunOptions
 from launchhelm._run import Run
 from launchhelm.storage import Store, open_store
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 _log = logging.getLogger("launchhelm")
 
@@ -72,7 +76,7 @@ class LaunchHelmCallback(TrainerCallback):
     run:
         A run already started (then the other arguments are not used).
     **options:
-        Further :func:`launchhelm.init` options (``storage_options``...).
+        Further :func:`launchhelm.init` options (:class:`launchhelm.RunOptions`: ``storage_options``...).
 
     Examples
     --------
@@ -91,7 +95,7 @@ class LaunchHelmCallback(TrainerCallback):
         store: str | os.PathLike[str] | Store | None = None,
         *,
         run: Run | None = None,
-        **options: Any,
+        **options: Unpack[RunOptions],
     ) -> None:
         check_arguments("LaunchHelmCallback", project, run, config, resume)
         self._run = run

@@ -1,0 +1,111 @@
+"""The keyword options of every call that starts a run, typed once.
+
+:func:`launchhelm.init`, ``launchhelm.torch.init``, the Lightning logger and
+the Transformers callback all take ``**options: Unpack[RunOptions]`` (PEP
+692), so a type checker reports a misspelt option in the caller's script,
+and each call checks the names again at run time, before it touches a store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypedDict
+
+from launchhelm._exceptions import InvalidTypeError
+
+__all__ = ["RUN_OPTIONS", "RunOptions", "check_options"]
+
+
+class RunOptions(TypedDict, total=False):
+    """The keyword options of :func:`launchhelm.init`, also taken by ``launchhelm.torch.init``,
+    ``LaunchHelmLogger`` and ``LaunchHelmCallback``.
+
+    Every option may be left out; the defaults below apply. Type checkers
+    (mypy, pyright) check the names and types of these options in calls
+    (PEP 692), and an unknown name is refused at run time before anything is
+    written.
+
+    Examples
+    --------
+    >>> import launchhelm as lh
+    >>> options: lh.RunOptions = {"flush_interval": 1.0, "system_metrics": False}
+    >>> run = lh.init("quickstart", store="memory://options-doc", **options)
+    >>> run.finish()
+    """
+
+    storage_options: dict[str, Any] | None
+    """Passed to fsspec (credentials, ``endpoint_url``...)."""
+
+    takeover: bool
+    """With ``resume``: take the run over even if its last session still looks alive (default False).
+
+    Only for when you know that process is gone (a node that vanished); two
+    live writers would interleave their metrics.
+    """
+
+    flush_interval: float | None
+    """Seconds between writes of logged metrics to the store (default 2, or ``LAUNCHHELM_FLUSH_INTERVAL``)."""
+
+    heartbeat_interval: float | None
+    """Seconds between the session's heartbeats (default 5, or ``LAUNCHHELM_HEARTBEAT_INTERVAL``)."""
+
+    heartbeat_timeout: float | None
+    """Seconds without a heartbeat after which a session on another host counts as dead.
+
+    Default 30, or ``LAUNCHHELM_HEARTBEAT_TIMEOUT``; must exceed
+    ``heartbeat_interval``.
+    """
+
+    control_interval: float | None
+    """Seconds between looks for tunable changes and pause/resume/stop/checkpoint requests.
+
+    Default 3, or ``LAUNCHHELM_CONTROL_INTERVAL``.
+    """
+
+    system_metrics: bool | float | None
+    """Seconds between samples of CPU, memory, disk, network and NVIDIA GPU metrics; False for none.
+
+    Logged as ``system/...`` by the background thread (default 15, or
+    ``LAUNCHHELM_SYSTEM_METRICS``). Read them with
+    ``RunHandle.history(stream="system")``.
+    """
+
+    capture_console: bool
+    """Keep what the process writes to stdout and stderr in the run (default True; False: none).
+
+    The terminal or notebook still shows it; it is written with the metric
+    flushes. Read it with ``RunHandle.console()``, follow it with
+    ``launchhelm logs RUN --follow`` or the run panel's Logs tab. A script's
+    file descriptors 1 and 2 are captured (C extensions and child processes
+    included), a notebook's streams at Python level. Under DDP only rank 0
+    captures. Output faster than the store takes it, beyond 4 MiB between
+    flushes, is dropped and counted in the log, and lines past 64 KiB are
+    cut (see ``docs/storage.md``).
+    """
+
+    run_id: str | None
+    """Create the new run under this id (4-64 lowercase letters and digits) instead of a random one.
+
+    For tools that map another tracker's run ids (``launchhelm.wandb``'s
+    ``id=``). Refused with ``AlreadyExistsError`` if a run has it. Not with
+    ``resume``.
+    """
+
+    compaction_memory: int | str | None
+    """Bytes the session's background compaction of metrics may hold at once.
+
+    Bytes or a string such as ``"64MiB"`` (default 64 MiB, or
+    ``LAUNCHHELM_COMPACTION_MEMORY``). The session's memory does not grow
+    with the run's length: see ``docs/long-runs.md``.
+    """
+
+
+#: The names :class:`RunOptions` defines, in the order it defines them.
+RUN_OPTIONS: tuple[str, ...] = tuple(RunOptions.__annotations__)
+
+
+def check_options(owner: str, options: Mapping[str, object]) -> None:
+    """Refuse a keyword ``owner`` does not take, as Python refuses one it does not know (a ``TypeError``)."""
+    for name in options:
+        if name not in RUN_OPTIONS:
+            raise InvalidTypeError(f"{owner}() got an unexpected keyword argument {name!r}")
