@@ -42,6 +42,7 @@ from launchhelm._exceptions import (
     StoreAccessDeniedError,
     StoreUnreachableError,
     TunableNotFoundError,
+    UnknownOptionError,
     UnsupportedFeatureError,
 )
 from launchhelm._options import RunOptions
@@ -95,6 +96,7 @@ __all__ = [
     "StoreUnreachableError",
     "Table",
     "TunableNotFoundError",
+    "UnknownOptionError",
     "UnsupportedFeatureError",
     "__version__",
     "evaluate",

@@ -22,6 +22,7 @@ inherits the built-in exception a caller would naturally catch, so
     │   ├── InvalidMetricError
     │   └── InvalidMediaError
     ├── InvalidTypeError (TypeError)
+    │   └── UnknownOptionError
     ├── TunableNotFoundError (KeyError)
     ├── PathNotFoundError (FileNotFoundError)
     ├── CheckpointError (RuntimeError)
@@ -62,6 +63,7 @@ __all__ = [
     "StoreAccessDeniedError",
     "StoreUnreachableError",
     "TunableNotFoundError",
+    "UnknownOptionError",
     "UnsupportedFeatureError",
 ]
 
@@ -199,6 +201,27 @@ class InvalidTypeError(LaunchHelmError, TypeError):
 
     ``except TypeError`` keeps catching it.
     """
+
+
+class UnknownOptionError(InvalidTypeError):
+    """A call that starts a run got a keyword it does not take: a misspelt option, most often.
+
+    Raised before anything is written; ``except TypeError`` keeps catching it,
+    as it catches Python's own unexpected-keyword error. See
+    :class:`RunOptions` for the options there are.
+
+    Attributes
+    ----------
+    option:
+        The keyword given.
+    suggestion:
+        The valid name closest to it, or None when none is close.
+    """
+
+    def __init__(self, message: str, *, option: str, suggestion: str | None = None) -> None:
+        super().__init__(message)
+        self.option = option
+        self.suggestion = suggestion
 
 
 class InvalidMetricError(InvalidArgumentError):

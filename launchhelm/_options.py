@@ -8,12 +8,13 @@ and each call checks the names again at run time, before it touches a store.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import difflib
+from collections.abc import Iterable, Mapping
 from typing import Any, TypedDict
 
-from launchhelm._exceptions import InvalidTypeError
+from launchhelm._exceptions import UnknownOptionError
 
-__all__ = ["RUN_OPTIONS", "RunOptions", "check_options"]
+__all__ = ["RUN_OPTIONS", "RUN_PARAMETERS", "RunOptions", "check_options"]
 
 
 class RunOptions(TypedDict, total=False):
@@ -102,10 +103,31 @@ class RunOptions(TypedDict, total=False):
 
 #: The names :class:`RunOptions` defines, in the order it defines them.
 RUN_OPTIONS: tuple[str, ...] = tuple(RunOptions.__annotations__)
+#: The named parameters before the options in ``init`` and its kin: suggested for a misspelling too.
+RUN_PARAMETERS: tuple[str, ...] = ("name", "config", "tunables", "resume", "store")
 
 
-def check_options(owner: str, options: Mapping[str, object]) -> None:
-    """Refuse a keyword ``owner`` does not take, as Python refuses one it does not know (a ``TypeError``)."""
-    for name in options:
-        if name not in RUN_OPTIONS:
-            raise InvalidTypeError(f"{owner}() got an unexpected keyword argument {name!r}")
+def check_options(owner: str, options: Mapping[str, object], parameters: Iterable[str] = ()) -> None:
+    """Refuse a keyword that is not an option, naming the closest valid name, before any I/O.
+
+    ``parameters`` are ``owner``'s named parameters (``name``, ``store``...),
+    offered as suggestions too: ``confg=`` lands in ``options`` as well.
+
+    Raises
+    ------
+    UnknownOptionError
+        Naming the first unknown keyword and the closest valid name (also a ``TypeError``).
+    """
+    for given in options:
+        if given in RUN_OPTIONS:
+            continue
+        valid = [*parameters, *RUN_OPTIONS]
+        close = difflib.get_close_matches(given, valid, n=1, cutoff=0.6)
+        suggestion = close[0] if close else None
+        hint = f"did you mean {suggestion!r}? It takes" if suggestion is not None else "it takes"
+        raise UnknownOptionError(
+            f"{owner}() got an unknown option {given!r}: {hint} {', '.join(valid)} (see launchhelm.RunOptions); "
+            "nothing was written",
+            option=given,
+            suggestion=suggestion,
+        )

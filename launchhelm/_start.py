@@ -16,7 +16,7 @@ from launchhelm._exceptions import (
     RunClosedError,
     RunInUseError,
 )
-from launchhelm._options import RunOptions, check_options
+from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import (
     DEFAULT_CONTROL_INTERVAL,
     DEFAULT_FLUSH_INTERVAL,
@@ -113,6 +113,9 @@ def init(
         ``config`` or ``tunables`` not a dict (or holding values that are not
         plain), ``resume`` not a string, ``takeover`` not a bool (also a
         ``TypeError``). Nothing is stored.
+    UnknownOptionError
+        A keyword that is not an option (``flush_intervall=``), named with
+        the closest valid name (also a ``TypeError``). Nothing is stored.
     RunNotFoundError, RunClosedError, RunInUseError
         See ``resume``.
     AlreadyExistsError
@@ -144,7 +147,7 @@ def start_run(
     **options: Unpack[RunOptions],
 ) -> RunT:
     """:func:`init` for a given :class:`Run` subclass (``launchhelm.torch`` uses it)."""
-    check_options("init", options)
+    check_options("launchhelm.init", options, RUN_PARAMETERS)
     run_id = options.get("run_id")
     takeover = options.get("takeover", False)
     capture_console = options.get("capture_console", True)

@@ -40,7 +40,7 @@ from launchhelm._integration import (
     plain_config,
     record_restore,
 )
-from launchhelm._options import RunOptions
+from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import Run
 from launchhelm.storage import Store, open_store
 from launchhelm.torch._rng import capture_rng, restore_rng, validate_rng
@@ -104,6 +104,8 @@ class LaunchHelmLogger(Logger):
         A run already started (the other arguments are then not used).
     **options:
         Further :func:`launchhelm.init` options (:class:`launchhelm.RunOptions`: ``storage_options``...).
+        A name that is not one is refused here, before any run starts
+        (:class:`launchhelm.UnknownOptionError`, a ``TypeError``).
 
     Examples
     --------
@@ -126,6 +128,7 @@ class LaunchHelmLogger(Logger):
     ) -> None:
         super().__init__()
         check_arguments("LaunchHelmLogger", project, run, config, resume)
+        check_options("LaunchHelmLogger", options, (*RUN_PARAMETERS, "run"))
         self._run = run
         self._project = project if run is None else run.project
         self._resume = resume if run is None else run.id

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
-from launchhelm._options import RunOptions
+from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import Run
 from launchhelm._start import start_run
 from launchhelm.runlog._control import in_force
@@ -572,6 +572,8 @@ def init(
     >>> tr.watch(model, optimizer)
     >>> tr.save_checkpoint(extra={"epoch": 3})
     """
+    # on every rank, before the collective: all ranks refuse a misspelt option alike, and nothing is written
+    check_options("launchhelm.torch.init", options, RUN_PARAMETERS)
     rank, world = _dist.rank_and_world()
     if world == 1:
         return start_run(

@@ -33,7 +33,7 @@ from launchhelm._integration import (
     plain_config,
     record_restore,
 )
-from launchhelm._options import RunOptions
+from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import Run
 from launchhelm.storage import Store, open_store
 
@@ -77,6 +77,8 @@ class LaunchHelmCallback(TrainerCallback):
         A run already started (then the other arguments are not used).
     **options:
         Further :func:`launchhelm.init` options (:class:`launchhelm.RunOptions`: ``storage_options``...).
+        A name that is not one is refused here, before any run starts
+        (:class:`launchhelm.UnknownOptionError`, a ``TypeError``).
 
     Examples
     --------
@@ -98,6 +100,7 @@ class LaunchHelmCallback(TrainerCallback):
         **options: Unpack[RunOptions],
     ) -> None:
         check_arguments("LaunchHelmCallback", project, run, config, resume)
+        check_options("LaunchHelmCallback", options, (*RUN_PARAMETERS, "run"))
         self._run = run
         self._project = project
         self._init: dict[str, Any] = {"name": name, "tunables": tunables, "resume": resume, "store": store, **options}

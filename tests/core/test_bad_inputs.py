@@ -159,6 +159,18 @@ LISTED: list[tuple[str, Callable[[World], Any], type[BaseException], str]] = [
     ),
     ("init(flush_interval=0)", lambda w: lh.init("p", flush_interval=0, store=w.store), ValueError, "0"),
     (
+        "init(flush_intervall=2.0)",
+        lambda w: lh.init("p", flush_intervall=2.0, store=w.store),
+        TypeError,
+        "did you mean 'flush_interval'",
+    ),
+    (
+        "lht.init(heartbeat_intervall=5.0)",
+        lambda w: lht.init("p", heartbeat_intervall=5.0, store=w.store),
+        TypeError,
+        "did you mean 'heartbeat_interval'",
+    ),
+    (
         "init(heartbeat_interval='x')",
         lambda w: lh.init("p", heartbeat_interval="x", store=w.store),
         ValueError,

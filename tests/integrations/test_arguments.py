@@ -14,6 +14,8 @@ CASES = [
     ({"project": "p", "config": [1]}, lh.InvalidTypeError, "config is a list"),
     ({"project": "p", "resume": 3}, lh.InvalidTypeError, "pass the run id string"),
     ({"run": 3}, lh.InvalidTypeError, "run= takes a launchhelm.Run"),
+    ({"project": "p", "flush_intervall": 2.0}, lh.UnknownOptionError, "did you mean 'flush_interval'"),
+    ({"project": "p", "rnu": None}, lh.UnknownOptionError, "did you mean 'run'"),
 ]
 
 
