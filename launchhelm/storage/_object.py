@@ -100,7 +100,7 @@ class ObjectStore(Store):
     may have landed) is settled by comparing the stored bytes with ours.
     """
 
-    #: Attempts per request; the waits between them start at 0.05 s and double, at most 1 s each.
+    #: Attempts per request; the waits between them start at 0.05 s and double, at most 1 s each, jittered.
     retries = 6
 
     def __init__(

@@ -50,7 +50,7 @@ _LARGE_PART_SIZE = 64 * 2**20
 _PARTS_AT_SMALL_SIZE = 1000
 #: Attempts per part (or per request of a transfer) before giving up.
 PART_ATTEMPTS = 5
-#: A part's waits between attempts: 0.2 s doubling, at most 2 s each (see ``_retry``).
+#: A part's waits between attempts: 0.2 s doubling, at most 2 s each, jittered (see ``_retry``).
 PART_BACKOFF = Backoff(PART_ATTEMPTS, first=0.2, cap=2.0)
 
 
@@ -63,7 +63,7 @@ def part_size(number: int, first: int = PART_SIZE) -> int:
 
 
 def with_retries(op: Callable[[], T], backoff: Backoff = PART_BACKOFF) -> T:
-    """Run ``op``, again after a transient failure (with backoff), at most ``backoff.attempts`` times.
+    """Run ``op``, again after a transient failure (with jittered backoff), at most ``backoff.attempts`` times.
 
     A connection that breaks mid-transfer is transient; an endpoint that
     refuses connections is retried too, since a part upload already had a
