@@ -146,6 +146,8 @@ class FaultyS3Proxy:
         self.status, self.code, self.match = status, code, match
         self.remaining = failures
         self.injected = 0
+        #: When each injected error was answered (time.monotonic()) and to which path, in order.
+        self.injected_at: list[tuple[float, str]] = []
         self.forwarded_puts = 0
         #: Every forwarded request: (method, path, its x-amz-checksum-* and x-amz-sdk-checksum-* headers,
         #: base64 CRC64NVME of its body), so a test can check the checksums sent match the bytes sent.
@@ -235,6 +237,7 @@ class FaultyS3Proxy:
                     if inject:
                         self.remaining -= 1
                         self.injected += 1
+                        self.injected_at.append((time.monotonic(), path))
                     else:
                         self.forwarded_puts += 1
             if inject:  # answer at once, as S3 does, even before a 100-continue body

@@ -5,7 +5,6 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +30,7 @@ from launchhelm.storage._errors import (
     no_answer,
 )
 from launchhelm.storage._progress import Progress
+from launchhelm.storage._retry import Backoff, retry
 from launchhelm.storage._store import (
     _BLOCK,
     _CONDITIONAL_PROTOCOLS,
@@ -84,6 +84,10 @@ def _quiet_event_loop(loop: object) -> None:
     loop.call_soon_threadsafe(loop.set_exception_handler, handler)
 
 
+def _request_retryable(exc: Exception) -> bool:
+    return not isinstance(exc, StorageError) and classify(exc).kind == TRANSIENT and not no_answer(exc)
+
+
 class ObjectStore(Store):
     """Every other fsspec file system: S3, GCS, Azure, memory, ...
 
@@ -96,6 +100,7 @@ class ObjectStore(Store):
     may have landed) is settled by comparing the stored bytes with ours.
     """
 
+    #: Attempts per request; the waits between them start at 0.05 s and double, at most 1 s each, jittered.
     retries = 6
 
     def __init__(
@@ -182,25 +187,18 @@ class ObjectStore(Store):
         A request that timed out is not tried again here: the client library
         already tried it, each time for the whole timeout (see ``_backends``).
         """
-        delay = 0.05
-        for attempt in range(self.retries):
-            try:
-                return op()
-            except StorageError:
-                raise
-            except Exception as exc:
-                problem = classify(exc)
-                if problem.kind == TRANSIENT and attempt < self.retries - 1 and not no_answer(exc):
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                    continue
-                error = self._error(problem, key, action)
-                if problem.kind == MISSING and action == "writing":
-                    # a write never misses an object: is the bucket gone?
-                    self._bucket_checked = False
-                    self._check_bucket()
-                raise error from exc
-        raise AssertionError("unreachable")
+        try:
+            return retry(op, Backoff(self.retries, first=0.05, cap=1.0), _request_retryable)
+        except StorageError:
+            raise
+        except Exception as exc:
+            problem = classify(exc)
+            error = self._error(problem, key, action)
+            if problem.kind == MISSING and action == "writing":
+                # a write never misses an object: is the bucket gone?
+                self._bucket_checked = False
+                self._check_bucket()
+            raise error from exc
 
     # -- small objects -------------------------------------------------------
     def _create(self, key: str, data: bytes) -> None:

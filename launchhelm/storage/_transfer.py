@@ -20,18 +20,27 @@ from __future__ import annotations
 
 import io
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, BinaryIO, Protocol, TypeVar
 
 from launchhelm.storage._errors import TRANSIENT, UNREACHABLE, classify, no_answer
 from launchhelm.storage._progress import Progress
+from launchhelm.storage._retry import Backoff, retry
 
 if TYPE_CHECKING:
     from typing_extensions import Buffer
 
-__all__ = ["PART_SIZE", "BufferReader", "PartUpload", "PartWriter", "download_parts", "part_size", "with_retries"]
+__all__ = [
+    "PART_BACKOFF",
+    "PART_SIZE",
+    "BufferReader",
+    "PartUpload",
+    "PartWriter",
+    "download_parts",
+    "part_size",
+    "with_retries",
+]
 
 T = TypeVar("T")
 
@@ -41,6 +50,8 @@ _LARGE_PART_SIZE = 64 * 2**20
 _PARTS_AT_SMALL_SIZE = 1000
 #: Attempts per part (or per request of a transfer) before giving up.
 PART_ATTEMPTS = 5
+#: A part's waits between attempts: 0.2 s doubling, at most 2 s each, jittered (see ``_retry``).
+PART_BACKOFF = Backoff(PART_ATTEMPTS, first=0.2, cap=2.0)
 
 
 def part_size(number: int, first: int = PART_SIZE) -> int:
@@ -51,25 +62,19 @@ def part_size(number: int, first: int = PART_SIZE) -> int:
     return first if number <= _PARTS_AT_SMALL_SIZE else max(first, _LARGE_PART_SIZE)
 
 
-def with_retries(op: Callable[[], T], attempts: int = PART_ATTEMPTS, first_delay: float = 0.2) -> T:
-    """Run ``op``, again after a transient failure (with backoff), at most ``attempts`` times.
+def with_retries(op: Callable[[], T], backoff: Backoff = PART_BACKOFF) -> T:
+    """Run ``op``, again after a transient failure (with jittered backoff), at most ``backoff.attempts`` times.
 
     A connection that breaks mid-transfer is transient; an endpoint that
     refuses connections is retried too, since a part upload already had a
     working connection moments before. A request that timed out is not: the
     client library already tried it, each time for the whole timeout.
     """
-    delay = first_delay
-    for attempt in range(attempts):
-        try:
-            return op()
-        except Exception as exc:
-            kind = classify(exc).kind
-            if kind not in (TRANSIENT, UNREACHABLE) or attempt == attempts - 1 or no_answer(exc):
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-    raise AssertionError("unreachable")
+    return retry(op, backoff, _part_retryable)
+
+
+def _part_retryable(exc: Exception) -> bool:
+    return classify(exc).kind in (TRANSIENT, UNREACHABLE) and not no_answer(exc)
 
 
 class BufferReader(io.RawIOBase):

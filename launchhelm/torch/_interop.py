@@ -280,17 +280,18 @@ def _allowed() -> dict[tuple[str, str], object]:
     import collections
     import pathlib
 
-    from torch.distributed.checkpoint import filesystem, metadata
+    from torch.distributed.checkpoint import metadata
+
+    from launchhelm.torch._torch_private import dcp_metadata_private_globals
 
     allowed: dict[tuple[str, str], object] = {
-        ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): filesystem._StorageInfo,
         ("torch", "Size"): torch.Size,
         ("collections", "OrderedDict"): collections.OrderedDict,
         ("pathlib", "PosixPath"): pathlib.PosixPath,
         ("pathlib", "WindowsPath"): pathlib.PurePosixPath,  # a name only: never touches the file system here
         ("pathlib", "PurePosixPath"): pathlib.PurePosixPath,
         ("pathlib", "PureWindowsPath"): pathlib.PureWindowsPath,
-        ("torch.serialization", "_get_layout"): _layout,
+        **dcp_metadata_private_globals(),  # torch's private names the pickle holds: behind the door
     }
     for name in (
         "BytesStorageMetadata",
@@ -300,7 +301,6 @@ def _allowed() -> dict[tuple[str, str], object]:
         "StorageMeta",
         "TensorProperties",
         "TensorStorageMetadata",
-        "_MEM_FORMAT_ENCODING",
     ):
         if hasattr(metadata, name):
             allowed[("torch.distributed.checkpoint.metadata", name)] = getattr(metadata, name)
@@ -310,14 +310,6 @@ def _allowed() -> dict[tuple[str, str], object]:
         if isinstance(getattr(torch, name, None), torch.dtype):
             allowed[("torch", name)] = getattr(torch, name)
     return allowed
-
-
-def _layout(name: object) -> torch.layout:
-    """``torch.serialization._get_layout``, limited to torch's layouts by name."""
-    for value in vars(torch).values():
-        if isinstance(value, torch.layout) and str(value) == name:
-            return value
-    raise pickle.UnpicklingError(f"unknown torch layout {name!r}")
 
 
 class _MetadataUnpickler(pickle.Unpickler):

@@ -6,8 +6,10 @@ rebuild a tensor (``torch._utils._rebuild_tensor_v2``), its zip reader
 (``torch._C.PyTorchFileReader``), the storage type names of its pickles, the
 file offset ``torch.load`` leaves on each storage (``_checkpoint_offset``),
 how ``torch.nn.Module`` keeps its parameters, buffers and load hooks, and
-what ``Optimizer.load_state_dict`` does with saved state. They are used here
-and nowhere else in LaunchHelm (a test checks it).
+what ``Optimizer.load_state_dict`` does with saved state. Sharded checkpoints
+and ``launchhelm import dcp`` need a few more on every torch (a DTensor's local
+box, DCP's fsspec reader and the private globals of DCP's metadata pickle).
+They are used here and nowhere else in LaunchHelm (a test checks it).
 
 :func:`fast_path_available` is the one gate: True only on a torch release
 series in :data:`TESTED` that has every name this module needs. Anywhere
@@ -22,6 +24,7 @@ import collections
 import contextlib
 import functools
 import importlib
+import pickle
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -36,6 +39,7 @@ __all__ = [
     "TESTED",
     "checkpoint_offset",
     "dcp_fsspec_reader",
+    "dcp_metadata_private_globals",
     "dtensor_local_box",
     "fast_path_available",
     "file_reader",
@@ -323,3 +327,30 @@ def dcp_fsspec_reader() -> type | None:
     except ImportError:
         return None
     return FsspecReader
+
+
+def dcp_metadata_private_globals() -> dict[tuple[str, str], object]:
+    """The private globals of torch's that a DCP ``.metadata`` pickle names, as (module, name) to
+    the object an allow-listing unpickler (``launchhelm import dcp``) may hand back for each.
+
+    DCP pickles its metadata with private classes in it (``_StorageInfo``, ``_MEM_FORMAT_ENCODING``)
+    and layouts as calls to ``torch.serialization._get_layout``; reading any DCP folder needs them,
+    on every torch version (there is no public form of that file). ``_get_layout`` itself is not
+    handed out: :func:`_layout_by_name` stands in for it, limited to torch's layouts by name.
+    """
+    from torch.distributed.checkpoint import filesystem, metadata
+
+    found: dict[tuple[str, str], object] = {("torch.serialization", "_get_layout"): _layout_by_name}
+    if hasattr(filesystem, "_StorageInfo"):
+        found[("torch.distributed.checkpoint.filesystem", "_StorageInfo")] = filesystem._StorageInfo
+    if hasattr(metadata, "_MEM_FORMAT_ENCODING"):
+        found[("torch.distributed.checkpoint.metadata", "_MEM_FORMAT_ENCODING")] = metadata._MEM_FORMAT_ENCODING
+    return found
+
+
+def _layout_by_name(name: object) -> torch.layout:
+    """What ``torch.serialization._get_layout`` returns for a layout's name, for torch's layouts only."""
+    for value in vars(torch).values():
+        if isinstance(value, torch.layout) and str(value) == name:
+            return value
+    raise pickle.UnpicklingError(f"unknown torch layout {name!r}")

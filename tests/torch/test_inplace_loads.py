@@ -27,7 +27,7 @@ from torch_helpers import build_model, payload_path, same_tensors, snapshot_stat
 import launchhelm as lh
 import launchhelm.torch as lht
 from launchhelm.runlog._sessions import summary_key
-from launchhelm.torch import _inplace
+from launchhelm.torch import _inplace, _ranged
 from launchhelm.torch._inplace import _pagecache, _plan, _reads, _zip
 
 
@@ -271,7 +271,7 @@ def test_a_checkpoint_not_in_the_page_cache_is_read_as_one_stream_and_still_veri
     streams: list[int] = []
     stream = _reads._stream
 
-    def counted(fd: int, pieces: list[_reads._Piece]) -> list[tuple[int, int, int]]:
+    def counted(fd: int, pieces: list[_ranged.Piece]) -> list[tuple[int, int, int]]:
         streams.append(sum(len(views) for _, views, _ in pieces))  # the buffers the reads fill
         return stream(fd, pieces)
 

@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import bisect
-import ctypes
 import os
 import threading
 from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, cast
 
 import torch
 
-from launchhelm.storage._checksum import combine_crc64nvme, crc64nvme
+from launchhelm.storage._checksum import combine_crc64nvme
 from launchhelm.torch._inplace._pagecache import _cached
 from launchhelm.torch._inplace._plan import _Planned, _PlannedStorage, _rebuild
 from launchhelm.torch._inplace._zip import _HEADER_SPAN, LayoutMismatch, _check_header
+from launchhelm.torch._ranged import Piece, bytes_of, crc_views, cut, fill_views, memory_of, read_crc, reader_threads
 
 #: Bytes per job: big enough for full disk speed, small enough to spread over two threads.
 _CHUNK = 32 * 2**20
@@ -25,7 +24,6 @@ _CHUNK = 32 * 2**20
 #: of its own (pieces too big for the cache make it read every byte from memory twice; pieces too
 #: small cost a syscall each).
 _PIECE = 4 * 2**20
-_THREADS = 2
 #: A cold file (not in the page cache) is read in requests this big, CRC'd on the other thread:
 #: big enough that the disk streams, as for one long read (``bench_checkpoint.py`` measures it).
 _STREAM_PIECE = 64 * 2**20
@@ -74,7 +72,7 @@ class InPlaceLoad:
                 if storage.target is None:
                     fresh = torch.empty(storage.nbytes, dtype=torch.uint8)
                     if storage.nbytes:
-                        crc = _read_crc(fd, _bytes_of(fresh), storage.offset)
+                        crc = read_crc(fd, bytes_of(fresh), storage.offset, _PIECE)
                         self._crcs.append((storage.offset, storage.nbytes, crc))
                     storage.fresh = fresh.untyped_storage()
                 pos = max(pos, storage.offset + storage.nbytes)
@@ -96,7 +94,7 @@ class InPlaceLoad:
     def _read_gap(self, fd: int, start: int, end: int) -> None:
         for chunk in range(start, end, _CHUNK):
             buffer = bytearray(min(_CHUNK, end - chunk))
-            self._crcs.append((chunk, len(buffer), _read_crc(fd, memoryview(buffer), chunk)))
+            self._crcs.append((chunk, len(buffer), read_crc(fd, memoryview(buffer), chunk, _PIECE)))
             self._check_headers(fd, chunk, memoryview(buffer))
 
     def _check_headers(self, fd: int, start: int, view: Any) -> None:
@@ -136,16 +134,16 @@ class InPlaceLoad:
                 offset, target, start, length = job
                 flat = target.detach().view(-1).view(torch.uint8)
                 if flat.device.type == "cpu":
-                    return offset, length, _read_crc(fd, _bytes_of(flat[start : start + length]), offset)
+                    return offset, length, read_crc(fd, bytes_of(flat[start : start + length]), offset, _PIECE)
                 pinned = getattr(staging, "buffer", None)
                 if pinned is None:  # one pinned buffer per thread, reused for every chunk
                     pinned = staging.buffer = torch.empty(_CHUNK, dtype=torch.uint8, pin_memory=True)
-                crc = _read_crc(fd, _bytes_of(pinned[:length]), offset)
+                crc = read_crc(fd, bytes_of(pinned[:length]), offset, _PIECE)
                 flat[start : start + length].copy_(pinned[:length])  # synchronous: the buffer is reused next
                 return offset, length, crc
 
             if len(jobs) > 1:
-                self._crcs += list(_reader_threads().map(run, jobs))
+                self._crcs += list(reader_threads().map(run, jobs))
             else:
                 self._crcs += [run(job) for job in jobs]
         finally:
@@ -157,22 +155,22 @@ class InPlaceLoad:
         read in pieces, each ``preadv`` filling the tensors it spans, each piece's CRC taken on the
         thread that read it, while its bytes are still in cache. So a load makes about one
         request per :data:`_PIECE` however many tensors the model has, not one per tensor."""
-        parts = [(offset, _memory_of(target, nbytes)) for offset, nbytes, target in matched]
+        parts = [(offset, memory_of(target, nbytes)) for offset, nbytes, target in matched]
         scratch = memoryview(bytearray(sum(length for _, length in self._deferred)))  # the headers' bytes
         at = 0
         for offset, length in self._deferred:
             parts.append((offset, scratch[at : at + length]))
             at += length
         parts.sort(key=lambda part: part[0])
-        pieces = _cut(parts, _PIECE)
+        pieces = cut(parts, _PIECE)
         if not _cached(fd, [(offset, length) for offset, _, length in pieces]):
-            streamed = _cut(parts, _STREAM_PIECE)
+            streamed = cut(parts, _STREAM_PIECE)
             if len(streamed) > 1:
                 self.streamed = True
                 self._crcs += _stream(fd, streamed)
                 self._check_deferred(fd, scratch)
                 return
-        batches: list[list[_Piece]] = [[]]
+        batches: list[list[Piece]] = [[]]
         filled = 0
         for piece in pieces:  # a job for the pool per _CHUNK bytes, however many pieces that is
             if filled >= _CHUNK:
@@ -181,15 +179,15 @@ class InPlaceLoad:
             batches[-1].append(piece)
             filled += piece[2]
 
-        def run(batch: list[_Piece]) -> list[tuple[int, int, int]]:
+        def run(batch: list[Piece]) -> list[tuple[int, int, int]]:
             done = []
             for offset, views, length in batch:
-                _fill_views(fd, views, offset)
-                done.append((offset, length, _crc_views(views)))
+                fill_views(fd, views, offset)
+                done.append((offset, length, crc_views(views)))
             return done
 
         if len(batches) > 1:
-            for done in _reader_threads().map(run, batches):
+            for done in reader_threads().map(run, batches):
                 self._crcs += done
         else:
             self._crcs += run(batches[0])
@@ -233,20 +231,7 @@ class InPlaceLoad:
         return total
 
 
-_pool: tuple[int, ThreadPoolExecutor] | None = None
-_pool_lock = threading.Lock()
-
-
-def _reader_threads() -> ThreadPoolExecutor:
-    """The threads that read tensor bytes, started once per process (a fork makes its own)."""
-    global _pool
-    with _pool_lock:
-        if _pool is None or _pool[0] != os.getpid():
-            _pool = (os.getpid(), ThreadPoolExecutor(_THREADS, thread_name_prefix="launchhelm-load"))
-        return _pool[1]
-
-
-def _stream(fd: int, pieces: list[_Piece]) -> list[tuple[int, int, int]]:
+def _stream(fd: int, pieces: list[Piece]) -> list[tuple[int, int, int]]:
     """Read a file that is not in the page cache: one thread makes the scatter reads, in file
     order, in big requests (:data:`_STREAM_PIECE`, so the kernel reads ahead as it does for one
     long read), the other computes each request's CRC while the next one is read: cold, as fast
@@ -254,7 +239,7 @@ def _stream(fd: int, pieces: list[_Piece]) -> list[tuple[int, int, int]]:
     Warm, that path is the faster one (each piece CRC'd in cache), which is why this is chosen
     only when cold."""
     pending = []
-    pool = _reader_threads()
+    pool = reader_threads()
     advise = getattr(os, "posix_fadvise", None)
     if advise is not None:  # a wider read-ahead window for this open file (Linux doubles it)
         try:
@@ -262,103 +247,9 @@ def _stream(fd: int, pieces: list[_Piece]) -> list[tuple[int, int, int]]:
         except OSError:
             pass
     for offset, views, length in pieces:
-        _fill_views(fd, views, offset)
-        pending.append((offset, length, pool.submit(_crc_views, views)))
+        fill_views(fd, views, offset)
+        pending.append((offset, length, pool.submit(crc_views, views)))
     return [(offset, length, future.result()) for offset, length, future in pending]
-
-
-#: (file offset, the buffers its bytes fill in order, their total length): one scatter read.
-_Piece = tuple[int, list[memoryview], int]
-#: Buffers per scatter read (Linux takes up to IOV_MAX = 1024).
-_IOV_MAX = 512
-
-
-def _cut(parts: list[tuple[int, memoryview]], size: int) -> list[_Piece]:
-    """Cut (offset, bytes) parts, sorted by offset, into scatter reads of at most ``size`` bytes
-    and :data:`_IOV_MAX` buffers, each over one contiguous range of the file."""
-    pieces: list[_Piece] = []
-    start, length = 0, 0
-    views: list[memoryview] = []
-    for offset, view in parts:
-        view = view.cast("B") if view.format != "B" else view
-        pos = 0
-        while pos < len(view):
-            if views and (start + length != offset + pos or length >= size or len(views) >= _IOV_MAX):
-                pieces.append((start, views, length))
-                views, length = [], 0
-            if not views:
-                start = offset + pos
-            take = min(len(view) - pos, size - length)
-            views.append(view[pos : pos + take])
-            length += take
-            pos += take
-    if views:
-        pieces.append((start, views, length))
-    return pieces
-
-
-def _fill_views(fd: int, views: list[memoryview], offset: int) -> None:
-    """Fill ``views`` in order from the file at ``offset`` (``preadv``: no copy), however many calls."""
-    index, views = 0, list(views)
-    while index < len(views):
-        n = os.preadv(fd, views[index:], offset)
-        if n <= 0:
-            missing = sum(len(v) for v in views[index:])
-            raise EOFError(f"the file ended {missing} bytes early at offset {offset}")
-        offset += n
-        while index < len(views) and n >= len(views[index]):
-            n -= len(views[index])
-            index += 1
-        if n:
-            views[index] = views[index][n:]
-
-
-def _crc_views(views: list[memoryview]) -> int:
-    """The CRC64NVME of the buffers' bytes, one after another."""
-    crc = 0
-    for view in views:
-        crc = crc64nvme(view, crc)
-    return crc
-
-
-def _memory_of(t: torch.Tensor, nbytes: int) -> memoryview:
-    """The ``nbytes`` bytes of memory of a contiguous CPU tensor, writable, without a copy: a view
-    of the address itself (``PyMemoryView_FromMemory``: cheaper a tensor than a ctypes array or
-    ``.numpy()``). It does not keep the tensor alive:
-    the caller holds it while the view is used."""
-    if nbytes == 0:
-        return memoryview(bytearray())
-    return _memory_view(t.data_ptr(), nbytes, _PYBUF_WRITE)  # type: ignore[no-any-return]
-
-
-_memory_view = ctypes.pythonapi.PyMemoryView_FromMemory
-_memory_view.restype = ctypes.py_object
-_memory_view.argtypes = (ctypes.c_void_p, ctypes.c_ssize_t, ctypes.c_int)
-#: ``PyMemoryView_FromMemory``'s flag for a writable view.
-_PYBUF_WRITE = 0x200
-
-
-def _bytes_of(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU uint8 tensor, writable, without a copy."""
-    array: Any = t.numpy()
-    return memoryview(array)
-
-
-def _read_crc(fd: int, view: memoryview, offset: int) -> int:
-    """Fill ``view`` from the file at ``offset`` (preadv: no copy) and return its CRC64NVME.
-
-    Read and checksummed piece by piece (:data:`_PIECE`), each piece's CRC taken while its bytes
-    are still in cache; the CRC continues from piece to piece, so no combine is needed.
-    """
-    view = view.cast("B")
-    crc = 0
-    done = 0
-    while done < len(view):
-        piece = view[done : done + _PIECE]
-        _fill_views(fd, [piece], offset + done)
-        crc = crc64nvme(piece, crc)
-        done += len(piece)
-    return crc
 
 
 def _file_order(storage: _PlannedStorage) -> int:

@@ -14,7 +14,8 @@ holds no second copy of the state.
 The modules, by job: :mod:`._state` (the one door to torch's distributed
 state dicts and DTensors), :mod:`._save` (survey, plan, write, commit),
 :mod:`._reads` (where the bytes come from, the planned ranges, the checking
-reader) and :mod:`._load` (prepare, agree, apply; ``load_weights``).
+reader, on :mod:`launchhelm.torch._ranged`, the reads both load paths share)
+and :mod:`._load` (prepare, agree, apply; ``load_weights``).
 """
 
 from __future__ import annotations

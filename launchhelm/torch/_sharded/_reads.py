@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 import os
 import threading
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -16,8 +14,8 @@ import torch
 
 from launchhelm._exceptions import CheckpointError
 from launchhelm.storage import LocalStore, Store
-from launchhelm.storage._checksum import crc64nvme
 from launchhelm.torch._manifest import MAX_MANIFEST_BYTES, TensorEntry
+from launchhelm.torch._ranged import Task, bytes_of, crc_matches, read_upto, run_tasks
 from launchhelm.torch._records import LoadTarget
 from launchhelm.torch._sharded._state import Box
 
@@ -28,8 +26,6 @@ _READ_THREADS = 8
 #: Blocks (of BLOCK_SIZE) one read request covers: large enough to stream, small enough to spread
 #: a shard's reads over the threads (and an object store's connections).
 _PIECE_BLOCKS = 4
-#: One piece of a read: fills and checks its blocks, raises CheckpointError.
-_Task = Callable[[], None]
 
 
 class _Source:
@@ -70,13 +66,7 @@ class _Source:
     def read_into(self, name: str, start: int, view: memoryview) -> int:
         """Fill ``view`` with the object's bytes from ``start``; how many there were."""
         if self.folder is not None:
-            fd, done = self._fd(name), 0
-            while done < len(view):
-                n = os.preadv(fd, [view[done:]], start + done)
-                if n == 0:
-                    break
-                done += n
-            return done
+            return read_upto(self._fd(name), view, start)
         assert self.store is not None
         data = self.store.read_range(f"{self.prefix}/{name}", start, start + len(view))
         view[: len(data)] = data
@@ -157,14 +147,6 @@ def _plan_reads(entry: TensorEntry, objects: list[str], block: int, box: Box, de
     return reads
 
 
-def _bytes_view(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, writable, without a copy."""
-    if t.numel() == 0:
-        return memoryview(bytearray())
-    view: memoryview = t.view(-1).view(torch.uint8).numpy().data
-    return view.cast("B")
-
-
 class _Reader:
     """Runs planned reads in pieces on a thread pool, each block checked against its CRC64NVME.
 
@@ -186,7 +168,7 @@ class _Reader:
             raise CheckpointError(f"{self.where}: object {obj} is shorter than its record (truncated)")
 
     def _check(self, read: _Read, index: int, data: memoryview) -> None:
-        if f"{crc64nvme(data):016x}" != read.crcs[index]:
+        if not crc_matches(data, read.crcs[index]):
             at = read.start + index * read.block
             raise CheckpointError(
                 f"{self.where}: object {read.obj} does not match its crc64nvme at bytes {at}..{at + len(data)}: "
@@ -201,7 +183,7 @@ class _Reader:
             for i in range(len(read.crcs))
         ]
 
-    def tasks(self, read: _Read) -> list[_Task]:
+    def tasks(self, read: _Read) -> list[Task]:
         """Callables that together read, check and place ``read``."""
         size = read.dtype.itemsize
         numel = math.prod(read.overlap)
@@ -213,11 +195,11 @@ class _Reader:
             return self._direct(read, blocks, numel * size)
         return self._strided(read, blocks, count * size)
 
-    def _direct(self, read: _Read, blocks: list[tuple[int, int, int]], nbytes: int) -> list[_Task]:
-        out = _bytes_view(read.dest)
+    def _direct(self, read: _Read, blocks: list[tuple[int, int, int]], nbytes: int) -> list[Task]:
+        out = bytes_of(read.dest)
         lo = read.start + read.first  # where the destination's bytes start in the object
         hi = lo + nbytes
-        tasks: list[_Task] = []
+        tasks: list[Task] = []
         run: list[tuple[int, int, int]] = []
 
         def direct(group: list[tuple[int, int, int]]) -> None:
@@ -249,9 +231,9 @@ class _Reader:
             tasks.append(partial(direct, run))
         return tasks
 
-    def _strided(self, read: _Read, blocks: list[tuple[int, int, int]], span: int) -> list[_Task]:
+    def _strided(self, read: _Read, blocks: list[tuple[int, int, int]], span: int) -> list[Task]:
         scratch = torch.empty(read.end - read.start, dtype=torch.uint8)
-        data = _bytes_view(scratch)
+        data = bytes_of(scratch)
         pieces = [blocks[i : i + _PIECE_BLOCKS] for i in range(0, len(blocks), _PIECE_BLOCKS)]
         left = [len(pieces)]
         lock = threading.Lock()
@@ -271,7 +253,7 @@ class _Reader:
 
         return [partial(piece, group) for group in pieces]
 
-    def _verify(self, read: _Read) -> list[_Task]:
+    def _verify(self, read: _Read) -> list[Task]:
         """Tasks that read ``read``'s blocks into a scratch buffer of their thread and check them, keeping nothing."""
         blocks = self._blocks(read)
 
@@ -280,7 +262,7 @@ class _Reader:
             scratch = getattr(self._local, "scratch", None)
             if scratch is None or scratch.numel() < last - first:
                 scratch = self._local.scratch = torch.empty(last - first, dtype=torch.uint8)
-            target = _bytes_view(scratch)[: last - first]
+            target = bytes_of(scratch)[: last - first]
             self._fill(read.obj, first, target)
             for index, b0, b1 in group:
                 self._check(read, index, target[b0 - first : b1 - first])
@@ -292,18 +274,7 @@ class _Reader:
         tasks = [task for read in reads for task in self.tasks(read)]
         tasks += [task for read in verify or () for task in self._verify(read)]
         try:
-            if len(tasks) <= 1:
-                for task in tasks:
-                    task()
-                return
-            with ThreadPoolExecutor(max_workers=min(_READ_THREADS, len(tasks))) as pool:
-                futures = [pool.submit(task) for task in tasks]
-                try:
-                    for future in futures:
-                        future.result()
-                finally:
-                    for future in futures:
-                        future.cancel()
+            run_tasks(tasks, _READ_THREADS)
         except FileNotFoundError as exc:
             raise CheckpointError(f"{self.where}: object {Path(str(exc.filename)).name} is missing") from None
         finally:
