@@ -38,6 +38,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if any(d.scope == "module" and d.baseid == module for ds in defs.values() for d in ds):
             item.add_marker(pytest.mark.xdist_group(module))
 
+    # xdist hands out groups in collection order: the long ones first (the browser tests take a worker
+    # for most of the run), or they start last and become the run's tail
+    def rank(item: pytest.Item) -> int:
+        group = item.get_closest_marker("xdist_group")
+        if group is None:
+            return 2
+        return 0 if group.args and group.args[0] == "browser" else 1
+
+    items.sort(key=rank)
+
 
 #: Backends other processes can reach too (memory:// is per process).
 SHARED_BACKENDS = ["local", "s3", "gcs", "azure"]

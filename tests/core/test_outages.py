@@ -228,6 +228,7 @@ def _said_plainly(stderr: str, who: str, stdout: list[str]) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # it times log() during the outage, to milliseconds
 @pytest.mark.parametrize("mode", [REFUSE, BLACKHOLE])
 def test_a_30s_outage_during_logging_a_compaction_a_save_and_an_evaluation(
     proxy: RequestCounter, moto_endpoint: str, tmp_path: Path, mode: str

@@ -221,6 +221,7 @@ def test_a_part_that_keeps_failing_aborts_the_upload(moto_endpoint: str) -> None
         proxy.close()
 
 
+@pytest.mark.serial  # its proxy times parts out: under a loaded machine it timed out
 def test_an_upload_sends_no_more_parts_at_once_than_it_was_allowed(moto_endpoint: str, tmp_path: Path) -> None:
     """The compactor uploads with two parts in flight: its memory budget counts them."""
     proxy, store = _through_proxy(
@@ -490,6 +491,7 @@ def test_moto_keeps_a_part_corrupted_in_transit_so_refusal_needs_a_real_bucket(m
         proxy.close()
 
 
+@pytest.mark.serial  # a large upload through the emulator: it timed out beside 6 workers
 def test_gcs_uploads_carry_the_crc32c_of_their_bytes(gcs_endpoint: str) -> None:
     """fake-gcs-server computes its own CRC32C and ignores the one sent (tested: a wrong one is
     stored anyway), so the proxy checks what went out; real GCS refuses a mismatch (README)."""

@@ -125,6 +125,7 @@ tr.finish(close_run=False)
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # 295 s of the default 300 beside 5 other xdist workers
 def test_sigkill_at_random_moments_of_a_save_never_breaks_latest(shared_store_url: str) -> None:
     rng = random.Random()
     run_id = None
