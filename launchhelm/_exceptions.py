@@ -18,6 +18,8 @@ inherits the built-in exception a caller would naturally catch, so
     ├── RunClosedError (RuntimeError)
     ├── RunInUseError (RuntimeError)
     ├── RunFinishedError (RuntimeError)
+    ├── RunFencedError (RuntimeError)
+    ├── RunIdentityError (ValueError)
     ├── InvalidArgumentError (ValueError)
     │   ├── InvalidMetricError
     │   └── InvalidMediaError
@@ -54,7 +56,9 @@ __all__ = [
     "ObjectNotFoundError",
     "PathNotFoundError",
     "RunClosedError",
+    "RunFencedError",
     "RunFinishedError",
+    "RunIdentityError",
     "RunInUseError",
     "RunNotFoundError",
     "RunStopped",
@@ -163,6 +167,28 @@ class RunInUseError(LaunchHelmError, RuntimeError):
 
 class RunFinishedError(LaunchHelmError, RuntimeError):
     """This process already ended its session with the run (``finish()``)."""
+
+    def __init__(self, message: str, *, run_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+
+
+class RunFencedError(LaunchHelmError, RuntimeError):
+    """A newer attempt of this job (a scheduler's relaunch) took the run over from this session.
+
+    Nothing this session sends from then on appears in the run; the process
+    should exit (the relaunch trains in its place).
+    """
+
+    def __init__(self, message: str, *, run_id: str | None = None, session_id: str | None = None) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        #: the session that replaced this one
+        self.session_id = session_id
+
+
+class RunIdentityError(LaunchHelmError, ValueError):
+    """``auto_resume`` found a run under this job's id that another job or script created: refused, not merged."""
 
     def __init__(self, message: str, *, run_id: str | None = None) -> None:
         super().__init__(message)

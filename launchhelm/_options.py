@@ -100,6 +100,31 @@ class RunOptions(TypedDict, total=False):
     with the run's length: see ``docs/long-runs.md``.
     """
 
+    auto_resume: bool
+    """Create the run on the job's first launch and reopen it on every relaunch (default False).
+
+    The run's id comes from ``run_id=``, else ``LAUNCHHELM_RUN_ID``, else the
+    scheduler's job (SLURM, torchelastic, a Kubernetes Job, SkyPilot: the
+    table in ``docs/guides/relaunch.md``), so a scheduler's relaunch of the
+    same command resumes the same run with no id in the script. A relaunch
+    that the scheduler numbers as newer takes the run over from a session
+    that still looks alive, and fences it (:class:`launchhelm.RunFencedError`).
+    With no identity anywhere each launch is a new run. Not with ``resume``.
+    Implies ``preemption=True``.
+    """
+
+    preemption: bool | None
+    """Turn a preemption notice into a checkpoint and a clean, resumable exit (default: ``auto_resume``'s value).
+
+    See ``preemption_signals`` and ``preemption_budget``.
+    """
+
+    preemption_signals: tuple[str, ...] | list[str] | None
+    """The signals that announce a preemption (default ``("SIGTERM", "SIGUSR1")``)."""
+
+    preemption_budget: float | None
+    """Seconds from the notice within which the process exits, saved or not (default 25)."""
+
 
 #: The names :class:`RunOptions` defines, in the order it defines them.
 RUN_OPTIONS: tuple[str, ...] = tuple(RunOptions.__annotations__)

@@ -254,7 +254,7 @@ class Run:
         if exc is None:
             self.finish()
         else:
-            self._end_session(close_run=False, reason=f"exception: {type(exc).__name__}: {exc}")
+            self._end_session(close_run=False, reason=f"exception: {type(exc).__name__}: {exc}", ending="crashed")
 
     # -- logging --------------------------------------------------------
     def log(self, metrics: Mapping[str, Any], step: int | None = None) -> None:
@@ -775,7 +775,10 @@ class Run:
         _check_flag("close_run", close_run)
         self._end_session(close_run=close_run, reason="finish")
 
-    def _end_session(self, *, close_run: bool, reason: str) -> None:
+    def _end_session(
+        self, *, close_run: bool, reason: str, ending: str | None = None, detail: str | None = None
+    ) -> None:
+        """End the session; ``ending`` is what ``RunHandle.attempts()`` reports ("finished" unless said)."""
         if self._finished:
             return
         self._stop.set()
@@ -823,6 +826,8 @@ class Run:
                 "close_run": bool(close_run),
                 "reason": reason,
                 "step": max(self._step, self._reached),
+                "ending": ending or ("crashed" if reason.startswith("exception") else "finished"),
+                "detail": detail if detail is not None else reason,
             },
         )
         if self._records_events:

@@ -99,8 +99,9 @@ def init(
         Keyword options, each described in :class:`RunOptions`:
         ``storage_options``, ``takeover``, ``flush_interval``,
         ``heartbeat_interval``, ``heartbeat_timeout``, ``control_interval``,
-        ``system_metrics``, ``capture_console``, ``run_id`` and
-        ``compaction_memory``.
+        ``system_metrics``, ``capture_console``, ``run_id``,
+        ``compaction_memory``, ``auto_resume``, ``preemption``,
+        ``preemption_signals`` and ``preemption_budget``.
 
     Raises
     ------

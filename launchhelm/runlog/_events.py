@@ -28,7 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeVar, cast
+from typing import Any, Final, TypeVar, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -383,6 +383,16 @@ class SessionRecord:
     end_step: int | None = None
     closed_run: bool = False
     start_seq: int = 0
+    #: the scheduler's launch (``Launch.as_record``), with ``auto_resume``
+    launcher: dict[str, object] | None = None
+    #: how it ended: "finished" | "preempted" | "crashed" | "hung" | "fenced" (None: running, or ended
+    #: before layout 3 said so)
+    ending: str | None = None
+    detail: str | None = None
+    #: the newer attempt's session that fenced this one, the fence's seq, and its watermark
+    replaced_by: str | None = None
+    fence_seq: int | None = None
+    watermark: dict[str, int] | None = None
 
 
 @dataclass
@@ -463,6 +473,17 @@ class RunState:
         return len(self.rewinds)
 
 
+#: ``replaces.reason`` of a session that took the run over from an older attempt of its job: a fence
+FENCE_REASON: Final = "relaunched"
+
+
+def _ending_of(reason: str | None) -> str:
+    """The ending of a session that ended before layout 3 recorded one, from its reason."""
+    if reason is not None and reason.startswith("exception"):
+        return "crashed"
+    return "finished"
+
+
 def _held(event: HeldT) -> HeldT:
     """A copy of ``event`` as :class:`RunState` holds it."""
     return event.copy()
@@ -481,7 +502,11 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
     for raw in events:
         event = cast("Event", raw)
         state.last_seq = int(event["seq"])
+        writer = by_id.get(str(raw.get("session", "")))
+        if writer is not None and writer.fence_seq is not None and int(event["seq"]) > writer.fence_seq:
+            continue  # a fenced session wrote after the fence: not part of the run (it never should)
         if event["type"] == SESSION_STARTED:
+            launcher = event.get("launcher")
             rec = SessionRecord(
                 id=event["session"],
                 started_at=float(event["time"]),
@@ -491,7 +516,19 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
                 resumed=bool(event.get("resumed", False)),
                 start_step=int(event.get("step", 0)),
                 start_seq=int(event["seq"]),
+                launcher=dict(launcher) if isinstance(launcher, dict) else None,
             )
+            replaces = event.get("replaces")
+            old = by_id.get(str(replaces.get("session", ""))) if isinstance(replaces, dict) else None
+            if old is not None and replaces is not None and old.ended_at is None:
+                # how the session it replaces ended, as the new one found it (no end time: it wrote none)
+                if replaces.get("reason") == FENCE_REASON:
+                    old.ending, old.replaced_by, old.fence_seq = "fenced", rec.id, rec.start_seq
+                    old.watermark = dict(replaces.get("watermark") or {})
+                    old.detail = f"replaced by a newer attempt of its job (session {rec.id})"
+                else:
+                    old.ending = "crashed"
+                    old.detail = f"found gone by the next session ({replaces.get('reason')})"
             state.sessions.append(rec)
             by_id[rec.id] = rec
         elif event["type"] == SESSION_ENDED:
@@ -501,6 +538,8 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
                 ended.end_reason = event.get("reason")
                 ended.end_step = int(event.get("step", 0))
                 ended.closed_run = bool(event.get("close_run", False))
+                ended.ending = event.get("ending") or _ending_of(ended.end_reason)
+                ended.detail = event.get("detail", ended.end_reason)
             if event.get("close_run"):
                 state.closed = True
                 state.closed_at = float(event["time"])

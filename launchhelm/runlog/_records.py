@@ -103,10 +103,26 @@ class Requester(TypedDict):
 
 
 class Replaced(TypedDict):
-    """The session a resume took over from, and why it was taken as gone."""
+    """The session a resume took over from, and why it was taken as gone.
+
+    ``reason`` ``"relaunched"`` (a newer attempt of the same job) makes the
+    event that carries it a fence: readers ignore what ``session`` writes
+    after it (``docs/storage.md``, "Attempts, relaunches and the fence").
+    """
 
     session: str
     reason: str
+    #: with ``"relaunched"``: per object prefix of ``session``, the highest number stored contiguously
+    watermark: NotRequired[dict[str, int]]
+
+
+class Launcher(TypedDict):
+    """Who launched a session's process (``_launch.Launch.as_record``)."""
+
+    scheduler: str
+    job: str
+    restart: list[int]
+    instance: str
 
 
 class CheckpointFile(TypedDict):
@@ -137,6 +153,8 @@ class SessionStartedEvent(_EventBase):
     #: the furthest step the run had reached when the session started
     step: NotRequired[int]
     replaces: NotRequired[Replaced | None]
+    #: the scheduler's launch this session is an attempt of (``auto_resume``)
+    launcher: NotRequired[Launcher | None]
     #: where an imported run came from
     imported: NotRequired[dict[str, Json]]
 
@@ -147,6 +165,10 @@ class SessionEndedEvent(_EventBase):
     close_run: NotRequired[bool]
     reason: NotRequired[str | None]
     step: NotRequired[int]
+    #: ``"finished" | "preempted" | "crashed" | "hung" | "fenced"`` (absent before layout 3)
+    ending: NotRequired[str]
+    #: what ended it, in words (the signal, the exception)
+    detail: NotRequired[str | None]
 
 
 class RewindEvent(_EventBase):
@@ -295,6 +317,12 @@ class SessionRecordDict(TypedDict):
     end_step: int | None
     closed_run: bool
     start_seq: int
+    launcher: NotRequired[dict[str, object] | None]
+    ending: NotRequired[str | None]
+    detail: NotRequired[str | None]
+    replaced_by: NotRequired[str | None]
+    fence_seq: NotRequired[int | None]
+    watermark: NotRequired[dict[str, int] | None]
 
 
 class Summary(TypedDict):

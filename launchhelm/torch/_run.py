@@ -140,13 +140,15 @@ class TorchRun(Run):
         if failed is not None:
             raise failed
 
-    def _end_session(self, *, close_run: bool, reason: str) -> None:
+    def _end_session(
+        self, *, close_run: bool, reason: str, ending: str | None = None, detail: str | None = None
+    ) -> None:
         if self._checkpointer.saving_elsewhere():
             try:
                 self.wait_for_checkpoint()  # at exit: publish what was being saved
             except CheckpointError as exc:
                 _log.error("%s", exc)
-        super()._end_session(close_run=close_run, reason=reason)
+        super()._end_session(close_run=close_run, reason=reason, ending=ending, detail=detail)
 
     def __repr__(self) -> str:
         where = f" rank {self._rank}/{self._world}" if self._world > 1 else ""
