@@ -50,7 +50,7 @@ from launchhelm._exceptions import (
 from launchhelm._options import RunOptions
 from launchhelm._run import Run
 from launchhelm._start import init
-from launchhelm._types import Checkpoint, Evaluation, Rewind
+from launchhelm._types import Attempt, Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
 from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AlreadyExistsError",
     "Api",
+    "Attempt",
     "BucketNotFoundError",
     "Checkpoint",
     "CheckpointError",

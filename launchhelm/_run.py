@@ -151,6 +151,9 @@ class Run:
             heartbeat_interval=heartbeat_interval,
         )
         events.on_append = self._summary_writer.after_event
+        if session_seq:
+            events.guard(session_id, session_seq)  # a newer attempt's fence stops this session's writes
+        self._fence_handled = False
         self._step = global_step
         self._reached = global_step
         self._attempt = attempt
@@ -547,6 +550,8 @@ class Run:
 
     def _step_boundary(self) -> None:
         """Apply waiting control requests; while paused, wait here (heartbeats go on)."""
+        if self._finished:
+            self._check_live()  # fenced: the training thread hears it at its next step
         announced = False
         while True:
             for request in self._take_requests():
@@ -664,6 +669,9 @@ class Run:
         return max(self._step, self._reached)
 
     def _check_live(self) -> None:
+        if self._events.fenced_by is not None and self._records_events:
+            self._on_fenced()
+            raise self._events.fenced_error()
         if self._finished:
             raise RunFinishedError(
                 f"run {self.id} was finished in this process; resume it with "
@@ -698,6 +706,14 @@ class Run:
         while not self._stop.wait(max(0.0, min(next_flush, next_beat, next_poll, next_sample) - time.monotonic())):
             now, asked = time.monotonic(), time.time()
             try:
+                # a control poll that is due goes first: a process that was frozen (SIGSTOP, a node cut
+                # off) and wakes with everything due learns of a fence before it writes anything
+                if now >= next_poll:
+                    next_poll = now + self._control_interval
+                    self._poll_controls()
+                if self._events.fenced_by is not None:
+                    self._on_fenced()
+                    return
                 if system_every is not None and now >= next_sample:
                     next_sample = now + system_every
                     self._sample_system()
@@ -721,13 +737,35 @@ class Run:
                     next_beat = now + self._heartbeat_interval
                     self._summary_writer.heartbeat()
                     self._store_answered()
-                if now >= next_poll:
-                    next_poll = now + self._control_interval
-                    self._poll_controls()
                 self._last_error = None
             except Exception as exc:  # keep going: the store may come back
                 self._last_error = exc
                 self._store_failed(exc, since=asked)  # a blackhole answers only after the timeouts
+
+    def _on_fenced(self) -> None:
+        """A newer attempt of the job fenced this session: write nothing more, keep nothing to upload.
+
+        Called by whichever thread sees the fence first (the background poll, or the training thread's
+        next append); the training thread raises :class:`RunFencedError` at its next log, step or save.
+        """
+        with self._lock:
+            if self._fence_handled:
+                return
+            self._fence_handled = True
+        self._finished = True  # log() and the step boundary check in, and raise
+        self._control_flag = True
+        self._stop.set()
+        self._media.close(timeout=0.0)
+        self._flusher.discard()  # points after the fence must not reach the run, not even by `recover`
+        discard_live(self)
+        fence: Mapping[str, object] = self._events.fenced_by or {}
+        _log.error(
+            "launchhelm: run %s: a newer attempt of this job (session %s) took the run over; this session "
+            "(%s) writes nothing more and raises RunFencedError at its next step",
+            self.id,
+            fence.get("session", "?"),
+            self.session_id,
+        )
 
     def _leave_in_spool(self, exc: BaseException) -> None:
         """The session ends without the store: what it lacks stays on disk, and the user is told where."""
@@ -779,6 +817,12 @@ class Run:
         self, *, close_run: bool, reason: str, ending: str | None = None, detail: str | None = None
     ) -> None:
         """End the session; ``ending`` is what ``RunHandle.attempts()`` reports ("finished" unless said)."""
+        if self._events.fenced_by is not None and self._records_events:
+            self._on_fenced()
+            self._stop_console()
+            if reason == "finish":
+                raise self._events.fenced_error()
+            return
         if self._finished:
             return
         self._stop.set()

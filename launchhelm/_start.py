@@ -14,6 +14,7 @@ from launchhelm._exceptions import (
     InvalidArgumentError,
     InvalidTypeError,
     RunClosedError,
+    RunIdentityError,
     RunInUseError,
 )
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
@@ -26,10 +27,12 @@ from launchhelm._run import (
 from launchhelm.console import _capture as _console
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
 from launchhelm.metrics._flusher import warm_up_encoder
+from launchhelm.metrics._layout import fence_name
 from launchhelm.metrics._spool import recover_run
 from launchhelm.metrics._system import system_interval
 from launchhelm.runlog._control import check_plain, in_force
 from launchhelm.runlog._events import (
+    FENCE_REASON,
     SESSION_STARTED,
     EventLog,
     RunState,
@@ -38,10 +41,11 @@ from launchhelm.runlog._events import (
     validate_project,
     validate_run_id,
 )
+from launchhelm.runlog._launch import EXPLICIT, Launch, auto_run_id, launch_identity, launch_script, newer_attempt
 from launchhelm.runlog._live_sessions import install_exit_hook
 from launchhelm.runlog._liveness import process_identity
 from launchhelm.runlog._names import default_name, new_run_id, new_session_id
-from launchhelm.runlog._runinfo import furthest_step, read_run_record
+from launchhelm.runlog._runinfo import furthest_step, read_run_record, session_watermark
 from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
@@ -52,7 +56,7 @@ from launchhelm.runlog._sessions import (
 from launchhelm.runlog._summary import parse_summary
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
-from launchhelm.storage._keys import project_record_key, project_run_marker, run_record_key
+from launchhelm.storage._keys import metrics_prefix, project_record_key, project_run_marker, run_record_key
 
 if TYPE_CHECKING:
     # typing.Unpack is 3.11+; only the type checker reads these annotations
@@ -152,8 +156,26 @@ def start_run(
     run_id = options.get("run_id")
     takeover = options.get("takeover", False)
     capture_console = options.get("capture_console", True)
+    auto_resume = options.get("auto_resume", False)
     validate_project(project)
-    if run_id is not None:
+    _check_flag("auto_resume", auto_resume)
+    launch: Launch | None = None
+    if auto_resume:
+        if resume is not None:
+            raise InvalidArgumentError(
+                f"auto_resume=True finds the run to reopen by itself; resume={resume!r} names one: pass one of them"
+            )
+        if run_id is not None and not isinstance(run_id, str):
+            raise InvalidTypeError(f"run_id={run_id!r}: give the job's identity as a string")
+        launch = launch_identity(explicit=run_id)
+        if launch is None:
+            _log.warning(
+                "launchhelm: auto_resume found no job identity (no run_id=, LAUNCHHELM_RUN_ID or scheduler): "
+                "this launch is a new run; set LAUNCHHELM_RUN_ID=<name> to make relaunches reopen it"
+            )
+        else:
+            run_id = auto_run_id(project, launch)
+    elif run_id is not None:
         validate_run_id(run_id)
         if resume is not None:
             raise InvalidArgumentError(
@@ -206,13 +228,23 @@ def start_run(
         "heartbeat_interval": beat_s,
         "heartbeat_timeout": timeout_s,
     }
+    if launch is not None:
+        session_payload["launcher"] = launch.as_record()
+        assert run_id is not None
+        try:
+            record, events = _create_run(st, project, name, config, tunables, run_id, job=_job_record(launch))
+        except AlreadyExistsError:
+            resume = run_id  # a relaunch (or a later launch) of the job: reopen the run it created
     if resume is None:
-        record, events = _create_run(st, project, name, config, tunables, run_id)
+        if launch is None:
+            record, events = _create_run(st, project, name, config, tunables, run_id)
         mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
         started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
         step, attempt, state = 0, 0, None
     else:
-        record, events, step, state, started = _reopen_run(st, project, resume, session_payload, takeover)
+        record, events, step, state, started = _reopen_run(
+            st, project, resume, session_payload, takeover, launch=launch
+        )
         attempt = state.attempt
     # a resumed session starts with the settings the last one had applied
     # (not paused: a pause was aimed at that session); requests it never
@@ -264,10 +296,11 @@ def _create_run(
     config: Mapping[str, object] | None,
     tunables: Mapping[str, object] | None,
     given_id: str | None = None,
+    job: dict[str, str] | None = None,
 ) -> tuple[dict[str, Any], EventLog]:
     while True:
         run_id = given_id or new_run_id()
-        record = {
+        record: dict[str, Any] = {
             "format": "launchhelm.run/1",
             "id": run_id,
             "project": project,
@@ -276,10 +309,14 @@ def _create_run(
             "tunables": dict(tunables or {}),
             "created": time.time(),
         }
+        if job is not None:
+            record["job"] = job  # what a relaunch must match to reopen it (auto_resume)
         try:
             store.create(run_record_key(run_id), json.dumps(record).encode())
             break
         except AlreadyExistsError:
+            if job is not None:
+                raise  # auto_resume: the job's run exists, the caller reopens it
             if given_id is not None:
                 raise AlreadyExistsError(
                     f"a run with id {given_id!r} already exists in this store; resume it with "
@@ -298,20 +335,76 @@ def _create_run(
     return record, EventLog(store, run_id)
 
 
+def _job_record(launch: Launch) -> dict[str, str]:
+    """What ``run.json`` records of the job that created the run: a relaunch must match it."""
+    return {"scheduler": launch.scheduler, "job": launch.job, "script": launch_script()}
+
+
+def _check_same_job(record: Mapping[str, Any], launch: Launch, run_id: str) -> None:
+    """Refuse to reopen a run another job or script created under the same identity (never merge two)."""
+    job = record.get("job")
+    if not isinstance(job, dict):
+        if launch.scheduler == EXPLICIT:
+            return  # a run created by id (run_id=, resume=) that the user now names as the job's
+        raise RunIdentityError(
+            f"run {run_id} exists but was not created by a launch of {launch.scheduler} job {launch.job!r}; "
+            "refusing to merge two runs: set LAUNCHHELM_RUN_ID to a new name",
+            run_id=run_id,
+        )
+    mine = _job_record(launch)
+    if job.get("scheduler") != mine["scheduler"] or job.get("job") != mine["job"]:
+        raise RunIdentityError(
+            f"run {run_id} belongs to {job.get('scheduler')} job {job.get('job')!r}, not to "
+            f"{mine['scheduler']} job {mine['job']!r}; refusing to merge them: set LAUNCHHELM_RUN_ID to a new name",
+            run_id=run_id,
+        )
+    if job.get("script") != mine["script"]:
+        raise RunIdentityError(
+            f"run {run_id} of {mine['scheduler']} job {mine['job']!r} was created by {job.get('script')!r}, and "
+            f"this launch runs {mine['script']!r}: an identity reused by another script is refused, not merged; "
+            "set LAUNCHHELM_RUN_ID (or run_id=) to a new name for this script",
+            run_id=run_id,
+        )
+
+
+def _mark_fence(store: Store, run_id: str, session_id: str, watermark: Mapping[str, int]) -> None:
+    """The metrics half of the fence, before its event: readers drop the fenced session's chunks past
+    its watermark (``docs/storage.md``)."""
+    key = f"{metrics_prefix(run_id)}/{fence_name(session_id, int(watermark['metrics']) + 1)}"
+    try:
+        store.create(key, b"{}")
+    except AlreadyExistsError:
+        pass  # another try of this relaunch marked it
+
+
 def _reopen_run(
-    store: Store, project: str, run_id: str, session_payload: dict[str, Any], takeover: bool
+    store: Store,
+    project: str,
+    run_id: str,
+    session_payload: dict[str, Any],
+    takeover: bool,
+    launch: Launch | None = None,
 ) -> tuple[dict[str, Any], EventLog, int, RunState, dict[str, Any]]:
     if not isinstance(run_id, str):
         raise InvalidTypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
     record = read_run_record(store, run_id)
-    # points a killed session on this host logged but never flushed go in first: they count toward
-    # the furthest step reached, and so toward the rewind this session may record
-    recover_run(store, run_id)
+    # refused before anything is stored (the spool's recovery below uploads)
     if record["project"] != project:
+        if launch is not None:
+            raise RunIdentityError(
+                f"run {run_id} (this job's identity) belongs to project {record['project']!r}, not {project!r}; "
+                "refusing to merge two projects' runs: set LAUNCHHELM_RUN_ID (or run_id=) to a new name",
+                run_id=run_id,
+            )
         raise InvalidArgumentError(
             f"run {run_id} belongs to project {record['project']!r}, not {project!r}; "
             f"call init({record['project']!r}, resume={run_id!r})"
         )
+    if launch is not None:
+        _check_same_job(record, launch, run_id)
+    # points a killed session on this host logged but never flushed go in first: they count toward
+    # the furthest step reached, and so toward the rewind this session may record
+    recover_run(store, run_id)
     # Concurrent resumes are settled by the log: our start event must land
     # right after the state we checked, or we check again.
     store.require_coordination("resuming a run")
@@ -329,7 +422,13 @@ def _reopen_run(
         replaces: dict[str, Any] | None = None
         if previous is not None and previous.ended_at is None:
             live = liveness(store, run_id, previous)
-            if live.alive and not takeover:
+            if launch is not None and newer_attempt(launch, previous.launcher):
+                # the scheduler relaunched the job: the session before is over whatever it looks like,
+                # and is fenced, so that a zombie of it (a frozen or cut-off node) writes nothing more
+                watermark = session_watermark(store, run_id, previous.id)
+                _mark_fence(store, run_id, previous.id, watermark)
+                replaces = {"session": previous.id, "reason": FENCE_REASON, "watermark": watermark}
+            elif live.alive and not takeover:
                 age = time.time() - live.last_heartbeat
                 where = previous.process.get("hostname", "?")
                 raise RunInUseError(
@@ -340,7 +439,8 @@ def _reopen_run(
                     run_id=run_id,
                     session_id=previous.id,
                 )
-            replaces = {"session": previous.id, "reason": "takeover" if live.alive else live.reason}
+            else:
+                replaces = {"session": previous.id, "reason": "takeover" if live.alive else live.reason}
         step = furthest_step(store, run_id, state)
         mark_row(store, project, run_id, str(session_payload["session"]), "started")  # before the event
         try:

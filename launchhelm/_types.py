@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from typing import TypeAlias
 
     from launchhelm.storage import Store
 
-__all__ = ["Checkpoint", "Evaluation", "JSONValue", "Rewind", "RunLike"]
+__all__ = ["Attempt", "Checkpoint", "Evaluation", "JSONValue", "Rewind", "RunLike"]
 
 #: A value as JSON carries it: what ``json.loads`` returns and ``json.dumps`` takes
 #: (configs, tunables, control changes, stored records' free-form parts).
@@ -32,6 +33,42 @@ class RunLike(Protocol):
 
     @property
     def store(self) -> Store: ...
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One session of a run: a launch of its job, and how it ended (``RunHandle.attempts()``).
+
+    Attributes
+    ----------
+    session:
+        The session's id.
+    launcher:
+        The scheduler's launch (``{"scheduler", "job", "restart", "instance"}``) with
+        ``auto_resume``; None for a launch no scheduler named.
+    host:
+        The host its process ran on.
+    started_at, ended_at:
+        Epoch seconds; ``ended_at`` is None while it runs, and for a session that died
+        without a word it is its last heartbeat.
+    first_step, last_step:
+        The run's step when the session started, and the furthest it reached.
+    ending:
+        ``"running"``, ``"finished"``, ``"preempted"``, ``"crashed"`` (died without a
+        notice), ``"hung"`` or ``"fenced"`` (a newer attempt of its job took over).
+    detail:
+        What ended it, in words (the signal, the exception, who replaced it).
+    """
+
+    session: str
+    launcher: Mapping[str, object] | None
+    host: str | None
+    started_at: float
+    ended_at: float | None
+    first_step: int
+    last_step: int
+    ending: str
+    detail: str | None = None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from launchhelm._exceptions import (
     LaunchHelmError,
     RunClosedError,
 )
-from launchhelm._types import Checkpoint, Evaluation, Rewind
+from launchhelm._types import Attempt, Checkpoint, Evaluation, Rewind
 from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
 from launchhelm.evaluation._queue import queue_for, queue_manual
 from launchhelm.media._read import MediaItem
@@ -35,7 +35,7 @@ from launchhelm.runlog._events import (
 from launchhelm.runlog._liveness import requester
 from launchhelm.runlog._records import Event, Json, Requester, RunRow
 from launchhelm.runlog._runinfo import furthest_step, run_record
-from launchhelm.runlog._sessions import Liveness, liveness, run_status
+from launchhelm.runlog._sessions import Liveness, liveness, read_beats, run_status
 from launchhelm.runlog._summary import run_rows
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store
@@ -193,6 +193,45 @@ class RunHandle:
         """
         self._recover()
         return _timestamps(run_rows(self._store, [self.id])[0])
+
+    def attempts(self) -> list[Attempt]:
+        """Every session of the run, oldest first: who launched it, where, which steps, how it ended.
+
+        A session that stopped heartbeating without ending ended ``"crashed"``
+        (its ``ended_at`` is its last heartbeat); one a newer attempt of its
+        job took over ended ``"fenced"``. One read of the log and one of the
+        sessions' heartbeats.
+        """
+        self._recover()
+        state = self._state()
+        beats = read_beats(self._store, self.id, [s.id for s in state.sessions])
+        out: list[Attempt] = []
+        for i, session in enumerate(state.sessions):
+            live = liveness(self._store, self.id, session, beat=beats.get(session.id))
+            last = max(session.start_step, session.end_step or 0, live.step)
+            ending, detail, ended_at = session.ending, session.detail, session.ended_at
+            if session.ended_at is None and ending is None:
+                if i == len(state.sessions) - 1 and live.alive:
+                    ending, detail = "running", None
+                else:
+                    ending, detail = "crashed", detail or f"died without a notice ({live.reason})"
+            if ended_at is None and ending != "running":
+                ended_at = live.last_heartbeat or None
+            host = session.process.get("hostname")
+            out.append(
+                Attempt(
+                    session=session.id,
+                    launcher=dict(session.launcher) if session.launcher is not None else None,
+                    host=str(host) if host is not None else None,
+                    started_at=session.started_at,
+                    ended_at=ended_at,
+                    first_step=session.start_step,
+                    last_step=last,
+                    ending=ending or "finished",
+                    detail=detail,
+                )
+            )
+        return out
 
     def rewinds(self) -> list[Rewind]:
         """Every time history went back, oldest first."""

@@ -316,6 +316,15 @@ class MetricFlusher:
             self.buffer = PointBuffer(self.keys, self.chunk_values)
         return spool
 
+    def discard(self) -> None:
+        """Drop every point not stored yet, spool included (a fenced session's are not the run's)."""
+        spool, self.spool = self.spool, None
+        if spool is not None:
+            spool.close(remove=True)
+        with self.lock:
+            self.sealed, self.held, self.spilled = [], 0, False
+            self.buffer = PointBuffer(self.keys, self.chunk_values)
+
     def held_points(self) -> str:
         """Where the points the store lacks are held, for the outage line."""
         with self.lock:

@@ -161,22 +161,49 @@ def parse_chunk(prefix: str, name: str, size: int = 0) -> ChunkRef | None:
     return ChunkRef(rank, session, number, first, last, f"{prefix}/{name}", size)
 
 
+_FENCE_PREFIX = "fenced-after-"
+
+
+def fence_name(session_id: str, admitted: int) -> str:
+    """``<session>/fenced-after-<n>.json`` under ``metrics/``: the session's chunks numbered ``n`` and
+    above are not the run's (a newer attempt fenced it; ``n`` is one past its watermark). Read from the
+    listing itself, so readers pay no request for it."""
+    return f"{session_id}/{_FENCE_PREFIX}{admitted}.json"
+
+
+def parse_fence_name(name: str) -> tuple[str, int] | None:
+    session, _, rest = name.partition("/")
+    if not rest.startswith(_FENCE_PREFIX) or not rest.endswith(".json"):
+        return None
+    try:
+        return session, int(rest[len(_FENCE_PREFIX) : -len(".json")])
+    except ValueError:
+        return None
+
+
 def list_metrics(store: Store, run_id: str) -> Listing:
     """One listing of ``runs/<id>/metrics/``: chunks, segments and manifests."""
     prefix = metrics_prefix(run_id)
     chunks: list[ChunkRef] = []
     manifests: dict[int, float | None] = {}
     segments: dict[str, float | None] = {}
+    fences: dict[str, int] = {}
     for info in store.list_info(prefix):
         name = info.key
         if (seq := parse_manifest_name(name)) is not None:
             manifests[seq] = info.modified
         elif parse_segment_name(name):
             segments[name] = info.modified
+        elif (fence := parse_fence_name(name)) is not None:
+            fences[fence[0]] = min(fences.get(fence[0], fence[1]), fence[1])
         else:
             chunk = parse_chunk(prefix, name, info.size)
             if chunk is not None:
                 chunks.append(chunk)
+    if fences:
+        # a fenced session's chunks past its watermark were sent after a newer attempt took over (or
+        # recovered from its spool since): never the run's, whoever reads or compacts
+        chunks = [c for c in chunks if c.number < fences.get(c.dir, c.number + 1)]
     chunks.sort()
     return Listing(prefix, chunks, manifests, segments)
 

@@ -35,6 +35,7 @@ from launchhelm._exceptions import (
     InvalidArgumentError,
     LaunchHelmError,
     ObjectNotFoundError,
+    RunFencedError,
     StorageError,
 )
 from launchhelm.runlog._records import (
@@ -180,6 +181,36 @@ class EventLog:
         # the training process appends from its main thread and polls for
         # control requests from its background thread
         self._lock = threading.RLock()
+        #: the live session writing through this log, and the newer attempt's event that fenced it
+        self._writer: str | None = None
+        self.fenced_by: Event | None = None
+        self._checked = 0  # events 1.._checked were looked at for a fence of _writer
+
+    def guard(self, session_id: str, started_seq: int) -> None:
+        """Appends through this log are ``session_id``'s (started at event ``started_seq``): once a newer
+        attempt's ``session_started`` names it as replaced (a fence), every later append raises
+        :class:`RunFencedError`. Only events after its start can fence it."""
+        with self._lock:
+            self._writer = session_id
+            self._checked = max(self._checked, started_seq)
+
+    def _look_for_fence(self, upto: int) -> None:
+        """Read events ``_checked+1..upto`` (those not fetched yet, in one ``read_many``) for a fence."""
+        if self._writer is None or upto <= self._checked:
+            return
+        self._fetch(range(self._checked + 1, upto + 1))
+        self._checked = upto
+
+    def fenced_error(self) -> RunFencedError:
+        fence: Mapping[str, object] = self.fenced_by or {}
+        by = str(fence.get("session", "?"))
+        return RunFencedError(
+            f"run {self.run_id}: session {self._writer} was replaced by a newer attempt of its job "
+            f"(session {by}, event {fence.get('seq')}); this process writes nothing more to the run: exit, "
+            "the relaunch trains in its place",
+            run_id=self.run_id,
+            session_id=by,
+        )
 
     @staticmethod
     def _key_seq(name: str) -> int | None:
@@ -213,7 +244,9 @@ class EventLog:
             data = got.get(key)
             if data is None:  # listed, then gone: events are never deleted while the run exists
                 raise ObjectNotFoundError(f"event {seq} of run {self.run_id} vanished from {key}", url=key)
-            self._events[seq] = _parse_event(data, seq, self.store.url_for(key))
+            event = self._events[seq] = _parse_event(data, seq, self.store.url_for(key))
+            if self._writer is not None and self.fenced_by is None and _fences(event, self._writer):
+                self.fenced_by = event
         return got
 
     def events(self) -> list[Event]:
@@ -337,6 +370,11 @@ class EventLog:
 
     def _append(self, type_: str, payload: Mapping[str, object], expect_seq: int | None) -> Event:
         while True:
+            # a fenced writer's event would land after the fence: every event before the seq it
+            # takes is looked at first (already fetched, as a rule: no request)
+            self._look_for_fence(self._top)
+            if self.fenced_by is not None:
+                raise self.fenced_error()
             seq = expect_seq if expect_seq is not None else self._top + 1
             event = {"seq": seq, "type": type_, "time": time.time(), **payload}
             body = json.dumps(event, separators=(",", ":"), allow_nan=False).encode()
@@ -475,6 +513,17 @@ class RunState:
 
 #: ``replaces.reason`` of a session that took the run over from an older attempt of its job: a fence
 FENCE_REASON: Final = "relaunched"
+
+
+def _fences(event: Mapping[str, object], session_id: str) -> bool:
+    """Whether ``event`` is a newer attempt's start that fenced ``session_id``."""
+    replaces = event.get("replaces")
+    return (
+        event.get("type") == SESSION_STARTED
+        and isinstance(replaces, dict)
+        and replaces.get("session") == session_id
+        and replaces.get("reason") == FENCE_REASON
+    )
 
 
 def _ending_of(reason: str | None) -> str:

@@ -21,7 +21,7 @@ from typing import Final
 
 from launchhelm._exceptions import InvalidArgumentError
 
-__all__ = ["EXPLICIT", "Launch", "auto_run_id", "launch_identity", "newer_attempt"]
+__all__ = ["EXPLICIT", "Launch", "auto_run_id", "launch_identity", "launch_script", "newer_attempt"]
 
 EXPLICIT: Final = "explicit"
 SLURM: Final = "slurm"
@@ -87,16 +87,17 @@ def _kubernetes_job(env: Mapping[str, str]) -> str | None:
     return f"{job}/{env.get('JOB_COMPLETION_INDEX', '0')}"
 
 
-def launch_identity(env: Mapping[str, str] | None = None) -> Launch | None:
+def launch_identity(env: Mapping[str, str] | None = None, explicit: str | None = None) -> Launch | None:
     """The job this process belongs to, or ``None`` when no scheduler names one (a laptop).
 
-    The first that applies wins: ``LAUNCHHELM_RUN_ID``; SLURM (with torchrun's restart count as a
-    tie-breaker when torchrun runs inside the allocation); torchelastic (``TORCHELASTIC_RUN_ID``
-    other than its default ``none``); a Kubernetes Job's pod; SkyPilot (``SKYPILOT_TASK_ID``).
+    The first that applies wins: ``explicit`` (``run_id=``), ``LAUNCHHELM_RUN_ID``; SLURM (with
+    torchrun's restart count as a tie-breaker when torchrun runs inside the allocation);
+    torchelastic (``TORCHELASTIC_RUN_ID`` other than its default ``none``); a Kubernetes Job's pod;
+    SkyPilot (``SKYPILOT_TASK_ID``).
     """
     env = os.environ if env is None else env
     host = socket.gethostname()
-    explicit = env.get("LAUNCHHELM_RUN_ID", "")
+    explicit = explicit or env.get("LAUNCHHELM_RUN_ID", "")
     slurm = _slurm(env)
     if explicit:
         restart = slurm[1] if slurm else (_count(env, "TORCHELASTIC_RESTART_COUNT"),)
@@ -123,7 +124,12 @@ def auto_run_id(project: str, launch: Launch) -> str:
     if launch.scheduler == EXPLICIT:
         from launchhelm.runlog._events import validate_run_id
 
-        return validate_run_id(launch.job)
+        try:
+            return validate_run_id(launch.job)  # a valid run id is the run's id, as given
+        except InvalidArgumentError:
+            if not launch.job.strip():
+                raise InvalidArgumentError("the job's identity (run_id= or LAUNCHHELM_RUN_ID) is blank") from None
+            # "exp-42", "My_Run": an identity, not an id; hashed like a scheduler's job below
     digest = hashlib.sha256("\0".join((project, launch.scheduler, launch.job)).encode()).digest()
     number = int.from_bytes(digest[:12], "big")
     alphabet = "0123456789abcdefghijklmnopqrstuvwxyz"
@@ -148,3 +154,13 @@ def newer_attempt(new: Launch, old: Mapping[str, object] | None) -> bool:
     if new.restart or previous:
         return new.restart > previous
     return bool(new.instance) and new.instance != old.get("instance")
+
+
+def launch_script(argv: list[str] | None = None) -> str:
+    """The script a launch runs (its file name, or ``-m``'s module path), not its arguments: a relaunch
+    with changed flags is the same job, another script under a reused identity is not."""
+    import sys
+
+    args = sys.argv if argv is None else argv
+    first = args[0] if args else ""
+    return os.path.basename(first) or "<interactive>"

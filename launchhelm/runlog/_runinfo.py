@@ -14,7 +14,7 @@ from launchhelm.runlog._sessions import liveness, read_beats
 from launchhelm.storage import Store
 from launchhelm.storage._keys import run_record_key
 
-__all__ = ["furthest_step", "metrics_last_step", "read_run_record", "run_record"]
+__all__ = ["furthest_step", "metrics_last_step", "read_run_record", "run_record", "session_watermark"]
 
 
 def run_record(store: Store, run_id: str) -> RunRecord:
@@ -56,3 +56,31 @@ def furthest_step(
         step = liveness(store, run_id, session, beat=beats.get(session.id)).step
         best = max(best, session.start_step, session.end_step or 0, step)
     return max(best, metrics_last_step(store, run_id, state))
+
+
+def session_watermark(store: Store, run_id: str, session_id: str) -> dict[str, int]:
+    """Per object prefix of a session (metrics chunks, console parts), the highest number such that
+    every number from the lowest listed up to it is stored: what a fence admits of the session."""
+    from launchhelm.storage._keys import console_prefix, metrics_prefix, parse_chunk_name, parse_console_name
+
+    marks: dict[str, int] = {}
+    for kind, prefix in (("metrics", metrics_prefix(run_id)), ("console", console_prefix(run_id))):
+        numbers: set[int] = set()
+        for rest in store.list(f"{prefix}/{session_id}"):
+            name = f"{session_id}/{rest}"
+            if kind == "metrics":
+                chunk = parse_chunk_name(name)
+                if chunk is not None:
+                    numbers.add(chunk[1])
+            else:
+                part = parse_console_name(name)
+                if part is not None:
+                    numbers.add(part[1])
+        if not numbers:
+            marks[kind] = -1
+            continue
+        top = min(numbers)
+        while top + 1 in numbers:
+            top += 1
+        marks[kind] = top
+    return marks

@@ -373,8 +373,12 @@ class TorchRun(Run):
         checkpoint:
             ``"latest"``: the newest published checkpoint. ``"resume"``: the
             one chosen with ``RunHandle.choose_for_resume()`` (the choice is
-            consumed), else the newest. A checkpoint id of this run, or a path
-            to a bundle file.
+            consumed), else the newest; with none saved it restores nothing
+            and returns None (a first launch; a relaunch of a run that crashed
+            before its first checkpoint starts over at step 0, recorded as a
+            rewind), so ``tr.load_checkpoint("resume")`` right after
+            ``watch()`` works on every launch. A checkpoint id of this run, or
+            a path to a bundle file.
         map_location:
             Where tensors that are not loaded into a watched tensor land
             (``extra``, tensors whose shape or dtype changed); ``"cpu"`` by
@@ -421,8 +425,30 @@ class TorchRun(Run):
             )
         watched = self._checkpointer.require_watch("load_checkpoint()")
         self.wait_for_checkpoint()  # "latest" includes a save still being written
+        if checkpoint == "resume" and self._nothing_to_resume():
+            return self._restore_nothing()
         with _gc_paused():
             return self._load(checkpoint, map_location, watched, strict)
+
+    def _nothing_to_resume(self) -> bool:
+        """Whether the run has no checkpoint for ``"resume"`` (rank 0 reads the log; every rank hears)."""
+        nothing = self._events.state().resume_checkpoint is None if self._rank == 0 else None
+        return bool(_dist.broadcast(nothing, self._world))
+
+    def _restore_nothing(self) -> None:
+        """``"resume"`` with nothing saved: a first launch starts at step 0 as it is; a relaunch of a run
+        that crashed before its first checkpoint starts over at step 0 too, and says so with a rewind."""
+        rewind = None
+        with self._one_summary():
+            if self._rank == 0:
+                rewind = self._record_rewind(0, None, "load_checkpoint", self.reached)
+            rewind = _dist.broadcast(rewind, self._world)
+            if rewind is not None:
+                self._attempt = rewind.attempt
+            self._step = 0
+        if rewind is not None:
+            self._run_rewind_callbacks(rewind)
+        return None
 
     def _load(
         self, checkpoint: str | os.PathLike[str], map_location: MAP_LOCATION, watched: Watched, strict: bool = False
@@ -582,15 +608,15 @@ def init(
             TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
         )
     run: TorchRun | None = None
-    outcome: tuple[str, str] | None = None
+    outcome: tuple[str, str, bool] | None = None
     if rank == 0:
         try:
             run = start_run(
                 TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
             )
-            outcome = ("ok", run.id)
+            outcome = ("ok", run.id, run.resumed)
         except Exception as exc:
-            outcome = ("error", f"{type(exc).__name__}: {exc}")
+            outcome = ("error", f"{type(exc).__name__}: {exc}", False)
             _dist.broadcast(outcome, world)
             raise
     outcome = _dist.broadcast(outcome, world)
@@ -601,7 +627,9 @@ def init(
         shared = open_store(store, options.get("storage_options"))
         run = TorchRun._join(shared, read_run_record(shared, outcome[1]), rank, world)
     run._rank, run._world = rank, world
-    run.resumed = resume is not None  # the same answer on every rank: `if tr.resumed: load` stays collective
+    # the same answer on every rank (rank 0's: auto_resume reopens without resume=): `if tr.resumed: load`
+    # stays collective
+    run.resumed = bool(outcome[2])
     # every rank starts from the run's furthest step (rank 0 computed it at resume)
     run._step = run._reached = int(_dist.broadcast(run._step, world))
     if rank != 0:
