@@ -68,7 +68,8 @@ def test_the_first_launch_creates_the_run_and_each_relaunch_reopens_it(
     attempts = lh.Api(store).run(first.id).attempts()
     assert [a.session for a in attempts] == [first.session_id, second.session_id]
     assert [a.ending for a in attempts] == ["finished", "finished"]
-    assert attempts[0].launcher == {"scheduler": "slurm", "job": "lab/4242", "restart": [0, 0], "instance": os.uname()[1]}
+    expected = {"scheduler": "slurm", "job": "lab/4242", "restart": [0, 0], "instance": os.uname()[1]}
+    assert attempts[0].launcher == expected
     assert attempts[1].launcher is not None and attempts[1].launcher["restart"] == [1, 0]
     assert attempts[0].last_step == 7 and attempts[1].first_step == 7
 
@@ -120,7 +121,8 @@ def test_an_explicit_identity_is_the_id_when_it_is_one_and_hashed_when_not(
 
 
 def _listing(store: str) -> list[str]:
-    return sorted(str(p.relative_to(store)) for p in Path(store).rglob("*") if p.is_file()) if Path(store).exists() else []
+    root = Path(store)
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) if root.exists() else []
 
 
 def test_bad_input_is_refused_before_anything_is_stored(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -154,7 +156,7 @@ def test_an_identity_reused_by_another_script_is_refused_not_merged(
     again.finish(close_run=False)
     before = _listing(store)
     monkeypatch.setattr(sys, "argv", ["evaluate.py"])
-    with pytest.raises(lh.RunIdentityError, match="created by 'train.py'.*runs 'evaluate.py'"):
+    with pytest.raises(lh.RunIdentityError, match=r"created by 'train\.py'.*runs 'evaluate\.py'"):
         lh.init("p", store=store, auto_resume=True, **_quiet())  # type: ignore[arg-type]
     assert _listing(store) == before
     # a run made by plain init under an id the scheduler's identity now hashes to is not the job's

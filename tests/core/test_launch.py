@@ -66,8 +66,11 @@ def test_an_explicit_id_wins_and_is_the_run_id() -> None:
     assert launch is not None and launch.scheduler == "explicit"
     assert auto_run_id("p", launch) == "myrun2026"
     assert launch.restart == (0, 0)  # SLURM's counts still order its attempts
-    with pytest.raises(InvalidArgumentError, match="invalid run id"):
-        auto_run_id("p", Launch("explicit", "Not An Id!", (), "h"))
+    # an identity that is not a run id ("exp-42") names the job; its run id is derived, the same each launch
+    derived = auto_run_id("p", Launch("explicit", "Not An Id!", (), "h"))
+    assert derived == auto_run_id("p", Launch("explicit", "Not An Id!", (1,), "other")) and derived.startswith("j")
+    with pytest.raises(InvalidArgumentError, match="blank"):
+        auto_run_id("p", Launch("explicit", "  ", (), "h"))
 
 
 def test_a_kubernetes_jobs_new_pod_is_a_newer_attempt() -> None:

@@ -59,6 +59,7 @@ SLOW = {
     "steering.md",
     "evaluation.md",
     "importers.md",
+    "relaunch.md",
 }
 
 

@@ -1,0 +1,144 @@
+"""Relaunched by a real scheduler: torchrun's elastic agent (c10d rendezvous, ``--max-restarts``) restarts a
+2-rank job after one rank is SIGKILLed; the same command, with no run id, resumes the same run bitwise.
+
+Each job runs ``relaunch_worker.py`` under ``python -m torch.distributed.run`` in its own process group; the
+uninterrupted job and the negative control (the relaunch skips its load line) run the same script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lhtest import ROOT, child_env
+
+import launchhelm as lh
+
+torch = pytest.importorskip("torch")
+
+WORKER = Path(__file__).with_name("relaunch_worker.py")
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _torchrun(store: str, out: Path, *args: str, restarts: int = 2, timeout: float = 360) -> str:
+    """Run the job to its end under torchrun's elastic agent; return the agent's output."""
+    out.mkdir(parents=True, exist_ok=True)
+    env = child_env(OMP_NUM_THREADS="1")
+    for name in ("LAUNCHHELM_RUN_ID", "SLURM_JOB_ID", "SKYPILOT_TASK_ID", "KUBERNETES_SERVICE_HOST"):
+        env.pop(name, None)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--max-restarts",
+        str(restarts),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "--rdzv-id",
+        f"job-{secrets.token_hex(4)}",  # what a scheduler's job name would be: the same on every restart
+        str(WORKER),
+        "--store",
+        store,
+        "--out",
+        str(out),
+        *args,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT, start_new_session=True
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"torchrun did not finish in {timeout}s:\n{output[-6000:]}") from None
+    assert proc.returncode == 0, f"torchrun exited {proc.returncode}:\n{output[-6000:]}"
+    return output
+
+
+def _flat(state: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(state, dict):
+        return {k: v for key, value in state.items() for k, v in _flat(value, f"{path}/{key}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k: v for i, value in enumerate(state) for k, v in _flat(value, f"{path}/{i}").items()}
+    return {path: state}
+
+
+def _bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    fa, fb = _flat(a), _flat(b)
+    if set(fa) != set(fb):
+        return False
+    for key, x in fa.items():
+        y = fb[key]
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape):
+                return False
+            if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _final(out: Path) -> dict[str, Any]:
+    return dict(torch.load(out / "final.pt", weights_only=True))
+
+
+@pytest.mark.timeout(1200)  # three torchrun jobs, one of them relaunched
+@pytest.mark.parametrize("layout", ["ddp", "fsdp2"])
+def test_torchrun_restarts_after_a_sigkill_resume_the_same_run_bitwise(layout: str, tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    extra = ["--fsdp"] if layout == "fsdp2" else []
+    # a random step after the first checkpoint (every 5) and between two, so that steps are redone
+    kill_step = secrets.choice([s for s in range(6, 20) if s % 5])
+    _torchrun(store, tmp_path / "plain", "--project", "plain", *extra)
+    _torchrun(store, tmp_path / "crash", "--kill-rank", "1", "--kill-step", str(kill_step), *extra)
+    _torchrun(store, tmp_path / "control", "--project", "control", "--no-load", "--kill-rank", "1",
+              "--kill-step", str(kill_step), *extra)  # fmt: skip
+    plain, crash, control = (_final(tmp_path / d) for d in ("plain", "crash", "control"))
+    assert _bitwise_equal(crash, plain), f"the relaunched job (killed at step {kill_step}) differs from the plain one"
+    assert not _bitwise_equal(control, plain), "the negative control matched: the comparison cannot fail"
+    ranks = [json.loads((tmp_path / "crash" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert {r["run"] for r in ranks} == {ranks[0]["run"]}, "the ranks of the relaunch landed in different runs"
+    assert all(r["restart"] >= 1 and r["resumed"] for r in ranks)
+    api = lh.Api(store)
+    runs = api.runs("relaunch")
+    assert len(runs) == 1, "the relaunch made a second run"
+    handle = api.run(ranks[0]["run"])
+    saved_before = (kill_step // 5) * 5
+    assert ranks[0]["start"] == saved_before  # restored the newest checkpoint, not step 0
+    rewinds = handle.rewinds()
+    assert [(r.to_step, r.reached) for r in rewinds] == [(saved_before, kill_step)] or (
+        # the dead rank may have stepped once more than rank 0 recorded before torchrun stopped it
+        len(rewinds) == 1 and rewinds[0].to_step == saved_before and rewinds[0].reached >= kill_step - 1
+    ), rewinds
+    attempts = handle.attempts()
+    assert len(attempts) >= 2 and attempts[-1].ending == "finished"
+    assert all(a.ending in ("crashed", "fenced", "preempted") for a in attempts[:-1]), attempts
+    assert [a.launcher["restart"] for a in attempts if a.launcher] == sorted(  # type: ignore[index]
+        a.launcher["restart"]
+        for a in attempts
+        if a.launcher  # type: ignore[index]
+    )
+    history = handle.history(duplicates="last")
+    assert list(history["step"]) == list(range(1, 25))
