@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -40,6 +41,7 @@ def main() -> None:
     parser.add_argument("--sleep", type=float, default=0.02)
     parser.add_argument("--budget", type=float, default=20.0)
     parser.add_argument("--checkpoint-at", type=int, default=0, help="a blocking save at this step")
+    parser.add_argument("--notice-during-save-at", type=int, default=0, help="a non-blocking save, then SIGTERM")
     parser.add_argument("--control-interval", type=float, default=0.5)
     args = parser.parse_args()
 
@@ -81,6 +83,11 @@ def main() -> None:
             step_file.write_text(str(tr.global_step))
             if tr.global_step == args.checkpoint_at:
                 record["checkpoint_at"] = tr.save_checkpoint()
+            if tr.global_step == args.notice_during_save_at:
+                record["background"] = tr.save_checkpoint(blocking=False)
+                _write(out / f"rank{tr.rank}.json", record)
+                os.kill(os.getpid(), signal.SIGTERM)  # the save is still being written at the next step
+                continue
             time.sleep(args.sleep)
         record["finished_step"] = tr.global_step
         tr.finish(close_run=False)

@@ -120,6 +120,24 @@ def test_sigterm_publishes_the_checkpoint_at_that_step_and_exits_within_the_budg
             proxy.close()
 
 
+@pytest.mark.slow
+def test_a_notice_during_a_non_blocking_save_waits_for_it_instead_of_saving_again(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    url, env, proxy = _store("s3-proxy", tmp_path, request)  # 20 ms a request: the save is still in flight
+    try:
+        proc = _start(url, tmp_path / "a", "--notice-during-save-at", "4", env=env)
+        output, _ = proc.communicate(timeout=TIMEOUT)
+    finally:
+        proxy.close()
+    assert proc.returncode == 128 + signal.SIGTERM, output[-3000:]
+    rec = _record(tmp_path / "a")
+    assert rec["checkpoint"] == rec["background"] and rec["step"] == 5
+    [only] = lh.Api(url).run(rec["run_id"]).checkpoints()  # no second save
+    assert only.id == rec["background"] and only.step == 4
+    assert _ended(url, rec["run_id"])["detail"] == f"SIGTERM at step 5, checkpoint {only.id} saved"
+
+
 def _torchrun(store: str, out: Path, *args: str) -> subprocess.Popen[str]:
     import socket
 
