@@ -33,6 +33,10 @@ inherits the built-in exception a caller would naturally catch, so
     ├── SourceReadError (ValueError)
     └── ImportFailedError (RuntimeError)
 
+    SystemExit
+    └── RunStopped (code 0)
+        └── RunPreempted (code 128 + the signal)
+
 Each carries the context needed to act on it (``url``, ``run_id``, ``step``)
 and a message that says what happened and what to do next.
 """
@@ -61,6 +65,7 @@ __all__ = [
     "RunIdentityError",
     "RunInUseError",
     "RunNotFoundError",
+    "RunPreempted",
     "RunStopped",
     "SourceReadError",
     "StorageError",
@@ -213,6 +218,35 @@ class RunStopped(SystemExit):
 
     def __str__(self) -> str:
         return self.message
+
+
+class RunPreempted(RunStopped):
+    """Raised at the step boundary after a preemption notice (``preemption=True``, or ``auto_resume``).
+
+    Every rank has saved a checkpoint together and the session has ended as
+    ``preempted``: the run is resumable and the next launch of the job
+    continues from that checkpoint. Its exit status is ``128 + the signal``
+    (143 for SIGTERM, 138 for SIGUSR1), non-zero so that torchrun, Kubernetes
+    and Ray restart the job. The process is made to exit within
+    ``preemption_budget`` seconds of the notice, even if this is caught.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str | None = None,
+        step: int | None = None,
+        signal: str | None = None,
+        checkpoint: str | None = None,
+        exit_code: int = 1,
+    ) -> None:
+        super().__init__(message, run_id=run_id, step=step)
+        self.code = exit_code
+        #: the notice's signal name (``"SIGTERM"``)
+        self.signal = signal
+        #: the checkpoint saved for the relaunch (rank 0; None elsewhere or if none was saved)
+        self.checkpoint = checkpoint
 
 
 class InvalidArgumentError(LaunchHelmError, ValueError):

@@ -20,6 +20,7 @@ import json
 import logging
 import math
 import os
+import signal
 import threading
 import time
 import types
@@ -31,8 +32,10 @@ from launchhelm._exceptions import (
     InvalidArgumentError,
     InvalidMetricError,
     InvalidTypeError,
+    LaunchHelmError,
     PathNotFoundError,
     RunFinishedError,
+    RunPreempted,
     RunStopped,
 )
 from launchhelm._types import Rewind
@@ -48,6 +51,7 @@ from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upl
 from launchhelm.runlog._control_poller import ControlPoller
 from launchhelm.runlog._events import (
     CHECKPOINT,
+    CONTROL_ACTION,
     CONTROL_APPLIED,
     CONTROL_TUNABLES,
     RESUME_CHOICE_CONSUMED,
@@ -57,6 +61,7 @@ from launchhelm.runlog._events import (
 )
 from launchhelm.runlog._live_sessions import add_live, discard_live
 from launchhelm.runlog._outage import OutageReporter
+from launchhelm.runlog._preempt import PREEMPT_ACTION, PreemptionListener, PreemptionSettings, requeue_slurm_job
 from launchhelm.runlog._sessions import env_seconds
 from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
@@ -193,6 +198,8 @@ class Run:
         self._checkpoint_callbacks: list[Callable[[], object]] = []
         self._rewind_callbacks: list[Callable[[Rewind], object]] = []
         self._worker = threading.Thread(target=self._work, name=f"launchhelm-{self.id}", daemon=True)
+        self._preemption: PreemptionListener | None = None  # set by start_run when preemption is on
+        self._preempted_by: str | None = None  # the notice's signal, once this rank acts on it
 
     # -- identity -------------------------------------------------------
     @property
@@ -214,6 +221,20 @@ class Run:
     def paused(self) -> bool:
         """Paused by ``RunHandle.control("pause")`` (only seen from callbacks: a paused loop waits)."""
         return self._paused
+
+    @property
+    def preempted(self) -> bool:
+        """True from a preemption notice on (``preemption=True``, or ``auto_resume``).
+
+        The run saves a checkpoint and exits at the next step boundary by
+        itself; a loop may read this to skip work first (an evaluation, a
+        long data fetch). Under DDP it is True on the rank that got the
+        signal at once, and on every rank from the step boundary where they
+        agree; stop in step, never on one rank alone (its peers would wait
+        in the next collective).
+        """
+        listener = self._preemption
+        return self._preempted_by is not None or (listener is not None and listener.signum is not None)
 
     @property
     def global_step(self) -> int:
@@ -546,7 +567,12 @@ class Run:
         self._control_poller.poll()
 
     def _take_requests(self) -> list[dict[str, Any]]:
-        return self._control_poller.take()
+        requests = self._control_poller.take()
+        # after the take: a notice whose handler cleared nothing is seen here or raises the flag again
+        notice = self._preemption.take_notice() if self._preemption is not None else None
+        if notice is not None:
+            requests.append({"seq": 0, "type": CONTROL_ACTION, "action": PREEMPT_ACTION, "signal": notice})
+        return requests
 
     def _step_boundary(self) -> None:
         """Apply waiting control requests; while paused, wait here (heartbeats go on)."""
@@ -603,6 +629,8 @@ class Run:
         elif action == "checkpoint":
             saved = self._checkpoint_requested()
             self._record_applied(seq, "control", action=action, checkpoint=saved)
+        elif action == PREEMPT_ACTION:
+            self._preempt(seq, str(request.get("signal") or "SIGTERM"))
         elif action == "stop":
             self._paused = False
             self._record_applied(seq, "control", action=action)
@@ -641,6 +669,89 @@ class Run:
 
     def _stop_session(self) -> None:
         self._end_session(close_run=False, reason="stopped by control")
+
+    # -- preemption (see launchhelm.runlog._preempt) ---------------------------------
+    def _listen_for_preemption(self, settings: PreemptionSettings | None) -> None:
+        """Install the notice's handlers (``init``, right after the session started); None: preemption off."""
+        if settings is None:
+            return
+        listener = PreemptionListener(
+            settings,
+            raise_flag=self._raise_control_flag,
+            tell_others=self._pass_notice_on,
+            end_unsaved=self._end_unsaved,
+            describe=lambda: str(self._step),
+        )
+        if listener.install():
+            self._preemption = listener
+
+    def _raise_control_flag(self) -> None:
+        # from the signal handler: one attribute, read by the step hook that already reads it
+        self._control_poller.flag = True
+
+    def _pass_notice_on(self, signal_name: str) -> None:
+        """The watcher thread, at the notice: make the ranks that did not get it learn of it (DDP)."""
+
+    def _preempt(self, request_seq: int, signal_name: str) -> None:
+        """At the step boundary after a notice: save, flush, end the session as preempted, exit non-zero."""
+        signum = int(getattr(signal.Signals, signal_name, signal.SIGTERM))
+        listener = self._preemption
+        if listener is not None:
+            listener.arm(signum)  # a rank that learnt it from another keeps the budget too
+        self._preempted_by = signal_name
+        self._paused = False
+        step = self._step
+        if request_seq > 0:  # a request in the log (another rank's notice): applied, not pending
+            self._record_applied(request_seq, "control", action=PREEMPT_ACTION, signal=signal_name)
+        try:
+            saved, artifact = self._checkpoint_for_preemption()
+            if not saved:
+                outcome = "no checkpoint saved (nothing saves one: see run.on_checkpoint_request)"
+            else:
+                outcome = f"checkpoint {artifact} saved" if artifact else "checkpoint saved"
+        except LaunchHelmError as exc:
+            artifact = None
+            outcome = f"the checkpoint failed ({exc}); the latest checkpoint is still the one before"
+        detail = f"{signal_name} at step {step}, {outcome}"
+        if listener is None or listener.begin_ending():
+            self._end_preempted(detail)
+        if self._records_events:
+            requeue_slurm_job()
+        raise RunPreempted(
+            f"run {self.id} was preempted by {signal_name} at step {step}: {outcome}; the session ended and "
+            "the run is resumable: relaunch the same command (auto_resume=True) or "
+            f"launchhelm.init({self.project!r}, resume={self.id!r})",
+            run_id=self.id,
+            step=step,
+            signal=signal_name,
+            checkpoint=artifact,
+            exit_code=128 + signum,
+        )
+
+    def _checkpoint_for_preemption(self) -> tuple[bool, str | None]:
+        """Save what a relaunch resumes from: ``(saved, artifact id)``; plain runs call their checkpoint callbacks."""
+        if not self._checkpoint_callbacks:
+            return False, None
+        return True, self._checkpoint_requested()
+
+    def _end_preempted(self, detail: str) -> None:
+        self._end_session(close_run=False, reason="preempted", ending="preempted", detail=detail)
+
+    def _end_unsaved(self, detail: str) -> None:
+        """The budget's watcher thread: end the session the training thread could not end in time."""
+        if self._records_events:
+            Run._end_session(self, close_run=False, reason="preempted", ending="preempted", detail=detail)
+            requeue_slurm_job()
+
+    def _close_preemption(self) -> None:
+        """The session is over: without a notice, the handlers go back and the watcher stops."""
+        listener = self._preemption
+        if listener is None:
+            return
+        if listener.signum is None:
+            listener.close()
+        else:
+            listener.ended()  # the watcher stays, to make sure the process exits within the budget
 
     def _restore_control(self, tunables: Mapping[str, Any] | None, control_seq: int | None, paused: bool) -> None:
         """A checkpoint restore brings back the tunables and control state it saw.
@@ -811,6 +922,14 @@ class Run:
             run for good. The session goes on.
         """
         _check_flag("close_run", close_run)
+        listener = self._preemption
+        if listener is not None and listener.signum is not None:
+            # the loop stopped on run.preempted: the attempt still ends as preempted
+            if listener.begin_ending():
+                name = signal.Signals(listener.signum).name
+                detail = f"{name} at step {self._step}; finish() was called before the next step boundary"
+                self._end_session(close_run=close_run, reason="finish", ending="preempted", detail=detail)
+            return
         self._end_session(close_run=close_run, reason="finish")
 
     def _end_session(
@@ -878,6 +997,7 @@ class Run:
             mark_row(self._store, self.project, self.id, self.session_id, "ended")  # after the final summary
         self._finished = True
         discard_live(self)
+        self._close_preemption()
 
 
 def _control_state(tunables: Mapping[str, object], control_seq: int, paused: bool) -> str:

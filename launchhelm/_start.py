@@ -45,6 +45,7 @@ from launchhelm.runlog._launch import EXPLICIT, Launch, auto_run_id, launch_iden
 from launchhelm.runlog._live_sessions import install_exit_hook
 from launchhelm.runlog._liveness import process_identity
 from launchhelm.runlog._names import default_name, new_run_id, new_session_id
+from launchhelm.runlog._preempt import preemption_settings
 from launchhelm.runlog._runinfo import furthest_step, read_run_record, session_watermark
 from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -217,6 +218,7 @@ def start_run(
         if not isinstance(tunables, Mapping):
             raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         check_plain(tunables, "tunables")
+    preemption = preemption_settings(options)  # checked before any I/O; installed once the session started
     warm_up_encoder()
     install_exit_hook()
 
@@ -274,6 +276,8 @@ def start_run(
     run._set_memory(compaction_bytes)
     run._capture_console = _console.capture_wanted(capture_console)
     run._start()
+    # preemption notices (issue 41): listened for once the session exists, on the thread that called init
+    run._listen_for_preemption(preemption)
     return run
 
 

@@ -227,9 +227,12 @@ class ControlTunablesEvent(_EventBase):
 
 class ControlActionEvent(_EventBase):
     type: ControlActionType
-    #: pause, resume, stop or checkpoint (``_control.ACTIONS``)
+    #: pause, resume, stop or checkpoint (``_control.ACTIONS``); ``preempt`` from a rank > 0 that got a notice
     action: str
     by: NotRequired[Requester]
+    #: ``preempt``: the notice's signal name and the rank that got it
+    signal: NotRequired[str]
+    rank: NotRequired[int]
 
 
 class ControlAppliedEvent(_EventBase):

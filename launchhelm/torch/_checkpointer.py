@@ -83,6 +83,7 @@ class Checkpointer:
         #: A sharded background save's failure, known on every rank; it becomes the pending error of
         #: every rank at the same step boundary (see TorchRun._after_optimizer_step), never of one rank alone.
         self._save_failed: CheckpointError | None = None
+        self._save_artifact: str | None = None  # the id the background save publishes under
         self._save_group: ProcessGroup | None = None
         #: Bytes the last load read straight into live tensors (0: all through fresh memory).
         self.loaded_in_place = 0
@@ -155,7 +156,13 @@ class Checkpointer:
     def start_background(self, artifact: str, work: Callable[[], None]) -> None:
         """Run a non-blocking save's ``work`` on the save thread (one save in flight at a time)."""
         self._save_thread = threading.Thread(target=work, name=f"launchhelm-save-{artifact}", daemon=False)
+        self._save_artifact = artifact
         self._save_thread.start()
+
+    def in_flight(self) -> str | None:
+        """The artifact id of a non-blocking save still being written (None: none, or it is done)."""
+        thread = self._save_thread
+        return self._save_artifact if thread is not None and thread.is_alive() else None
 
     def background_failed(self, failure: CheckpointError, *, every_rank: bool) -> None:
         """Record the save thread's failure; ``every_rank``: the ranks learnt it together (sharded)."""

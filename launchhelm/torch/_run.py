@@ -33,6 +33,8 @@ from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import Run
 from launchhelm._start import start_run
 from launchhelm.runlog._control import in_force
+from launchhelm.runlog._events import CONTROL_ACTION
+from launchhelm.runlog._preempt import PREEMPT_ACTION, preemption_settings
 from launchhelm.runlog._runinfo import read_run_record
 from launchhelm.storage import Store, open_store
 from launchhelm.torch import _dist, _sharded
@@ -137,6 +139,7 @@ class TorchRun(Run):
             super().finish(close_run)
         else:
             self._finished = True
+            self._close_preemption()
         if failed is not None:
             raise failed
 
@@ -282,6 +285,35 @@ class TorchRun(Run):
             super()._stop_session()
         else:
             self._finished = True
+            self._close_preemption()
+
+    # -- preemption -----------------------------------------------------------
+    def _pass_notice_on(self, signal_name: str) -> None:
+        # only rank 0's control flag reaches every rank at a step boundary: another rank's notice
+        # goes through the log, where rank 0's poller finds it (no collective per step)
+        if self._world > 1 and self._rank != 0:
+            self._events.append(CONTROL_ACTION, {"action": PREEMPT_ACTION, "signal": signal_name, "rank": self._rank})
+
+    def _checkpoint_for_preemption(self) -> tuple[bool, str | None]:
+        if self._checkpointer.watched is None:
+            return super()._checkpoint_for_preemption()
+        # a save still being written is the one to wait for (rank 0 says, so every rank does alike)
+        mine = (self._checkpointer.in_flight(),) if self._rank == 0 else None
+        in_flight = _dist.broadcast(mine, self._world)[0]
+        if in_flight is not None:
+            self.wait_for_checkpoint()
+            return True, in_flight if self._rank == 0 else None
+        return True, self.save_checkpoint()
+
+    def _end_preempted(self, detail: str) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks.clear()
+        if self._rank == 0:
+            super()._end_preempted(detail)
+        else:
+            self._finished = True
+            self._close_preemption()
 
     def clear_checkpoint_error(self) -> CheckpointError | None:
         """Forget a failed ``load_checkpoint``, so training may go on; return the error forgotten.
@@ -602,6 +634,7 @@ def init(
     """
     # on every rank, before the collective: all ranks refuse a misspelt option alike, and nothing is written
     check_options("launchhelm.torch.init", options, RUN_PARAMETERS)
+    preemption = preemption_settings(options)
     rank, world = _dist.rank_and_world()
     if world == 1:
         return start_run(
@@ -637,4 +670,5 @@ def init(
         run._attempt = state.attempt
         tunables, run._control_seq, _ = in_force(dict(run._tunables), state)
         run._tunables = types.MappingProxyType(tunables)
+        run._listen_for_preemption(preemption)  # rank 0's listens from start_run
     return run
