@@ -939,6 +939,7 @@ class Run:
         if self._events.fenced_by is not None and self._records_events:
             self._on_fenced()
             self._stop_console()
+            self._close_preemption()  # the signal handlers are the process's again
             if reason == "finish":
                 raise self._events.fenced_error()
             return
