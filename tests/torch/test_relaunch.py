@@ -142,3 +142,88 @@ def test_torchrun_restarts_after_a_sigkill_resume_the_same_run_bitwise(layout: s
     )
     history = handle.history(duplicates="last")
     assert list(history["step"]) == list(range(1, 25))
+
+
+POD_SCRIPT = """
+import os, sys, time
+import torch
+import launchhelm.torch as lht
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 4))
+optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+tr = lht.init("pods", store=sys.argv[1], auto_resume=True, system_metrics=False, capture_console=False)
+tr.watch(model, optimizer)
+tr.load_checkpoint("resume")
+print("start", tr.id, tr.global_step, flush=True)
+for i in range(tr.global_step, 40):
+    x = torch.randn(6, 8, generator=torch.Generator().manual_seed(i))
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    tr.log({"loss": float(loss)})
+    if tr.global_step % 10 == 0:
+        tr.save_checkpoint()
+    print("step", tr.global_step, flush=True)
+    time.sleep(float(sys.argv[2]))
+torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, sys.argv[3])
+tr.finish()
+"""
+
+
+def _pod(store: str, job: str, pod: str, final: Path, pause: float) -> subprocess.Popen[str]:
+    """A pod of Kubernetes Job ``job`` (indexed, completion index 0) running the training script."""
+    env = child_env(
+        OMP_NUM_THREADS="1",
+        KUBERNETES_SERVICE_HOST="10.96.0.1",
+        LAUNCHHELM_K8S_JOB=job,
+        JOB_COMPLETION_INDEX="0",
+        HOSTNAME=pod,
+    )
+    for name in ("LAUNCHHELM_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SKYPILOT_TASK_ID"):
+        env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, "-c", POD_SCRIPT, store, str(pause), str(final)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.timeout(600)
+def test_a_kubernetes_jobs_next_pod_resumes_the_run_after_sigterm_and_the_grace_period(tmp_path: Path) -> None:
+    """The kubelet's part played by the test: SIGTERM, SIGKILL after the grace period, a new pod of the Job."""
+    store = str(tmp_path / "store")
+    plain = _pod(store, "plain", "plain-0-aaaaa", tmp_path / "plain.pt", 0.0)
+    _, err = plain.communicate(timeout=240)
+    assert plain.returncode == 0, err[-3000:]
+    first = _pod(store, "train", "train-0-aaaaa", tmp_path / "first.pt", 0.1)
+    assert first.stdout is not None
+    stopped_at = 0
+    for line in first.stdout:
+        if line.startswith("step ") and int(line.split()[1]) >= 13:
+            first.send_signal(signal.SIGTERM)  # the pod is deleted: terminationGracePeriodSeconds starts
+            stopped_at = int(line.split()[1])
+            break
+    try:
+        first.wait(timeout=30)  # the grace period
+    except subprocess.TimeoutExpired:
+        first.kill()
+        first.wait()
+    assert first.returncode == 128 + signal.SIGTERM, first.stderr.read()[-3000:] if first.stderr else ""
+    second = _pod(store, "train", "train-0-bbbbb", tmp_path / "second.pt", 0.0)  # the Job's replacement pod
+    out, err = second.communicate(timeout=240)
+    assert second.returncode == 0, err[-3000:]
+    start = next(line.split() for line in out.splitlines() if line.startswith("start"))
+    assert int(start[2]) >= stopped_at  # restored the checkpoint the notice saved: nothing redone
+    runs = lh.Api(store).runs("pods")
+    assert len(runs) == 2  # the plain job's and this Job's
+    handle = lh.Api(store).run(start[1])
+    assert handle.rewinds() == []
+    attempts = handle.attempts()
+    assert [a.ending for a in attempts] == ["preempted", "finished"]
+    assert [a.launcher["instance"] for a in attempts if a.launcher] == ["train-0-aaaaa", "train-0-bbbbb"]
+    assert _bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
