@@ -16,7 +16,7 @@ import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm._run import Run
@@ -31,7 +31,9 @@ __all__ = [
     "PendingRestore",
     "check_arguments",
     "download_checkpoint",
+    "existing_run",
     "find_checkpoint",
+    "job_run_id",
     "plain_config",
     "record_restore",
 ]
@@ -179,3 +181,26 @@ def plain_config(values: Mapping[str, object]) -> dict[str, JSONValue]:
     out = {str(k): plain(v) for k, v in values.items()}
     json.dumps(out)  # plain by construction
     return out
+
+
+def job_run_id(project: str | None, options: Mapping[str, Any]) -> str | None:
+    """With ``auto_resume`` in ``options``: the run id every launch of this job computes, on every rank (no
+    collective needed); None without ``auto_resume`` or without a job identity."""
+    if project is None or not options.get("auto_resume"):
+        return None
+    from launchhelm.runlog._launch import auto_run_id, launch_identity
+
+    launch = launch_identity(explicit=options.get("run_id"))
+    return auto_run_id(project, launch) if launch is not None else None
+
+
+def existing_run(store: Store, run_id: str) -> bool:
+    """Whether ``run_id`` exists yet (a job's first launch: rank 0 may still be creating it)."""
+    from launchhelm._exceptions import RunNotFoundError
+    from launchhelm.runlog._runinfo import read_run_record
+
+    try:
+        read_run_record(store, run_id)
+    except RunNotFoundError:
+        return False
+    return True

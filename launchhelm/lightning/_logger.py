@@ -36,7 +36,9 @@ from launchhelm._integration import (
     PendingRestore,
     check_arguments,
     download_checkpoint,
+    existing_run,
     find_checkpoint,
+    job_run_id,
     plain_config,
     record_restore,
 )
@@ -132,6 +134,8 @@ class LaunchHelmLogger(Logger):
         self._run = run
         self._project = project if run is None else run.project
         self._resume = resume if run is None else run.id
+        # auto_resume: every launch of the job computes the same run id, on every rank (no broadcast needed)
+        self._auto = run is None and bool(options.get("auto_resume"))
         self._store_arg = store
         self._init: dict[str, Any] = {"name": name, "tunables": tunables, "resume": resume, "store": store, **options}
         self._config = dict(config or {})
@@ -174,7 +178,7 @@ class LaunchHelmLogger(Logger):
         if self._run is not None:
             return self._run.id
         if _rank() != 0:
-            return self._resume or ""
+            return self._resume or self._job_run_id() or ""
         return self.run.id
 
     @property
@@ -304,7 +308,7 @@ class LaunchHelmLogger(Logger):
         CheckpointError
             An unknown checkpoint id, or a file missing or damaged in the store.
         """
-        if self._run is None and self._resume is None:
+        if self._run is None and self._resume is None and not self._auto:
             return None  # a new run has no checkpoint
         base = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="launchhelm-lightning-"))
         if _rank() != 0:
@@ -312,11 +316,13 @@ class LaunchHelmLogger(Logger):
             from launchhelm.runlog._events import EventLog
 
             store = open_store(self._store_arg, self._init.get("storage_options"))
-            assert self._resume is not None
-            event, _ = find_checkpoint(EventLog(store, self._resume).state(), self._resume, which)
+            run_id = self._resume or self._job_run_id()
+            if run_id is None or (self._resume is None and not existing_run(store, run_id)):
+                return None  # no identity, or the job's first launch (rank 0 is creating the run)
+            event, _ = find_checkpoint(EventLog(store, run_id).state(), run_id, which)
             if event is None:
                 return None
-            return str(download_checkpoint(store, self._resume, event, base))
+            return str(download_checkpoint(store, run_id, event, base))
         run = self.run
         event, consume = find_checkpoint(run._events.state(), run.id, which)
         if event is None:
@@ -324,6 +330,10 @@ class LaunchHelmLogger(Logger):
         path = download_checkpoint(run.store, run.id, event, base)
         self._pending = PendingRestore(str(event["checkpoint"]), int(event["step"]), consume, path)
         return str(path)
+
+    def _job_run_id(self) -> str | None:
+        """With ``auto_resume``: the run id this job's launches share (None: no job identity found)."""
+        return job_run_id(self._project, self._init) if self._auto else None
 
     def _restored(self, step: int) -> None:
         pending, self._pending = self._pending, None

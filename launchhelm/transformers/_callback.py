@@ -29,7 +29,9 @@ from launchhelm._integration import (
     PendingRestore,
     check_arguments,
     download_checkpoint,
+    existing_run,
     find_checkpoint,
+    job_run_id,
     plain_config,
     record_restore,
 )
@@ -176,7 +178,8 @@ class LaunchHelmCallback(TrainerCallback):
             An unknown checkpoint id, or a file missing or damaged in the store.
         """
         resume = self._run.id if self._run is not None else self._init.get("resume")
-        if resume is None:
+        auto = self._run is None and bool(self._init.get("auto_resume"))
+        if resume is None and not auto:
             return None  # a new run has no checkpoint
         if directory is not None:
             base = Path(directory)
@@ -190,6 +193,10 @@ class LaunchHelmCallback(TrainerCallback):
             from launchhelm.runlog._events import EventLog
 
             store = open_store(self._init.get("store"), self._init.get("storage_options"))
+            if resume is None:  # auto_resume: the id every launch of the job computes
+                resume = job_run_id(self._project, self._init)
+                if resume is None or not existing_run(store, resume):
+                    return None  # no identity, or the job's first launch (process zero is creating the run)
             event, _ = find_checkpoint(EventLog(store, resume).state(), resume, which)
             if event is None:
                 return None

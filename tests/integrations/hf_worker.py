@@ -54,6 +54,7 @@ def main() -> None:
     parser.add_argument("--out")
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--reseed-after-load", action="store_true")
+    parser.add_argument("--auto", action="store_true", help="auto_resume: the same command on every launch")
     args = parser.parse_args()
 
     torch.manual_seed(0)
@@ -77,7 +78,10 @@ def main() -> None:
         dataloader_num_workers=0,
         ddp_backend="gloo" if "RANK" in os.environ else None,
     )
-    callback = LaunchHelmCallback("hf-resume", store=args.store, resume=args.resume)
+    if args.auto:
+        callback = LaunchHelmCallback("hf-resume", store=args.store, auto_resume=True)
+    else:
+        callback = LaunchHelmCallback("hf-resume", store=args.store, resume=args.resume)
     trainer = Trainer(
         model=model,
         args=training,
@@ -87,7 +91,7 @@ def main() -> None:
     rank = int(os.environ.get("RANK", "0"))  # under torchrun: process zero holds the run
     if rank == 0:
         print(f"run {callback.run.id}", flush=True)
-    folder = callback.checkpoint_folder(args.which) if args.resume else None
+    folder = callback.checkpoint_folder(args.which) if args.resume or args.auto else None
     print(f"folder {folder}", flush=True)
     trainer.train(resume_from_checkpoint=folder)
     if rank != 0:

@@ -69,6 +69,7 @@ def main() -> None:
     parser.add_argument("--step-sleep", type=float, default=0.0)
     parser.add_argument("--no-callback", action="store_true")
     parser.add_argument("--devices", type=int, default=1)
+    parser.add_argument("--auto", action="store_true", help="auto_resume: the same command on every launch")
     args = parser.parse_args()
 
     L.seed_everything(0, verbose=False)
@@ -76,7 +77,10 @@ def main() -> None:
     dataset = TensorDataset(torch.randn(64, 6, generator=data_gen), torch.randn(64, 1, generator=data_gen))
     loader = DataLoader(dataset, batch_size=16, shuffle=True)
     model = Tiny(step_sleep=args.step_sleep, per_rank_seed=args.devices > 1)
-    logger = LaunchHelmLogger("lightning-resume", store=args.store, resume=args.resume)
+    if args.auto:
+        logger = LaunchHelmLogger("lightning-resume", store=args.store, auto_resume=True)
+    else:
+        logger = LaunchHelmLogger("lightning-resume", store=args.store, resume=args.resume)
     callbacks: list[Any] = [ModelCheckpoint(every_n_epochs=1, save_top_k=-1)]
     if not args.no_callback:
         callbacks.append(logger.callback)
@@ -92,8 +96,10 @@ def main() -> None:
         enable_progress_bar=False,
         enable_model_summary=False,
     )
-    path = logger.checkpoint_path(args.which) if args.resume else None
+    path = logger.checkpoint_path(args.which) if args.resume or args.auto else None
     print(f"path {path}", flush=True)
+    if args.auto and trainer.is_global_zero:
+        print(f"run {logger.run.id}", flush=True)
     trainer.fit(model, loader, ckpt_path=path, weights_only=True)
     if not trainer.is_global_zero:
         return

@@ -125,13 +125,13 @@ def test_resume_from_a_chosen_checkpoint_records_the_rewind_and_consumes_the_cho
 # -- SIGKILL and resume -------------------------------------------------------------------------------
 
 
-def _worker(store: str, root: Path, *args: str) -> subprocess.Popen[str]:
+def _worker(store: str, root: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, str(WORKER), store, str(root), "--epochs", str(EPOCHS), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(OMP_NUM_THREADS="1", LAUNCHHELM_FLUSH_INTERVAL="0.05"),
+        env=child_env(OMP_NUM_THREADS="1", LAUNCHHELM_FLUSH_INTERVAL="0.05", **env),
     )
 
 
@@ -232,3 +232,31 @@ def test_a_resumed_run_trained_again_from_scratch_records_a_rewind_to_step_zero(
     (rewind,) = handle.rewinds()
     assert (rewind.to_step, rewind.checkpoint) == (0, None)
     assert handle.history(keys=["loss"]).query("step == 0")["attempt"].tolist() == [0, 1]
+
+
+@pytest.mark.slow
+def test_an_auto_resume_job_relaunched_with_the_same_command_resumes_its_run(tmp_path: Path) -> None:
+    """A scheduler's relaunch (LAUNCHHELM_RUN_ID in the job's environment, as SLURM or a Job would give an
+    identity) runs the same command: the logger reopens the run and Lightning restores its newest checkpoint."""
+    store = str(tmp_path / "store")
+    env = {"LAUNCHHELM_RUN_ID": "lightning-job-7"}
+    first = _worker(store, tmp_path / "first", "--auto", "--step-sleep", "0.1", **env)
+    assert first.stdout is not None
+    first_id = next(line for line in first.stdout if line.startswith("run ")).split()[1]
+    for line in first.stdout:
+        if line.strip() == "step 10":  # after the checkpoint at step 8
+            break
+    deadline = time.monotonic() + 20
+    while lh.Api(store).run(first_id).step < 9 and time.monotonic() < deadline:  # Lightning logs k-1 at batch k
+        time.sleep(0.02)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    second = _finish(_worker(store, tmp_path / "second", "--auto", **env))
+    assert "ckpt-00000008-" in second  # the path of the newest checkpoint, found with no run id given
+    run_ids = {line.split()[1] for line in second.splitlines() if line.startswith("run ")}
+    (run_id,) = run_ids
+    assert run_id == first_id
+    assert list(lh.Api(store).runs("lightning-resume")["id"]) == [run_id]
+    handle = lh.Api(store).run(run_id)
+    assert [r.to_step for r in handle.rewinds()] == [8]
+    assert [a.ending for a in handle.attempts()] == ["crashed", "finished"]

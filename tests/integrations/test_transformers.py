@@ -149,7 +149,7 @@ def test_checkpoint_now_from_outside_makes_the_trainer_save_and_publish(tmp_path
 # -- SIGKILL and resume -------------------------------------------------------------------------------
 
 
-def _worker(store: str, output_dir: Path, *args: str) -> subprocess.Popen[str]:
+def _worker(store: str, output_dir: Path, *args: str, **env: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [
             sys.executable,
@@ -165,7 +165,7 @@ def _worker(store: str, output_dir: Path, *args: str) -> subprocess.Popen[str]:
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(OMP_NUM_THREADS="1", LAUNCHHELM_FLUSH_INTERVAL="0.05"),
+        env=child_env(OMP_NUM_THREADS="1", LAUNCHHELM_FLUSH_INTERVAL="0.05", **env),
     )
 
 
@@ -275,3 +275,30 @@ def test_under_torchrun_every_process_rng_is_published_and_resume_is_bitwise(tmp
     assert _equal(reference, resumed), "a process resumed with RNG state other than its own"
     (rewind,) = handle.rewinds()
     assert (rewind.to_step, rewind.reached, rewind.checkpoint) == (12, 20, checkpoints[1].id)
+
+
+@pytest.mark.slow
+def test_an_auto_resume_job_relaunched_with_the_same_command_resumes_its_run(reference: Path, tmp_path: Path) -> None:
+    """A scheduler's relaunch (a job identity in the environment) runs the same command: the callback reopens
+    the run and the Trainer restarts from its newest checkpoint folder, bitwise as if never stopped."""
+    store = str(tmp_path / "store")
+    env = {"LAUNCHHELM_RUN_ID": "hf-job-3"}
+    crashing = _worker(store, tmp_path / "first-machine", "--auto", "--step-sleep", "0.1", **env)
+    assert crashing.stdout is not None
+    run_id = next(line for line in crashing.stdout if line.startswith("run ")).split()[1]
+    handle = lh.Api(store).run(run_id)
+    for line in crashing.stdout:
+        if line.strip() == "step 15":  # three steps after the checkpoint at step 12
+            break
+    deadline = time.monotonic() + 20
+    while handle.step < 15 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    crashing.send_signal(signal.SIGKILL)
+    crashing.wait()
+    resumed = tmp_path / "resumed.pt"
+    out = _finish(_worker(store, tmp_path / "second-machine", "--auto", "--out", str(resumed), **env))
+    assert f"run {run_id}" in out and "begin 12" in out
+    assert _equal(reference, resumed), "the relaunched job diverged from the uninterrupted one"
+    assert list(lh.Api(store).runs("hf-resume")["id"]) == [run_id]
+    assert [r.to_step for r in handle.rewinds()] == [12]
+    assert [a.ending for a in handle.attempts()] == ["crashed", "finished"]
