@@ -77,6 +77,12 @@ def _cmd_show(args: argparse.Namespace) -> int:
             done = change["applied_at_step"]
             outcome = f"applied at step {done}" if done is not None else "pending"
             print(f"  {change['seq']:>4}  {_fmt_time(change['time'])}  {what:<28} {outcome}")
+    attempts = run.attempts()
+    if len(attempts) > 1 or any(a.launcher for a in attempts):
+        print("attempts:")
+        for i, attempt in enumerate(attempts):
+            after = attempts[i + 1] if i + 1 < len(attempts) else None
+            print(f"  {i + 1:>3}  {_fmt_time(attempt.started_at)}  {attempt.describe(after)}")
     rewinds = run.rewinds()
     if rewinds:
         print("rewinds:")

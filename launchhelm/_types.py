@@ -70,6 +70,30 @@ class Attempt:
     ending: str
     detail: str | None = None
 
+    def describe(self, after: Attempt | None = None) -> str:
+        """One line, e.g. "preempted at step 4,812 (SIGTERM at step 4812, checkpoint ... saved); relaunched
+        41 s later on node-3". ``after`` is the next attempt, if any."""
+        launcher = self.launcher or {}
+        restart = launcher.get("restart")
+        by = f"{launcher.get('scheduler')} job {launcher.get('job')}" if launcher else "a launch"
+        if isinstance(restart, list) and restart:
+            counts = list(restart)
+            while len(counts) > 1 and counts[-1] == 0:  # SLURM's (requeues, torchrun restarts): "1", "1/2"
+                counts.pop()
+            by += f" (restart {'/'.join(str(x) for x in counts)})"
+        where = f" on {self.host}" if self.host else ""
+        if self.ending == "running":
+            line = f"running since step {self.first_step:,}, now at {self.last_step:,}"
+        else:
+            line = f"{self.ending} at step {self.last_step:,}"
+            if self.detail and self.detail not in ("finish", "exit"):
+                line += f" ({self.detail})"
+        line = f"{by}{where}: steps {self.first_step:,}-{self.last_step:,}; {line}"
+        if after is not None:
+            gap = f" {after.started_at - self.ended_at:.0f} s later" if self.ended_at is not None else ""
+            line += f"; relaunched{gap}" + (f" on {after.host}" if after.host else "")
+        return line
+
 
 @dataclass(frozen=True)
 class Rewind:

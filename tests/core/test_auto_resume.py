@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -72,6 +73,14 @@ def test_the_first_launch_creates_the_run_and_each_relaunch_reopens_it(
     assert attempts[0].launcher == expected
     assert attempts[1].launcher is not None and attempts[1].launcher["restart"] == [1, 0]
     assert attempts[0].last_step == 7 and attempts[1].first_step == 7
+    shown = subprocess.run(
+        [sys.executable, "-c", "import sys; from launchhelm._cli import main; sys.exit(main())",
+         "--store", store, "show", first.id],
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    lines = shown[shown.index("attempts:") :].splitlines()
+    assert "slurm job lab/4242 (restart 0)" in lines[1] and "finished at step 7; relaunched" in lines[1]
+    assert "slurm job lab/4242 (restart 1)" in lines[2] and "finished at step 7" in lines[2]
 
 
 def test_two_jobs_never_share_a_run_and_one_job_id_on_two_clusters_gives_two(
