@@ -17,6 +17,13 @@ Notice to published checkpoint
     save measured in the same child. With ``--s3``: a moto_server behind the 20 ms proxy of
     ``tests/http_proxy.py``.
 
+Relaunch to first trained step (auto_resume):
+    A first launch (``LAUNCHHELM_RUN_ID`` set, ``auto_resume=True``) trains one step of the same model and
+    saves; then, timed from ``Popen`` to the end of the first optimizer step after the restore: the
+    relaunch (``import``, ``lht.init`` reopening the run, ``watch``, ``load_checkpoint("resume")``, one
+    step), beside the baseline: a process that calls ``torch.load`` on the same bytes (
+    ``weights_only=True``), ``load_state_dict`` and one step. Median of ``--relaunches`` each.
+
 Run it on a quiet machine: ``python benchmarks/bench_relaunch.py --size-mb 400 [--s3]``.
 """
 
@@ -160,6 +167,60 @@ def notice_to_checkpoint(size_mb: float, s3: bool) -> dict[str, float]:
     }
 
 
+RELAUNCH = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    store, size_mb, mode = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+    width = 2048
+    layers = max(1, round(size_mb * 1e6 / (width * width * 4)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width, bias=False) for _ in range(layers)])
+    opt = torch.optim.SGD(model.parameters(), lr=1e-6)
+    x = torch.randn(4, width)
+    def step():
+        opt.zero_grad(); model(x).sum().backward(); opt.step()
+    if mode == "baseline":
+        state = torch.load(sys.argv[4], weights_only=True)
+        model.load_state_dict(state)
+        step()
+    else:
+        import launchhelm.torch as lht
+        tr = lht.init("bench-relaunch", store=store, auto_resume=True, system_metrics=False, capture_console=False)
+        tr.watch(model, opt)
+        tr.load_checkpoint("resume")
+        step()
+        if mode == "first":
+            tr.save_checkpoint()
+            torch.save(model.state_dict(), sys.argv[4])
+        tr.finish(close_run=False)
+    print("stepped", time.time(), flush=True)
+    """
+)
+
+
+def relaunch_to_first_step(size_mb: float, relaunches: int) -> dict[str, float]:
+    """Median seconds from Popen to the first trained step: a relaunch (reopen + resume) vs torch.load."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), LAUNCHHELM_RUN_ID="benchrelaunch")
+    with tempfile.TemporaryDirectory() as tmp:
+        store, bundle = str(Path(tmp) / "store"), str(Path(tmp) / "weights.pt")
+
+        def timed(mode: str) -> float:
+            started = time.time()
+            done = subprocess.run(
+                [sys.executable, "-c", RELAUNCH, store, str(size_mb), mode, bundle],
+                env=env, cwd=ROOT, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            return float(done.stdout.split()[-1]) - started
+
+        timed("first")
+        relaunch, baseline = [], []
+        for _ in range(relaunches):  # alternated: a drift of the machine touches both alike
+            relaunch.append(timed("relaunch"))
+            baseline.append(timed("baseline"))
+    return {"relaunch_s": statistics.median(relaunch), "baseline_s": statistics.median(baseline)}
+
+
 def _free_port() -> int:
     import socket
 
@@ -188,7 +249,14 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20000, help="steps a round in the step-cost loop")
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--s3", action="store_true", help="also notice-to-checkpoint on moto S3 behind 20 ms")
+    parser.add_argument("--relaunches", type=int, default=5, help="relaunches timed (each beside a baseline)")
     args = parser.parse_args()
+    r = relaunch_to_first_step(args.size_mb, args.relaunches)
+    print(
+        f"relaunch to first trained step, {args.size_mb:.0f} MB, local store, median of {args.relaunches}: "
+        f"{r['relaunch_s']:.2f} s (auto_resume reopen + load_checkpoint('resume')) vs {r['baseline_s']:.2f} s "
+        f"(process start + torch.load of the same bytes): {r['relaunch_s'] / r['baseline_s']:.2f}x"
+    )
     cost = step_cost(args.steps, args.rounds)
     print(
         f"watched optimizer step, median of {args.rounds} rounds of {args.steps}: preemption off "
