@@ -97,6 +97,18 @@ function renderDetails({ model, el }) {
       ),
     );
 
+    // each launch of the run (relaunches by a scheduler, resumes): how it ended
+    if (state.attempts?.length) {
+      root.append(
+        h("h4", {}, "Attempts"),
+        h(
+          "ol",
+          { class: "lh-attempts" },
+          state.attempts.map((line) => h("li", {}, line)),
+        ),
+      );
+    }
+
     // control buttons
     const controls = h("div", { class: "lh-controls" });
     for (const action of state.actions) {

@@ -102,6 +102,7 @@ export const MSG = /** @type {const} */ ({
  * @property {Record<string, number>} times
  * @property {number} sessions
  * @property {number} rewinds
+ * @property {string[]} attempts
  * @property {string | null} control_state
  * @property {Record<string, Json>} config
  * @property {Record<string, Json>} tunables

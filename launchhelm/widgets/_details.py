@@ -52,6 +52,8 @@ def details_state(handle: RunHandle, rule: bool, notice: str = "") -> DetailsSta
     tunables = dict(handle.tunables)
     pending = handle.pending_controls()
     last_heartbeat = handle.last_heartbeat
+    attempts = handle.attempts()
+    shown = len(attempts) > 1 or any(a.launcher for a in attempts)
     return {
         "run": {"id": handle.id, "name": handle.name, "project": handle.project},
         "status": status,
@@ -65,6 +67,9 @@ def details_state(handle: RunHandle, rule: bool, notice: str = "") -> DetailsSta
         "times": time_labels(handle.created, last_heartbeat, *(p.get("time") for p in pending)),
         "sessions": int(summary["sessions"]),
         "rewinds": int(summary["rewinds"]),
+        "attempts": [a.describe(attempts[i + 1] if i + 1 < len(attempts) else None) for i, a in enumerate(attempts)]
+        if shown
+        else [],
         "control_state": handle.control_state if status == "running" else None,
         "config": _plain(handle.config),
         "tunables": _plain(tunables),

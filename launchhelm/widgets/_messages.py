@@ -141,6 +141,8 @@ class DetailsState(TypedDict):
     times: dict[str, float]
     sessions: int
     rewinds: int
+    #: one line per attempt (``lh.Attempt.describe``), oldest first; empty for a run of one plain launch
+    attempts: list[str]
     control_state: str | None
     config: dict[str, Json]
     tunables: dict[str, Json]

@@ -45,8 +45,13 @@ def grid_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     store = str(folder / "store")
     artifact = folder / "weights.bin"
     artifact.write_bytes(b"\0" * 1024)
-    with lh.init("grid", store=store, config={"lr": 0.1}, flush_interval=3600) as run:
-        for step in range(40):
+    # two launches of one job (auto_resume): the Details tab lists both attempts
+    first = lh.init("grid", store=store, config={"lr": 0.1}, flush_interval=3600, run_id="gridjob", auto_resume=True)
+    for step in range(20):
+        first.log({key: float(i + 1) / (step + 1) for i, key in enumerate(KEYS)}, step=step)
+    first.finish(close_run=False)
+    with lh.init("grid", store=store, flush_interval=3600, run_id="gridjob", auto_resume=True) as run:
+        for step in range(20, 40):
             run.log({key: float(i + 1) / (step + 1) for i, key in enumerate(KEYS)}, step=step)
         checkpoint = run.checkpoint(str(artifact), step=20)
         run.flush()
@@ -138,6 +143,9 @@ def test_a_run_with_many_metrics_is_a_grid_of_sections_filterable_with_times_peo
     took = page.inner_text(".launchhelm-panel .lh-details td.lh-fact-duration").strip()
     assert re.fullmatch(HUMAN_TIME, created) and re.fullmatch(HUMAN_TIME, beat), (created, beat)
     assert re.fullmatch(r"\d+ s|\d+ min( \d+ s)?", took), took
+    attempts = page.locator(".launchhelm-panel .lh-details ol.lh-attempts li").all_inner_texts()
+    assert len(attempts) == 2 and "explicit job gridjob" in attempts[0], attempts
+    assert "finished at step 19; relaunched" in attempts[0] and "finished at step 39" in attempts[1], attempts
     # the exact time is one hover away
     title = page.locator(".launchhelm-panel .lh-details td.lh-fact-created time").get_attribute("title")
     assert title and str(lh.Api(store).run(run_id).name) not in title and re.search(r"\d{4}", title)
