@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install LaunchHelm into it with what the
 # given extras need. Sourced by scripts/demo.sh and scripts/test.sh.
-#   usage: source scripts/setup.sh [extras]      default "torch"; the tests use "dev,torch,lightning,transformers"
+#   usage: source scripts/setup.sh [extras]      default "torch"; the tests use "dev,torch,lightning,transformers,docs,ray"
 # It also builds the widgets' front end with npm (Node.js 18+) when needed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

@@ -14,7 +14,7 @@ if [ "${1:-}" = "--quick" ]; then
     quick=1
     shift
 fi
-source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "dev,torch,lightning,transformers,docs"
+source "$(dirname "${BASH_SOURCE[0]}")/setup.sh" "dev,torch,lightning,transformers,docs,ray"
 # Azurite (the Azure Storage emulator of the storage tests), from tests/azurite/package-lock.json
 if [ ! -x tests/azurite/node_modules/.bin/azurite-blob ] || [ tests/azurite/package-lock.json -nt tests/azurite/node_modules/.package-lock.json ]; then
     echo "== npm ci --prefix tests/azurite (Azurite)"

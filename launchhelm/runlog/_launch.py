@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
@@ -28,6 +29,7 @@ SLURM: Final = "slurm"
 TORCHELASTIC: Final = "torchelastic"
 KUBERNETES: Final = "kubernetes"
 SKYPILOT: Final = "skypilot"
+RAY: Final = "ray"
 
 
 @dataclass(frozen=True)
@@ -87,13 +89,30 @@ def _kubernetes_job(env: Mapping[str, str]) -> str | None:
     return f"{job}/{env.get('JOB_COMPLETION_INDEX', '0')}"
 
 
+def _ray_train_experiment() -> str | None:
+    """Ray Train's experiment name (``RunConfig(name=...)``) when called inside its training function.
+
+    Read only when Ray Train is already imported (this process is its worker): nothing heavy is imported
+    for anyone else.
+    """
+    if "ray.train" not in sys.modules:
+        return None
+    try:
+        from ray import train
+
+        name = train.get_context().get_experiment_name()
+    except Exception:  # not inside trainer.fit()'s training function
+        return None
+    return str(name) if name else None
+
+
 def launch_identity(env: Mapping[str, str] | None = None, explicit: str | None = None) -> Launch | None:
     """The job this process belongs to, or ``None`` when no scheduler names one (a laptop).
 
     The first that applies wins: ``explicit`` (``run_id=``), ``LAUNCHHELM_RUN_ID``; SLURM (with
     torchrun's restart count as a tie-breaker when torchrun runs inside the allocation);
-    torchelastic (``TORCHELASTIC_RUN_ID`` other than its default ``none``); a Kubernetes Job's pod;
-    SkyPilot (``SKYPILOT_TASK_ID``).
+    torchelastic (``TORCHELASTIC_RUN_ID`` other than its default ``none``); Ray Train (its experiment
+    name, inside the training function); a Kubernetes Job's pod; SkyPilot (``SKYPILOT_TASK_ID``).
     """
     env = os.environ if env is None else env
     host = socket.gethostname()
@@ -107,6 +126,10 @@ def launch_identity(env: Mapping[str, str] | None = None, explicit: str | None =
     elastic = env.get("TORCHELASTIC_RUN_ID", "")
     if elastic and elastic != "none":
         return Launch(TORCHELASTIC, elastic, (_count(env, "TORCHELASTIC_RESTART_COUNT"),), host)
+    experiment = _ray_train_experiment()
+    if experiment is not None:
+        # a worker group Ray Train restarts (FailureConfig) is new processes: another rank-0 process is newer
+        return Launch(RAY, experiment, (), f"{host}:{os.getpid()}")
     k8s = _kubernetes_job(env)
     if k8s is not None:
         # no restart count: each pod is a new attempt; the pod's name tells them apart
@@ -159,8 +182,6 @@ def newer_attempt(new: Launch, old: Mapping[str, object] | None) -> bool:
 def launch_script(argv: list[str] | None = None) -> str:
     """The script a launch runs (its file name, or ``-m``'s module path), not its arguments: a relaunch
     with changed flags is the same job, another script under a reused identity is not."""
-    import sys
-
     args = sys.argv if argv is None else argv
     first = args[0] if args else ""
     return os.path.basename(first) or "<interactive>"

@@ -227,3 +227,71 @@ def test_a_kubernetes_jobs_next_pod_resumes_the_run_after_sigterm_and_the_grace_
     assert [a.ending for a in attempts] == ["preempted", "finished"]
     assert [a.launcher["instance"] for a in attempts if a.launcher] == ["train-0-aaaaa", "train-0-bbbbb"]
     assert _bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
+
+
+@pytest.mark.timeout(900)
+def test_ray_train_restarts_its_workers_after_a_sigkill_into_the_same_run_bitwise(tmp_path: Path) -> None:
+    """Ray Train's ``FailureConfig(max_failures=1)`` on a local Ray cluster: one worker killed, the group restarted,
+    one run, the result bitwise equal to an uninterrupted job."""
+    pytest.importorskip("ray.train", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    store = str(tmp_path / "store")
+    job = Path(__file__).with_name("ray_job.py")
+    # a loaded 2-core machine can take more than Ray's default minute to start its raylet
+    env = child_env(OMP_NUM_THREADS="1", RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS="0", RAY_raylet_start_wait_time_s="300")
+    for name in ("LAUNCHHELM_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SKYPILOT_TASK_ID"):
+        env.pop(name, None)
+    done = subprocess.run(
+        [sys.executable, str(job), store, str(tmp_path), "plain:-1", "crash:8"],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=780,
+    )  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    finals = {case: dict(torch.load(tmp_path / case / "final.pt", weights_only=True)) for case in ("plain", "crash")}
+    assert (tmp_path / "crash" / "killed").exists()  # the worker was killed, and Ray restarted the group
+    run_id = finals["crash"].pop("run")
+    finals["plain"].pop("run")
+    assert _bitwise_equal(finals["crash"], finals["plain"])
+    api = lh.Api(store)
+    assert len(api.runs("ray")) == 2  # one run per experiment, however many worker groups
+    handle = api.run(run_id)
+    assert [(r.to_step, r.reached) for r in handle.rewinds()] == [(5, 8)]
+    attempts = handle.attempts()
+    assert [a.ending for a in attempts][-1] == "finished" and len(attempts) == 2
+    assert all(a.launcher and a.launcher["scheduler"] == "ray" for a in attempts)
+    assert attempts[0].launcher["job"] == "crash"  # type: ignore[index]
+
+
+@pytest.mark.timeout(600)
+def test_a_frozen_pod_woken_after_its_replacement_trained_changes_nothing_and_exits_fenced(tmp_path: Path) -> None:
+    """A node cut off (SIGSTOP) while the Job's next pod resumes and trains to the end; then it comes back
+    (SIGCONT): it raises RunFencedError, and the run's result and its checkpoints stay the replacement's."""
+    store = str(tmp_path / "store")
+    plain = _pod(store, "plain", "plain-0-aaaaa", tmp_path / "plain.pt", 0.0)
+    _, err = plain.communicate(timeout=240)
+    assert plain.returncode == 0, err[-3000:]
+    zombie = _pod(store, "train", "train-0-aaaaa", tmp_path / "zombie.pt", 0.1)
+    try:
+        assert zombie.stdout is not None
+        for line in zombie.stdout:
+            if line.startswith("step ") and int(line.split()[1]) >= 13:  # past the checkpoint at 10
+                zombie.send_signal(signal.SIGSTOP)
+                break
+        second = _pod(store, "train", "train-0-bbbbb", tmp_path / "second.pt", 0.0)
+        out, err = second.communicate(timeout=240)
+        assert second.returncode == 0, err[-3000:]
+        zombie.send_signal(signal.SIGCONT)
+        _, zombie_err = zombie.communicate(timeout=120)
+    finally:
+        if zombie.poll() is None:
+            zombie.send_signal(signal.SIGCONT)
+            zombie.kill()
+            zombie.wait()
+    assert zombie.returncode != 0 and "RunFencedError" in zombie_err, zombie_err[-3000:]
+    assert not (tmp_path / "zombie.pt").exists()
+    assert _bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
+    run_id = next(line.split()[1] for line in out.splitlines() if line.startswith("start"))
+    handle = lh.Api(store).run(run_id)
+    attempts = handle.attempts()
+    assert [a.ending for a in attempts] == ["fenced", "finished"]
+    assert [c.step for c in handle.checkpoints()] == [10, 20, 30, 40]
+    history = handle.history(duplicates="last")
+    assert list(history["step"]) == list(range(1, 41))
