@@ -27,7 +27,6 @@ from launchhelm._run import (
 from launchhelm.console import _capture as _console
 from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
 from launchhelm.metrics._flusher import warm_up_encoder
-from launchhelm.metrics._layout import fence_name
 from launchhelm.metrics._spool import recover_run
 from launchhelm.metrics._system import system_interval
 from launchhelm.runlog._control import check_plain, in_force
@@ -57,7 +56,14 @@ from launchhelm.runlog._sessions import (
 from launchhelm.runlog._summary import parse_summary
 from launchhelm.runlog._table import mark_row
 from launchhelm.storage import Store, open_store
-from launchhelm.storage._keys import metrics_prefix, project_record_key, project_run_marker, run_record_key
+from launchhelm.storage._keys import (
+    console_prefix,
+    fence_name,
+    metrics_prefix,
+    project_record_key,
+    project_run_marker,
+    run_record_key,
+)
 
 if TYPE_CHECKING:
     # typing.Unpack is 3.11+; only the type checker reads these annotations
@@ -372,13 +378,13 @@ def _check_same_job(record: Mapping[str, Any], launch: Launch, run_id: str) -> N
 
 
 def _mark_fence(store: Store, run_id: str, session_id: str, watermark: Mapping[str, int]) -> None:
-    """The metrics half of the fence, before its event: readers drop the fenced session's chunks past
-    its watermark (``docs/storage.md``)."""
-    key = f"{metrics_prefix(run_id)}/{fence_name(session_id, int(watermark['metrics']) + 1)}"
-    try:
-        store.create(key, b"{}")
-    except AlreadyExistsError:
-        pass  # another try of this relaunch marked it
+    """The objects' half of the fence, before its event: readers drop the fenced session's metrics chunks
+    and console parts past its watermark (``docs/storage.md``)."""
+    for prefix, kind in ((metrics_prefix(run_id), "metrics"), (console_prefix(run_id), "console")):
+        try:
+            store.create(f"{prefix}/{fence_name(session_id, int(watermark[kind]) + 1)}", b"{}")
+        except AlreadyExistsError:
+            pass  # another try of this relaunch marked it
 
 
 def _reopen_run(

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from launchhelm.storage import Store
-from launchhelm.storage._keys import console_prefix, parse_console_name
+from launchhelm.storage._keys import console_prefix, parse_console_name, parse_fence_name
 
 __all__ = ["ConsoleFollower", "list_console", "read_console"]
 
@@ -27,12 +27,18 @@ def list_console(store: Store, run_id: str) -> list[ConsolePart]:
     """One listing of ``runs/<id>/console/``: every object, in order."""
     prefix = console_prefix(run_id)
     parts = []
+    fences: dict[str, int] = {}
     for name in store.list(prefix):
         parsed = parse_console_name(name)
         if parsed is None:
+            fence = parse_fence_name(name)
+            if fence is not None:
+                fences[fence[0]] = min(fences.get(fence[0], fence[1]), fence[1])
             continue
         session, number = parsed
         parts.append(ConsolePart(session, number, f"{prefix}/{name}"))
+    if fences:  # a fenced session's parts past its watermark were printed after a newer attempt took over
+        parts = [p for p in parts if p.number < fences.get(p.session, p.number + 1)]
     parts.sort()
     return parts
 

@@ -19,6 +19,7 @@ from launchhelm.storage._keys import (
     manifest_key,
     metrics_prefix,
     parse_chunk_name,
+    parse_fence_name,
     parse_manifest_name,
     parse_segment_name,
 )
@@ -159,26 +160,6 @@ def parse_chunk(prefix: str, name: str, size: int = 0) -> ChunkRef | None:
     session, number, first, last = parsed
     rank = 1 if session.startswith(EVAL_CHUNK_PREFIX) else 0
     return ChunkRef(rank, session, number, first, last, f"{prefix}/{name}", size)
-
-
-_FENCE_PREFIX = "fenced-after-"
-
-
-def fence_name(session_id: str, admitted: int) -> str:
-    """``<session>/fenced-after-<n>.json`` under ``metrics/``: the session's chunks numbered ``n`` and
-    above are not the run's (a newer attempt fenced it; ``n`` is one past its watermark). Read from the
-    listing itself, so readers pay no request for it."""
-    return f"{session_id}/{_FENCE_PREFIX}{admitted}.json"
-
-
-def parse_fence_name(name: str) -> tuple[str, int] | None:
-    session, _, rest = name.partition("/")
-    if not rest.startswith(_FENCE_PREFIX) or not rest.endswith(".json"):
-        return None
-    try:
-        return session, int(rest[len(_FENCE_PREFIX) : -len(".json")])
-    except ValueError:
-        return None
 
 
 def list_metrics(store: Store, run_id: str) -> Listing:

@@ -37,6 +37,7 @@ __all__ = [
     "evaluations_prefix",
     "event_key",
     "events_prefix",
+    "fence_name",
     "heartbeat_key",
     "is_renewal_name",
     "logged_key",
@@ -53,6 +54,7 @@ __all__ = [
     "parse_console_name",
     "parse_evaluation_tail",
     "parse_event_name",
+    "parse_fence_name",
     "parse_index_name",
     "parse_manifest_name",
     "parse_media_index_name",
@@ -502,3 +504,23 @@ ROWS: dict[str, Callable[[], str]] = {
         attempt_prefix(evaluation_prefix("p", "run", "ckpt"), 1), 2, 3
     ),
 }
+
+
+_FENCE_PREFIX = "fenced-after-"
+
+
+def fence_name(session_id: str, admitted: int) -> str:
+    """``<session>/fenced-after-<n>.json`` under ``metrics/`` or ``console/``: the session's objects there
+    numbered ``n`` and above are not the run's (a newer attempt fenced it; ``n`` is one past its
+    watermark). Read from the listing itself, so readers pay no request for it."""
+    return f"{session_id}/{_FENCE_PREFIX}{admitted}.json"
+
+
+def parse_fence_name(name: str) -> tuple[str, int] | None:
+    session, _, rest = name.partition("/")
+    if not rest.startswith(_FENCE_PREFIX) or not rest.endswith(".json"):
+        return None
+    try:
+        return session, int(rest[len(_FENCE_PREFIX) : -len(".json")])
+    except ValueError:
+        return None

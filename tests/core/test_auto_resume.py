@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lhtest import make_store_url, spawn
+from lhtest import make_store_url, run_python, spawn
 
 import launchhelm as lh
 from launchhelm.runlog._launch import auto_run_id, launch_identity
@@ -275,3 +275,38 @@ def test_a_frozen_session_resumed_after_its_relaunch_adds_nothing_and_exits_fenc
     assert {-1.0, -2.0} <= set(history["loss"])
     assert [a.ending for a in handle.attempts()] == ["fenced", "finished"]
     assert json.loads(json.dumps([a.launcher for a in handle.attempts()]))[1]["restart"] == [1, 0]
+
+
+def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(tmp_path: Path) -> None:
+    """The fence's objects: a chunk or console part numbered past the watermark (an upload in flight while the
+    relaunch listed, or `launchhelm recover` on the frozen host later) is never read, compacted or shown."""
+    from launchhelm.storage import open_store
+    from launchhelm.storage._keys import console_key, console_prefix, fence_name, metrics_prefix
+
+    store_url = str(tmp_path / "store")
+    killed = run_python(  # three chunks, then SIGKILL: no compaction at the end merges them
+        """
+        import os, signal, sys
+        import launchhelm as lh
+        run = lh.init("p", store=sys.argv[1], system_metrics=False, capture_console=False)
+        for step in range(3):
+            run.global_step = step
+            run.log({"loss": float(step)})
+            run.flush()
+        print(run.id, run.session_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """,
+        store_url,
+    )
+    run_id, session = killed.stdout.split()
+    store = open_store(store_url)
+    chunks = [n for n in store.list(f"{metrics_prefix(run_id)}/{session}") if n.endswith(".arrow")]
+    assert len(chunks) == 3
+    for n, text in enumerate(["before\n", "also before\n", "after the fence\n"]):
+        store.put(console_key(run_id, session, 100 + n), text.encode())
+    store.create(f"{metrics_prefix(run_id)}/{fence_name(session, 1)}", b"{}")  # chunk 0 admitted
+    store.create(f"{console_prefix(run_id)}/{fence_name(session, 102)}", b"{}")
+    handle = lh.Api(store_url).run(run_id)
+    assert list(handle.history()["loss"]) == [0.0]
+    console = handle.console()
+    assert "also before" in console and "after the fence" not in console
