@@ -9,8 +9,10 @@ end ``DIR/final.pt`` (model and optimizer state). Without SLURM (the uninterrupt
 process. ``--no-load`` is the negative control: a relaunch skips the load line and trains on from fresh
 weights at the step the preempted attempt reached.
 
-The loss is logged before ``optimizer.step()``: a preemption notice acts inside that call (the step
-boundary), so whatever the loop does after it in the same iteration is not done in the preempted attempt.
+The loss is logged before ``optimizer.step()``, and there is no LR scheduler: a preemption notice acts
+inside that call (the step boundary), so whatever the loop does after it in the same iteration (a
+``scheduler.step()``, a ``log``) is not done in the preempted attempt, and a scheduler would lag one step
+after the relaunch.
 """
 
 from __future__ import annotations
