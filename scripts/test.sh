@@ -42,6 +42,18 @@ if [ ! -x /usr/bin/chromium ]; then
         exit 1
     fi
 fi
+# SLURM for tests/torch/test_slurm.py (which starts a private slurmctld and slurmd on localhost): Debian's
+# slurm-wlm. Without it those tests are skipped on a workstation, and fail in CI (CI=true)
+if [ ! -x /usr/sbin/slurmctld ]; then
+    echo "== apt-get install slurm-wlm (for tests/torch/test_slurm.py)"
+    if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm; } >/tmp/launchhelm-apt-slurm.log 2>&1; then
+        tail -5 /tmp/launchhelm-apt-slurm.log >&2
+        echo "scripts/test.sh: could not install slurm-wlm with apt-get (tests/torch/test_slurm.py needs slurmctld," >&2
+        echo "slurmd and sbatch): install it as root (apt-get install -y slurm-wlm); without it those tests are skipped" >&2
+        echo "outside CI and fail in CI" >&2
+        if [ -n "${CI:-}" ]; then exit 1; fi
+    fi
+fi
 workers=${LAUNCHHELM_TEST_WORKERS:-6}
 if [ "$quick" = 1 ]; then
     echo "== pytest --quick (not slow, not browser, not serial; $workers workers)"

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from emulators import azurite_endpoint, gcs_endpoint  # noqa: F401  (fixtures)
 from lhtest import BUCKET, make_store_url
+from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 
 BACKENDS = ["local", "memory", "s3", "gcs", "azure"]
 

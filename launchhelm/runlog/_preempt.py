@@ -285,7 +285,10 @@ def slurm_requeue_command(
     """The ``scontrol requeue`` to run after a preemption's save, or None.
 
     Only for a SLURM job (``SLURM_JOB_ID``) submitted as requeueable
-    (``scontrol show job`` says ``Requeue=1``), where ``scontrol`` is found.
+    (``scontrol show job`` says ``Requeue=1``), where ``scontrol`` is found,
+    and only while it is ``RUNNING``: a job SLURM itself is requeueing or
+    ending (``scontrol requeue``, preemption by requeue: ``COMPLETING``)
+    refuses a second requeue, and would only print a failure.
     """
     job = environ.get("SLURM_JOB_ID", "").strip()
     if not job or scontrol is None:
@@ -295,7 +298,8 @@ def slurm_requeue_command(
     except (OSError, subprocess.SubprocessError) as exc:
         _log.warning("launchhelm: `scontrol show job %s` failed (%s): not requeueing", job, exc)
         return None
-    if "Requeue=1" not in shown.split():
+    fields = shown.split()
+    if "Requeue=1" not in fields or "JobState=RUNNING" not in fields:
         return None
     return [scontrol, "requeue", job]
 

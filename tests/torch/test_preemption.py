@@ -377,10 +377,13 @@ def test_init_off_the_main_thread_says_so_once_and_trains_without(
 def test_slurm_requeues_only_a_requeueable_job_where_scontrol_is_found() -> None:
     shown: list[list[str]] = []
 
-    def show(requeue: str) -> Any:
+    def show(requeue: str, state: str = "RUNNING") -> Any:
         def answer(command: list[str]) -> str:
             shown.append(command)
-            return f"JobId=77 JobName=train\n   Requeue={requeue} Restarts=0 BatchFlag=1\n"
+            return (
+                f"JobId=77 JobName=train\n   JobState={state} Reason=None Dependency=(null)\n"
+                f"   Requeue={requeue} Restarts=0 BatchFlag=1\n"
+            )
 
         return answer
 
@@ -390,6 +393,8 @@ def test_slurm_requeues_only_a_requeueable_job_where_scontrol_is_found() -> None
     assert slurm_requeue_command(env, "/usr/bin/scontrol", show("0")) is None  # submitted without --requeue
     assert slurm_requeue_command({}, "/usr/bin/scontrol", show("1")) is None  # not under SLURM
     assert slurm_requeue_command(env, None, show("1")) is None  # no scontrol on PATH
+    # SLURM is requeueing it already (`scontrol requeue` sent the SIGTERM): a second requeue would fail
+    assert slurm_requeue_command(env, "/usr/bin/scontrol", show("1", "COMPLETING")) is None
 
     def fails(command: list[str]) -> str:
         raise subprocess.CalledProcessError(1, command)

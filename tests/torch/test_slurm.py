@@ -1,0 +1,186 @@
+"""Preempted on a real SLURM cluster: a job submitted with ``sbatch --requeue --signal=USR1@60`` and preempted
+(``scontrol requeue``, or ``scancel --signal=USR1``) resumes in the same run, bitwise, with 0 steps redone.
+
+If these fail, a SLURM user's requeued job starts a second run, loses the steps since its last checkpoint,
+or never comes back after the notice. The cluster is this machine's own ``slurmctld`` and ``slurmd``
+(``tests/slurm_cluster.py``); the job is ``srun python slurm_worker.py``, with no run id anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from lhtest import ROOT, child_env
+from slurm_cluster import CLUSTER, SlurmCluster, slurm_marks
+
+import launchhelm as lh
+
+torch = pytest.importorskip("torch")
+
+WORKER = Path(__file__).with_name("slurm_worker.py")
+STEPS = 60
+#: The step after which the test preempts the job: between two checkpoints (every 10), so a relaunch
+#: from the last periodic checkpoint would redo steps.
+PREEMPT_AFTER = 23
+TIMEOUT = 120.0
+pytestmark = slurm_marks()
+
+
+def _env() -> dict[str, str]:
+    env = child_env(OMP_NUM_THREADS="1")
+    for name in list(env):
+        if name.startswith(("SLURM_", "TORCHELASTIC_")) or name in ("LAUNCHHELM_RUN_ID", "SKYPILOT_TASK_ID"):
+            env.pop(name)
+    return env
+
+
+def _flat(state: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(state, dict):
+        return {k: v for key, value in state.items() for k, v in _flat(value, f"{path}/{key}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k: v for i, value in enumerate(state) for k, v in _flat(value, f"{path}/{i}").items()}
+    return {path: state}
+
+
+def _bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    fa, fb = _flat(a), _flat(b)
+    if set(fa) != set(fb):
+        return False
+    for key, x in fa.items():
+        y = fb[key]
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape):
+                return False
+            if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+                return False
+        elif x != y:
+            return False
+    return True
+
+
+def _final(out: Path) -> dict[str, Any]:
+    return dict(torch.load(out / "final.pt", weights_only=True))
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The same script run once without interruption, outside SLURM: what every job must end equal to."""
+    tmp = tmp_path_factory.mktemp("plain")
+    done = subprocess.run(
+        [sys.executable, str(WORKER), "--store", str(tmp / "store"), "--out", str(tmp / "out"), "--steps", str(STEPS)],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return _final(tmp / "out")
+
+
+class Job:
+    """One ``sbatch --requeue`` job running the worker; ``out`` is its folder of records."""
+
+    def __init__(self, cluster: SlurmCluster, tmp: Path, *worker_args: str) -> None:
+        self.cluster = cluster
+        self.store = str(tmp / "store")
+        self.out = tmp / "out"
+        self.out.mkdir()
+        worker = [sys.executable, str(WORKER), "--store", self.store, "--out", str(self.out), "--steps", str(STEPS)]
+        script = tmp / "job.sh"
+        script.write_text(f"#!/bin/bash\nexec srun {shlex.join([*worker, *worker_args])}\n")
+        # the notice 60 s before a 10-minute limit: submitted as the guide says, preempted by hand below
+        submitted = cluster.run(
+            "sbatch", "--parsable", "--requeue", "--signal=USR1@60", "--time=10", "--ntasks=1", "--cpus-per-task=1",
+            "--job-name=lh-slurm", f"--chdir={ROOT}", f"--output={self.out / 'slurm-%j.out'}", "--open-mode=append",
+            str(script), env=_env(),
+        )  # fmt: skip
+        self.id = submitted.stdout.strip().split(";")[0]
+        self.started = time.monotonic()
+
+    def record(self, restart: int) -> dict[str, Any]:
+        return dict(json.loads((self.out / f"attempt{restart}.json").read_text()))
+
+    def diagnosis(self) -> str:
+        logs = "\n".join(p.read_text(errors="replace")[-4000:] for p in self.out.glob("slurm-*.out"))
+        shown = self.cluster.run("scontrol", "show", "job", self.id, check=False).stdout
+        return f"job {self.id}:\n{shown}\n{logs}\n{self.cluster.logs()}"
+
+    def wait_step(self, restart: int, step: int) -> None:
+        deadline = time.monotonic() + TIMEOUT
+        while True:
+            try:
+                r, s = (int(v) for v in (self.out / "step").read_text().split())
+                if (r, s) >= (restart, step):
+                    return
+            except (OSError, ValueError):
+                pass
+            assert time.monotonic() < deadline, f"the job never reached step {step}:\n{self.diagnosis()}"
+            time.sleep(0.05)
+
+    def wait_end(self) -> float:
+        """Wait until the job has completed (after its requeue); return the seconds since it was submitted."""
+        deadline = time.monotonic() + TIMEOUT
+        while self.cluster.job_state(self.id) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", ""):
+            assert time.monotonic() < deadline, f"the job did not end within {TIMEOUT:.0f}s:\n{self.diagnosis()}"
+            time.sleep(0.2)
+        state = self.cluster.job_state(self.id)
+        assert state in ("COMPLETED", ""), f"the job ended {state}:\n{self.diagnosis()}"
+        return time.monotonic() - self.started
+
+
+def _preempt(cluster: SlurmCluster, job: Job, how: str) -> None:
+    if how == "scontrol requeue":
+        cluster.run("scontrol", "requeue", job.id)  # SIGTERM now, the job back in the queue
+    else:
+        cluster.run("scancel", "--signal=USR1", job.id)  # the notice only: the job requeues itself
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["scontrol requeue", "scancel --signal=USR1"])
+def test_a_preempted_slurm_job_resumes_the_same_run_bitwise_with_no_step_redone(
+    how: str, slurm_cluster: SlurmCluster, plain: dict[str, Any], tmp_path: Path
+) -> None:
+    job = Job(slurm_cluster, tmp_path)
+    job.wait_step(0, PREEMPT_AFTER)
+    _preempt(slurm_cluster, job, how)
+    took = job.wait_end()
+    first, second = job.record(0), job.record(1)
+    signal_name = "SIGTERM" if how == "scontrol requeue" else "SIGUSR1"
+    assert first["ending"] == "preempted" and first["signal"] == signal_name, first
+    assert first["step"] >= PREEMPT_AFTER and first["checkpoint"], first
+    # 0 steps redone: the relaunch starts at the step the preempted attempt reached and saved
+    assert second["start"] == first["step"] and second["ending"] == "finished" and second["resumed"], second
+    assert second["run"] == first["run"]
+    assert _bitwise_equal(_final(job.out), plain), f"the requeued job ({how}) differs from the uninterrupted one"
+    api = lh.Api(job.store)
+    assert len(api.runs("slurm")) == 1, "the requeue made a second run"
+    handle = api.run(first["run"])
+    attempts = handle.attempts()
+    assert [a.ending for a in attempts] == ["preempted", "finished"], attempts
+    launchers = [dict(a.launcher or {}) for a in attempts]
+    # the restart count is (SLURM_RESTART_COUNT, TORCHELASTIC_RESTART_COUNT): SLURM's requeues count first
+    assert [(la.get("scheduler"), la.get("restart")) for la in launchers] == [("slurm", [0, 0]), ("slurm", [1, 0])]
+    assert [la.get("job") for la in launchers] == [f"{CLUSTER}/{job.id}"] * 2, launchers
+    assert all(r.to_step == r.reached for r in handle.rewinds()), handle.rewinds()
+    assert list(handle.history(duplicates="last")["step"]) == list(range(1, STEPS + 1))
+    print(f"\n{how}: submitted to completed in {took:.1f}s")
+
+
+@pytest.mark.timeout(300)
+def test_the_comparison_can_fail_a_requeued_job_that_skips_the_load_line_differs(
+    slurm_cluster: SlurmCluster, plain: dict[str, Any], tmp_path: Path
+) -> None:
+    job = Job(slurm_cluster, tmp_path, "--no-load")
+    job.wait_step(0, PREEMPT_AFTER)
+    _preempt(slurm_cluster, job, "scontrol requeue")
+    job.wait_end()
+    assert job.record(1)["ending"] == "finished"
+    assert not _bitwise_equal(_final(job.out), plain), "the negative control matched: the comparison cannot fail"
