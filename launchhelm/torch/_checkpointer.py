@@ -18,7 +18,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
@@ -29,7 +29,7 @@ from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD
 from launchhelm.torch._loader import CheckpointLoader
 from launchhelm.torch._manifest import FORMAT_SHARDED
 from launchhelm.torch._payload import check_payload
-from launchhelm.torch._records import Bundle, LoadTarget, RankRecord, Restored
+from launchhelm.torch._records import Bundle, LoadTarget, RankRecord, Restored, RngRecord
 from launchhelm.torch._rng import capture_rng
 from launchhelm.torch._snapshot import SnapshotBuffers
 from launchhelm.torch._torch_private import zip_crc32_skipped
@@ -91,6 +91,10 @@ class Checkpointer:
         self.snapshots = SnapshotBuffers()  # host buffers of non-blocking saves, reused save to save
         self.bundles = BundleFormat(self)
         self.shards = ShardedFormat(self)
+        #: A preemption save published at the next step's start, from the end of the step before:
+        #: that step's RNG states and model buffers (a forward since has drawn from the one and may
+        #: have updated the other, BatchNorm's running statistics), used by the next save only.
+        self.as_of: tuple[RngRecord, dict[str, torch.Tensor]] | None = None
 
     # -- what is watched --------------------------------------------------------------
     def require_watch(self, what: str) -> Watched:
@@ -217,7 +221,7 @@ class Checkpointer:
         mine: RankRecord = {
             "rank": link.rank,
             "problem": problem,
-            "rng": capture_rng(),
+            "rng": self.as_of[0] if self.as_of is not None else capture_rng(),
             "extra": extra,
             "placement": _dist.placement(link.rank),
         }
@@ -228,6 +232,13 @@ class Checkpointer:
         if problems:
             raise CheckpointError("checkpoint not saved: " + "; ".join(problems), run_id=link.run_id, step=link.step)
         return layout.save(watched, records, blocking, survey)
+
+    def model_state(self, state: dict[str, Any]) -> dict[str, Any]:
+        """``state`` (a model's state dict) with the buffers of :attr:`as_of` in place of the live ones."""
+        if self.as_of is None:
+            return state
+        buffers = self.as_of[1]
+        return {k: buffers.get(k, v) for k, v in state.items()}
 
     def format_for(self, watched: Watched) -> CheckpointFormat:
         """The format a save of ``watched`` writes."""
@@ -301,7 +312,7 @@ class BundleFormat:
             "saved_at": time.time(),
             "world_size": link.world,
             "torch_version": str(torch.__version__),
-            "model": watched.model.state_dict(),
+            "model": self._checkpointer.model_state(watched.model.state_dict()),
             "optimizer": watched.optimizer.state_dict(),
             "scheduler": watched.scheduler.state_dict() if watched.scheduler is not None else None,
             "scaler": watched.scaler.state_dict() if watched.scaler is not None else None,
@@ -383,7 +394,7 @@ class ShardedFormat:
         self._checkpointer = checkpointer
 
     def survey(self, watched: Watched) -> Survey | None:
-        return _sharded.survey(self._checkpointer.link, watched)
+        return _sharded.survey(self._checkpointer.link, watched, self._checkpointer.model_state)
 
     def save(self, watched: Watched, records: list[RankRecord], blocking: bool, survey: Survey | None) -> str | None:
         return _sharded.save(self._checkpointer, watched, records, blocking, survey)

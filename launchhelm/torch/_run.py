@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import types
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -43,7 +44,8 @@ from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE
 from launchhelm.torch._link import Watched
 from launchhelm.torch._loader import _gc_paused
 from launchhelm.torch._manifest import FORMAT_SHARDED
-from launchhelm.torch._records import ControlState, Stateful
+from launchhelm.torch._records import ControlState, RngRecord, Stateful
+from launchhelm.torch._rng import capture_rng
 
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION
@@ -78,6 +80,9 @@ class TorchRun(Run):
         self._hooks: list[RemovableHandle] = []
         # saves and loads, their thread, errors and buffers: the checkpointer's (it sees the run through _Link)
         self._checkpointer = Checkpointer(_Link(self))
+        self._in_step_hook = False  # inside the watched optimizer's step post-hook
+        #: a preemption noticed at a step's end: (signal, that step's RNG states, its model buffers)
+        self._deferred_preempt: tuple[str, RngRecord, dict[str, torch.Tensor]] | None = None
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -127,6 +132,8 @@ class TorchRun(Run):
         """
         if not isinstance(close_run, bool):  # before anything ends: a truthy "no" would close the run
             raise InvalidTypeError(f"close_run={close_run!r}: pass True or False")
+        if self._deferred_preempt is not None and not self._finished:
+            self._publish_preemption()  # the notice came at the last step: save it, exit as preempted
         failed: CheckpointError | None = None
         try:
             self.wait_for_checkpoint()
@@ -227,10 +234,49 @@ class TorchRun(Run):
         self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
         self._checkpointer.check_before_step()
+        if self._deferred_preempt is not None:
+            self._publish_preemption()  # raises RunPreempted: this step is not applied
 
     def _after_optimizer_step(
         self, optimizer: torch.optim.Optimizer, args: tuple[object, ...], kwargs: dict[str, object]
     ) -> None:
+        self._in_step_hook = True
+        try:
+            self._step_ended()
+        finally:
+            self._in_step_hook = False
+
+    # -- preemption (see launchhelm.runlog._preempt) ---------------------------------------
+    def _preempt(self, request_seq: int, signal_name: str) -> None:
+        watched = self._checkpointer.watched
+        if not self._in_step_hook or watched is None or self._deferred_preempt is not None:
+            super()._preempt(request_seq, signal_name)
+            return
+        # What the loop does after optimizer.step() belongs to this step (scheduler.step(), an EMA
+        # update, log()): the save waits for the next step's start, with this step's RNG states and
+        # model buffers, taken now, before the next forward draws from the one and updates the other.
+        listener = self._preemption
+        if listener is not None:
+            listener.arm(int(getattr(signal.Signals, signal_name, signal.SIGTERM)))
+        self._preempted_by = signal_name
+        self._paused = False
+        if request_seq > 0:  # a request in the log (another rank's notice): applied, not pending
+            self._record_applied(request_seq, "control", action=PREEMPT_ACTION, signal=signal_name)
+        buffers = {name: b.detach().clone() for name, b in watched.model.named_buffers()}
+        self._deferred_preempt = (signal_name, capture_rng(), buffers)
+
+    def _publish_preemption(self) -> None:
+        """Save, end as preempted and exit (``RunPreempted``), as of the step the notice followed."""
+        assert self._deferred_preempt is not None
+        signal_name, rng, buffers = self._deferred_preempt
+        self._deferred_preempt = None
+        self._checkpointer.as_of = (rng, buffers)
+        try:
+            Run._preempt(self, 0, signal_name)
+        finally:
+            self._checkpointer.as_of = None
+
+    def _step_ended(self) -> None:
         self.global_step = self._step + 1
         # under DDP every rank applies control requests, and learns that a background save failed,
         # at the same step: rank 0 says whether either happened (one 1-byte broadcast per step).

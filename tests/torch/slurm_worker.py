@@ -9,10 +9,9 @@ end ``DIR/final.pt`` (model and optimizer state). Without SLURM (the uninterrupt
 process. ``--no-load`` is the negative control: a relaunch skips the load line and trains on from fresh
 weights at the step the preempted attempt reached.
 
-The loss is logged before ``optimizer.step()``, and there is no LR scheduler: a preemption notice acts
-inside that call (the step boundary), so whatever the loop does after it in the same iteration (a
-``scheduler.step()``, a ``log``) is not done in the preempted attempt, and a scheduler would lag one step
-after the relaunch.
+The loop is the usual one: ``optimizer.step()``, then ``scheduler.step()`` and ``log``. A notice is agreed
+on at the end of a step and saved at the start of the next, so the preempted iteration's scheduler step
+and log are in the checkpoint, and the relaunch is bitwise the uninterrupted run.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ def main() -> int:
     torch.manual_seed(0)  # the same weights on every launch
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 4))
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=7, gamma=0.7)
     tr = lht.init(
         args.project,
         store=args.store,
@@ -61,7 +61,7 @@ def main() -> int:
         system_metrics=False,
         capture_console=False,
     )
-    tr.watch(model, optimizer)
+    tr.watch(model, optimizer, scheduler)
     if args.no_load and restart > 0:
         tr.global_step = json.loads((out / "attempt0.json").read_text())["step"]
     else:
@@ -76,8 +76,9 @@ def main() -> int:
             optimizer.zero_grad()
             loss = model(x).pow(2).mean()
             loss.backward()
-            tr.log({"loss": float(loss.detach())}, step=i + 1)
-            optimizer.step()  # the step boundary: after a notice this saves, ends the session and raises
+            optimizer.step()  # after a notice: the next call saves (as of here), ends the session and raises
+            scheduler.step()
+            tr.log({"loss": float(loss.detach()), "lr": scheduler.get_last_lr()[0]})
             if tr.global_step % args.every == 0:
                 tr.save_checkpoint()
             (out / "step").write_text(f"{restart} {tr.global_step}")
@@ -86,7 +87,7 @@ def main() -> int:
         record.update(ending="preempted", signal=exc.signal, step=exc.step, checkpoint=exc.checkpoint)
         _write(out / f"attempt{restart}.json", record)
         raise
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict()}
     record.update(ending="finished", step=tr.global_step, resumed=tr.resumed)
     tr.finish()
     torch.save(state, out / "final.pt")

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
@@ -138,8 +139,13 @@ class Survey:
         return self.offer, self.problem, self.artifact
 
 
-def survey(link: RunLink, watched: Watched) -> Survey:
-    """This rank's state dicts and what it offers to write; never raises (a problem is reported)."""
+def survey(
+    link: RunLink, watched: Watched, swap_model: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+) -> Survey:
+    """This rank's state dicts and what it offers to write; never raises (a problem is reported).
+
+    ``swap_model`` may swap entries of the model's state dict (a preemption's save: the buffers as of
+    the step it follows)."""
     problem: str | None = None
     offer: list[Offer] = []
     tensors: dict[str, torch.Tensor] = {}
@@ -147,6 +153,8 @@ def survey(link: RunLink, watched: Watched) -> Survey:
     scheduler, scaler = watched.scheduler, watched.scaler
     try:
         msd, osd = _state_dicts(link, watched.model, watched.optimizer)
+        if swap_model is not None:
+            msd = swap_model(msd)
         model_state, model_tensors = _collect(msd, "model")
         optim_state, optim_tensors = _collect(osd, "optimizer")
         tensors = {**model_tensors, **optim_tensors}
