@@ -83,6 +83,7 @@ class TorchRun(Run):
         self._in_step_hook = False  # inside the watched optimizer's step post-hook
         #: a preemption noticed at a step's end: (signal, that step's RNG states, its model buffers)
         self._deferred_preempt: tuple[str, RngRecord, dict[str, torch.Tensor]] | None = None
+        self._saved_at_step: tuple[int, str | None] | None = None  # a save the loop made while one waits
 
     # -- DDP followers ------------------------------------------------------
     @classmethod
@@ -275,6 +276,7 @@ class TorchRun(Run):
             Run._preempt(self, 0, signal_name)
         finally:
             self._checkpointer.as_of = None
+            self._saved_at_step = None
 
     def _step_ended(self) -> None:
         self.global_step = self._step + 1
@@ -349,6 +351,10 @@ class TorchRun(Run):
         if in_flight is not None:
             self.wait_for_checkpoint()
             return True, in_flight if self._rank == 0 else None
+        saved = self._saved_at_step
+        if self._checkpointer.as_of is not None and saved is not None and saved[0] == self._step:
+            # the loop saved this very step after the notice (every rank did: a save is collective)
+            return True, saved[1]
         return True, self.save_checkpoint()
 
     def _end_preempted(self, detail: str) -> None:
@@ -428,7 +434,10 @@ class TorchRun(Run):
             be published under), None on other ranks.
         """
         self._check_live()
-        return self._checkpointer.save(extra, blocking)
+        artifact = self._checkpointer.save(extra, blocking)
+        if self._deferred_preempt is not None:
+            self._saved_at_step = (self._step, artifact)  # a preemption's save at this step reuses it
+        return artifact
 
     def wait_for_checkpoint(self) -> None:
         """Wait until a ``save_checkpoint(blocking=False)`` in progress is published.

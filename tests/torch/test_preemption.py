@@ -425,6 +425,8 @@ for i in range(tr.global_step, 30):
     optimizer.step()
     scheduler.step()                   # the usual order: after optimizer.step()
     tr.log({"loss": float(loss), "lr": scheduler.get_last_lr()[0]})
+    if tr.global_step % 5 == 0:
+        tr.save_checkpoint()
     print("step", tr.global_step, flush=True)
     time.sleep(float(sys.argv[2]))
 torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
@@ -445,9 +447,13 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-def test_a_notice_mid_loop_resumes_bitwise_with_a_scheduler_stepped_after_the_optimizer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("notice_after", [11, 9], ids=["between-saves", "before-the-loops-own-save"])
+def test_a_notice_mid_loop_resumes_bitwise_with_a_scheduler_stepped_after_the_optimizer(
+    tmp_path: Path, notice_after: int
+) -> None:
     """The save waits for the next step's start: the preempted iteration's scheduler.step() and log() run, and
-    the RNG and BatchNorm buffers are those of the step's end, so the relaunch is bitwise the plain run."""
+    the RNG and BatchNorm buffers are those of the step's end, so the relaunch is bitwise the plain run. When
+    the loop saves that very step itself (step 10, every 5), that checkpoint is the preemption's: one, not two."""
     import torch
 
     env = child_env(OMP_NUM_THREADS="1", LAUNCHHELM_RUN_ID="loopjob")
@@ -464,7 +470,7 @@ def test_a_notice_mid_loop_resumes_bitwise_with_a_scheduler_stepped_after_the_op
     first = launch(store, 0.1, tmp_path / "first.pt")
     assert first.stdout is not None
     for line in first.stdout:
-        if line.startswith("step ") and int(line.split()[1]) == 11:
+        if line.startswith("step ") and int(line.split()[1]) == notice_after:
             first.send_signal(signal.SIGTERM)
             break
     _, err = first.communicate(timeout=60)
@@ -473,10 +479,12 @@ def test_a_notice_mid_loop_resumes_bitwise_with_a_scheduler_stepped_after_the_op
     out, err = second.communicate(timeout=240)
     assert second.returncode == 0, err[-3000:]
     started = int(next(line for line in out.splitlines() if line.startswith("start")).split()[1])
-    assert started >= 11
+    assert started == notice_after + 1  # agreed at the next step's end, saved as of it
     a, b = torch.load(tmp_path / "second.pt"), torch.load(tmp_path / "plain.pt")
     assert _same(a, b), "the relaunch after a preemption is not the uninterrupted run"
     handle = lh.Api(store).run(lh.Api(store).runs("loop")["id"][0])
     assert handle.rewinds() == []  # 0 steps redone
     history = handle.history(duplicates="all")
     assert list(history["step"]) == list(range(1, 31))  # every step's log, once: none lost, none redone
+    steps = [c.step for c in handle.checkpoints()]
+    assert steps == sorted(set(steps)) and 10 in steps, steps  # never two checkpoints of one step
