@@ -647,3 +647,29 @@ def test_the_write_out_finds_the_file_under_the_local_stores_wrappers(tmp_path: 
         raw.write(b"abc")
         raw.flush()
         assert os.fstat(fd).st_size == 3  # the staging file the store will publish
+
+
+def test_resume_with_nothing_saved_restores_nothing_and_a_relaunch_rewinds_to_step_zero(tmp_path: Path) -> None:
+    """The relaunch guide's load line on every launch: a first launch gets None; a relaunch of a run that
+    died before its first checkpoint gets None too and starts over at step 0, recorded as a rewind."""
+    store = str(tmp_path / "store")
+    tr = lht.init("ckpt", store=store, run_id="job1", auto_resume=True, system_metrics=False)
+    model, optimizer, scheduler, _ = _build()
+    tr.watch(model, optimizer, scheduler)
+    assert tr.load_checkpoint("resume") is None and tr.global_step == 0
+    with pytest.raises(lh.CheckpointError, match="has no checkpoint yet"):
+        tr.load_checkpoint("latest")  # "latest" and a path still say there is nothing
+    tr.clear_checkpoint_error()  # a failed load is kept until cleared (see load_checkpoint)
+    for _ in range(3):
+        optimizer.step()
+    tr.log({"loss": 1.0})
+    tr.finish(close_run=False)
+    again = lht.init("ckpt", store=store, run_id="job1", auto_resume=True, system_metrics=False)
+    assert again.resumed and again.global_step == 3
+    model, optimizer, scheduler, _ = _build()
+    again.watch(model, optimizer, scheduler)
+    assert again.load_checkpoint("resume") is None
+    assert again.global_step == 0
+    (rewind,) = lh.Api(store).run(again.id).rewinds()
+    assert (rewind.to_step, rewind.reached, rewind.checkpoint) == (0, 3, None)
+    again.finish()
