@@ -63,6 +63,7 @@ def never_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the worker's first backend also trains never_crashed, in its setup
 def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(
     shared_store_url: str, never_crashed: Path, tmp_path: Path
 ) -> None:
@@ -70,7 +71,9 @@ def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(
 
     # a random step well between two saves (the kill lands a step or two later)
     kill_at = random.Random().choice([s for s in range(SAVE_EVERY + 2, STEPS - 3) if 2 <= s % SAVE_EVERY <= 4])
-    crashing = _worker(shared_store_url, "--step-sleep", "0.05")
+    # more steps than the others: on a loaded machine the test may read "step N" late, and a run that
+    # reached STEPS would be ending (its session recorded as ended) when the kill arrives
+    crashing = _worker(shared_store_url, "--step-sleep", "0.05", "--steps", str(100 * STEPS))
     assert crashing.stdout is not None
     run_id = crashing.stdout.readline().split()[1]
     handle = lh.Api(shared_store_url).run(run_id)
