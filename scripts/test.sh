@@ -4,8 +4,9 @@
 #   bash scripts/test.sh                 everything, as CI runs it
 #   bash scripts/test.sh --quick         what to run after a small change (under 3 minutes): no slow or browser test
 #   bash scripts/test.sh tests/storage -x     arguments go to pytest
-# pytest runs twice: the tests on LAUNCHHELM_TEST_WORKERS xdist workers (default 6: most of their time is
-# waiting on child processes, so more workers than cores pay), then the `serial` ones alone, since they
+# pytest runs twice: the tests on LAUNCHHELM_TEST_WORKERS xdist workers (default 4: much of their time is
+# waiting, but torch's imports and training are CPU: tests/torch's heaviest modules ran faster on 3 or 4
+# workers than on 6 on a 2-core machine, and the browser group keeps one worker), then the `serial` ones alone, since they
 # measure time or count heartbeats. The docs site build and the layers contract are tests
 # (tests/docs/test_site.py, tests/core/test_import_graph.py), so they run once, in pytest.
 set -euo pipefail
@@ -54,7 +55,7 @@ if [ ! -x /usr/sbin/slurmctld ]; then
         if [ -n "${CI:-}" ]; then exit 1; fi
     fi
 fi
-workers=${LAUNCHHELM_TEST_WORKERS:-6}
+workers=${LAUNCHHELM_TEST_WORKERS:-4}
 if [ "$quick" = 1 ]; then
     echo "== pytest --quick (not slow, not browser, not serial; $workers workers)"
     exec python -m pytest -n "$workers" --dist loadgroup -m "not slow and not browser and not serial" --durations=15 "$@"

@@ -25,6 +25,9 @@ from slurm_cluster import slurm_cluster  # noqa: F401  (fixture)
 
 BACKENDS = ["local", "memory", "s3", "gcs", "azure"]
 
+# --dist loadgroup's groups, kept under pytest 9.2 (see the module)
+pytest_plugins = ["xdist_groups"]
+
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

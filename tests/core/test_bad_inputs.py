@@ -428,6 +428,7 @@ def _named(error: BaseException, value: object) -> bool:
 
 @HYPOTHESIS
 @given(key=_bad_key())
+@pytest.mark.slow
 def test_generated_bad_metric_keys_are_refused_naming_them(world: World, key: object) -> None:
     error = assert_refused(world, lambda: world.live.log({key: 1.0}), (TypeError, ValueError), None)
     assert key == "" or _named(error, key), f"{error} does not name {key!r}"
@@ -435,12 +436,14 @@ def test_generated_bad_metric_keys_are_refused_naming_them(world: World, key: ob
 
 @HYPOTHESIS
 @given(value=NOT_A_NUMBER)
+@pytest.mark.slow
 def test_generated_bad_metric_values_are_refused_naming_the_key(world: World, value: object) -> None:
     assert_refused(world, lambda: world.live.log({"loss": 1.0, "bad/value": value}), TypeError, "'bad/value'")
 
 
 @HYPOTHESIS
 @given(step=NOT_A_STEP)
+@pytest.mark.slow
 def test_generated_bad_steps_are_refused_naming_them(world: World, step: object) -> None:
     error = assert_refused(world, lambda: world.live.log({"loss": 1.0}, step=step), (TypeError, ValueError), None)
     assert _named(error, step) or _named(error, int(step) if isinstance(step, int) else step)
@@ -453,6 +456,7 @@ def test_generated_bad_steps_are_refused_naming_them(world: World, step: object)
         lambda n: n is not None and not (isinstance(n, str) and _PROJECT_RE.fullmatch(n))
     )
 )
+@pytest.mark.slow
 def test_generated_bad_project_names_are_refused_everywhere(world: World, name: object) -> None:
     for call in (
         lambda: lh.init(name, store=world.store),
@@ -467,6 +471,7 @@ def test_generated_bad_project_names_are_refused_everywhere(world: World, name: 
 
 @HYPOTHESIS
 @given(run_id=st.text(max_size=70))
+@pytest.mark.slow
 def test_generated_run_ids_that_are_not_stored_are_refused(world: World, run_id: str) -> None:
     builtin = KeyError if _RUN_ID_RE.fullmatch(run_id) else ValueError
     for call in (lambda: world.api.run(run_id), lambda: lh.init("p", resume=run_id, store=world.store)):
@@ -480,6 +485,7 @@ def test_generated_run_ids_that_are_not_stored_are_refused(world: World, run_id:
     duplicates=st.text(max_size=8).filter(lambda d: d not in ("all", "last")),
     state=st.text(max_size=8).filter(lambda s: s not in ("queued", "running", "done", "failed")),
 )
+@pytest.mark.slow
 def test_generated_bad_options_are_refused_naming_them(world: World, action: str, duplicates: str, state: str) -> None:
     handle = world.api.run(world.run_id)
     for call, value in (
@@ -496,6 +502,7 @@ def test_generated_bad_options_are_refused_naming_them(world: World, action: str
     name=st.text(max_size=10).filter(lambda n: n not in ("lr", "note")),
     value=st.one_of(st.text(max_size=5), st.none(), st.lists(st.integers(), max_size=2), st.booleans()),
 )
+@pytest.mark.slow
 def test_generated_bad_tunable_changes_are_refused(world: World, name: str, value: object) -> None:
     handle = world.api.run(world.run_id)
     error = assert_refused(world, lambda: handle.set_tunables(**{name: 0.5}), KeyError, None)
@@ -509,6 +516,7 @@ def test_generated_bad_tunable_changes_are_refused(world: World, name: str, valu
 
 @HYPOTHESIS
 @given(flag=st.one_of(st.text(max_size=4), st.integers(), st.none(), st.floats()))
+@pytest.mark.slow
 def test_generated_takeover_values_other_than_a_bool_are_refused(world: World, flag: object) -> None:
     error = assert_refused(
         world,

@@ -16,6 +16,7 @@ import pytest
 from lhtest import ROOT, child_env
 
 
+@pytest.mark.slow
 def test_bench_log_reads_back_exactly_what_it_logged() -> None:
     quick = ["--steps", "300", "--reads", "2", "--mlflow-steps", "0", "--wandb-steps", "0", "--stall-seconds", "1"]
     done = subprocess.run(
@@ -41,6 +42,7 @@ def _gpu_sharded_check(*args: str, **env: str) -> subprocess.CompletedProcess[st
     )
 
 
+@pytest.mark.slow
 def test_gpu_sharded_check_skips_in_one_line_without_cuda() -> None:
     done = _gpu_sharded_check(CUDA_VISIBLE_DEVICES="")
     assert done.returncode == 0, done.stderr[-3000:]

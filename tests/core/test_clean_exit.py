@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from lhtest import ROOT, child_env
 
 SCRIPT = r"""
@@ -55,6 +56,7 @@ print("threads", json.dumps({"before": before, "after": threads(), "python": [t.
 """
 
 
+@pytest.mark.slow
 def test_no_arrow_thread_pool_outlives_a_session_or_a_read(tmp_path: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-c", SCRIPT, str(tmp_path / "store")],

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import launchhelm as lh
 
 
@@ -15,6 +17,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([exe, *args], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_demo_trains_crashes_resumes_and_prints_the_rewind(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     done = _cli("--store", store, "demo", "--steps", "100")
@@ -52,6 +55,7 @@ def test_demo_trains_crashes_resumes_and_prints_the_rewind(tmp_path: Path) -> No
     assert "evaluations:" in shown.stdout and "step 80      done: loss=" in shown.stdout
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     missing = _cli("--store", store, "show", "abcdefgh")

@@ -35,6 +35,7 @@ def _cells(out: str, label: str) -> list[str]:
     return [cell.strip() for cell in line[len(label) :].split("  ") if cell.strip()]
 
 
+@pytest.mark.slow
 def test_compare_prints_latest_values_and_the_config_diff_on_every_store(shared_store_url: str) -> None:
     import launchhelm as lh
 
@@ -62,6 +63,7 @@ def test_compare_prints_latest_values_and_the_config_diff_on_every_store(shared_
     assert "config.model" not in diff  # the same in both: not a difference
 
 
+@pytest.mark.slow
 def test_compare_says_what_is_wrong_and_runs_reads_times_as_people_do(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     a = rewound_run(store, "cli", "alpha", 0.1)

@@ -47,6 +47,7 @@ def _session(i: int = 0) -> str:
     return f"{int(time.time() * 1000) + i:012x}{os.urandom(4).hex()}"
 
 
+@pytest.mark.slow
 def test_compaction_keeps_history_exactly_and_covers_every_chunk(store_url: str) -> None:
     run = lh.init("compaction", store=store_url, flush_interval=3600)
     for step in range(1, 41):
@@ -71,6 +72,7 @@ def test_compaction_keeps_history_exactly_and_covers_every_chunk(store_url: str)
     assert api.run(run.id).history().drop(columns="time").equals(before.drop(columns="time"))
 
 
+@pytest.mark.slow
 def test_a_rewound_run_keeps_both_attempts_through_compaction(store_url: str) -> None:
     run = lh.init("compaction", store=store_url, flush_interval=3600)
     for step in range(1, 21):
@@ -93,6 +95,7 @@ def test_a_rewound_run_keeps_both_attempts_through_compaction(store_url: str) ->
     assert last.set_index("step").loc[12, "loss"] == -12.0
 
 
+@pytest.mark.slow
 def test_segments_merge_in_levels_so_their_number_stays_logarithmic(tmp_path: Path) -> None:
     store = open_store(tmp_path / "store")
     session = _session()
@@ -132,6 +135,7 @@ def test_garbage_goes_only_after_the_grace_period(tmp_path: Path, monkeypatch: p
     assert _values(store, "grace000") == [float(s) for s in range(15 + FANOUT * 3)]
 
 
+@pytest.mark.slow
 def test_a_store_written_before_compaction_reads_and_is_compacted_by_the_command(shared_store_url: str) -> None:
     # layout 1: chunks only, no manifest (what every earlier version wrote)
     store_url = shared_store_url
@@ -160,6 +164,7 @@ def test_a_store_written_before_compaction_reads_and_is_compacted_by_the_command
     assert after.drop(columns="time").equals(before.drop(columns="time"))
 
 
+@pytest.mark.slow
 def test_racing_compactors_and_a_writer_never_show_a_point_twice_or_lose_one(store_url: str) -> None:
     store = open_store(store_url)
     run_id = f"race{os.urandom(3).hex()}"
@@ -213,6 +218,7 @@ def test_racing_compactors_and_a_writer_never_show_a_point_twice_or_lose_one(sto
     assert _values(store, run_id) == [float(s) for s in range(180)]
 
 
+@pytest.mark.slow
 def test_a_poll_reads_only_what_is_new_and_sees_every_point_once(store_url: str) -> None:
     store = open_store(store_url)
     run_id = f"poll{os.urandom(3).hex()}"
@@ -288,6 +294,7 @@ def _counted(moto_endpoint: str, prefix: str) -> tuple[RequestCounter, lh.storag
     return proxy, store
 
 
+@pytest.mark.slow
 def test_a_long_runs_history_and_live_poll_cost_a_few_requests_on_s3(moto_endpoint: str) -> None:
     prefix = f"reqs-{os.urandom(3).hex()}"
     direct = open_store(f"s3://{BUCKET}/{prefix}")
@@ -367,6 +374,7 @@ def test_a_damaged_chunk_or_a_foreign_file_is_skipped_with_a_warning_not_fatal(t
     assert frame["x"].tolist() == [1.0, 3.0]
 
 
+@pytest.mark.slow
 def test_the_live_sessions_compaction_sends_two_requests_and_one_batched_delete(
     moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -423,6 +431,7 @@ def test_the_live_sessions_compaction_sends_two_requests_and_one_batched_delete(
         proxy.close()
 
 
+@pytest.mark.slow
 def test_another_compactor_makes_the_live_session_list_again(store_url: str) -> None:
     store = open_store(store_url)
     run_id, session = "live0002", _session()

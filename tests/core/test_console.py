@@ -48,6 +48,7 @@ print(run.id)
 """
 
 
+@pytest.mark.slow
 def test_a_script_keeps_python_c_level_and_child_output_and_still_shows_it(shared_store_url: str) -> None:
     done = run_python(SCRIPT, shared_store_url)
     assert done.returncode == 0, done.stderr
@@ -82,6 +83,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 def test_a_sigkilled_process_keeps_its_output_up_to_its_last_flush(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     child = spawn(TICKER, store)
@@ -216,6 +218,7 @@ def _streams() -> tuple[object, ...]:
     )
 
 
+@pytest.mark.slow
 def test_finish_puts_this_process_streams_back_exactly_even_after_an_exception(store_url: str) -> None:
     before = _streams()
     run = lh.init("console", store=store_url, flush_interval=3600)
@@ -259,6 +262,7 @@ print(run.id)
 """
 
 
+@pytest.mark.slow
 def test_a_script_gets_its_file_descriptors_back_exactly(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     done = run_python(RESTORE, store)
@@ -300,6 +304,7 @@ print(run.id)
 """
 
 
+@pytest.mark.slow
 def test_a_process_started_as_rank_1_captures_nothing(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     done = run_python(RANKED, store, RANK="1", WORLD_SIZE="2")
@@ -373,6 +378,7 @@ def _run_with_sessions(store: lh.storage.Store) -> tuple[str, list[str]]:
     return run.id, [first, again.session_id]
 
 
+@pytest.mark.slow
 def test_sessions_read_in_order_by_id_or_index_and_tail_reads_only_the_last_objects(moto_endpoint: str) -> None:
     prefix = f"console-{os.urandom(3).hex()}"
     proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
@@ -396,6 +402,7 @@ def test_sessions_read_in_order_by_id_or_index_and_tail_reads_only_the_last_obje
         proxy.close()
 
 
+@pytest.mark.slow
 def test_a_follower_reads_only_what_is_new(moto_endpoint: str) -> None:
     prefix = f"console-{os.urandom(3).hex()}"
     proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
@@ -452,6 +459,7 @@ run.finish()
 """
 
 
+@pytest.mark.slow
 def test_launchhelm_logs_prints_the_log_and_follows_a_live_run(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     child = spawn(LIVE, store)
@@ -487,6 +495,7 @@ raise RuntimeError("the loss went to nan")
 """
 
 
+@pytest.mark.slow
 def test_an_uncaught_exception_leaves_its_traceback_in_the_log_in_order(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     # stdout and stderr to one place (a terminal, `> log 2>&1`): one pipe, so the log keeps their order

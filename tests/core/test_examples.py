@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import launchhelm as lh
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
+@pytest.mark.slow
 def test_quickstart_example_logs_resumes_and_reads_back(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     done = subprocess.run(

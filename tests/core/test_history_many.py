@@ -35,6 +35,7 @@ def _runs(store: str, project: str = "many", count: int = 3) -> list[lh.Run]:
     return runs
 
 
+@pytest.mark.slow
 def test_api_history_reads_many_runs_into_one_frame_with_a_run_column(store_url: str) -> None:
     runs = _runs(store_url)
     api = lh.Api(store_url)
@@ -104,6 +105,7 @@ def test_duckdb_reads_a_local_stores_segments(tmp_path: Path) -> None:
     assert total.fetchone()[0] == sum(10 + i for i in range(3)) + sum(10 + i for i in range(1, 3))  # type: ignore[index]
 
 
+@pytest.mark.slow
 def test_duckdb_reads_segments_straight_from_s3(moto_endpoint: str) -> None:
     url = f"s3://{BUCKET}/duck-{os.urandom(3).hex()}"
     store = lh.storage.open_store(url)

@@ -79,6 +79,7 @@ def test_compaction_through_several_levels_holds_arrow_memory_under_its_bound(tm
     assert frame["c"].tolist() == [s * 0.5 for s in range(steps)]
 
 
+@pytest.mark.slow
 def test_logging_that_outruns_the_store_holds_bounded_memory_and_loses_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,6 +117,7 @@ def test_logging_that_outruns_the_store_holds_bounded_memory_and_loses_nothing(
     assert not (tmp_path / "spool" / run.id).exists()  # every point stored: the spool is gone
 
 
+@pytest.mark.slow
 def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path: Path) -> None:
     """pandas costs a training process ~0.4 s and ~60 MB, and imported by the background thread it
     stalls the loop: writing and compacting metrics must not need it (reading them does)."""

@@ -204,6 +204,7 @@ def test_an_image_waiting_in_the_queue_is_not_lost_and_log_returns_before_it_is_
     run.finish()
 
 
+@pytest.mark.slow
 def test_a_long_runs_media_index_stays_a_few_objects_and_reads_in_two_requests(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

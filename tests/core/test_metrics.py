@@ -279,6 +279,7 @@ def _agrees(frame: pd.DataFrame, rows: list[tuple[int, int, float, dict[str, flo
             assert (value == cells[key]) if key in cells else math.isnan(value), (row, key)
 
 
+@pytest.mark.slow
 def test_the_pivot_of_a_long_run_needs_little_more_than_the_frame_it_returns(monkeypatch: pytest.MonkeyPatch) -> None:
     import tracemalloc
 

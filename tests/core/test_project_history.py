@@ -90,6 +90,7 @@ def two_backends(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return make_store_url(request.param, tmp_path, request)
 
 
+@pytest.mark.slow
 def test_the_project_dataset_reads_exactly_as_each_run_does(two_backends: str) -> None:
     store = two_backends
     settled = [_settled_run(store, i, rewind=i == 1, close=i % 4 != 0) for i in range(9)]

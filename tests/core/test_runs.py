@@ -247,6 +247,7 @@ def test_concurrent_resumes_of_one_run_admit_exactly_one(shared_store_url: str) 
     assert len(started) == 2
 
 
+@pytest.mark.slow
 def test_points_are_flushed_in_the_background_while_the_run_lives(shared_store_url: str) -> None:
     code = """
     import sys, time, launchhelm as lh
@@ -271,6 +272,7 @@ def test_points_are_flushed_in_the_background_while_the_run_lives(shared_store_u
         proc.wait()
 
 
+@pytest.mark.slow
 def test_interpreter_exit_flushes_and_ends_the_session_keeping_the_run_open(shared_store_url: str) -> None:
     done = run_python(
         """

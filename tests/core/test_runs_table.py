@@ -35,6 +35,7 @@ def _settled_runs(store: lh.storage.Store, count: int) -> list[str]:
     return ids
 
 
+@pytest.mark.slow
 def test_settled_runs_come_from_the_index_in_three_requests(moto_endpoint: str) -> None:
     prefix = f"table-{os.urandom(3).hex()}"
     direct = open_store(f"s3://{BUCKET}/{prefix}")

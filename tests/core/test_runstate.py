@@ -91,6 +91,7 @@ def test_a_snapshot_round_trips_exactly_and_deterministically() -> None:
     assert decode_state(json.dumps(tampered).encode(), run_id, state.last_seq, events[-1]) is None
 
 
+@pytest.mark.slow
 def test_a_long_log_gets_a_snapshot_and_opens_from_it(store_url: str) -> None:
     store = open_store(store_url)
     run_id, events = _long_log(store, 200)
@@ -108,6 +109,7 @@ def test_a_long_log_gets_a_snapshot_and_opens_from_it(store_url: str) -> None:
     assert len(handle.events()) == 200  # every event is still there for whoever asks
 
 
+@pytest.mark.slow
 def test_a_run_resumed_from_a_long_log_applies_the_changes_made_while_it_was_away(store_url: str) -> None:
     store = open_store(store_url)
     run_id, _ = _long_log(store, 100, close=False)  # 97 tunable changes nobody applied; a snapshot at 100
@@ -125,6 +127,7 @@ def test_a_run_resumed_from_a_long_log_applies_the_changes_made_while_it_was_awa
     assert (row["status"], row["sessions"], row["rewinds"]) == ("closed", 2, 1)
 
 
+@pytest.mark.slow
 def test_a_corrupt_or_foreign_snapshot_is_ignored(store_url: str) -> None:
     store = open_store(store_url)
     run_id, events = _long_log(store, 90)
@@ -173,6 +176,7 @@ def _gets(counts: Any) -> int:
     return sum(n for what, n in counts.items() if what.startswith("GET"))
 
 
+@pytest.mark.slow
 def test_a_log_of_200_events_opens_in_a_listing_and_one_round_of_gets_on_s3(moto_endpoint: str) -> None:
     prefix = f"snap-{os.urandom(3).hex()}"
     writer = open_store(f"s3://{BUCKET}/{prefix}")
@@ -281,6 +285,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.slow
 def test_a_sigkilled_sessions_summary_says_running_and_the_row_says_stopped(tmp_path: Any) -> None:
     url = str(tmp_path / "store")
     proc = spawn(KILLED, url)
@@ -304,6 +309,7 @@ def test_a_sigkilled_sessions_summary_says_running_and_the_row_says_stopped(tmp_
     assert (row["status"], row["sessions"], row["metric.loss"], row["metric.acc"]) == ("resumable", 2, 0.125, 0.5)
 
 
+@pytest.mark.slow
 def test_an_old_store_without_summaries_or_snapshots_still_lists(store_url: str) -> None:
     store = open_store(store_url)
     closed = lh.init("old", config={"opt": {"lr": 0.1, "wd": 0}}, store=store)
@@ -328,6 +334,7 @@ def test_an_old_store_without_summaries_or_snapshots_still_lists(store_url: str)
         live.finish()
 
 
+@pytest.mark.slow
 def test_the_runs_table_of_100_runs_reads_in_a_bounded_number_of_requests_on_s3(moto_endpoint: str) -> None:
     prefix = f"table-{os.urandom(3).hex()}"
     writer = open_store(f"s3://{BUCKET}/{prefix}")

@@ -87,6 +87,7 @@ def test_sigkill_in_a_tight_log_loop_loses_no_point(
         assert _check_exactly_once(store, run_id, logged) == logged  # recovered once, not again
 
 
+@pytest.mark.slow
 def test_a_clean_finish_leaves_no_spool_and_the_cli_recovers_a_killed_one(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -116,6 +117,7 @@ def test_a_clean_finish_leaves_no_spool_and_the_cli_recovers_a_killed_one(
     _check_exactly_once(store, run_id, printed)
 
 
+@pytest.mark.slow
 def test_a_resumed_torch_run_rewinds_from_the_last_step_logged_before_the_kill(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -175,6 +177,7 @@ def test_a_resumed_torch_run_rewinds_from_the_last_step_logged_before_the_kill(
     assert rewind.reached == last_logged
 
 
+@pytest.mark.slow
 def test_files_made_ready_by_the_flush_thread_keep_every_row_in_order(tmp_path: Path) -> None:
     """The flush thread makes the next spool file ready (log() only switches maps); rows of mixed layouts
     read back exactly across the switches, live and after the session died with a ready file unused."""

@@ -15,6 +15,7 @@ import launchhelm as lh
 from launchhelm.metrics._system import SystemSampler
 
 
+@pytest.mark.slow
 def test_a_training_subprocess_logs_system_metrics_read_by_wall_time(shared_store_url: str) -> None:
     out = run_python(
         """
@@ -73,6 +74,7 @@ def test_each_rank_reports_under_its_own_prefix(monkeypatch: pytest.MonkeyPatch)
     assert all(k.startswith("system/") and "rank" not in k for k in SystemSampler().sample())
 
 
+@pytest.mark.slow
 def test_the_gpu_self_check_says_why_it_skips_without_a_gpu() -> None:
     """benchmarks/gpu_system_metrics_check.py is for GPU machines; elsewhere it names what is missing and succeeds."""
     import subprocess

@@ -145,6 +145,7 @@ def test_every_block_is_run_or_says_why_not() -> None:
 
 
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES])
+@pytest.mark.slow
 def test_the_pages_code_blocks_run(page: Path, tmp_path: Path) -> None:
     runnable = [b for b in blocks(page) if b.skip is None and b.language in RUN]
     if not runnable:

@@ -127,6 +127,7 @@ def _policy_keys(policy: dict[str, object], action: str, root: str) -> list[str]
     return patterns
 
 
+@pytest.mark.slow
 def test_policy_command_prints_a_bucket_policy(tmp_path: Path) -> None:
     done = _run_cli("policy", "evaluation", "--store", "s3://bkt/team/lh", "--project", "evals", cwd=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -19,6 +19,7 @@ from launchhelm.evaluation._queue import EvaluationQueue
 from launchhelm.storage import open_store
 
 
+@pytest.mark.slow
 def test_rule_queues_each_checkpoint_saved_while_it_is_on(store_url: str, tmp_path: Path) -> None:
     api = lh.Api(store_url)
     project = api.project("evals")
@@ -52,6 +53,7 @@ def test_rule_queues_each_checkpoint_saved_while_it_is_on(store_url: str, tmp_pa
     assert len(open_store(store_url).list("projects/evals/rules")) == 2
 
 
+@pytest.mark.slow
 def test_racing_threads_queue_one_evaluation(store_url: str, tmp_path: Path) -> None:
     run, (checkpoint,) = checkpointed_run(store_url, tmp_path, [5])
     event = lh.Api(store_url).run(run.id)._state().checkpoint(checkpoint)

@@ -24,6 +24,7 @@ def _rule_on(store: str, project: str = "evals") -> None:
     lh.Api(store).project(project).evaluate_every_checkpoint(True)
 
 
+@pytest.mark.slow
 def test_scores_are_logged_at_the_checkpoint_step_beside_training_metrics(store_url: str, tmp_path: Path) -> None:
     _rule_on(store_url)
     run = lh.init("evals", store=store_url)
@@ -122,6 +123,7 @@ def test_a_score_that_is_not_a_number_fails_naming_the_key(store_url: str, tmp_p
     assert not [p for p in raw_points(store_url, run.id) if p["key"].startswith("eval/")]  # nothing half-logged
 
 
+@pytest.mark.slow
 def test_an_exception_fails_that_evaluation_and_try_again_reruns_it(store_url: str, tmp_path: Path) -> None:
     _rule_on(store_url)
     run, _ = checkpointed_run(store_url, tmp_path, [10, 20, 30])
@@ -179,6 +181,7 @@ def test_ctrl_c_releases_the_lease_for_the_next_worker_at_once(store_url: str, t
     assert (record.state, record.attempts, record.worker) == ("done", 2, "next")
 
 
+@pytest.mark.slow
 def test_a_live_lease_is_renewed_and_shown_as_running(store_url: str, tmp_path: Path) -> None:
     _rule_on(store_url)
     run, _ = checkpointed_run(store_url, tmp_path, [10])

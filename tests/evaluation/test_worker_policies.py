@@ -236,6 +236,7 @@ def test_the_azure_role_assignment_allows_what_a_worker_did_and_nothing_of_train
     assert any("overwrite" in line for line in policy["cannot_narrow"])
 
 
+@pytest.mark.slow
 def test_the_policy_command_prints_each_cloud_and_refuses_other_stores(tmp_path: Path) -> None:
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
         cmd = [sys.executable, "-m", "launchhelm._cli", "policy", "evaluation", *args]

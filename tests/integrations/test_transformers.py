@@ -48,6 +48,7 @@ def _args(output_dir: Path, steps: int, save_every: int) -> TrainingArguments:
     )
 
 
+@pytest.mark.slow
 def test_callback_logs_records_config_and_publishes_each_checkpoint_folder(tmp_path: Path) -> None:
     model, data = _tiny()
     callback = LaunchHelmCallback("hf", store=str(tmp_path / "store"), config={"note": "tiny"})
@@ -71,6 +72,7 @@ def test_callback_logs_records_config_and_publishes_each_checkpoint_folder(tmp_p
     assert "model.safetensors" in checkpoints[1].files and "optimizer.pt" in checkpoints[1].files
 
 
+@pytest.mark.slow
 def test_an_evaluation_worker_scores_a_published_checkpoint_folder(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -104,6 +106,7 @@ def test_an_evaluation_worker_scores_a_published_checkpoint_folder(
     assert handle.history(keys=["eval/loss"])["eval/loss"].dropna().tolist() == [expected]
 
 
+@pytest.mark.slow
 def test_checkpoint_folder_refuses_unknown_ids_and_damaged_files(tmp_path: Path) -> None:
     store = tmp_path / "store"
     model, data = _tiny()
@@ -127,6 +130,7 @@ def test_checkpoint_folder_refuses_unknown_ids_and_damaged_files(tmp_path: Path)
     resumed.run.finish(close_run=False)
 
 
+@pytest.mark.slow
 def test_checkpoint_now_from_outside_makes_the_trainer_save_and_publish(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     model, data = _tiny()

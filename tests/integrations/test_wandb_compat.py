@@ -104,6 +104,7 @@ def _init(store: str, **kwargs: object) -> wandb.Run:
 
 
 @pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.slow)])
+@pytest.mark.slow
 def test_a_wandb_script_stores_exactly_what_it_logged(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -157,6 +158,7 @@ def test_the_same_script_under_real_wandb_offline_sees_the_same_steps_and_summar
     assert {k: v for k, v in summary.items() if not k.startswith("_") and k not in media} == EXPECTED_SUMMARY
 
 
+@pytest.mark.slow
 def test_a_script_that_raises_keeps_its_last_row_and_stays_resumable(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     script = """

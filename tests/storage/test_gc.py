@@ -53,6 +53,7 @@ def _multipart_uploads(store: Store) -> list[Any]:
     return list(client.list_multipart_uploads(Bucket=BUCKET, Prefix=prefix + "/").get("Uploads", []))
 
 
+@pytest.mark.slow
 def test_orphaned_uploads_go_once_older_than_the_window(gc_store_url: str, tmp_path: Path) -> None:
     run = lh.init("gc", store=gc_store_url)
     published = run.checkpoint(_file(tmp_path, "weights.bin"), step=1)
@@ -76,6 +77,7 @@ def test_orphaned_uploads_go_once_older_than_the_window(gc_store_url: str, tmp_p
     assert [c.id for c in lh.Api(gc_store_url).run(run.id).checkpoints()] == [published]
 
 
+@pytest.mark.slow
 def test_keep_last_spares_the_latest_the_resume_choice_and_queued_evaluations(
     gc_store_url: str, tmp_path: Path
 ) -> None:
@@ -108,6 +110,7 @@ def test_keep_last_spares_the_latest_the_resume_choice_and_queued_evaluations(
     assert collect_garbage(gc_store_url, keep_last=2).actions == []
 
 
+@pytest.mark.slow
 def test_a_resume_choice_made_while_gc_decides_is_respected(
     gc_store_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -167,6 +170,7 @@ def test_incomplete_uploads_are_aborted(gc_store_url: str, tmp_path: Path) -> No
         assert [u.upload_id for u in store.incomplete_uploads()] == ["2-new.tmp"]  # still in the window
 
 
+@pytest.mark.slow
 def test_the_gc_command(gc_store_url: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = lh.init("gc", store=gc_store_url)
     ids = [run.checkpoint(_file(tmp_path, f"c{step}.bin"), step=step) for step in range(1, 4)]

@@ -11,6 +11,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from launchhelm.storage import _keys
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -113,6 +115,7 @@ NOT_KEYS = {("launchhelm/evaluation/_policies.py", "projects/_/buckets/")}  # a 
 NOT_STORE_MODULES = {"launchhelm/importers/_neptune.py"}
 
 
+@pytest.mark.slow
 def test_no_other_module_spells_a_key_fragment() -> None:
     owner = ROOT / "launchhelm" / "storage" / "_keys.py"
     found = []

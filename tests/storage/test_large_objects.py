@@ -52,6 +52,7 @@ def _part_bytes(store: Store) -> int:
     return int(upload.part_bytes) if upload is not None else PART_SIZE
 
 
+@pytest.mark.slow
 def test_writer_streams_parts_and_the_object_appears_only_at_the_end(store_url: str) -> None:
     store = open_store(store_url)
     part = _part_bytes(store)
@@ -115,6 +116,7 @@ def test_a_lost_race_at_commit_keeps_the_winner_and_leaks_nothing(object_store_u
         assert store.incomplete_uploads() == []
 
 
+@pytest.mark.slow
 def test_gcs_a_lost_race_at_the_last_chunk_keeps_the_winner_and_ends_the_session(gcs_endpoint: str) -> None:
     # fake-gcs-server checks the precondition of the whole upload when the last chunk arrives,
     # as GCS does, through GcsFinalizeProxy (gcs_finalize_proxy.py); a real bucket needs no proxy
@@ -157,6 +159,7 @@ def test_list_info_reports_sizes_and_recent_times(store_url: str) -> None:
             assert info.modified is not None and before < info.modified < time.time() + 120
 
 
+@pytest.mark.slow
 def test_download_in_parallel_ranges_restores_every_byte(object_store_url: str, tmp_path: Path) -> None:
     store = open_store(object_store_url)
     data = os.urandom(3 * PART_SIZE + 999)  # downloads come in 8 MiB ranges on every backend
@@ -181,6 +184,7 @@ def _through_proxy(moto_endpoint: str, prefix: str, **faults: object) -> tuple[F
     return proxy, store
 
 
+@pytest.mark.slow
 def test_a_failed_part_is_sent_again(moto_endpoint: str) -> None:
     proxy, store = _through_proxy(
         moto_endpoint,
@@ -201,6 +205,7 @@ def test_a_failed_part_is_sent_again(moto_endpoint: str) -> None:
         proxy.close()
 
 
+@pytest.mark.slow
 def test_a_part_that_keeps_failing_aborts_the_upload(moto_endpoint: str) -> None:
     proxy, store = _through_proxy(
         moto_endpoint,
@@ -248,6 +253,7 @@ def test_an_upload_sends_no_more_parts_at_once_than_it_was_allowed(moto_endpoint
         proxy.close()
 
 
+@pytest.mark.slow
 def test_an_s3_upload_holds_no_copy_of_a_part_beyond_the_parts_themselves(moto_endpoint: str, tmp_path: Path) -> None:
     """Parts go to aiohttp as files: given bytes, it copied each part twice more while in flight."""
     import tracemalloc
@@ -439,6 +445,7 @@ def _crc64_b64(data: bytes) -> str:
     return header_value(CRC64NVME, crc64nvme(data))
 
 
+@pytest.mark.slow
 def test_s3_uploads_carry_a_crc64nvme_that_matches_the_bytes_sent(moto_endpoint: str) -> None:
     """Each part, the commit and a one-request object say their CRC64NVME, so S3 refuses a corrupted upload."""
     import boto3
@@ -470,6 +477,7 @@ def test_s3_uploads_carry_a_crc64nvme_that_matches_the_bytes_sent(moto_endpoint:
         proxy.close()
 
 
+@pytest.mark.slow
 def test_moto_keeps_a_part_corrupted_in_transit_so_refusal_needs_a_real_bucket(moto_endpoint: str) -> None:
     """What the emulator enforces: moto 5.2 stores a part whose bytes do not match its CRC64NVME header.
 

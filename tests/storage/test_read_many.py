@@ -50,6 +50,7 @@ def _proxied(moto_endpoint: str, prefix: str, latency: float) -> tuple[RequestCo
     return proxy, store
 
 
+@pytest.mark.slow
 def test_read_many_on_s3_sends_one_get_per_key_concurrently(moto_endpoint: str) -> None:
     proxy, store = _proxied(moto_endpoint, f"many-{os.urandom(3).hex()}", latency=0.05)
     try:

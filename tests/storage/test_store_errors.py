@@ -63,6 +63,7 @@ def test_an_unreachable_endpoint_fails_within_seconds(backend: str, monkeypatch:
 
 
 @pytest.mark.parametrize("backend", ["s3", "gcs", "azure"])
+@pytest.mark.slow
 def test_a_store_that_goes_away_after_opening_gives_the_same_error(backend: str) -> None:
     # The endpoint took the connection check when the store was opened, then went away.
     listener = socket.socket()
@@ -109,6 +110,7 @@ def test_wrong_azure_credentials_are_refused_clearly(azurite_endpoint: str) -> N
     assert isinstance(info.value, PermissionError)
 
 
+@pytest.mark.slow
 def test_credentials_come_from_the_usual_environment_variables(
     moto_endpoint: str, gcs_endpoint: str, azurite_endpoint: str
 ) -> None:
@@ -129,6 +131,7 @@ def test_credentials_come_from_the_usual_environment_variables(
     assert done.stdout.count("[1.0]") == 3, done.stdout
 
 
+@pytest.mark.slow
 def test_info_logging_is_not_flooded_by_azure_request_lines(azurite_endpoint: str) -> None:
     # azure-core logs each request at INFO; a user's own level on that logger wins
     code = """
@@ -208,6 +211,7 @@ class _TokenServer:
         self._http.server_close()
 
 
+@pytest.mark.slow
 def test_google_application_credentials_sign_every_gcs_request(gcs_endpoint: str, tmp_path: Path) -> None:
     # a service-account key file named by GOOGLE_APPLICATION_CREDENTIALS, as on a GCP VM or in CI;
     # its token_uri points at a local token endpoint, and a proxy before fake-gcs-server

@@ -404,6 +404,7 @@ def test_a_run_rewound_twice_marks_each_abandoned_attempt(tmp_path: Path) -> Non
     assert late is not None and handle.checkpoints()[1].steps_to_redo == 6 - 4
 
 
+@pytest.mark.slow
 def test_resume_choice_is_restored_once_then_latest_again(store_url: str) -> None:
     model, optimizer, scheduler, _ = _build()
     tr = lht.init("choice", store=store_url)
@@ -499,6 +500,7 @@ def test_a_failed_non_blocking_save_raises_at_the_next_wait_and_publishes_nothin
     tr.finish()
 
 
+@pytest.mark.slow
 def test_interpreter_exit_publishes_a_non_blocking_save_in_progress(tmp_path: Path) -> None:
     from lhtest import run_python
 

@@ -221,6 +221,7 @@ def test_the_recorded_checksums_are_the_ones_the_store_keeps(store_url: str) -> 
     tr.finish()
 
 
+@pytest.mark.slow
 def test_the_gpu_self_check_skips_cleanly_without_cuda() -> None:
     """benchmarks/gpu_checkpoint_check.py is for GPU machines; elsewhere it says so and succeeds."""
     import subprocess

@@ -46,14 +46,34 @@ def _states_equal(a: Path, b: Path) -> bool:
     return model_same and opt_same and left["optimizer"]["param_groups"] == right["optimizer"]["param_groups"]
 
 
+@pytest.fixture(scope="session")
+def never_crashed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The final state of a run that never crashed, trained once per xdist worker on a local store.
+
+    Training reads nothing back from its store and saving leaves every RNG as it was (a checkpoint
+    captures them, the negative control below shows a changed RNG is seen), so the state is the
+    same whatever the backend: each backend's test still kills, restores and resumes on its own
+    store and compares with this state. Session scope, not module scope, so the backends' tests
+    stay free to run on different workers (tests/conftest.py groups modules with module fixtures).
+    """
+    folder = tmp_path_factory.mktemp("never-crashed")
+    reference = folder / "reference.pt"
+    _finish(_worker(str(folder / "store"), "--out", str(reference)))
+    return reference
+
+
 @pytest.mark.slow
-def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(shared_store_url: str, tmp_path: Path) -> None:
-    reference = tmp_path / "reference.pt"
-    _finish(_worker(shared_store_url, "--out", str(reference)))
+@pytest.mark.timeout(600)  # the worker's first backend also trains never_crashed, in its setup
+def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(
+    shared_store_url: str, never_crashed: Path, tmp_path: Path
+) -> None:
+    reference = never_crashed
 
     # a random step well between two saves (the kill lands a step or two later)
     kill_at = random.Random().choice([s for s in range(SAVE_EVERY + 2, STEPS - 3) if 2 <= s % SAVE_EVERY <= 4])
-    crashing = _worker(shared_store_url, "--step-sleep", "0.05")
+    # more steps than the others: on a loaded machine the test may read "step N" late, and a run that
+    # reached STEPS would be ending (its session recorded as ended) when the kill arrives
+    crashing = _worker(shared_store_url, "--step-sleep", "0.05", "--steps", str(100 * STEPS))
     assert crashing.stdout is not None
     run_id = crashing.stdout.readline().split()[1]
     handle = lh.Api(shared_store_url).run(run_id)
@@ -97,10 +117,14 @@ def test_sigkill_then_resume_is_bitwise_identical_to_never_crashing(shared_store
 SAVER = """
 import sys, torch, launchhelm.torch as lht
 tr = lht.init("kill-save", store=sys.argv[1], resume=sys.argv[2] if len(sys.argv) > 2 else None)
-model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])  # ~8 MB of weights
+model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])  # ~8 MB of weights: two upload parts
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 tr.watch(model, optimizer)
 print(tr.id, flush=True)
+if len(sys.argv) > 2:  # the previous round's kill: what does latest restore? (CHECKER's check, one process less)
+    extra = tr.load_checkpoint("latest")
+    values = {float(v) for p in model.parameters() for v in p.detach().unique()}
+    print("restored", tr.global_step, extra["step"], sorted(values), flush=True)
 while True:
     optimizer.step()  # advances global_step; weights carry the step so a restore can be checked
     with torch.no_grad():
@@ -119,9 +143,39 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 tr.watch(model, optimizer)
 extra = tr.load_checkpoint("latest")
 values = {float(v) for p in model.parameters() for v in p.detach().unique()}
-print(tr.global_step, extra["step"], sorted(values))
+print("restored", tr.global_step, extra["step"], sorted(values))
 tr.finish(close_run=False)
 """
+
+
+def _check_restored(line: str, last_saved: int, round_: int) -> None:
+    """``restored STEP EXTRA_STEP VALUES``: a complete checkpoint, never older than the last one reported saved."""
+    word, step, extra_step, values = line.split(maxsplit=3)
+    assert word == "restored", (round_, line)
+    assert int(step) == int(extra_step) >= last_saved, (round_, step, last_saved)
+    assert values.strip() == f"[{float(step)}]", f"round {round_}: restored weights are not the saved ones"
+
+
+def kill_moments(store_url: str) -> list[float]:
+    """When to SIGKILL in each round, as a fraction of a save's duration after ``save_checkpoint`` began.
+
+    A save serialises, uploads the payload (two parts here), then writes the event that publishes
+    it; those phases are where a kill can break "latest", and their order is the same on every
+    backend. The backend matters for how each step is made atomic (rename, multipart completion,
+    GCS/Azure commit), not for how many random moments it needs. So the local store gets the full
+    set: four rounds at fresh random moments over the whole save, as before. Each object store gets
+    three rounds, seeded by its scheme (distinct, repeatable per backend): one moment in each third
+    of a save, early (serialising, before the upload), middle (during the upload) and late (the last
+    part, its completion and the event), so each phase is aimed at on each backend in every run.
+    """
+    scheme = store_url.split("://", 1)[0] if "://" in store_url else "local"
+    if scheme == "local":
+        rng = random.Random()
+        return [rng.uniform(0.0, 1.05) for _ in range(4)]
+    rng = random.Random(f"kill-moments-{scheme}")
+    thirds = [rng.uniform(start, start + 0.35) for start in (0.0, 0.35, 0.7)]
+    rng.shuffle(thirds)
+    return thirds
 
 
 @pytest.mark.slow
@@ -130,7 +184,9 @@ def test_sigkill_at_random_moments_of_a_save_never_breaks_latest(shared_store_ur
     rng = random.Random()
     run_id = None
     last_saved = 0
-    for round_ in range(4):
+    save_seconds = 0.0
+    moments = kill_moments(shared_store_url)
+    for round_, moment in enumerate(moments):
         args = [shared_store_url] + ([run_id] if run_id else [])
         proc = subprocess.Popen(
             [sys.executable, "-c", SAVER, *args],
@@ -141,33 +197,40 @@ def test_sigkill_at_random_moments_of_a_save_never_breaks_latest(shared_store_ur
         )
         assert proc.stdout is not None
         run_id = proc.stdout.readline().strip()
-        target = rng.randint(1, 3)  # let a few saves complete, then kill inside a later one
-        saving = 0
+        if round_ > 0:  # the previous round's kill left a latest that restores whole
+            line = proc.stdout.readline()
+            if not line.startswith("restored"):
+                proc.kill()
+                _, err = proc.communicate(timeout=60)
+                pytest.fail(f"round {round_ - 1}: latest could not be restored: {err[-2000:]}")
+            _check_restored(line, last_saved, round_ - 1)
+        # let a save or more complete (it times the saves on this backend), then kill inside a later one
+        target = rng.randint(1, 3) if len(moments) == 4 else 1
+        saving, began = 0, 0.0
         for line in proc.stdout:
             word, step = line.split()
             if word == "saved":
                 last_saved = max(last_saved, int(step))
+                save_seconds = time.monotonic() - began
             elif word == "saving":
+                began = time.monotonic()
                 saving += 1
                 if saving > target:
                     break
-        time.sleep(rng.uniform(0.0, 0.15))  # somewhere inside save_checkpoint
+        time.sleep(moment * save_seconds)  # somewhere inside save_checkpoint
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         for line in proc.stdout.read().splitlines():
             word, step = line.split()
             if word == "saved":
                 last_saved = max(last_saved, int(step))
-        check = subprocess.run(
-            [sys.executable, "-c", CHECKER, shared_store_url, run_id],
-            capture_output=True,
-            text=True,
-            env=child_env(),
-            timeout=120,
-        )
-        assert check.returncode == 0, f"round {round_}: latest could not be restored: {check.stderr[-2000:]}"
-        step, extra_step, values = check.stdout.split(maxsplit=2)
-        # a complete checkpoint, never older than the last one reported saved
-        assert int(step) == int(extra_step) >= last_saved, (round_, step, last_saved)
-        assert values.strip() == f"[{float(step)}]", "restored weights are not the saved ones"
+    check = subprocess.run(
+        [sys.executable, "-c", CHECKER, shared_store_url, run_id],  # type: ignore[list-item]
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        timeout=120,
+    )
+    assert check.returncode == 0, f"round {len(moments) - 1}: latest could not be restored: {check.stderr[-2000:]}"
+    _check_restored(check.stdout, last_saved, len(moments) - 1)
     assert lh.Api(shared_store_url).run(run_id).status == "resumable"  # type: ignore[arg-type]

@@ -6,11 +6,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import launchhelm as lh
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "torch_checkpoint.py"
 
 
+@pytest.mark.slow
 def test_torch_checkpoint_example_restores_step_64_after_a_real_crash(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     done = subprocess.run([sys.executable, str(EXAMPLE), store], capture_output=True, text=True, timeout=180)

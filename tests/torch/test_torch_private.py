@@ -236,6 +236,7 @@ def _outside_door(paths: list[Path], torch_names: set[str]) -> list[str]:
     return [use for path in paths if path != DOOR for use in _private_uses(path, torch_names)]
 
 
+@pytest.mark.slow
 def test_torchs_private_names_are_used_only_behind_the_door() -> None:
     """Every use of a private torch name lives in launchhelm/torch/_torch_private.py, behind
     fast_path_available(); no allow-list is needed elsewhere. The scan itself is checked on the

@@ -10,6 +10,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+import pytest
+
 from launchhelm.widgets._chart import (
     ABANDONED_COLOR,
     ABANDONED_DASH,
@@ -131,11 +133,13 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
     return result
 
 
+@pytest.mark.slow
 def test_the_spec_is_exactly_what_altair_builds() -> None:
     for keys in ([], ["train/loss"], ["train/loss", "lr", "eval/accuracy"], ["loss", "system/cpu_percent"]):
         assert build_spec(keys) == altair_spec(keys), keys
 
 
+@pytest.mark.slow
 def test_opening_a_chart_does_not_import_altair() -> None:
     done = subprocess.run(
         [

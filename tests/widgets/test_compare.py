@@ -23,6 +23,7 @@ from launchhelm.widgets._downsample import minmax_indices
 pytest.importorskip("torch")
 
 
+@pytest.mark.slow
 def test_two_rewound_runs_compare_alike_on_every_store(store_url: str) -> None:
     a = rewound_run(store_url, "cmp", "alpha", 0.1)
     b = rewound_run(store_url, "cmp", "beta", 0.01, close=False, tunables={"clip": 0.5})
@@ -185,6 +186,7 @@ def test_a_live_run_streams_into_the_comparison(tmp_path: Path) -> None:
         run.finish()
 
 
+@pytest.mark.slow
 def test_the_saved_notebook_shows_the_chart_and_the_diff(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     a = rewound_run(store, "cmp", "alpha", 0.1)

@@ -5,6 +5,7 @@ table follows. Evaluations are scored by a real worker."""
 
 from __future__ import annotations
 
+import pytest
 from widget_runs import StoppedRun
 
 import launchhelm as lh
@@ -29,6 +30,7 @@ def _score_first_checkpoint_badly(run: StoppedRun) -> lh.RunHandle:
     return handle
 
 
+@pytest.mark.slow
 def test_states_scores_errors_and_try_again(stopped_run: StoppedRun) -> None:
     handle = _score_first_checkpoint_badly(stopped_run)
     table = EvaluationTable(stopped_run.id, store=stopped_run.store)
@@ -55,6 +57,7 @@ def test_states_scores_errors_and_try_again(stopped_run: StoppedRun) -> None:
     table.close()
 
 
+@pytest.mark.slow
 def test_evaluate_this_checkpoint_and_the_project_rule(stopped_run: StoppedRun) -> None:
     table = EvaluationTable("plain", store=stopped_run.store)  # a project's table
     assert table.state["scope"] == "project" and table.state["rule"] is False
@@ -71,6 +74,7 @@ def test_evaluate_this_checkpoint_and_the_project_rule(stopped_run: StoppedRun) 
     table.close()
 
 
+@pytest.mark.slow
 def test_a_name_that_is_neither_project_nor_run_is_refused_clearly(stopped_run: StoppedRun) -> None:
     try:
         EvaluationTable("nope", store=stopped_run.store)

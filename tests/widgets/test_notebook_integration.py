@@ -71,6 +71,7 @@ manager.shutdown_kernel()
 """
 
 
+@pytest.mark.slow
 def test_a_run_left_as_a_cells_last_expression_displays_as_its_panel(stopped_run: StoppedRun) -> None:
     done = run_python(DISPLAY, stopped_run.store, stopped_run.id, PYDEVD_DISABLE_FILE_VALIDATION="1")
     assert done.returncode == 0, done.stderr
@@ -139,6 +140,7 @@ for widget in (panel, picker, chart, table, run_table):
 """
 
 
+@pytest.mark.slow
 def test_load_ext_and_the_launchhelm_magic(stopped_run: StoppedRun, tmp_path: Path) -> None:
     import launchhelm as lh
 

@@ -46,6 +46,7 @@ def test_the_picker_says_the_run_stopped_and_lists_its_checkpoints(stopped_run: 
     picker.close()
 
 
+@pytest.mark.slow
 def test_choose_makes_that_checkpoint_the_one_resume_restores(stopped_run: StoppedRun) -> None:
     picker = ResumePicker(stopped_run.id, store=stopped_run.store)
     older = picker.state["checkpoints"][1]
@@ -62,6 +63,7 @@ def test_choose_makes_that_checkpoint_the_one_resume_restores(stopped_run: Stopp
     picker.close()
 
 
+@pytest.mark.slow
 def test_a_choice_replaced_elsewhere_is_history_not_a_confirmation(stopped_run: StoppedRun) -> None:
     picker = ResumePicker(stopped_run.id, store=stopped_run.store)
     newer, older = picker.state["checkpoints"]
@@ -81,6 +83,7 @@ def test_a_choice_replaced_elsewhere_is_history_not_a_confirmation(stopped_run: 
     picker.close()
 
 
+@pytest.mark.slow
 def test_on_a_run_closed_after_the_choice_nothing_says_a_resume_will_restore(stopped_run: StoppedRun) -> None:
     picker = ResumePicker(stopped_run.id, store=stopped_run.store)
     older = picker.state["checkpoints"][1]
@@ -98,6 +101,7 @@ def test_on_a_run_closed_after_the_choice_nothing_says_a_resume_will_restore(sto
     picker.close()
 
 
+@pytest.mark.slow
 def test_choosing_an_unknown_checkpoint_shows_why_and_changes_nothing(stopped_run: StoppedRun) -> None:
     picker = ResumePicker(stopped_run.id, store=stopped_run.store)
     _click(picker, "choose", checkpoint_id="ckpt-nope")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from widget_runs import StoppedRun
 
 import launchhelm as lh
@@ -17,6 +18,7 @@ def _click(widget: RunDetails, name: str, **args: object) -> None:
     widget._handle_msg({"content": {"data": {"method": "custom", "content": content}}, "buffers": []})
 
 
+@pytest.mark.slow
 def test_details_show_the_run_and_change_a_tunable(stopped_run: StoppedRun) -> None:
     details = RunDetails(stopped_run.id, store=stopped_run.store)
     state = details.state

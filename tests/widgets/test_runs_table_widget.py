@@ -22,6 +22,7 @@ from launchhelm.widgets import RunsTable
 pytest.importorskip("torch")
 
 
+@pytest.mark.slow
 def test_the_table_reads_the_same_rows_on_every_store_and_ticking_two_compares_them(store_url: str) -> None:
     a = rewound_run(store_url, "table", "alpha", 0.1)
     b = rewound_run(store_url, "table", "beta", 0.01, close=False, tunables={"clip": 0.5})
@@ -106,6 +107,7 @@ def test_missing_cells_sort_last_and_text_sorts_as_text() -> None:
     assert [r["id"] for r in filter_rows(rows, "loss=10")] == ["c"]
 
 
+@pytest.mark.slow
 def test_a_killed_run_reads_stopped_with_its_sentence_and_times_read_as_people_read_them(
     stopped_run: StoppedRun,
 ) -> None:
@@ -247,6 +249,7 @@ print(shown.loc[0, "status"])
 """
 
 
+@pytest.mark.slow
 def test_the_magic_without_a_kernel_prints_a_table_with_readable_times(stopped_run: StoppedRun) -> None:
     from lhtest import run_python
 
