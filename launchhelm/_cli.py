@@ -50,11 +50,14 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"project  {run.project}")
     explain = {
         "running": "a live session is training it",
+        "hung": "a live session has made no step for its hang timeout",
         "stopped": "stopped without ending its session (crashed or killed); resume it",
         "resumable": "its last session ended with finish(close_run=False); resume it",
         "closed": "finish() closed it; it cannot be resumed",
     }
     print(f"status   {status}: {explain.get(status, '')}")
+    if status == "hung":
+        print(f"hang     {summary.get('hang', '')}")
     heartbeat = run.last_heartbeat
     print(f"heartbeat {_fmt_time(heartbeat)}" + (f" ({time.time() - heartbeat:.0f}s ago)" if heartbeat else ""))
     print(f"step     {summary['step']} (furthest reached)")

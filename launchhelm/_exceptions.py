@@ -59,6 +59,7 @@ __all__ = [
     "MissingExtraError",
     "ObjectNotFoundError",
     "PathNotFoundError",
+    "RestartLoopError",
     "RunClosedError",
     "RunFencedError",
     "RunFinishedError",
@@ -168,6 +169,25 @@ class RunInUseError(LaunchHelmError, RuntimeError):
         super().__init__(message)
         self.run_id = run_id
         self.session_id = session_id
+
+
+class RestartLoopError(LaunchHelmError, RuntimeError):
+    """``auto_resume`` refused a launch: the attempts before it kept failing without progress.
+
+    Attributes
+    ----------
+    run_id:
+        The run.
+    attempts:
+        The failed attempts, oldest first: dicts with ``session``, ``ending``,
+        ``detail``, ``step`` (where it started) and ``checkpoint`` (the one
+        it resumed from, if known).
+    """
+
+    def __init__(self, message: str, *, run_id: str, attempts: list[dict[str, object]]) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.attempts = attempts
 
 
 class RunFinishedError(LaunchHelmError, RuntimeError):

@@ -125,6 +125,29 @@ class RunOptions(TypedDict, total=False):
     preemption_budget: float | None
     """Seconds from the notice within which the process exits, saved or not (default 25)."""
 
+    hang_timeout: float | str | None
+    """Seconds without a step after which a live session counts as hung; ``"auto"`` (default) or None (off).
+
+    ``"auto"``: once the run has made its first steps, no step for
+    max(5 minutes, 10x its slowest recent step). A number counts from the
+    first step. Time spent saving or loading a checkpoint, paused, or in an
+    evaluation does not count. A small watchdog process beside the training
+    process watches (it sees a hang even when the stuck call holds the GIL),
+    dumps every thread's stack into the run (``runs/<id>/hangs/``) and, with
+    ``auto_resume``, ends the attempt as ``hung`` and kills the process so
+    the scheduler relaunches it; without, the process is left alone. It
+    takes the signal ``SIGRTMIN+6`` for ``faulthandler`` while the session
+    lives. Not on ``memory://`` stores (the watchdog cannot reach them).
+    """
+
+    max_failed_restarts: int | None
+    """With ``auto_resume``: attempts in a row that end crashed or hung without progress before a refusal.
+
+    Default 3. The next launch then raises
+    :class:`launchhelm.RestartLoopError` before it trains; choosing a
+    checkpoint (``RunHandle.choose_for_resume``) clears it. None: never refuse.
+    """
+
 
 #: The names :class:`RunOptions` defines, in the order it defines them.
 RUN_OPTIONS: tuple[str, ...] = tuple(RunOptions.__annotations__)

@@ -16,6 +16,7 @@ the control poller (``runlog/_control_poller``), the console writer
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -26,7 +27,7 @@ import time
 import types
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from launchhelm._exceptions import (
     InvalidArgumentError,
@@ -65,6 +66,8 @@ from launchhelm.runlog._preempt import PREEMPT_ACTION, PreemptionListener, Preem
 from launchhelm.runlog._sessions import env_seconds
 from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
+from launchhelm.runlog._watchdog import STEP_SLOT as _STEP_SLOT
+from launchhelm.runlog._watchdog import Beacon, Watchdog
 from launchhelm.storage import Store
 
 __all__ = ["Run"]
@@ -98,6 +101,20 @@ def _check_step(step: object) -> int:
     if value < 0:
         raise InvalidMetricError(f"step {value} is negative; steps are non-negative integers")
     return value
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _not_step_time(method: _F) -> _F:
+    """Time in ``method`` (a save, a load) does not count toward a hang."""
+
+    @functools.wraps(method)
+    def counted(self: Run, *args: Any, **kwargs: Any) -> Any:
+        with self._beacon.not_counting():
+            return method(self, *args, **kwargs)
+
+    return cast("_F", counted)
 
 
 class Run:
@@ -161,6 +178,12 @@ class Run:
         self._fence_handled = False
         self._step = global_step
         self._reached = global_step
+        # the page the hang watchdog reads (launchhelm.runlog._watchdog); a plain buffer until one starts
+        self._beacon = Beacon()
+        self._progress = self._beacon.slots
+        self._progress[_STEP_SLOT] = global_step
+        self._watchdog: Watchdog | None = None
+        self._hang_plan: dict[str, Any] | None = None  # the watchdog to start at the first step
         self._attempt = attempt
         self._lock = threading.Lock()  # log()'s appends, the control requests handed over
         # points not yet stored: buffered, spooled, written as chunks, compacted (see MetricFlusher)
@@ -245,6 +268,7 @@ class Run:
     def global_step(self, value: int) -> None:
         step = _check_step(value)
         self._step = step
+        self._progress[_STEP_SLOT] = step  # the watchdog's sign of life: one store into shared memory
         if step > self._reached:
             self._reached = step
         if self._control_flag:
@@ -322,8 +346,10 @@ class Run:
             self._check_live()
         if step is None:
             step = self._step
-        elif type(step) is not int or step < 0:
-            step = _check_step(step)
+        else:
+            if type(step) is not int or step < 0:
+                step = _check_step(step)
+            self._progress[_STEP_SLOT] = step  # a loop that counts steps only in log() makes steps too
         if type(metrics) is not dict and not isinstance(metrics, Mapping):
             raise InvalidTypeError(f"log() takes a mapping of metric names to numbers, not {type(metrics).__name__}")
         row: dict[str, float] = {}
@@ -416,6 +442,7 @@ class Run:
         self._summary_writer.settle(end)
 
     # -- checkpoints and rewinds ----------------------------------------
+    @_not_step_time
     def checkpoint(self, path: str | os.PathLike[str], step: int | None = None) -> str:
         """Upload a file or folder as a checkpoint of this run; return its artifact id.
 
@@ -587,7 +614,8 @@ class Run:
             if not announced:
                 announced = True
                 _log.info("run %s paused at step %d; RunHandle.control('resume') continues", self.id, self._step)
-            self._wait_while_paused()
+            with self._beacon.not_counting():  # a pause is no hang
+                self._wait_while_paused()
 
     def _wait_while_paused(self) -> None:
         self._control_poller.wake.wait(timeout=1.0)
@@ -669,6 +697,55 @@ class Run:
 
     def _stop_session(self) -> None:
         self._end_session(close_run=False, reason="stopped by control")
+
+    # -- hangs (see launchhelm.runlog._watchdog) -----------------------------------
+    def _watch_for_hangs(
+        self, timeout: float | str | None, storage_options: Mapping[str, Any] | None, *, end_hung: bool
+    ) -> None:
+        """Plan the watchdog process (start_run, once the session exists); rank 0 only under DDP for now.
+
+        The background thread starts it once the session made a step: ``init`` takes no longer than
+        without it, and a script that never steps (a notebook cell, a test) never pays for a process.
+        """
+        if timeout is None or not self._records_events or self._store.url.startswith("memory://"):
+            return  # another process cannot see a memory:// store
+        self._hang_plan = {
+            "step": self._step,
+            "thread": threading.get_ident(),  # the training thread: whose stack names the hang
+            "timeout": timeout,
+            "store_url": self._store.url,
+            "storage_options": storage_options,
+            "project": self.project,
+            "run_id": self.id,
+            "session": self.session_id,
+            "end_hung": end_hung,
+        }
+
+    def _begin_watch(self) -> None:
+        """Background thread: start the planned watchdog once a step was made (outside a save or a pause)."""
+        plan = self._hang_plan
+        if plan is None or self._progress[_STEP_SLOT] == plan["step"] or self._beacon.counting_paused:
+            return
+        self._hang_plan = None
+        try:
+            watchdog = Watchdog.start(**plan)
+        except OSError as exc:  # training goes on unwatched
+            _log.warning("launchhelm: run %s: could not start the hang watchdog: %s", self.id, exc)
+            return
+        if watchdog is None or self._finished:
+            if watchdog is not None:
+                watchdog.stop()
+            return
+        watchdog.beacon.slots[_STEP_SLOT] = self._progress[_STEP_SLOT]
+        self._watchdog, self._beacon, self._progress = watchdog, watchdog.beacon, watchdog.beacon.slots
+
+    def _stop_watchdog(self) -> None:
+        self._hang_plan = None
+        watchdog, self._watchdog = self._watchdog, None
+        if watchdog is not None:
+            self._beacon = Beacon()  # a log() racing the end writes to a buffer that outlives the page
+            self._progress = self._beacon.slots
+            watchdog.stop()
 
     # -- preemption (see launchhelm.runlog._preempt) ---------------------------------
     def _listen_for_preemption(self, settings: PreemptionSettings | None) -> None:
@@ -825,6 +902,8 @@ class Run:
                 if self._events.fenced_by is not None:
                     self._on_fenced()
                     return
+                if self._hang_plan is not None:
+                    self._begin_watch()
                 if system_every is not None and now >= next_sample:
                     next_sample = now + system_every
                     self._sample_system()
@@ -866,6 +945,7 @@ class Run:
         self._finished = True  # log() and the step boundary check in, and raise
         self._control_flag = True
         self._stop.set()
+        self._stop_watchdog()
         self._media.close(timeout=0.0)
         self._flusher.discard()  # points after the fence must not reach the run, not even by `recover`
         discard_live(self)
@@ -936,6 +1016,7 @@ class Run:
         self, *, close_run: bool, reason: str, ending: str | None = None, detail: str | None = None
     ) -> None:
         """End the session; ``ending`` is what ``RunHandle.attempts()`` reports ("finished" unless said)."""
+        self._stop_watchdog()  # the end's flush may take long: that is no hang
         if self._events.fenced_by is not None and self._records_events:
             self._on_fenced()
             self._stop_console()

@@ -45,6 +45,7 @@ from launchhelm.runlog._live_sessions import install_exit_hook
 from launchhelm.runlog._liveness import process_identity
 from launchhelm.runlog._names import default_name, new_run_id, new_session_id
 from launchhelm.runlog._preempt import preemption_settings
+from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, check_restart_loop, restart_limit
 from launchhelm.runlog._runinfo import furthest_step, read_run_record, session_watermark
 from launchhelm.runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
@@ -55,6 +56,7 @@ from launchhelm.runlog._sessions import (
 )
 from launchhelm.runlog._summary import parse_summary
 from launchhelm.runlog._table import mark_row
+from launchhelm.runlog._watchdog import AUTO, hang_setting
 from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import (
     console_prefix,
@@ -112,7 +114,8 @@ def init(
         ``heartbeat_interval``, ``heartbeat_timeout``, ``control_interval``,
         ``system_metrics``, ``capture_console``, ``run_id``,
         ``compaction_memory``, ``auto_resume``, ``preemption``,
-        ``preemption_signals`` and ``preemption_budget``.
+        ``preemption_signals``, ``preemption_budget``, ``hang_timeout`` and
+        ``max_failed_restarts``.
 
     Raises
     ------
@@ -225,6 +228,8 @@ def start_run(
             raise InvalidTypeError(f"tunables is a {type(tunables).__name__}; pass a dict")
         check_plain(tunables, "tunables")
     preemption = preemption_settings(options)  # checked before any I/O; installed once the session started
+    hang_timeout = hang_setting(options.get("hang_timeout", AUTO))
+    max_failed = restart_limit(options.get("max_failed_restarts", DEFAULT_MAX_FAILED_RESTARTS))
     warm_up_encoder()
     install_exit_hook()
 
@@ -251,7 +256,7 @@ def start_run(
         step, attempt, state = 0, 0, None
     else:
         record, events, step, state, started = _reopen_run(
-            st, project, resume, session_payload, takeover, launch=launch
+            st, project, resume, session_payload, takeover, launch=launch, max_failed=max_failed
         )
         attempt = state.attempt
     # a resumed session starts with the settings the last one had applied
@@ -284,6 +289,8 @@ def start_run(
     run._start()
     # preemption notices (issue 41): listened for once the session exists, on the thread that called init
     run._listen_for_preemption(preemption)
+    # hangs (issue 42): a watchdog process beside this one; with auto_resume a hung attempt is ended
+    run._watch_for_hangs(hang_timeout, options.get("storage_options"), end_hung=launch is not None)
     return run
 
 
@@ -394,6 +401,7 @@ def _reopen_run(
     session_payload: dict[str, Any],
     takeover: bool,
     launch: Launch | None = None,
+    max_failed: int | None = None,
 ) -> tuple[dict[str, Any], EventLog, int, RunState, dict[str, Any]]:
     if not isinstance(run_id, str):
         raise InvalidTypeError(f"resume={run_id!r}: pass the run id string printed by init() (run.id)")
@@ -428,6 +436,8 @@ def _reopen_run(
                 "next time end sessions with finish(close_run=False) to keep the run resumable",
                 run_id=run_id,
             )
+        if launch is not None:
+            check_restart_loop(store, run_id, state, max_failed)  # refused before this attempt exists
         previous = state.last_session
         replaces: dict[str, Any] | None = None
         if previous is not None and previous.ended_at is None:

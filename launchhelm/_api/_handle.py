@@ -163,7 +163,8 @@ class RunHandle:
 
     @property
     def status(self) -> str:
-        """``"running"``, ``"stopped"`` (its last session neither ended nor
+        """``"running"``, ``"hung"`` (alive, but no step for its ``hang_timeout``; the
+        summary's ``hang`` says where), ``"stopped"`` (its last session neither ended nor
         heartbeats any more: crashed or killed), ``"resumable"`` (ended with
         ``finish(close_run=False)`` or at interpreter exit) or ``"closed"``."""
         self._recover()

@@ -449,6 +449,8 @@ class RunState:
     deleted_checkpoints: list[CheckpointDeletedEvent] = field(default_factory=list)
     #: the unconsumed resume choice (checkpoint id), if any
     resume_choice: str | None = None
+    #: the seq of the latest ``resume_choice`` event (0: none): a restart loop counts attempts after it
+    resume_choice_seq: int = 0
     #: sequence number of the latest control change (0: none yet): tunables,
     #: pause or resume (stop and checkpoint requests change no saved setting)
     last_control_seq: int = 0
@@ -605,6 +607,7 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
         elif event["type"] == RESUME_CHOICE:
             if not any(d.get("checkpoint") == event["checkpoint"] for d in state.deleted_checkpoints):
                 state.resume_choice = event["checkpoint"]  # a choice of a deleted checkpoint is void
+                state.resume_choice_seq = int(event["seq"])
         elif event["type"] == RESUME_CHOICE_CONSUMED:
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None

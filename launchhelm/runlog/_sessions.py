@@ -45,7 +45,7 @@ DEFAULT_HEARTBEAT_INTERVAL = 5.0
 #: considered dead (``LAUNCHHELM_HEARTBEAT_TIMEOUT``).
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 
-RUNNING, STOPPED, RESUMABLE, CLOSED = "running", "stopped", "resumable", "closed"
+RUNNING, STOPPED, RESUMABLE, CLOSED, HUNG = "running", "stopped", "resumable", "closed", "hung"
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -180,8 +180,8 @@ def liveness(
     return Liveness(True, "heartbeat fresh", last, step)
 
 
-def run_status(state: RunState, last: Liveness | None) -> str:
-    """``running``, ``stopped``, ``resumable`` or ``closed``."""
+def run_status(state: RunState, last: Liveness | None, *, hung: bool = False) -> str:
+    """``running``, ``hung`` (alive, and its watchdog marked it), ``stopped``, ``resumable`` or ``closed``."""
     if state.closed:
         return CLOSED
     session = state.last_session
@@ -189,4 +189,6 @@ def run_status(state: RunState, last: Liveness | None) -> str:
         return STOPPED
     if session.ended_at is not None:
         return RESUMABLE
-    return RUNNING if last.alive else STOPPED
+    if not last.alive:
+        return STOPPED
+    return HUNG if hung else RUNNING

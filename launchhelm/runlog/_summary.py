@@ -24,6 +24,7 @@ from launchhelm.runlog._events import RunState, SessionRecord, event_key, read_s
 from launchhelm.runlog._records import Heartbeat, Json, RunRecord, RunRow, SessionRecordDict, Summary
 from launchhelm.runlog._runinfo import metrics_last_step, run_record
 from launchhelm.runlog._sessions import (
+    HUNG,
     fresher_beat,
     heartbeat_key,
     liveness,
@@ -33,6 +34,7 @@ from launchhelm.runlog._sessions import (
     summary_key,
 )
 from launchhelm.storage import Store
+from launchhelm.storage._keys import hang_key
 
 __all__ = ["SUMMARY_FORMAT", "encode_summary", "parse_summary", "run_rows"]
 
@@ -115,6 +117,7 @@ class _View:
     summary: Summary | None
     beat: Heartbeat | None = None  # the last session's heartbeat, once read
     beat_read: bool = False
+    hang: dict[str, object] | None = None  # the watchdog's marker of a live session that is hung
 
 
 def _from_summary(run_id: str, summary: Summary) -> _View:
@@ -230,6 +233,12 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
             assert v.last is not None
             v.beat = fresher_beat(parse_object(beats.get(heartbeat_key(v.id, v.last.id))), v.summary, v.last.id)
             v.beat_read = True
+    if unended:
+        # hung sessions (issue 42): the watchdog's marker, all in one read_many
+        marks = store.read_many([hang_key(v.id, v.last.id) for v in unended if v.last is not None])
+        for v in unended:
+            assert v.last is not None
+            v.hang = parse_object(marks.get(hang_key(v.id, v.last.id)))
     if exact_step and unended:
 
         def last_step(v: _View) -> int:
@@ -254,13 +263,15 @@ def _row(store: Store, view: _View) -> RunRow:
     row: RunRow = {
         "id": view.id,
         "name": view.name,
-        "status": run_status(state, live),
+        "status": run_status(state, live, hung=view.hang is not None),
         "step": max(view.step, live.step if live is not None else 0),
         "created": view.created,
         "last_heartbeat": live.last_heartbeat if live is not None else None,
         "sessions": view.sessions,
         "rewinds": view.rewinds,
     }
+    if row["status"] == HUNG and view.hang is not None:
+        row["hang"] = str(view.hang.get("detail") or "")
     _flatten("config.", view.config, row)
     for key, value in view.tunables.items():
         row[f"tunable.{key}"] = value

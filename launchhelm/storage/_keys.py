@@ -151,6 +151,16 @@ def run_prefix(run_id: str) -> str:
     return f"{_RUNS}/{run_id}"
 
 
+def hangs_prefix(run_id: str, session_id: str) -> str:
+    """``runs/<run>/hangs/<session>``: a hung session's stacks (``rank-<r>.txt``) and its marker."""
+    return f"{run_prefix(run_id)}/hangs/{session_id}"
+
+
+def hang_key(run_id: str, session_id: str) -> str:
+    """``runs/<run>/hangs/<session>/hung.json``: present while a live session is hung (the watchdog's)."""
+    return f"{hangs_prefix(run_id, session_id)}/hung.json"
+
+
 def run_record_key(run_id: str) -> str:
     """``runs/<run>/run.json``: the run's immutable record."""
     return f"{run_prefix(run_id)}/run.json"

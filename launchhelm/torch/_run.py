@@ -31,7 +31,7 @@ import torch
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
-from launchhelm._run import Run
+from launchhelm._run import Run, _not_step_time
 from launchhelm._start import start_run
 from launchhelm.runlog._control import in_force
 from launchhelm.runlog._events import CONTROL_ACTION
@@ -396,6 +396,7 @@ class TorchRun(Run):
         return self._checkpointer.clear_error()
 
     # -- saving ---------------------------------------------------------------
+    @_not_step_time  # a save is no hang (nor is a load, below)
     def save_checkpoint(self, extra: object = None, *, blocking: bool = True) -> str | None:
         """Save model, optimizer, scheduler, scaler, step, RNG, tunables, control state and ``extra``.
 
@@ -450,6 +451,7 @@ class TorchRun(Run):
         self._checkpointer.wait()
 
     # -- loading --------------------------------------------------------------
+    @_not_step_time
     def load_checkpoint(
         self, checkpoint: str | os.PathLike[str] = "latest", map_location: MAP_LOCATION = "cpu", strict: bool = False
     ) -> Any:

@@ -78,6 +78,7 @@ def when(ts: float | None, now: float | None = None) -> str:
 #: What each status means, as the runs table and ``launchhelm show`` say it.
 STATUS_MEANING = {
     "running": "a live session is training it",
+    "hung": "a live session has made no step for its hang timeout",
     "stopped": "stopped without ending its session (crashed or killed); resume it",
     "resumable": "its last session ended with finish(close_run=False); resume it",
     "closed": "finish() closed it; it cannot be resumed",

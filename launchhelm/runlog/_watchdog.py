@@ -1,0 +1,463 @@
+"""Hangs: a watchdog process beside each training process (issue 42).
+
+A hang must be seen even when the stuck call holds the GIL, so no thread of
+the training process can watch it. ``init`` starts this module as a small
+child process (``python -m launchhelm.runlog._watchdog``) and shares a page
+with it (:class:`Beacon`): the training process writes its step there (one
+store into an mmap on the step path: no syscall, no lock) and a
+"not counting" depth around saves, loads, pauses and evaluations. The
+watchdog samples the page and times the steps itself (:class:`HangClock`),
+so the training side never reads a clock.
+
+When the clock says hung, the watchdog sends the training process
+:data:`DUMP_SIGNAL`, for which the process registered ``faulthandler``: its
+C handler writes every thread's stack to a file without the GIL. The
+watchdog stores that dump under ``runs/<id>/hangs/``, names the training
+thread's innermost function in a one-line summary and, with
+``auto_resume``, ends the session as ``hung`` and SIGKILLs the process so
+the scheduler relaunches the job (the spool's points are recovered by the
+relaunch, as after any kill). Without ``auto_resume`` it leaves the process
+alone and says so in the log.
+
+The watchdog exits when its parent does (EOF on its stdin, or a new parent
+pid), so it never outlives training. It is the first piece of the helper
+process of issue 40 and depends on nothing of the training process but the
+page, its config line and the store.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import faulthandler
+import json
+import logging
+import mmap
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from launchhelm._exceptions import InvalidArgumentError
+
+__all__ = [
+    "AUTO",
+    "DUMP_SIGNAL",
+    "STEP_SLOT",
+    "Beacon",
+    "HangClock",
+    "Watchdog",
+    "hang_setting",
+    "summarize_dump",
+]
+
+_log = logging.getLogger("launchhelm")
+
+AUTO = "auto"
+#: faulthandler's signal while a session lives: a real-time signal few programs use.
+DUMP_SIGNAL: int = int(getattr(signal, "SIGRTMIN", signal.SIGUSR2)) + (6 if hasattr(signal, "SIGRTMIN") else 0)
+#: "auto": the floor of the timeout, and how many times the slowest recent step it is.
+AUTO_FLOOR = 300.0
+AUTO_FACTOR = 10.0
+#: "auto" arms after this many step changes (the first step, a compile, is not a measure).
+AUTO_ARM_STEPS = 3
+#: Slowest of how many recent steps "auto" scales with.
+RECENT_STEPS = 32
+
+# the page: int64 slots
+_MAGIC, _STEP, _NOT_COUNTING, _THREAD, _DONE, _START = 0, 1, 2, 3, 4, 5
+STEP_SLOT = _STEP
+_SLOTS = 8
+_MAGIC_VALUE = 0x4C48_4841_4E47_0001  # "LHHANG" v1
+
+
+def hang_setting(value: object) -> float | str | None:
+    """``hang_timeout`` checked: seconds, ``"auto"`` or None."""
+    if value is None or value == AUTO:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value != value:
+        raise InvalidArgumentError(
+            f"hang_timeout={value!r}: give a positive number of seconds, 'auto' (the default) or None (off); "
+            "nothing was written"
+        )
+    return float(value)
+
+
+class Beacon:
+    """The page the training process writes its progress to; an anonymous buffer when no watchdog runs."""
+
+    def __init__(self, path: str | None = None) -> None:
+        self.path = path
+        self._file: IO[bytes] | None = None
+        self._map: mmap.mmap | None = None
+        if path is None:
+            self.slots = memoryview(bytearray(8 * _SLOTS)).cast("q")
+        else:
+            self._file = open(path, "r+b")  # noqa: SIM115 - held for the session
+            self._map = mmap.mmap(self._file.fileno(), 8 * _SLOTS)
+            self.slots = memoryview(self._map).cast("q")
+        self.slots[_MAGIC] = _MAGIC_VALUE
+        self.slots[_STEP] = -1
+        self.slots[_THREAD] = threading.get_ident()
+
+    def begin(self, step: int, thread: int) -> None:
+        """The session started at ``step`` on ``thread``: steps are changes from it, the hang is that thread's."""
+        self.slots[_START] = step
+        self.slots[_STEP] = step
+        self.slots[_THREAD] = thread
+
+    @property
+    def counting_paused(self) -> bool:
+        return bool(self.slots[_NOT_COUNTING])
+
+    @classmethod
+    def create(cls, directory: str) -> Beacon:
+        fd, path = tempfile.mkstemp(prefix="launchhelm-beacon-", dir=directory)
+        os.write(fd, bytes(8 * _SLOTS))
+        os.close(fd)
+        return cls(path)
+
+    @contextlib.contextmanager
+    def not_counting(self) -> Iterator[None]:
+        """Time in here is no step time (a save, a load, a pause, an evaluation)."""
+        self.slots[_NOT_COUNTING] += 1
+        try:
+            yield
+        finally:
+            self.slots[_NOT_COUNTING] -= 1
+
+    def close(self) -> None:
+        self.slots[_DONE] = 1
+        if self._map is not None:
+            self.slots.release()
+            self._map.close()
+            self._map = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+
+class HangClock:
+    """When a session that reports its steps is hung: the rule of ``hang_timeout``, on the watchdog's clock."""
+
+    def __init__(self, timeout: float | str, *, floor: float = AUTO_FLOOR, start: int = -1) -> None:
+        self.timeout_setting = timeout
+        self.floor = floor
+        self.step = start  # the session's first step; a change from it is its first step made
+        self.changes = 0
+        self.last_progress: float | None = None
+        self.recent: collections.deque[float] = collections.deque(maxlen=RECENT_STEPS)
+
+    def observe(self, now: float, step: int, not_counting: int) -> None:
+        """One look at the page at ``now`` (monotonic seconds)."""
+        if not_counting > 0:
+            # the clock stops: a step's time starts again when the section ends
+            if self.last_progress is not None:
+                self.last_progress = now
+            return
+        if step == self.step:
+            return
+        if self.last_progress is not None and self.changes >= 1:
+            self.recent.append(now - self.last_progress)  # the first step (a compile) is not a measure
+        self.step = step
+        self.changes += 1
+        self.last_progress = now
+
+    def timeout(self) -> float | None:
+        """Seconds without a step that make a hang now; None while not armed."""
+        if self.timeout_setting != AUTO:
+            return float(self.timeout_setting) if self.changes >= 1 else None
+        if self.changes < AUTO_ARM_STEPS:
+            return None
+        return max(self.floor, AUTO_FACTOR * max(self.recent, default=0.0))
+
+    def stalled(self, now: float) -> float | None:
+        """Seconds since the last step if that is past the timeout, else None."""
+        limit = self.timeout()
+        if limit is None or self.last_progress is None:
+            return None
+        idle = now - self.last_progress
+        return idle if idle > limit else None
+
+    @property
+    def typical(self) -> float | None:
+        if not self.recent:
+            return None
+        ordered = sorted(self.recent)
+        return ordered[len(ordered) // 2]
+
+
+_THREAD_LINE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_FRAME_LINE = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+
+
+def summarize_dump(dump: str, thread: int) -> str:
+    """The training thread's innermost Python function in a faulthandler dump, as ``func (file:line)``."""
+    stacks: dict[int, list[tuple[str, str, str]]] = {}
+    current: list[tuple[str, str, str]] | None = None
+    for line in dump.splitlines():
+        head = _THREAD_LINE.match(line)
+        if head:
+            current = stacks.setdefault(int(head.group(2), 16), [])
+            continue
+        frame = _FRAME_LINE.match(line)
+        if frame and current is not None:
+            current.append((frame["func"], os.path.basename(frame["file"]), frame["line"]))
+    frames = stacks.get(thread) or next(iter(stacks.values()), [])
+    if not frames:
+        return "no Python frame in the dump"
+    func, file, line = frames[0]
+    return f"`{func}` ({file}:{line})"
+
+
+@dataclass
+class WatchdogConfig:
+    beacon: str
+    dump: str
+    parent: int
+    store: str
+    storage_options: dict[str, Any] | None
+    project: str
+    run_id: str
+    session: str
+    rank: int
+    timeout: float | str
+    end_hung: bool
+    poll: float
+    floor: float
+
+
+class Watchdog:
+    """The training process's side: starts the child, registers faulthandler, stops both at the end."""
+
+    def __init__(self, process: subprocess.Popen[bytes], beacon: Beacon, dump: IO[bytes], dump_path: str) -> None:
+        self.process = process
+        self.beacon = beacon
+        self._dump = dump
+        self._dump_path = dump_path
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        step: int,
+        thread: int,
+        timeout: float | str,
+        store_url: str,
+        storage_options: Mapping[str, Any] | None,
+        project: str,
+        run_id: str,
+        session: str,
+        rank: int = 0,
+        end_hung: bool,
+    ) -> Watchdog | None:
+        """Start the watchdog; None (with one line saying why) where it cannot reach the store."""
+        try:
+            options = json.loads(json.dumps(dict(storage_options or {})))
+        except (TypeError, ValueError):
+            _log.warning(
+                "launchhelm: hangs are not watched for run %s: its storage_options are not plain JSON, and the "
+                "watchdog process needs them to reach the store; pass hang_timeout=None to silence this",
+                run_id,
+            )
+            return None
+        directory = tempfile.gettempdir()
+        beacon = Beacon.create(directory)
+        beacon.begin(step, thread)  # before the watchdog's first look
+        fd, dump_path = tempfile.mkstemp(prefix="launchhelm-stacks-", dir=directory)
+        dump = os.fdopen(fd, "w+b")
+        config = WatchdogConfig(
+            beacon=beacon.path or "",
+            dump=dump_path,
+            parent=os.getpid(),
+            store=store_url,
+            storage_options=options,
+            project=project,
+            run_id=run_id,
+            session=session,
+            rank=rank,
+            timeout=timeout,
+            end_hung=end_hung,
+            poll=float(os.environ.get("LAUNCHHELM_HANG_POLL", "0.5")),
+            floor=float(os.environ.get("LAUNCHHELM_HANG_AUTO_FLOOR", str(AUTO_FLOOR))),  # tests only
+        )
+        process = subprocess.Popen(
+            # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
+            [sys.executable, "-c", "import sys; from launchhelm.runlog._watchdog import main; sys.exit(main())"],
+            stdin=subprocess.PIPE,
+            close_fds=True,
+        )
+        assert process.stdin is not None
+        process.stdin.write(json.dumps(config.__dict__).encode() + b"\n")
+        process.stdin.flush()  # stdin stays open: its EOF tells the watchdog that training is gone
+        faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+        return cls(process, beacon, dump, dump_path)
+
+    def stop(self) -> None:
+        """The session ends: the watchdog exits, faulthandler lets go of the signal."""
+        with contextlib.suppress(ValueError, RuntimeError):
+            faulthandler.unregister(DUMP_SIGNAL)
+        self.beacon.close()
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._dump.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._dump_path)
+
+
+# -- the watchdog process ------------------------------------------------------------
+def _parent_gone(config: WatchdogConfig) -> bool:
+    if os.getppid() != config.parent:
+        return True
+    ready, _, _ = select.select([sys.stdin.buffer], [], [], 0)
+    return bool(ready) and not os.read(sys.stdin.fileno(), 1024)
+
+
+def _watch(config: WatchdogConfig) -> int:
+    with open(config.beacon, "r+b") as file:
+        page = mmap.mmap(file.fileno(), 8 * _SLOTS)
+    slots = memoryview(page).cast("q")
+    clock = HangClock(config.timeout, floor=config.floor, start=int(slots[_START]))
+    told = False
+    while True:
+        if _parent_gone(config) or slots[_DONE]:
+            return 0
+        now = time.monotonic()
+        clock.observe(now, int(slots[_STEP]), int(slots[_NOT_COUNTING]))
+        idle = clock.stalled(now)
+        if idle is None:
+            if told:
+                _log.warning("launchhelm: run %s steps again (step %d)", config.run_id, clock.step)
+                _unmark(config)
+            told = False
+        elif not told:
+            told = True
+            _on_hang(config, clock, idle, int(slots[_THREAD]))
+        time.sleep(config.poll)
+
+
+def _read_dump(config: WatchdogConfig) -> str:
+    """Ask the training process for its stacks and wait for faulthandler's C handler to write them."""
+    start = os.path.getsize(config.dump)
+    os.kill(config.parent, DUMP_SIGNAL)
+    size, deadline = start, time.monotonic() + 5.0
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = os.path.getsize(config.dump)
+        if now > start and now == size:
+            break
+        size = now
+    with open(config.dump, "rb") as file:
+        file.seek(start)
+        return file.read().decode("utf-8", "replace")
+
+
+def _unmark(config: WatchdogConfig) -> None:
+    from launchhelm.storage import open_store
+    from launchhelm.storage._keys import hang_key
+
+    try:
+        open_store(config.store, config.storage_options).delete(hang_key(config.run_id, config.session))
+    except Exception as exc:  # the status stays hung until the next hang or the session's end
+        _log.warning("launchhelm: could not clear the hang of run %s: %s", config.run_id, exc)
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 120 else f"{seconds:.0f} s"
+
+
+def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int) -> None:
+    from launchhelm.runlog._events import SESSION_ENDED, EventLog
+    from launchhelm.runlog._table import mark_row
+    from launchhelm.storage import open_store
+    from launchhelm.storage._keys import hang_key, hangs_prefix
+
+    dump = _read_dump(config)
+    where = summarize_dump(dump, thread)
+    typical = clock.typical
+    detail = f"no step for {_fmt(idle)} after step {clock.step}" + (
+        f", typically {typical:.2g} s" if typical is not None else ""
+    )
+    detail += f"; rank {config.rank} in {where}"
+    key = f"{hangs_prefix(config.run_id, config.session)}/rank-{config.rank}.txt"
+    _log.warning("launchhelm: run %s is hung: %s; stacks in %s", config.run_id, detail, key)
+    try:
+        store = open_store(config.store, config.storage_options)
+        store.put(key, f"{detail}\n\n{dump}".encode())
+        if config.end_hung and config.rank == 0:
+            EventLog(store, config.run_id).append(
+                SESSION_ENDED,
+                {
+                    "session": config.session,
+                    "close_run": False,
+                    "reason": "hung",
+                    "step": max(clock.step, 0),
+                    "ending": "hung",
+                    "detail": detail,
+                },
+            )
+            mark_row(store, config.project, config.run_id, config.session, "ended")
+        elif config.rank == 0:
+            # the process is left alone (a debugger may want it): its status says hung until it steps
+            marker = {"since": time.time() - idle, "step": clock.step, "detail": detail}
+            store.put(hang_key(config.run_id, config.session), json.dumps(marker).encode())
+    except Exception as exc:  # the kill below must happen anyway: the scheduler relaunches
+        _log.warning("launchhelm: could not record the hang of run %s: %s", config.run_id, exc)
+    if config.end_hung:
+        _log.warning("launchhelm: ending the hung process %d so that it is relaunched", config.parent)
+        logging.shutdown()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(config.parent, signal.SIGKILL)
+        for path in (config.beacon, config.dump):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        os._exit(0)
+
+
+def main() -> int:
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 0
+    config = WatchdogConfig(**json.loads(line))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    try:
+        return _watch(config)
+    finally:
+        # a killed training process cannot remove the page and the dump: the watchdog outlives it briefly
+        if os.getppid() != config.parent or not _alive(config.parent):
+            for path in (config.beacon, config.dump):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(main())
