@@ -169,7 +169,8 @@ class HangClock:
         if step == self.step:
             return
         if self.last_progress is not None and self.changes >= 1:
-            self.recent.append(now - self.last_progress)  # the first step (a compile) is not a measure
+            # the first step (a compile) is not a measure; steps faster than the look share its time
+            self.recent.append((now - self.last_progress) / max(1, abs(step - self.step)))
         self.step = step
         self.changes += 1
         self.last_progress = now

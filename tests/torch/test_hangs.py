@@ -1,0 +1,319 @@
+"""A hung run is a crash (issue 42): found, its stacks stored, ended or marked; restart loops refused.
+
+If these fail, a job whose loop blocks (a stuck data loader, a C call that
+never returns) sits "running" until someone kills it by hand, or a relaunch
+that crashes right after its load is relaunched for ever. Real processes:
+the training script is tests/torch/hang_worker.py; the watchdog is a real
+child process and the stuck call really blocks (with and without the GIL).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from lhtest import ROOT, child_env
+
+import launchhelm as lh
+from launchhelm.runlog._watchdog import AUTO, AUTO_FLOOR, HangClock, hang_setting, summarize_dump
+from launchhelm.storage._keys import hang_key
+
+WORKER = Path(__file__).with_name("hang_worker.py")
+
+
+def _launch(store: str, run_id: str, tag: str, *args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, str(WORKER), "--store", store, "--run-id", run_id, *args],
+        cwd=ROOT,
+        env=child_env(OMP_NUM_THREADS="1", LAUNCHHELM_TEST_TAG=tag, **env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def _tagged(tag: str) -> list[int]:
+    """Processes (the worker's watchdog included) whose environment carries ``tag``."""
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if f"LAUNCHHELM_TEST_TAG={tag}".encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            pass
+    return found
+
+
+def _no_survivor(tag: str) -> None:
+    deadline = time.monotonic() + 5
+    while _tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _tagged(tag), "a watchdog (or worker) outlived its training process"
+
+
+def _wait_line(proc: subprocess.Popen[str], text: str, lines: list[str], timeout: float = 90) -> float:
+    """Read the worker's output until a line has ``text``; the monotonic time it came."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    for line in proc.stdout:
+        lines.append(line)
+        if text in line:
+            return time.monotonic()
+        assert time.monotonic() < deadline, "".join(lines[-40:])
+    raise AssertionError(f"the worker ended before {text!r}:\n{''.join(lines[-40:])}")
+
+
+@pytest.mark.parametrize("how", ["py", "gil"])
+def test_a_stuck_attempt_ends_hung_and_its_relaunch_finishes(tmp_path: Path, how: str) -> None:
+    store, run_id, tag = str(tmp_path / "store"), f"hang{how}", uuid.uuid4().hex
+    proc = _launch(store, run_id, tag, "--stuck-at", "30", "--how", how, "--hang-timeout", "10")
+    lines: list[str] = []
+    stuck_at = _wait_line(proc, "step 30", lines)
+    rest, _ = proc.communicate(timeout=90)
+    waited = time.monotonic() - stuck_at
+    assert proc.returncode != 0, rest
+    assert waited < 60, f"the hung process lived {waited:.0f}s past its hang"
+    _no_survivor(tag)
+    handle = lh.Api(store).run(run_id)
+    [attempt] = handle.attempts()
+    assert attempt.ending == "hung", attempt
+    assert "stuck_here" in (attempt.detail or "") and "after step 30" in (attempt.detail or ""), attempt.detail
+    [stacks] = handle._store.list(f"runs/{run_id}/hangs")
+    dump = handle._store.read(f"runs/{run_id}/hangs/{stacks}").decode()
+    assert "in stuck_here" in dump and "Thread 0x" in dump
+    # the relaunch (the scheduler's) resumes from the step-30 checkpoint and finishes
+    again = _launch(store, run_id, tag)
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out
+    assert "starts at step 30" in out
+    assert [a.ending for a in handle.attempts()] == ["hung", "finished"]
+    _no_survivor(tag)
+
+
+def test_without_auto_resume_the_run_shows_hung_until_it_steps(tmp_path: Path) -> None:
+    store, run_id, tag = str(tmp_path / "store"), "hangmark", uuid.uuid4().hex
+    proc = _launch(
+        store,
+        run_id,
+        tag,
+        "--no-auto-resume",
+        "--stuck-at",
+        "12",
+        "--how",
+        "pause",
+        "--stuck-for",
+        "24",
+        "--hang-timeout",
+        "4",
+        "--steps",
+        "20",
+    )
+    lines: list[str] = []
+    _wait_line(proc, "step 12", lines)
+    handle = lh.Api(store).run(run_id)
+    deadline = time.monotonic() + 20
+    while handle.status != "hung":
+        assert time.monotonic() < deadline, f"never hung: {handle.status}"
+        time.sleep(0.3)
+    assert "stuck_here" in handle.summary()["hang"]
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from launchhelm._cli import main; sys.exit(main())",
+            "--store",
+            store,
+            "show",
+            run_id,
+        ],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        check=True,
+    ).stdout
+    assert "status   hung" in shown and "stuck_here" in shown, shown
+    _wait_line(proc, "step 13", lines, timeout=30)  # left alone: it goes on
+    deadline = time.monotonic() + 10
+    while handle.status == "hung":
+        assert time.monotonic() < deadline, "still hung after it stepped again"
+        time.sleep(0.3)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert [a.ending for a in handle.attempts()] == ["finished"]
+    assert not handle._store.exists(hang_key(run_id, handle.attempts()[0].session))
+    _no_survivor(tag)
+
+
+def test_a_restart_loop_is_refused_and_a_choice_clears_it(tmp_path: Path) -> None:
+    store, run_id, tag = str(tmp_path / "store"), "loop", uuid.uuid4().hex
+    first = _launch(store, run_id, tag, "--steps", "30", "--hang-timeout", "none")
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+    handle = lh.Api(store).run(run_id)
+    assert [c.step for c in handle.checkpoints()] == [10, 20, 30]
+    for _ in range(3):
+        crash = _launch(store, run_id, tag, "--crash-after-load", "--hang-timeout", "none")
+        out, _ = crash.communicate(timeout=120)
+        assert crash.returncode == 1, out
+    sessions = len(handle.attempts())
+    refused = _launch(store, run_id, tag, "--hang-timeout", "none")
+    out, _ = refused.communicate(timeout=120)
+    assert refused.returncode != 0 and "RestartLoopError" in out, out
+    assert "max_failed_restarts=3" in out and "crashed" in out, out
+    assert "starts at step" not in out, "it trained before the refusal"
+    assert len(handle.attempts()) == sessions, "a refused launch must not start an attempt"
+    # a person looks, picks the step-10 checkpoint: the next launch trains
+    ten = next(c for c in handle.checkpoints() if c.step == 10)
+    handle.choose_for_resume(ten.id)
+    cleared = _launch(store, run_id, tag, "--hang-timeout", "none")
+    out, _ = cleared.communicate(timeout=120)
+    assert cleared.returncode == 0, out
+    assert "starts at step 10" in out
+    _no_survivor(tag)
+
+
+def test_without_auto_resume_nothing_is_refused(tmp_path: Path) -> None:
+    store, run_id, tag = str(tmp_path / "store"), "noloop", uuid.uuid4().hex
+    base = ("--no-auto-resume", "--hang-timeout", "none")
+    first = _launch(store, run_id, tag, *base, "--steps", "20")
+    out, _ = first.communicate(timeout=120)
+    assert first.returncode == 0, out
+    for _ in range(4):
+        crash = _launch(store, run_id, tag, *base, "--resume", "--crash-after-load")
+        out, _ = crash.communicate(timeout=120)
+        assert crash.returncode == 1, out
+    last = _launch(store, run_id, tag, *base, "--resume", "--steps", "25")
+    out, _ = last.communicate(timeout=120)
+    assert last.returncode == 0, out
+    assert "starts at step 20" in out
+
+
+# -- "auto": the rule itself, on the watchdog's clock (seconds are simulated: the real defaults) ----------
+def _steps(clock: HangClock, t: float, step: int, every: float, count: int) -> tuple[float, int]:
+    for _ in range(count):
+        t += every
+        step += 1
+        clock.observe(t, step, 0)
+    return t, step
+
+
+def test_auto_does_not_fire_on_40s_steps() -> None:
+    clock = HangClock(AUTO, start=0)
+    t, step = _steps(clock, 0.0, 0, 40.0, 50)
+    assert clock.timeout() == 400.0  # 10x the slowest recent step, over the 5-minute floor
+    clock.observe(t + 399, step, 0)
+    assert clock.stalled(t + 399) is None
+    assert clock.stalled(t + 401) == pytest.approx(401)
+
+
+def test_auto_floor_and_arming() -> None:
+    clock = HangClock(AUTO, start=0)
+    clock.observe(0.0, 0, 0)
+    assert clock.stalled(10_000.0) is None  # no step yet: not armed
+    clock.observe(900.0, 1, 0)  # the first step took 15 minutes (compile): no measure, not armed
+    assert clock.timeout() is None and clock.stalled(1_700.0) is None
+    t, _ = _steps(clock, 900.0, 1, 0.8, 5)
+    assert clock.timeout() == AUTO_FLOOR  # 0.8 s steps: the 5-minute floor, not 10x the compile
+    assert clock.stalled(t + 299) is None and clock.stalled(t + 301) is not None
+    assert clock.typical == pytest.approx(0.8)
+
+
+def test_auto_does_not_count_a_long_save_or_a_pause() -> None:
+    clock = HangClock(AUTO, start=0)
+    t, step = _steps(clock, 0.0, 0, 1.0, 10)
+    for second in range(1, 181):  # a 3-minute save (or pause): the page's section is open
+        clock.observe(t + second, step, 1)
+        assert clock.stalled(t + second) is None
+    t += 180
+    clock.observe(t + 1, step, 0)  # the section closed: the step's time starts again
+    assert clock.stalled(t + 250) is None
+    t, step = _steps(clock, t + 2, step, 1.0, 1)
+    assert clock.timeout() == AUTO_FLOOR  # the save's time is no step's time
+
+
+def test_explicit_timeout_counts_from_the_first_step() -> None:
+    clock = HangClock(10.0, start=5)
+    clock.observe(0.0, 5, 0)
+    assert clock.stalled(60.0) is None  # before its first step (a resume's load, a compile)
+    clock.observe(61.0, 6, 0)
+    assert clock.stalled(70.0) is None and clock.stalled(71.5) == pytest.approx(10.5)
+
+
+def test_hang_timeout_is_checked() -> None:
+    assert hang_setting("auto") == "auto" and hang_setting(None) is None and hang_setting(3) == 3.0
+    for bad in (0, -1, "soon", True, float("nan")):
+        with pytest.raises(lh.InvalidArgumentError, match="hang_timeout"):
+            hang_setting(bad)
+    with pytest.raises(lh.InvalidArgumentError, match="max_failed_restarts"):
+        lh.init("hangs", store="memory://bad-limit", max_failed_restarts=0)
+
+
+def test_summary_names_the_training_thread() -> None:
+    dump = (
+        "Thread 0x00000000000000aa (most recent call first):\n"
+        '  File "/x/threading.py", line 331 in wait\n\n'
+        "Current thread 0x00000000000000bb (most recent call first):\n"
+        '  File "/x/train.py", line 7 in stuck_here\n'
+        '  File "/x/train.py", line 40 in main\n'
+    )
+    assert summarize_dump(dump, 0xBB) == "`stuck_here` (train.py:7)"
+    assert summarize_dump(dump, 0xAA) == "`wait` (threading.py:331)"
+
+
+def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHHELM_HANG_AUTO_FLOOR", "3")  # the floor scaled down: the rule is the same
+    monkeypatch.setenv("LAUNCHHELM_HANG_POLL", "0.1")  # looks finer than the floor's tenth
+    store = str(tmp_path / "store")
+    run = lh.init(
+        "hangs", store=store, hang_timeout="auto", heartbeat_interval=0.5, control_interval=0.3, flush_interval=0.3
+    )
+    handle = lh.Api(store).run(run.id)
+    statuses: list[str] = []
+    stop = threading.Event()
+
+    def look() -> None:
+        while not stop.is_set():
+            statuses.append(handle.status)
+            time.sleep(0.3)
+
+    watcher = threading.Thread(target=look)
+    watcher.start()
+    try:
+        time.sleep(6)  # a slow first step (a compile): twice the floor
+        for step in range(1, 30):
+            run.global_step = step
+            time.sleep(0.05)
+        assert run._watchdog is not None, "the watchdog did not start after the first steps"
+        handle.control("pause")
+        resume = threading.Timer(7, handle.control, ["resume"])  # paused for twice the floor
+        resume.start()
+        step = 30
+        while resume.is_alive():  # steps go on until one's boundary applies the pause and waits in it
+            run.global_step = step
+            step += 1
+            time.sleep(0.05)
+        assert run._beacon.slots[2] == 0  # the pause's section closed
+        paused_until = time.monotonic()
+        for _ in range(10):
+            step += 1
+            run.global_step = step
+            time.sleep(0.05)
+        stop.set()
+        watcher.join()
+        assert "hung" not in statuses, statuses
+        assert not handle._store.list(f"runs/{run.id}/hangs")
+        # the positive control: stop stepping for longer than the floor
+        time.sleep(6)
+        assert handle.status == "hung", time.monotonic() - paused_until
+    finally:
+        stop.set()
+        run.finish()
+    assert handle.status == "closed"
