@@ -332,8 +332,11 @@ def _parent_gone(config: WatchdogConfig) -> bool:
 
 
 def _watch(config: WatchdogConfig) -> int:
-    with open(config.beacon, "r+b") as file:
-        page = mmap.mmap(file.fileno(), 8 * _SLOTS)
+    try:
+        with open(config.beacon, "r+b") as file:
+            page = mmap.mmap(file.fileno(), 8 * _SLOTS)
+    except FileNotFoundError:
+        return 0  # the session ended before the watchdog looked
     slots = memoryview(page).cast("q")
     clock = HangClock(config.timeout, floor=config.floor, start=int(slots[_START]))
     told = False
@@ -351,7 +354,8 @@ def _watch(config: WatchdogConfig) -> int:
         elif not told:
             told = True
             _on_hang(config, clock, idle, int(slots[_THREAD]))
-        time.sleep(config.poll)
+        # waits on stdin: the session's end (its EOF) is seen at once, and finish() does not wait a poll
+        select.select([sys.stdin.buffer], [], [], config.poll)
 
 
 def _read_dump(config: WatchdogConfig) -> str:
