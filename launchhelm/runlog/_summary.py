@@ -227,18 +227,18 @@ def run_rows(store: Store, run_ids: list[str], *, exact_step: bool = True) -> li
     # liveness of sessions that did not end: their heartbeat objects, all in one read_many
     unended = [v for v in views.values() if v.last is not None and v.last.ended_at is None and not v.closed]
     unread = [v for v in unended if not v.beat_read]
-    if unread:
-        beats = store.read_many([heartbeat_key(v.id, v.last.id) for v in unread if v.last is not None])
+    if unended:
+        # in the same round: each such session's hang marker (issue 42), which the watchdog puts while it is hung
+        wanted = [heartbeat_key(v.id, v.last.id) for v in unread if v.last is not None]
+        wanted += [hang_key(v.id, v.last.id) for v in unended if v.last is not None]
+        got = store.read_many(wanted)
         for v in unread:
             assert v.last is not None
-            v.beat = fresher_beat(parse_object(beats.get(heartbeat_key(v.id, v.last.id))), v.summary, v.last.id)
+            v.beat = fresher_beat(parse_object(got.get(heartbeat_key(v.id, v.last.id))), v.summary, v.last.id)
             v.beat_read = True
-    if unended:
-        # hung sessions (issue 42): the watchdog's marker, all in one read_many
-        marks = store.read_many([hang_key(v.id, v.last.id) for v in unended if v.last is not None])
         for v in unended:
             assert v.last is not None
-            v.hang = parse_object(marks.get(hang_key(v.id, v.last.id)))
+            v.hang = parse_object(got.get(hang_key(v.id, v.last.id)))
     if exact_step and unended:
 
         def last_step(v: _View) -> int:
