@@ -309,6 +309,10 @@ class Watchdog:
         """The session ends: the watchdog exits, faulthandler lets go of the signal."""
         with contextlib.suppress(ValueError, RuntimeError):
             faulthandler.unregister(DUMP_SIGNAL)
+        # the files first: a preemption's budget may end the process while this waits for the child
+        self._dump.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._dump_path)
         self.beacon.close()
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
@@ -318,9 +322,6 @@ class Watchdog:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
-        self._dump.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._dump_path)
 
 
 # -- the watchdog process ------------------------------------------------------------
@@ -342,6 +343,8 @@ def _watch(config: WatchdogConfig) -> int:
     told = False
     while True:
         if _parent_gone(config) or slots[_DONE]:
+            if told and not config.end_hung:
+                _unmark(config)  # the session ended (or died) while marked: its status says so by itself
             return 0
         now = time.monotonic()
         clock.observe(now, int(slots[_STEP]), int(slots[_NOT_COUNTING]))
