@@ -20,6 +20,7 @@ inherits the built-in exception a caller would naturally catch, so
     ├── RunFinishedError (RuntimeError)
     ├── RunFencedError (RuntimeError)
     ├── RunIdentityError (ValueError)
+    ├── RestartLoopError (RuntimeError)
     ├── InvalidArgumentError (ValueError)
     │   ├── InvalidMetricError
     │   └── InvalidMediaError

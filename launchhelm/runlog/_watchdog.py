@@ -395,7 +395,7 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
     from launchhelm.runlog._events import SESSION_ENDED, EventLog
     from launchhelm.runlog._table import mark_row
     from launchhelm.storage import open_store
-    from launchhelm.storage._keys import hang_key, hangs_prefix
+    from launchhelm.storage._keys import hang_key, hang_stacks_key
 
     dump = _read_dump(config)
     where = summarize_dump(dump, thread)
@@ -404,7 +404,7 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
         f", typically {typical:.2g} s" if typical is not None else ""
     )
     detail += f"; rank {config.rank} in {where}"
-    key = f"{hangs_prefix(config.run_id, config.session)}/rank-{config.rank}.txt"
+    key = hang_stacks_key(config.run_id, config.session, config.rank)
     _log.warning("launchhelm: run %s is hung: %s; stacks in %s", config.run_id, detail, key)
     try:
         store = open_store(config.store, config.storage_options)

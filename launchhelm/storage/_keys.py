@@ -38,6 +38,9 @@ __all__ = [
     "event_key",
     "events_prefix",
     "fence_name",
+    "hang_key",
+    "hang_stacks_key",
+    "hangs_prefix",
     "heartbeat_key",
     "is_renewal_name",
     "logged_key",
@@ -159,6 +162,11 @@ def hangs_prefix(run_id: str, session_id: str) -> str:
 def hang_key(run_id: str, session_id: str) -> str:
     """``runs/<run>/hangs/<session>/hung.json``: present while a live session is hung (the watchdog's)."""
     return f"{hangs_prefix(run_id, session_id)}/hung.json"
+
+
+def hang_stacks_key(run_id: str, session_id: str, rank: int) -> str:
+    """``runs/<run>/hangs/<session>/rank-<r>.txt``: a hung rank's summary line, then every thread's stack."""
+    return f"{hangs_prefix(run_id, session_id)}/rank-{rank}.txt"
 
 
 def run_record_key(run_id: str) -> str:
@@ -481,6 +489,8 @@ ROWS: dict[str, Callable[[], str]] = {
     "runs/<run>/events/snapshot-<seq:020d>.json": lambda: snapshot_key("run", 7),
     "runs/<run>/sessions/<session>.json": lambda: heartbeat_key("run", "session"),
     "runs/<run>/summary.json": lambda: summary_key("run"),
+    "runs/<run>/hangs/<session>/rank-<r>.txt": lambda: hang_stacks_key("run", "session", 0),
+    "runs/<run>/hangs/<session>/hung.json": lambda: hang_key("run", "session"),
     "projects/<p>/table/<run>.json": lambda: row_marker_key("p", "run"),
     "projects/<p>/table/index-<ms>-<token>.json": lambda: f"{table_prefix('p')}/{new_index_name()}",
     "runs/<run>/metrics/<session>/<n:08d>-<first>-<last>.arrow": lambda: chunk_key("run", "session", 3, 10, 20),
@@ -492,6 +502,8 @@ ROWS: dict[str, Callable[[], str]] = {
         f"{project_history_prefix('p')}/{new_project_segment_name(7)}"
     ),
     "runs/<run>/console/<session>/<n:08d>.txt": lambda: console_key("run", "session", 3),
+    "runs/<run>/metrics/<session>/fenced-after-<n>.json": lambda: f"{metrics_prefix('run')}/{fence_name('session', 4)}",
+    "runs/<run>/console/<session>/fenced-after-<n>.json": lambda: f"{console_prefix('run')}/{fence_name('session', 4)}",
     "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
     "runs/<run>/media/objects/<sha256>.<ext>": lambda: media_object_key("run", "0123abcd.png"),
     "runs/<run>/media/index/<session>/<first:08d>-<last:08d>.parquet": lambda: media_index_key("run", "session", 8, 15),
