@@ -68,6 +68,7 @@ def _wait_line(proc: subprocess.Popen[str], text: str, lines: list[str], timeout
     raise AssertionError(f"the worker ended before {text!r}:\n{''.join(lines[-40:])}")
 
 
+@pytest.mark.serial  # it times the end of a hang to the second (under a minute): alone, as other timed tests
 @pytest.mark.parametrize("how", ["py", "gil"])
 def test_a_stuck_attempt_ends_hung_and_its_relaunch_finishes(tmp_path: Path, how: str) -> None:
     store, run_id, tag = str(tmp_path / "store"), f"hang{how}", uuid.uuid4().hex
