@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from lhtest import ROOT, child_env
+from torch_helpers import bitwise_equal
 
 import launchhelm as lh
 
@@ -76,30 +77,6 @@ def _torchrun(store: str, out: Path, *args: str, restarts: int = 2, timeout: flo
     return output
 
 
-def _flat(state: Any, path: str = "") -> dict[str, Any]:
-    if isinstance(state, dict):
-        return {k: v for key, value in state.items() for k, v in _flat(value, f"{path}/{key}").items()}
-    if isinstance(state, (list, tuple)):
-        return {k: v for i, value in enumerate(state) for k, v in _flat(value, f"{path}/{i}").items()}
-    return {path: state}
-
-
-def _bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    fa, fb = _flat(a), _flat(b)
-    if set(fa) != set(fb):
-        return False
-    for key, x in fa.items():
-        y = fb[key]
-        if isinstance(x, torch.Tensor):
-            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape):
-                return False
-            if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
-                return False
-        elif x != y:
-            return False
-    return True
-
-
 def _final(out: Path) -> dict[str, Any]:
     return dict(torch.load(out / "final.pt", weights_only=True))
 
@@ -116,8 +93,8 @@ def test_torchrun_restarts_after_a_sigkill_resume_the_same_run_bitwise(layout: s
     _torchrun(store, tmp_path / "control", "--project", "control", "--no-load", "--kill-rank", "1",
               "--kill-step", str(kill_step), *extra)  # fmt: skip
     plain, crash, control = (_final(tmp_path / d) for d in ("plain", "crash", "control"))
-    assert _bitwise_equal(crash, plain), f"the relaunched job (killed at step {kill_step}) differs from the plain one"
-    assert not _bitwise_equal(control, plain), "the negative control matched: the comparison cannot fail"
+    assert bitwise_equal(crash, plain), f"the relaunched job (killed at step {kill_step}) differs from the plain one"
+    assert not bitwise_equal(control, plain), "the negative control matched: the comparison cannot fail"
     ranks = [json.loads((tmp_path / "crash" / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert {r["run"] for r in ranks} == {ranks[0]["run"]}, "the ranks of the relaunch landed in different runs"
     assert all(r["restart"] >= 1 and r["resumed"] for r in ranks)
@@ -226,7 +203,7 @@ def test_a_kubernetes_jobs_next_pod_resumes_the_run_after_sigterm_and_the_grace_
     attempts = handle.attempts()
     assert [a.ending for a in attempts] == ["preempted", "finished"]
     assert [a.launcher["instance"] for a in attempts if a.launcher] == ["train-0-aaaaa", "train-0-bbbbb"]
-    assert _bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
+    assert bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
 
 
 @pytest.mark.timeout(900)
@@ -249,7 +226,7 @@ def test_ray_train_restarts_its_workers_after_a_sigkill_into_the_same_run_bitwis
     assert (tmp_path / "crash" / "killed").exists()  # the worker was killed, and Ray restarted the group
     run_id = finals["crash"].pop("run")
     finals["plain"].pop("run")
-    assert _bitwise_equal(finals["crash"], finals["plain"])
+    assert bitwise_equal(finals["crash"], finals["plain"])
     api = lh.Api(store)
     assert len(api.runs("ray")) == 2  # one run per experiment, however many worker groups
     handle = api.run(run_id)
@@ -287,7 +264,7 @@ def test_a_frozen_pod_woken_after_its_replacement_trained_changes_nothing_and_ex
             zombie.wait()
     assert zombie.returncode != 0 and "RunFencedError" in zombie_err, zombie_err[-3000:]
     assert not (tmp_path / "zombie.pt").exists()
-    assert _bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
+    assert bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
     run_id = next(line.split()[1] for line in out.splitlines() if line.startswith("start"))
     handle = lh.Api(store).run(run_id)
     attempts = handle.attempts()

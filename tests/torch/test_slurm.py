@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from lhtest import ROOT, child_env
 from slurm_cluster import CLUSTER, SlurmCluster, slurm_marks
+from torch_helpers import bitwise_equal
 
 import launchhelm as lh
 
@@ -39,30 +40,6 @@ def _env() -> dict[str, str]:
         if name.startswith(("SLURM_", "TORCHELASTIC_")) or name in ("LAUNCHHELM_RUN_ID", "SKYPILOT_TASK_ID"):
             env.pop(name)
     return env
-
-
-def _flat(state: Any, path: str = "") -> dict[str, Any]:
-    if isinstance(state, dict):
-        return {k: v for key, value in state.items() for k, v in _flat(value, f"{path}/{key}").items()}
-    if isinstance(state, (list, tuple)):
-        return {k: v for i, value in enumerate(state) for k, v in _flat(value, f"{path}/{i}").items()}
-    return {path: state}
-
-
-def _bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    fa, fb = _flat(a), _flat(b)
-    if set(fa) != set(fb):
-        return False
-    for key, x in fa.items():
-        y = fb[key]
-        if isinstance(x, torch.Tensor):
-            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape):
-                return False
-            if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
-                return False
-        elif x != y:
-            return False
-    return True
 
 
 def _final(out: Path) -> dict[str, Any]:
@@ -159,7 +136,7 @@ def test_a_preempted_slurm_job_resumes_the_same_run_bitwise_with_no_step_redone(
     # 0 steps redone: the relaunch starts at the step the preempted attempt reached and saved
     assert second["start"] == first["step"] and second["ending"] == "finished" and second["resumed"], second
     assert second["run"] == first["run"]
-    assert _bitwise_equal(_final(job.out), plain), f"the requeued job ({how}) differs from the uninterrupted one"
+    assert bitwise_equal(_final(job.out), plain), f"the requeued job ({how}) differs from the uninterrupted one"
     api = lh.Api(job.store)
     assert len(api.runs("slurm")) == 1, "the requeue made a second run"
     handle = api.run(first["run"])
@@ -183,4 +160,4 @@ def test_the_comparison_can_fail_a_requeued_job_that_skips_the_load_line_differs
     _preempt(slurm_cluster, job, "scontrol requeue")
     job.wait_end()
     assert job.record(1)["ending"] == "finished"
-    assert not _bitwise_equal(_final(job.out), plain), "the negative control matched: the comparison cannot fail"
+    assert not bitwise_equal(_final(job.out), plain), "the negative control matched: the comparison cannot fail"

@@ -4,6 +4,7 @@ and the bitwise comparison of a model's and optimizer's state before and after a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,3 +44,28 @@ def same_tensors(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
 def payload_path(store_url: str, run: lh.Run, artifact: str) -> Path:
     """The ``.pt`` file of checkpoint ``artifact`` in a local store."""
     return Path(store_url) / "runs" / run.id / "artifacts" / artifact / f"{artifact}.pt"
+
+
+def _flat(state: Any, path: str = "") -> dict[str, Any]:
+    if isinstance(state, dict):
+        return {k: v for key, value in state.items() for k, v in _flat(value, f"{path}/{key}").items()}
+    if isinstance(state, (list, tuple)):
+        return {k: v for i, value in enumerate(state) for k, v in _flat(value, f"{path}/{i}").items()}
+    return {path: state}
+
+
+def bitwise_equal(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """Whether two saved training states (nested dicts of tensors and plain values) are equal bit for bit."""
+    fa, fb = _flat(a), _flat(b)
+    if set(fa) != set(fb):
+        return False
+    for key, x in fa.items():
+        y = fb[key]
+        if isinstance(x, torch.Tensor):
+            if not (isinstance(y, torch.Tensor) and x.dtype == y.dtype and x.shape == y.shape):
+                return False
+            if not torch.equal(x.reshape(-1).view(torch.uint8), y.reshape(-1).view(torch.uint8)):
+                return False
+        elif x != y:
+            return False
+    return True
