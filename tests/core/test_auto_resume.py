@@ -177,10 +177,12 @@ def test_an_identity_reused_by_another_script_is_refused_not_merged(
         lh.init("p", store=store, auto_resume=True, **_quiet())  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("backend", ["local", "s3", "gcs", "azure"])
 def test_a_newer_attempt_takes_over_a_live_looking_session_at_once_and_fences_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    store = str(tmp_path / "store")
+    """The fence is put-if-absent plus list-after-write, which each object store gives: it holds on all of them."""
+    store = make_store_url(backend, tmp_path, request)
     _slurm(monkeypatch, "9", 0)
     old = lh.init("p", store=store, auto_resume=True, **_quiet(control_interval=0.2))  # type: ignore[arg-type]
     old.global_step = 3
@@ -232,7 +234,7 @@ except lh.RunFencedError as exc:
 """
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize("backend", ["local", "s3", "gcs", "azure"])
 def test_a_frozen_session_resumed_after_its_relaunch_adds_nothing_and_exits_fenced(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -277,13 +279,16 @@ def test_a_frozen_session_resumed_after_its_relaunch_adds_nothing_and_exits_fenc
     assert json.loads(json.dumps([a.launcher for a in handle.attempts()]))[1]["restart"] == [1, 0]
 
 
-def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "s3", "gcs", "azure"])
+def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
     """The fence's objects: a chunk or console part numbered past the watermark (an upload in flight while the
     relaunch listed, or `launchhelm recover` on the frozen host later) is never read, compacted or shown."""
     from launchhelm.storage import open_store
     from launchhelm.storage._keys import console_key, console_prefix, fence_name, metrics_prefix
 
-    store_url = str(tmp_path / "store")
+    store_url = make_store_url(backend, tmp_path, request)
     killed = run_python(  # three chunks, then SIGKILL: no compaction at the end merges them
         """
         import os, signal, sys
