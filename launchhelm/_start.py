@@ -61,6 +61,7 @@ from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import (
     console_prefix,
     fence_name,
+    media_index_prefix,
     metrics_prefix,
     project_record_key,
     project_run_marker,
@@ -386,8 +387,13 @@ def _check_same_job(record: Mapping[str, Any], launch: Launch, run_id: str) -> N
 
 def _mark_fence(store: Store, run_id: str, session_id: str, watermark: Mapping[str, int]) -> None:
     """The objects' half of the fence, before its event: readers drop the fenced session's metrics chunks
-    and console parts past its watermark (``docs/storage.md``)."""
-    for prefix, kind in ((metrics_prefix(run_id), "metrics"), (console_prefix(run_id), "console")):
+    and console parts and media index chunks past its watermark (``docs/storage.md``)."""
+    prefixes = (
+        (metrics_prefix(run_id), "metrics"),
+        (console_prefix(run_id), "console"),
+        (media_index_prefix(run_id), "media"),
+    )
+    for prefix, kind in prefixes:
         try:
             store.create(f"{prefix}/{fence_name(session_id, int(watermark[kind]) + 1)}", b"{}")
         except AlreadyExistsError:

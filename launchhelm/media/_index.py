@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any, TypedDict
 
-from launchhelm.storage._keys import parse_media_index_name
+from launchhelm.storage._keys import parse_fence_name, parse_media_index_name
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -28,6 +28,7 @@ __all__ = [
     "choose_index_objects",
     "decode_index",
     "encode_index",
+    "fenced_after",
     "merged_away",
 ]
 
@@ -103,14 +104,15 @@ def choose_index_objects(names: list[str]) -> list[tuple[str, str, int, int]]:
     furthest, then from the chunk after it, and so on; objects that others
     cover (merged away, deleted after the grace period) are skipped.
     """
+    fences = fenced_after(names)
     by_session: dict[str, dict[int, tuple[int, str]]] = defaultdict(dict)
     for name in names:
         parsed = parse_media_index_name(name)
         if parsed is None:
             continue
         session, first, last = parsed
-        if last < first:
-            continue
+        if last < first or last >= fences.get(session, last + 1):
+            continue  # past a fence: stored by a session after a newer attempt replaced it
         best = by_session[session].get(first)
         if best is None or last > best[0]:
             by_session[session][first] = (last, name)
@@ -127,6 +129,17 @@ def choose_index_objects(names: list[str]) -> list[tuple[str, str, int, int]]:
     return chosen
 
 
+def fenced_after(names: list[str]) -> dict[str, int]:
+    """Per fenced session, the first index chunk number that is not the run's (``fenced-after-<n>.json``
+    in the listing itself: see docs/storage.md, "the fence")."""
+    fences: dict[str, int] = {}
+    for name in names:
+        fence = parse_fence_name(name)
+        if fence is not None:
+            fences[fence[0]] = min(fence[1], fences.get(fence[0], fence[1]))
+    return fences
+
+
 def merge_tables(datas: list[bytes]) -> Any:
     import pyarrow as pa
 
@@ -136,12 +149,14 @@ def merge_tables(datas: list[bytes]) -> Any:
 def merged_away(infos: list[ObjectInfo], grace: float, now: float) -> list[str]:
     """Names (relative to the index prefix) of objects a wider one of their session covers, that one older
     than ``grace`` seconds: what a session that ended before the grace period passed left for gc."""
+    fences = fenced_after([info.key for info in infos])
     by_session: dict[str, list[tuple[int, int, float | None, str]]] = defaultdict(list)
     for info in infos:
         parsed = parse_media_index_name(info.key)
         if parsed is not None:
             session, first, last = parsed
-            by_session[session].append((first, last, info.modified, info.key))
+            if last < fences.get(session, last + 1):  # a merge past a fence covers nothing readers take
+                by_session[session].append((first, last, info.modified, info.key))
     doomed = []
     for objects in by_session.values():
         wide = [(f, la) for f, la, when, _ in objects if when is not None and now - when >= grace]

@@ -59,12 +59,24 @@ def furthest_step(
 
 
 def session_watermark(store: Store, run_id: str, session_id: str) -> dict[str, int]:
-    """Per object prefix of a session (metrics chunks, console parts), the highest number such that
-    every number from the lowest listed up to it is stored: what a fence admits of the session."""
-    from launchhelm.storage._keys import console_prefix, metrics_prefix, parse_chunk_name, parse_console_name
+    """Per object prefix of a session (metrics chunks, console parts, media index chunks), the highest number
+    such that every number from the lowest listed up to it is stored: what a fence admits of the session."""
+    from launchhelm.storage._keys import (
+        console_prefix,
+        media_index_prefix,
+        metrics_prefix,
+        parse_chunk_name,
+        parse_console_name,
+        parse_media_index_name,
+    )
 
     marks: dict[str, int] = {}
-    for kind, prefix in (("metrics", metrics_prefix(run_id)), ("console", console_prefix(run_id))):
+    prefixes = (
+        ("metrics", metrics_prefix(run_id)),
+        ("console", console_prefix(run_id)),
+        ("media", media_index_prefix(run_id)),
+    )
+    for kind, prefix in prefixes:
         numbers: set[int] = set()
         for rest in store.list(f"{prefix}/{session_id}"):
             name = f"{session_id}/{rest}"
@@ -72,10 +84,14 @@ def session_watermark(store: Store, run_id: str, session_id: str) -> dict[str, i
                 chunk = parse_chunk_name(name)
                 if chunk is not None:
                     numbers.add(chunk[1])
-            else:
+            elif kind == "console":
                 part = parse_console_name(name)
                 if part is not None:
                     numbers.add(part[1])
+            else:
+                span = parse_media_index_name(name)
+                if span is not None and span[2] >= span[1]:
+                    numbers.update(range(span[1], span[2] + 1))  # a merged object covers its span
         if not numbers:
             marks[kind] = -1
             continue

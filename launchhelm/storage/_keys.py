@@ -504,6 +504,9 @@ ROWS: dict[str, Callable[[], str]] = {
     "runs/<run>/console/<session>/<n:08d>.txt": lambda: console_key("run", "session", 3),
     "runs/<run>/metrics/<session>/fenced-after-<n>.json": lambda: f"{metrics_prefix('run')}/{fence_name('session', 4)}",
     "runs/<run>/console/<session>/fenced-after-<n>.json": lambda: f"{console_prefix('run')}/{fence_name('session', 4)}",
+    "runs/<run>/media/index/<session>/fenced-after-<n>.json": lambda: (
+        f"{media_index_prefix('run')}/{fence_name('session', 4)}"
+    ),
     "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
     "runs/<run>/media/objects/<sha256>.<ext>": lambda: media_object_key("run", "0123abcd.png"),
     "runs/<run>/media/index/<session>/<first:08d>-<last:08d>.parquet": lambda: media_index_key("run", "session", 8, 15),
@@ -532,9 +535,9 @@ _FENCE_PREFIX = "fenced-after-"
 
 
 def fence_name(session_id: str, admitted: int) -> str:
-    """``<session>/fenced-after-<n>.json`` under ``metrics/`` or ``console/``: the session's objects there
-    numbered ``n`` and above are not the run's (a newer attempt fenced it; ``n`` is one past its
-    watermark). Read from the listing itself, so readers pay no request for it."""
+    """``<session>/fenced-after-<n>.json`` under ``metrics/``, ``console/`` or ``media/index/``: the
+    session's objects there numbered ``n`` and above are not the run's (a newer attempt fenced it; ``n``
+    is one past its watermark). Read from the listing itself, so readers pay no request for it."""
     return f"{session_id}/{_FENCE_PREFIX}{admitted}.json"
 
 

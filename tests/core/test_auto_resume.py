@@ -283,20 +283,30 @@ def test_a_frozen_session_resumed_after_its_relaunch_adds_nothing_and_exits_fenc
 def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    """The fence's objects: a chunk or console part numbered past the watermark (an upload in flight while the
+    """The fence's objects: a chunk, console part or media index chunk past the watermark (an upload in flight while the
     relaunch listed, or `launchhelm recover` on the frozen host later) is never read, compacted or shown."""
+    from launchhelm.media._index import encode_index, merge_tables
+    from launchhelm.runlog._runinfo import session_watermark
     from launchhelm.storage import open_store
-    from launchhelm.storage._keys import console_key, console_prefix, fence_name, metrics_prefix
+    from launchhelm.storage._keys import (
+        console_key,
+        console_prefix,
+        fence_name,
+        media_index_key,
+        media_index_prefix,
+        metrics_prefix,
+    )
 
     store_url = make_store_url(backend, tmp_path, request)
     killed = run_python(  # three chunks, then SIGKILL: no compaction at the end merges them
         """
         import os, signal, sys
         import launchhelm as lh
+        import numpy as np
         run = lh.init("p", store=sys.argv[1], system_metrics=False, capture_console=False)
         for step in range(3):
             run.global_step = step
-            run.log({"loss": float(step)})
+            run.log({"loss": float(step), "sample": lh.Image(np.full((4, 4, 3), step, np.uint8))})
             run.flush()
         print(run.id, run.session_id, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -309,9 +319,17 @@ def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(
     assert len(chunks) == 3
     for n, text in enumerate(["before\n", "also before\n", "after the fence\n"]):
         store.put(console_key(run_id, session, 100 + n), text.encode())
+    index = sorted(store.list(f"{media_index_prefix(run_id)}/{session}"))
+    assert len(index) == 3  # one index chunk per flush
+    # a merge of all three that landed after the fence (in flight while the relaunch listed)
+    merged = encode_index(merge_tables([store.read(f"{media_index_prefix(run_id)}/{session}/{n}") for n in index]))
+    store.put(media_index_key(run_id, session, 0, 2), merged)
+    assert session_watermark(store, run_id, session) == {"metrics": 2, "console": 102, "media": 2}
     store.create(f"{metrics_prefix(run_id)}/{fence_name(session, 1)}", b"{}")  # chunk 0 admitted
+    store.create(f"{media_index_prefix(run_id)}/{fence_name(session, 1)}", b"{}")
     store.create(f"{console_prefix(run_id)}/{fence_name(session, 102)}", b"{}")
     handle = lh.Api(store_url).run(run_id)
     assert list(handle.history()["loss"]) == [0.0]
+    assert [(item.step, int(item.load()[0, 0, 0])) for item in handle.media("sample")] == [(0, 0)]
     console = handle.console()
     assert "also before" in console and "after the fence" not in console
