@@ -42,27 +42,30 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
+    from launchhelm.views._humanize import STATUS_MEANING
+    from launchhelm.views._runs import row_detail
+
     api = Api(args.store)
     run = api.run(args.run)
     summary = run.summary()
     status = summary["status"]
     print(f"run      {run.id}  {run.name!r}")
     print(f"project  {run.project}")
-    explain = {
-        "running": "a live session is training it",
-        "hung": "a live session has made no step for its hang timeout",
-        "stopped": "stopped without ending its session (crashed or killed); resume it",
-        "resumable": "its last session ended with finish(close_run=False); resume it",
-        "closed": "finish() closed it; it cannot be resumed",
-    }
-    print(f"status   {status}: {explain.get(status, '')}")
+    print(f"status   {status}: {STATUS_MEANING.get(status, '')}")
     if status == "hung":
         print(f"hang     {summary.get('hang', '')}")
+    detail = row_detail(summary)
+    if detail and status != "hung":
+        print(f"         {detail}")
     heartbeat = run.last_heartbeat
     print(f"heartbeat {_fmt_time(heartbeat)}" + (f" ({time.time() - heartbeat:.0f}s ago)" if heartbeat else ""))
     print(f"step     {summary['step']} (furthest reached)")
     print(f"created  {_fmt_time(run.created)}")
-    print(f"sessions {summary['sessions']}, rewinds {summary['rewinds']}")
+    restarts = summary.get("restarts")
+    print(
+        f"sessions {summary['sessions']}, rewinds {summary['rewinds']}"
+        + (f", restarts {restarts}" if isinstance(restarts, int) and restarts else "")
+    )
     if run.config:
         print("config   " + ", ".join(f"{k}={v!r}" for k, v in run.config.items()))
     tunables = run.tunables

@@ -13,9 +13,11 @@ from launchhelm._exceptions import (
     AlreadyExistsError,
     InvalidArgumentError,
     InvalidTypeError,
+    RestartLoopError,
     RunClosedError,
     RunIdentityError,
     RunInUseError,
+    StorageError,
 )
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import (
@@ -32,6 +34,7 @@ from launchhelm.metrics._system import system_interval
 from launchhelm.runlog._control import check_plain, in_force
 from launchhelm.runlog._events import (
     FENCE_REASON,
+    RESTART_LOOP,
     SESSION_STARTED,
     EventLog,
     RunState,
@@ -400,6 +403,29 @@ def _mark_fence(store: Store, run_id: str, session_id: str, watermark: Mapping[s
             pass  # another try of this relaunch marked it
 
 
+def _record_restart_loop(
+    store: Store,
+    project: str,
+    run_id: str,
+    events: EventLog,
+    state: RunState,
+    refused: RestartLoopError,
+    launch: Launch,
+    limit: int | None,
+) -> None:
+    """Put the refusal in the log once, so that the runs table, the panel, the picker and ``launchhelm watch``
+    say "restart loop" until someone chooses a checkpoint; a refusal already recorded is not repeated."""
+    if state.restart_loop is not None:
+        return
+    payload = {"attempts": refused.attempts, "limit": limit or 0, "launcher": launch.as_record()}
+    try:
+        events.append(RESTART_LOOP, payload, expect_seq=state.last_seq + 1)
+    except (SequenceTaken, StorageError) as exc:  # the refusal stands; only its record is lost
+        _log.debug("run %s: could not record the restart loop: %s", run_id, exc)
+        return
+    mark_row(store, project, run_id, "refused", "restart_loop")
+
+
 def _reopen_run(
     store: Store,
     project: str,
@@ -443,7 +469,11 @@ def _reopen_run(
                 run_id=run_id,
             )
         if launch is not None:
-            check_restart_loop(store, run_id, state, max_failed)  # refused before this attempt exists
+            try:
+                check_restart_loop(store, run_id, state, max_failed)  # refused before this attempt exists
+            except RestartLoopError as refused:
+                _record_restart_loop(store, project, run_id, events, state, refused, launch, max_failed)
+                raise
         previous = state.last_session
         replaces: dict[str, Any] | None = None
         if previous is not None and previous.ended_at is None:

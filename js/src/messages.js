@@ -66,6 +66,8 @@ export const MSG = /** @type {const} */ ({
  * @typedef {object} PickerState
  * @property {RunRef} run
  * @property {string} status
+ * @property {string[]} attempts
+ * @property {string} restart_loop
  * @property {string} sentence
  * @property {number} step
  * @property {Record<string, number>} times
@@ -314,12 +316,14 @@ export const MSG = /** @type {const} */ ({
  * @property {string} name
  * @property {string} status
  * @property {string} sentence
+ * @property {string} detail
  * @property {number | null} step
  * @property {number | null} created
  * @property {number | null} last_heartbeat
  * @property {number | null} duration
  * @property {number | null} sessions
  * @property {number | null} rewinds
+ * @property {number | null} restarts
  * @property {Record<string, Json>} values
  */
 

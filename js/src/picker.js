@@ -2,6 +2,7 @@
 // from the store; "Choose" asks the kernel to call choose_for_resume.
 import { act, h, mount } from "./dom.js";
 import { withTimes } from "./human.js";
+import { statusClass } from "./time.js";
 
 /** @type {import("@anywidget/types").Render<import("./messages.js").PickerTraits>} */
 function render({ model, el }) {
@@ -12,12 +13,35 @@ function render({ model, el }) {
       h("div", { class: "lh-title" }, "Resume… ", h("b", {}, run.name || ""), " ", h("code", {}, run.id || "")),
       h(
         "p",
-        { class: `lh-status lh-status-${state.status}` },
+        { class: `lh-status ${statusClass(state.status)}` },
         "This run is ",
         withTimes(state.sentence || state.status, state.times),
         ".",
       ),
     );
+    if (state.restart_loop) {
+      root.append(
+        h(
+          "p",
+          { class: "lh-restart-loop", role: "alert" },
+          `Relaunches are refused: ${state.restart_loop}. Fix the cause, then choose a checkpoint below: that clears it.`,
+        ),
+      );
+    }
+    if (state.attempts?.length) {
+      root.append(
+        h(
+          "details",
+          { class: "lh-attempts-box", open: true },
+          h("summary", {}, `Attempts (${state.attempts.length})`),
+          h(
+            "ol",
+            { class: "lh-attempts" },
+            state.attempts.map((line) => h("li", {}, line)),
+          ),
+        ),
+      );
+    }
     if (!checkpoints.length) {
       root.append(h("p", { class: "lh-empty" }, "No checkpoint was saved: a resumed run starts from step 0."));
     } else {

@@ -7,17 +7,17 @@
 // in the browser's time zone, and kept true ("3 min ago") as time passes.
 import { h, send } from "./dom.js";
 import { MSG } from "./messages.js";
-import { ago, duration, localTime, statusSentence, ticking } from "./time.js";
+import { ago, duration, localTime, statusClass, statusSentence, ticking } from "./time.js";
 
 /** @typedef {import("./messages.js").RunsTableTraits} RunsTableTraits */
 /** @typedef {import("@anywidget/types").AnyModel<RunsTableTraits>} Model */
 /** @typedef {import("./messages.js").TableColumn} Column */
 /** @typedef {import("./messages.js").TableRow} Row */
 
-const STATUSES = ["running", "stopped", "resumable", "closed"];
+const STATUSES = ["running", "hung", "stopped", "restart loop", "resumable", "closed"];
 /** @type {Record<string, string>} */
 const GROUP_TITLES = { base: "", metric: "latest values", config: "config", tunable: "tunables" };
-const BASE = new Set(["name", "status", "step", "created", "duration", "rewinds"]);
+const BASE = new Set(["name", "status", "step", "created", "duration", "rewinds", "restarts"]);
 
 /**
  * @param {Row} row
@@ -133,7 +133,7 @@ function render({ model, el }) {
       ...STATUSES.map((status) =>
         h(
           "label",
-          { class: `lh-toggle lh-status-filter lh-status-${status}`, dataset: { status } },
+          { class: `lh-toggle lh-status-filter ${statusClass(status)}`, dataset: { status } },
           h("input", {
             type: "checkbox",
             checked: chosen.has(status),
@@ -204,11 +204,11 @@ function render({ model, el }) {
         return h("td", { class: "lh-name" }, h("b", {}, row.name), " ", h("code", {}, row.id));
       case "status": {
         // written here, not the kernel's `sentence`: "last heartbeat 3 min ago" stays true between reads
-        const sentence = statusSentence(row.status, row.last_heartbeat, now);
+        const sentence = statusSentence(row.status, row.last_heartbeat, now, row.detail || "");
         return h(
           "td",
           { class: "lh-status-cell", title: sentence },
-          h("span", { class: `lh-badge lh-status lh-status-${row.status}` }, row.status),
+          h("span", { class: `lh-badge lh-status ${statusClass(row.status)}` }, row.status),
           h("span", { class: "lh-sentence" }, sentence),
         );
       }

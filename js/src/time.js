@@ -81,7 +81,9 @@ export function ago(ts, now = Date.now() / 1000) {
 /** What each status means, as the runs table and `launchhelm show` say it. */
 export const STATUS_MEANING = new Map([
   ["running", "a live session is training it"],
+  ["hung", "a live session has made no step for its hang timeout"],
   ["stopped", "stopped without ending its session (crashed or killed); resume it"],
+  ["restart loop", "its relaunches keep failing before they make progress, so auto_resume refuses the next"],
   ["resumable", "its last session ended with finish(close_run=False); resume it"],
   ["closed", "finish() closed it; it cannot be resumed"],
 ]);
@@ -92,14 +94,24 @@ export const STATUS_MEANING = new Map([
  * @param {string} status
  * @param {number | null | undefined} [lastHeartbeat] epoch seconds
  * @param {number} [now] epoch seconds (default: now)
+ * @param {string} [detail] what the status alone does not say (where a hung run is...)
  * @returns {string}
  */
-export function statusSentence(status, lastHeartbeat, now = Date.now() / 1000) {
+export function statusSentence(status, lastHeartbeat, now = Date.now() / 1000, detail = "") {
   let sentence = STATUS_MEANING.get(status) ?? status;
-  if ((status === "running" || status === "stopped") && finite(lastHeartbeat)) {
+  if ((status === "running" || status === "stopped" || status === "hung") && finite(lastHeartbeat)) {
     sentence += `; last heartbeat ${ago(lastHeartbeat, now)}`;
   }
-  return sentence;
+  return detail ? `${sentence}; ${detail}` : sentence;
+}
+
+/**
+ * A status as a CSS class name ("restart loop" has a space).
+ * @param {string} status
+ * @returns {string}
+ */
+export function statusClass(status) {
+  return `lh-status-${String(status).replace(/[^a-z0-9_-]+/gi, "-")}`;
 }
 
 /**

@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
-_RUN_COLUMNS = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds"]
+_RUN_COLUMNS = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds", "restarts"]
+#: What only some statuses have (where a run hung, why a relaunch was refused, how its last attempt ended):
+#: columns only when a row has them.
+_DETAIL_COLUMNS = ["hang", "hang_since", "restart_loop", "last_ending", "last_detail"]
 
 
 class Api:
@@ -69,8 +72,13 @@ class Api:
     def runs(self, project: str) -> pd.DataFrame:
         """One row per run of ``project``, newest first.
 
-        Columns: id, name, status, step (furthest reached), created,
-        last_heartbeat, sessions, rewinds; then one ``config.<key>`` column
+        Columns: id, name, status (``running``, ``hung``, ``stopped``,
+        ``restart loop``, ``resumable``, ``closed``), step (furthest
+        reached), created, last_heartbeat, sessions, rewinds, restarts (sessions a
+        scheduler's relaunch started); where some run has them, ``hang``
+        (where a hung run is stuck) and ``hang_since``, ``restart_loop``
+        (why its relaunch was refused), ``last_ending`` and ``last_detail``
+        (how a stopped run's last attempt ended); then one ``config.<key>`` column
         per config value (nested dicts flattened: ``config.optim.lr``), one
         ``tunable.<key>`` column per tunable (the value in force) and one
         ``metric.<key>`` column per metric with its latest value, each
@@ -94,7 +102,8 @@ class Api:
         extra = sorted({k for row in rows for k in row if k.startswith("config.")})
         extra += sorted({k for row in rows for k in row if k.startswith("tunable.")})
         extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
-        frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])
+        details = [c for c in _DETAIL_COLUMNS if any(c in row for row in rows)]
+        frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *details, *extra])
         if len(frame):
             frame = frame.sort_values("created", ascending=False, ignore_index=True)
         result: pd.DataFrame = frame

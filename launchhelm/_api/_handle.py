@@ -325,6 +325,8 @@ class RunHandle:
                 break
             except SequenceTaken:
                 continue
+        if state.restart_loop is not None:  # the choice clears it: the runs table's index must read the row again
+            mark_row(self._store, self.project, self.id, "chosen", "resume_choice")
         chosen = [c for c in self.checkpoints() if c.id == checkpoint_id]
         return chosen[0]
 

@@ -45,6 +45,7 @@ from launchhelm.runlog._records import (
     CONTROL_APPLIED,
     CONTROL_TUNABLES,
     DAMAGED,
+    RESTART_LOOP,
     RESUME_CHOICE,
     RESUME_CHOICE_CONSUMED,
     REWIND,
@@ -58,6 +59,7 @@ from launchhelm.runlog._records import (
     ControlTunablesEvent,
     DamagedEvent,
     Event,
+    RestartLoopEvent,
     RewindEvent,
 )
 from launchhelm.storage import Store
@@ -79,6 +81,7 @@ HeldT = TypeVar(
     ControlTunablesEvent,
     ControlActionEvent,
     ControlAppliedEvent,
+    RestartLoopEvent,
 )
 
 __all__ = [
@@ -87,6 +90,7 @@ __all__ = [
     "CONTROL_ACTION",
     "CONTROL_APPLIED",
     "CONTROL_TUNABLES",
+    "RESTART_LOOP",
     "RESUME_CHOICE",
     "RESUME_CHOICE_CONSUMED",
     "REWIND",
@@ -459,6 +463,9 @@ class RunState:
     #: what training processes applied, oldest first (:class:`_records.ControlAppliedEvent`)
     applied: list[ControlAppliedEvent] = field(default_factory=list)
     last_seq: int = 0
+    #: a relaunch refused for a restart loop, until a resume choice or a session that starts
+    #: (kept last and left out of snapshots while None, so snapshots written before read byte for byte)
+    restart_loop: RestartLoopEvent | None = None
 
     def checkpoint(self, checkpoint_id: str) -> CheckpointEvent | None:
         """The published checkpoint with that id, if any."""
@@ -506,6 +513,11 @@ class RunState:
     @property
     def last_session(self) -> SessionRecord | None:
         return self.sessions[-1] if self.sessions else None
+
+    @property
+    def restarts(self) -> int:
+        """Sessions that a scheduler's relaunch started (every launched session after the first)."""
+        return sum(1 for s in self.sessions[1:] if s.launcher is not None)
 
     @property
     def attempt(self) -> int:
@@ -582,6 +594,7 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
                     old.detail = f"found gone by the next session ({replaces.get('reason')})"
             state.sessions.append(rec)
             by_id[rec.id] = rec
+            state.restart_loop = None  # a launch was let through
         elif event["type"] == SESSION_ENDED:
             ended = by_id.get(event.get("session", ""))
             if ended is not None:
@@ -608,6 +621,7 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
             if not any(d.get("checkpoint") == event["checkpoint"] for d in state.deleted_checkpoints):
                 state.resume_choice = event["checkpoint"]  # a choice of a deleted checkpoint is void
                 state.resume_choice_seq = int(event["seq"])
+                state.restart_loop = None  # a person chose where to resume: the next launch is let through
         elif event["type"] == RESUME_CHOICE_CONSUMED:
             if state.resume_choice == event.get("checkpoint"):
                 state.resume_choice = None
@@ -620,6 +634,8 @@ def fold(events: Iterable[Mapping[str, object]], state: RunState | None = None) 
                 state.last_control_seq = int(event["seq"])
         elif event["type"] == CONTROL_APPLIED:
             state.applied.append(_held(event))
+        elif event["type"] == RESTART_LOOP:
+            state.restart_loop = _held(event)
     return state
 
 
@@ -629,6 +645,13 @@ def _canonical(obj: object) -> bytes:
 
 def _event_digest(event: Mapping[str, object]) -> str:
     return hashlib.sha256(_canonical(event)).hexdigest()
+
+
+def _state_dict(state: RunState) -> dict[str, object]:
+    body = dataclasses.asdict(state)
+    if body.get("restart_loop") is None:
+        del body["restart_loop"]  # absent as in snapshots written before it existed
+    return body
 
 
 def encode_state(state: RunState, run_id: str, last_event: Event) -> bytes:
@@ -646,7 +669,7 @@ def encode_state(state: RunState, run_id: str, last_event: Event) -> bytes:
             "run": run_id,
             "seq": state.last_seq,
             "last_event": _event_digest(last_event),
-            "state": dataclasses.asdict(state),
+            "state": _state_dict(state),
         }
     )
 

@@ -28,6 +28,7 @@ __all__ = [
     "CONTROL_APPLIED",
     "CONTROL_TUNABLES",
     "DAMAGED",
+    "RESTART_LOOP",
     "RESUME_CHOICE",
     "RESUME_CHOICE_CONSUMED",
     "REWIND",
@@ -42,9 +43,11 @@ __all__ = [
     "ControlTunablesEvent",
     "DamagedEvent",
     "Event",
+    "FailedAttempt",
     "Heartbeat",
     "IndexEntry",
     "Json",
+    "RestartLoopEvent",
     "ResumeChoiceConsumedEvent",
     "ResumeChoiceEvent",
     "RewindEvent",
@@ -71,6 +74,7 @@ ControlTunablesType = Literal["control_tunables"]
 ControlActionType = Literal["control_action"]
 ControlAppliedType = Literal["control_applied"]
 DamagedType = Literal["damaged"]
+RestartLoopType = Literal["restart_loop"]
 
 #: A session (process or DDP job) attached to the run; with ``close_run`` its end closes the run.
 SESSION_STARTED: Final[SessionStartedType] = "session_started"
@@ -89,6 +93,9 @@ CONTROL_TUNABLES: Final[ControlTunablesType] = "control_tunables"
 CONTROL_ACTION: Final[ControlActionType] = "control_action"
 #: The training process applied requests (or restored a checkpoint's settings).
 CONTROL_APPLIED: Final[ControlAppliedType] = "control_applied"
+#: ``auto_resume`` refused a relaunch: attempts in a row failed without progress (cleared by a resume
+#: choice or by a session that starts).
+RESTART_LOOP: Final[RestartLoopType] = "restart_loop"
 #: What a damaged event folds as: it keeps its place in the order, and changes nothing.
 DAMAGED: Final[DamagedType] = "damaged"
 
@@ -252,6 +259,26 @@ class ControlAppliedEvent(_EventBase):
     checkpoint: NotRequired[str | None]
 
 
+class FailedAttempt(TypedDict):
+    """One attempt of a restart loop (``_restarts.failed_attempts``)."""
+
+    session: str
+    ending: str
+    detail: str
+    #: the step it resumed at, and the checkpoint it resumed from (None: none)
+    step: int
+    checkpoint: str | None
+
+
+class RestartLoopEvent(_EventBase):
+    type: RestartLoopType
+    #: the failed attempts, oldest first, and the ``max_failed_restarts`` that refused the launch
+    attempts: list[FailedAttempt]
+    limit: int
+    #: who was refused (``_launch.Launch.as_record``)
+    launcher: NotRequired[Launcher]
+
+
 class DamagedEvent(_EventBase):
     """The placeholder of an event that is not JSON, not an object or not of its sequence number."""
 
@@ -273,6 +300,7 @@ Event: TypeAlias = (
     | ControlTunablesEvent
     | ControlActionEvent
     | ControlAppliedEvent
+    | RestartLoopEvent
     | DamagedEvent
 )
 
@@ -349,6 +377,10 @@ class Summary(TypedDict):
     metrics: dict[str, float]
     #: the last event it reflects
     seq: int
+    #: sessions a scheduler's relaunch started (layout 3; absent before)
+    restarts: NotRequired[int]
+    #: the log's unresolved ``restart_loop`` event, if any
+    restart_loop: NotRequired[RestartLoopEvent | None]
 
 
 class IndexEntry(TypedDict):

@@ -46,6 +46,8 @@ DEFAULT_HEARTBEAT_INTERVAL = 5.0
 DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 
 RUNNING, STOPPED, RESUMABLE, CLOSED, HUNG = "running", "stopped", "resumable", "closed", "hung"
+#: a run whose relaunch ``auto_resume`` refused (attempts in a row failed without progress)
+RESTART_LOOP = "restart loop"
 
 
 def env_seconds(name: str, default: float) -> float:

@@ -25,6 +25,9 @@ from launchhelm.runlog._records import Heartbeat, Json, RunRecord, RunRow, Sessi
 from launchhelm.runlog._runinfo import metrics_last_step, run_record
 from launchhelm.runlog._sessions import (
     HUNG,
+    RESTART_LOOP,
+    RESUMABLE,
+    STOPPED,
     fresher_beat,
     heartbeat_key,
     liveness,
@@ -36,7 +39,7 @@ from launchhelm.runlog._sessions import (
 from launchhelm.storage import Store
 from launchhelm.storage._keys import hang_key
 
-__all__ = ["SUMMARY_FORMAT", "encode_summary", "parse_summary", "run_rows"]
+__all__ = ["SUMMARY_FORMAT", "encode_summary", "parse_summary", "restart_loop_text", "run_rows"]
 
 SUMMARY_FORMAT = "launchhelm.summary/1"
 #: Runs folded at once when their summaries are missing or behind.
@@ -79,7 +82,10 @@ def encode_summary(
         "rewinds": len(state.rewinds),
         "metrics": dict(metrics),
         "seq": state.last_seq,
+        "restarts": state.restarts,
     }
+    if state.restart_loop is not None:
+        body["restart_loop"] = state.restart_loop
     return json.dumps(body, separators=(",", ":")).encode()  # NaN metrics stay NaN
 
 
@@ -118,6 +124,8 @@ class _View:
     beat: Heartbeat | None = None  # the last session's heartbeat, once read
     beat_read: bool = False
     hang: dict[str, object] | None = None  # the watchdog's marker of a live session that is hung
+    restarts: int | None = None  # None: a summary written before layout 3 counted them
+    restart_loop: dict[str, object] | None = None  # the log's unresolved restart_loop event
 
 
 def _from_summary(run_id: str, summary: Summary) -> _View:
@@ -139,6 +147,8 @@ def _from_summary(run_id: str, summary: Summary) -> _View:
         rewinds=int(summary.get("rewinds") or 0),
         step=step,
         summary=summary,
+        restarts=int(summary["restarts"]) if "restarts" in summary else None,
+        restart_loop=dict(summary.get("restart_loop") or {}) or None,
     )
 
 
@@ -168,7 +178,20 @@ def _from_log(store: Store, run_id: str, summary: Summary | None) -> _View:
         summary=summary,
         beat=beats.get(last.id) if last is not None else None,
         beat_read=True,
+        restarts=state.restarts,
+        restart_loop=dict(state.restart_loop) if state.restart_loop is not None else None,
     )
+
+
+def restart_loop_text(event: Mapping[str, object]) -> str:
+    """One line for a recorded restart loop: how many attempts, how they ended, where they resumed."""
+    attempts = [a for a in event.get("attempts") or [] if isinstance(a, Mapping)]  # type: ignore[attr-defined]
+    endings = ", ".join(str(a.get("ending")) for a in attempts)
+    last = attempts[-1] if attempts else {}
+    start = f"; the last resumed at step {last.get('step')}" if last else ""
+    if last.get("checkpoint"):
+        start += f" from checkpoint {last.get('checkpoint')}"
+    return f"relaunch refused: {len(attempts)} attempts in a row ended without progress ({endings}){start}"
 
 
 def _flatten(prefix: str, values: Mapping[str, object], out: dict[str, object]) -> None:
@@ -272,6 +295,15 @@ def _row(store: Store, view: _View) -> RunRow:
     }
     if row["status"] == HUNG and view.hang is not None:
         row["hang"] = str(view.hang.get("detail") or "")
+        since = view.hang.get("since")
+        row["hang_since"] = float(since) if isinstance(since, (int, float)) else None
+    if view.restart_loop is not None and row["status"] in (RESUMABLE, STOPPED):
+        row["status"] = RESTART_LOOP
+        row["restart_loop"] = restart_loop_text(view.restart_loop)
+    elif view.last is not None and view.last.ending in ("hung", "crashed", "preempted", "fenced"):
+        row["last_ending"] = view.last.ending
+        row["last_detail"] = str(view.last.detail or "")
+    row["restarts"] = view.restarts
     _flatten("config.", view.config, row)
     for key, value in view.tunables.items():
         row[f"tunable.{key}"] = value

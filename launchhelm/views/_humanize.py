@@ -80,15 +80,18 @@ STATUS_MEANING = {
     "running": "a live session is training it",
     "hung": "a live session has made no step for its hang timeout",
     "stopped": "stopped without ending its session (crashed or killed); resume it",
+    "restart loop": "its relaunches keep failing before they make progress, so auto_resume refuses the next",
     "resumable": "its last session ended with finish(close_run=False); resume it",
     "closed": "finish() closed it; it cannot be resumed",
 }
 
 
-def status_sentence(status: str, last_heartbeat: float | None = None, now: float | None = None) -> str:
+def status_sentence(
+    status: str, last_heartbeat: float | None = None, now: float | None = None, *, detail: str = ""
+) -> str:
     """The status with its sentence: ``"stopped without ending its session (crashed or killed); resume it;
-    last heartbeat 3 min ago"``."""
+    last heartbeat 3 min ago"``, then ``detail`` (where a hung run is, why a relaunch was refused)."""
     sentence = STATUS_MEANING.get(status, status)
-    if status in ("running", "stopped") and last_heartbeat is not None and _finite(last_heartbeat):
+    if status in ("running", "stopped", "hung") and last_heartbeat is not None and _finite(last_heartbeat):
         sentence += f"; last heartbeat {ago(last_heartbeat, now)}"
-    return sentence
+    return f"{sentence}; {detail}" if detail else sentence

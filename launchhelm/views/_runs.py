@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from launchhelm._types import JSONValue
-from launchhelm.views._humanize import ago, duration, local_time, status_sentence
+from launchhelm.views._humanize import ago, duration, local_time, status_sentence, when
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -34,6 +34,7 @@ __all__ = [
     "config_diff",
     "filter_rows",
     "readable_runs",
+    "row_detail",
     "sort_rows",
     "table_columns",
     "table_rows",
@@ -43,7 +44,9 @@ __all__ = [
 #: Prefixes of the run-row columns the config diff compares.
 DIFF_PREFIXES = ("config.", "tunable.")
 #: The statuses a run can have, in the order the status filter lists them.
-STATUSES = ("running", "stopped", "resumable", "closed")
+STATUSES = ("running", "hung", "stopped", "restart loop", "resumable", "closed")
+#: Row columns that only say more about a status; tables show them as one ``detail`` sentence.
+DETAIL_COLUMNS = ("hang", "hang_since", "restart_loop", "last_ending", "last_detail")
 #: Columns every table has: (id, label).
 BASE_COLUMNS = (
     ("name", "Name"),
@@ -52,6 +55,7 @@ BASE_COLUMNS = (
     ("created", "Created"),
     ("duration", "Duration"),
     ("rewinds", "Rewinds"),
+    ("restarts", "Restarts"),
 )
 _BASE_IDS = tuple(c for c, _ in BASE_COLUMNS)
 #: Metric, config and tunable columns shown before the column picker hides the rest.
@@ -70,12 +74,16 @@ class RunsTableRow(TypedDict):
     name: str
     status: str
     sentence: str
+    #: what the status alone does not say (where a hung run is, why a relaunch was refused), in ``sentence`` too
+    detail: str
     step: JSONValue
     created: float | None
     last_heartbeat: float | None
     duration: float | None
     sessions: JSONValue
     rewinds: JSONValue
+    #: sessions a scheduler's relaunch started (None: a row written before they were counted)
+    restarts: JSONValue
     #: every ``metric.``/``config.``/``tunable.`` column's value (None: missing)
     values: dict[str, JSONValue]
 
@@ -127,6 +135,32 @@ def table_columns(frame: pd.DataFrame) -> list[dict[str, str]]:
     return columns
 
 
+def _text(value: object) -> str:
+    plain = _plain(value)
+    return plain if isinstance(plain, str) else ""
+
+
+def row_detail(record: Mapping[Any, object], now: float | None = None) -> str:
+    """:func:`_status_detail` of a row of :meth:`Api.runs` (or ``RunHandle.summary()``)."""
+    return _status_detail(record, time.time() if now is None else now)
+
+
+def _status_detail(record: Mapping[Any, object], now: float) -> str:
+    """What the status alone does not say: where a hung run is and since when, why a relaunch was refused,
+    how the last attempt of a stopped or resumable run ended."""
+    if record.get("status") == "hung":
+        since = _plain(record.get("hang_since"))
+        detail = _text(record.get("hang"))
+        return detail + (f"; hung since {when(float(since), now)}" if isinstance(since, (int, float)) else "")
+    if record.get("status") == "restart loop":
+        return _text(record.get("restart_loop")) + "; choose a checkpoint to resume from to clear it"
+    ending = _text(record.get("last_ending"))
+    if ending:
+        detail = _text(record.get("last_detail"))
+        return f"its last attempt ended {ending}" + (f" ({detail})" if detail else "")
+    return ""
+
+
 def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[RunsTableRow]:
     """:meth:`Api.runs`' frame as the table's rows (JSON-ready).
 
@@ -145,18 +179,21 @@ def table_rows(frame: pd.DataFrame, now: float | None = None) -> list[RunsTableR
         beat = _epoch(record.get("last_heartbeat"))
         status = str(record.get("status"))
         end = now if status == "running" else beat
+        detail = _status_detail(record, now)
         rows.append(
             {
                 "id": str(record["id"]),
                 "name": str(record.get("name")),
                 "status": status,
-                "sentence": status_sentence(status, beat, now),
+                "sentence": status_sentence(status, beat, now, detail=detail),
+                "detail": detail,
                 "step": _plain(record.get("step")),
                 "created": created,
                 "last_heartbeat": beat,
                 "duration": (end - created) if end is not None and created is not None else None,
                 "sessions": _plain(record.get("sessions")),
                 "rewinds": _plain(record.get("rewinds")),
+                "restarts": _plain(record.get("restarts")),
                 "values": {str(c): _plain(record.get(c)) for c in extra},
             }
         )
@@ -297,6 +334,10 @@ def readable_runs(frame: pd.DataFrame, now: float | None = None) -> pd.DataFrame
         shown.insert(shown.columns.get_loc("created") + 1, "duration", [duration(r["duration"]) for r in rows])
     if "last_heartbeat" in shown.columns:
         shown["last_heartbeat"] = [ago(r["last_heartbeat"], now) for r in rows]
+    # the status's own columns (where a run hung, why a relaunch was refused) as one sentence
+    shown = shown.drop(columns=[c for c in DETAIL_COLUMNS if c in shown.columns])
+    if any(r["detail"] for r in rows) and "status" in shown.columns:
+        shown.insert(shown.columns.get_loc("status") + 1, "detail", [r["detail"] for r in rows])
     result: pd.DataFrame = shown
     return result
 

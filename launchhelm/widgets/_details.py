@@ -20,6 +20,7 @@ from launchhelm._api import RunHandle
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._types import RunLike
 from launchhelm.console._read import last_lines
+from launchhelm.views._runs import row_detail
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import (
     MSG_APPEND,
@@ -57,7 +58,7 @@ def details_state(handle: RunHandle, rule: bool, notice: str = "") -> DetailsSta
     return {
         "run": {"id": handle.id, "name": handle.name, "project": handle.project},
         "status": status,
-        "sentence": status_sentence(status, last_heartbeat, int(summary["step"])),
+        "sentence": status_sentence(status, last_heartbeat, int(summary["step"]), row_detail(summary)),
         "step": int(summary["step"]),
         "created": format_time(handle.created),
         "last_heartbeat": format_time(last_heartbeat),

@@ -105,6 +105,10 @@ class PickerCheckpoint(TypedDict):
 class PickerState(TypedDict):
     run: RunRef
     status: str
+    #: each launch of the run, one line each (none for a run of one plain session)
+    attempts: list[str]
+    #: why relaunches are refused ("" when they are not); choosing a checkpoint clears it
+    restart_loop: str
     sentence: str
     step: int
     #: ``{text as the kernel wrote it: epoch seconds}`` for each time in the text: the browser rewrites them.
@@ -334,12 +338,14 @@ class TableRow(TypedDict):
     name: str
     status: str
     sentence: str
+    detail: str
     step: int | None
     created: float | None
     last_heartbeat: float | None
     duration: float | None
     sessions: int | None
     rewinds: int | None
+    restarts: int | None
     values: dict[str, Json]
 
 

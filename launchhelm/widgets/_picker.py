@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from launchhelm._api import RunHandle
 from launchhelm._types import Checkpoint, RunLike
+from launchhelm.views._runs import row_detail
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import PickerCheckpoint, PickerState, synced_dict
 from launchhelm.widgets._static import picker_html
@@ -32,9 +33,15 @@ _SHARDED_FORMAT = "launchhelm.torch.checkpoint/3"
 _MANIFEST = "manifest.json"
 
 
-def status_sentence(status: str, last_heartbeat: float | None, step: int) -> str:
-    """How the run stands, in the words the picker shows."""
+def status_sentence(status: str, last_heartbeat: float | None, step: int, detail: str = "") -> str:
+    """How the run stands, in the words the picker shows; ``detail`` is the runs table's (``views._runs``)."""
     beat = format_time(last_heartbeat)
+    if status == "hung":
+        return f"hung, last heartbeat {beat}, furthest step {step}: {detail or 'no step for its hang timeout'}"
+    if status == "restart loop":
+        return f"in a restart loop, furthest step {step}: {detail}"
+    if detail:  # how its last attempt ended (hung, crashed, preempted, fenced)
+        return f"{status_sentence(status, last_heartbeat, step)}; {detail}"
     if status == "stopped":
         return f"stopped without ending its session, last heartbeat {beat}, furthest step {step}"
     if status == "running":
@@ -133,10 +140,17 @@ def picker_state(handle: RunHandle, choice: Choice | None = None) -> PickerState
                 "chosen": c.chosen_for_resume and not closed,
             }
         )
+    attempts = handle.attempts()
+    shown = len(attempts) > 1 or any(a.launcher for a in attempts)
     return {
         "run": {"id": handle.id, "name": handle.name, "project": handle.project},
         "status": status,
-        "sentence": status_sentence(status, last_heartbeat, step),
+        # how each launch ended, so a person choosing sees what the checkpoints led to
+        "attempts": [a.describe(attempts[i + 1] if i + 1 < len(attempts) else None) for i, a in enumerate(attempts)]
+        if shown
+        else [],
+        "restart_loop": str(summary.get("restart_loop") or ""),
+        "sentence": status_sentence(status, last_heartbeat, step, row_detail(summary)),
         "step": step,
         # epoch seconds of each time in the text above and below, for the browser to show as people read them
         "times": time_labels(last_heartbeat, *(c.saved_at for c in checkpoints)),

@@ -91,6 +91,12 @@ def picker_html(state: PickerState) -> str:
     parts = [
         f"<div class='launchhelm-static-picker'><b>Resume… {html.escape(str(run.get('name', '')))}</b> "
         f"<code>{html.escape(str(run.get('id', '')))}</code>: {html.escape(state.get('sentence', ''))}",
+        f"<div><b>Relaunches are refused: {html.escape(state['restart_loop'])}</b></div>"
+        if state.get("restart_loop")
+        else "",
+        "<ol>" + "".join(f"<li>{html.escape(line)}</li>" for line in state.get("attempts", [])) + "</ol>"
+        if state.get("attempts")
+        else "",
         table_html(["step", "saved", "size", "shards", "steps to redo", "", "checkpoint"], rows, kind="picker"),
         f"<div>{html.escape(state.get('restores', ''))}</div>",
     ]

@@ -57,7 +57,7 @@ def test_a_new_run_is_listed_with_its_identity_and_config(store_url: str) -> Non
     assert api.projects() == ["lifecycle"]
     assert api.run(run.id).status == "running"
     runs = api.runs("lifecycle")
-    columns = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds"]
+    columns = ["id", "name", "status", "step", "created", "last_heartbeat", "sessions", "rewinds", "restarts"]
     assert runs.columns.tolist() == [*columns, "config.layers", "config.lr"]  # then config values (and metrics)
     assert runs.loc[0, "id"] == run.id and runs.loc[0, "status"] == "running"
     run.global_step = 12

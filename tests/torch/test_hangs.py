@@ -22,6 +22,8 @@ from lhtest import ROOT, child_env
 import launchhelm as lh
 from launchhelm.runlog._watchdog import AUTO, AUTO_FLOOR, HangClock, hang_setting, summarize_dump
 from launchhelm.storage._keys import hang_key
+from launchhelm.views._runs import table_rows
+from launchhelm.widgets._picker import picker_state
 
 WORKER = Path(__file__).with_name("hang_worker.py")
 
@@ -35,6 +37,19 @@ def _launch(store: str, run_id: str, tag: str, *args: str, **env: str) -> subpro
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _show(store: str, run_id: str) -> str:
+    """What ``launchhelm show RUN`` prints."""
+    return subprocess.run(
+        [sys.executable, "-c", "import sys; from launchhelm._cli import main; sys.exit(main())"]
+        + ["--store", store, "show", run_id],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        check=True,
+    ).stdout
 
 
 def _tagged(tag: str) -> list[int]:
@@ -122,23 +137,10 @@ def test_without_auto_resume_the_run_shows_hung_until_it_steps(tmp_path: Path) -
         assert time.monotonic() < deadline, f"never hung: {handle.status}"
         time.sleep(0.3)
     assert "stuck_here" in handle.summary()["hang"]
-    shown = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from launchhelm._cli import main; sys.exit(main())",
-            "--store",
-            store,
-            "show",
-            run_id,
-        ],
-        capture_output=True,
-        text=True,
-        env=child_env(),
-        cwd=ROOT,
-        check=True,
-    ).stdout
+    shown = _show(store, run_id)
     assert "status   hung" in shown and "stuck_here" in shown, shown
+    row = next(r for r in table_rows(lh.Api(store).runs("hangs")) if r["id"] == run_id)
+    assert row["status"] == "hung" and "stuck_here" in row["sentence"] and "hung since" in row["sentence"], row
     _wait_line(proc, "step 13", lines, timeout=30)  # left alone: it goes on
     deadline = time.monotonic() + 10
     while handle.status == "hung":
@@ -169,9 +171,24 @@ def test_a_restart_loop_is_refused_and_a_choice_clears_it(tmp_path: Path) -> Non
     assert "max_failed_restarts=3" in out and "crashed" in out, out
     assert "starts at step" not in out, "it trained before the refusal"
     assert len(handle.attempts()) == sessions, "a refused launch must not start an attempt"
-    # a person looks, picks the step-10 checkpoint: the next launch trains
+    # every view says so: the runs table (status, sentence, restarts), `launchhelm show`, the picker
+    row = next(r for r in table_rows(lh.Api(store).runs("hangs")) if r["id"] == run_id)
+    assert row["status"] == "restart loop" and row["restarts"] == 3, row
+    assert "3 attempts in a row ended without progress (crashed, crashed, crashed)" in row["sentence"], row
+    assert "choose a checkpoint" in row["sentence"]
+    assert "status   restart loop" in _show(store, run_id)
+    picker = picker_state(handle, None)
+    assert "3 attempts in a row" in picker["restart_loop"] and len(picker["attempts"]) == sessions
+    assert "restart loop" in picker["sentence"]
+    refused_again = _launch(store, run_id, tag, "--hang-timeout", "none")
+    out, _ = refused_again.communicate(timeout=120)
+    assert refused_again.returncode != 0 and "RestartLoopError" in out, out
+    assert sum(1 for e in handle._events.read() if e["type"] == "restart_loop") == 1, "recorded once"
+    # a person looks, picks the step-10 checkpoint: the refusal is cleared, and the next launch trains
     ten = next(c for c in handle.checkpoints() if c.step == 10)
     handle.choose_for_resume(ten.id)
+    assert handle.summary()["status"] == "stopped"  # as its last attempt left it
+    assert not picker_state(handle, None)["restart_loop"]
     cleared = _launch(store, run_id, tag, "--hang-timeout", "none")
     out, _ = cleared.communicate(timeout=120)
     assert cleared.returncode == 0, out
