@@ -1,0 +1,589 @@
+"""``launchhelm watch``: tell someone, exactly once, when a run of a project changes (issue 42).
+
+A watcher polls the project's runs table and derives each run's changes
+from state it reads (never from a stream, so a change made while no watcher
+ran is still found): ``started``, ``relaunched``, ``preempted``, ``crashed``,
+``hung``, ``restart_loop``, ``finished``. Every watcher names a change alike
+(``<run>/<session>/<event>``), and tells it only after claiming it with
+put-if-absent on the store, so any number of watchers on any machines tell it
+once. See docs/storage.md, "Notices: ``launchhelm watch``".
+
+Cost per poll, whatever the project's size: the listing of
+``projects/<p>/table/`` (row markers and their versions: one request per
+1,000 runs), one concurrent read of each live run's heartbeat, summary and
+hang marker, a full read only of runs whose row marker changed, and a few
+requests per new change. Settled runs cost nothing past the listing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Final, TypedDict
+
+from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, LaunchHelmError, StorageError
+from launchhelm.runlog._events import RunState, SessionRecord, read_state
+from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
+from launchhelm.runlog._sessions import fresher_beat, heartbeat_key, liveness, parse_object, summary_key
+from launchhelm.runlog._table import read_index
+from launchhelm.storage import Store
+from launchhelm.storage._keys import (
+    hang_key,
+    notice_claim_key,
+    notice_told_key,
+    notices_prefix,
+    notices_watermark_key,
+    parse_index_name,
+    parse_notice_claim_name,
+    parse_row_marker_name,
+    run_record_key,
+    table_prefix,
+)
+
+__all__ = [
+    "EVENTS",
+    "DeliveryError",
+    "Notice",
+    "Watcher",
+    "exec_delivery",
+    "parse_events",
+    "parse_since",
+    "post_delivery",
+]
+
+_log = logging.getLogger("launchhelm")
+
+STARTED: Final = "started"
+RELAUNCHED: Final = "relaunched"
+PREEMPTED: Final = "preempted"
+CRASHED: Final = "crashed"
+HUNG: Final = "hung"
+RESTART_LOOP: Final = "restart_loop"
+FINISHED: Final = "finished"
+EVALUATION_FAILED: Final = "evaluation_failed"
+#: Every event a watcher can tell, in the order a run goes through them.
+EVENTS: Final = (STARTED, RELAUNCHED, PREEMPTED, CRASHED, HUNG, RESTART_LOOP, FINISHED, EVALUATION_FAILED)
+
+#: A claim older than this without ``told.json`` was a watcher that died mid-notice.
+DEFAULT_LEASE = 60.0
+#: Claims of one change before it is given up (marked told, with the failure): a receiver that never takes it.
+MAX_CLAIMS = 5
+#: Runs read at once in a poll.
+_THREADS = 16
+
+
+class Notice(TypedDict):
+    """The JSON object a watcher tells (``--exec``'s stdin, ``--post``'s body)."""
+
+    event: str
+    project: str
+    run: str
+    name: str
+    step: int
+    time: float
+    detail: str
+    #: the change's name, the same from every watcher: a receiver may drop a repeat by it
+    id: str
+
+
+class DeliveryError(LaunchHelmError, RuntimeError):
+    """A notice was not delivered (the command failed, the URL did not take it); it is tried again."""
+
+
+@dataclass
+class _Change:
+    notice: Notice
+    #: when the change became visible to any watcher (a stale heartbeat: its last beat plus the timeout)
+    seen: float
+
+
+@dataclass
+class _Run:
+    """What this watcher knows of one run between polls."""
+
+    version: str | None
+    name: str = ""
+    #: the last session while it has not ended and was alive at the last read (read lightly each poll)
+    live: SessionRecord | None = None
+    #: full reads still owed (a marker change is read twice: the marker is put before its start event)
+    reread: int = 0
+
+
+def parse_events(text: str | None) -> tuple[str, ...]:
+    """``--events started,crashed`` checked against :data:`EVENTS`; None: every event."""
+    if text is None:
+        return EVENTS
+    wanted = tuple(e.strip() for e in text.split(",") if e.strip())
+    unknown = [e for e in wanted if e not in EVENTS]
+    if unknown or not wanted:
+        raise InvalidArgumentError(
+            f"--events {text!r}: unknown event(s) {', '.join(unknown) or '(none given)'}; "
+            f"choose from {','.join(EVENTS)}"
+        )
+    return wanted
+
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """``--since``: ``all``, seconds since the epoch, an ISO 8601 time, or a duration ago (``30m``, ``2h``, ``1d``)."""
+    from datetime import datetime
+
+    from launchhelm._gc import parse_duration
+
+    now = time.time() if now is None else now
+    if text == "all":
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        pass
+    else:
+        if value > 10**8:  # seconds since the epoch; smaller bare numbers are seconds ago
+            return value
+        return now - value
+    try:
+        return now - parse_duration(text)
+    except ValueError:
+        pass
+    try:
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--since {text!r}: give 'all', a time (2026-12-06T11:00:00Z, or seconds since the epoch), "
+            "or how long ago (30m, 2h, 1d)"
+        ) from None
+    return stamp.timestamp()
+
+
+def exec_delivery(command: str, timeout: float) -> Callable[[Notice], None]:
+    """Deliver by running ``command`` (a shell command line) with the notice as JSON on its stdin."""
+
+    def deliver(notice: Notice) -> None:
+        try:
+            done = subprocess.run(
+                command,
+                shell=True,
+                input=json.dumps(notice).encode() + b"\n",
+                timeout=timeout,
+                capture_output=True,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise DeliveryError(f"--exec {command!r} did not finish within {timeout:.0f}s") from None
+        if done.returncode != 0:
+            err = done.stderr.decode(errors="replace").strip().splitlines()
+            raise DeliveryError(f"--exec {command!r} exited with {done.returncode}" + (f": {err[-1]}" if err else ""))
+
+    return deliver
+
+
+def post_delivery(url: str, budget: float) -> Callable[[Notice], None]:
+    """Deliver by POSTing the notice as JSON to ``url``, retrying with backoff for at most ``budget`` seconds.
+
+    A 5xx answer, 429 or a connection error is retried; another 4xx is not (the receiver refuses it).
+    """
+
+    def deliver(notice: Notice) -> None:
+        body = json.dumps(notice).encode()
+        deadline = time.monotonic() + budget
+        pause = 0.5
+        while True:
+            request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
+            left = deadline - time.monotonic()
+            try:
+                with urllib.request.urlopen(request, timeout=max(1.0, min(30.0, left))) as answer:
+                    answer.read()
+                return
+            except urllib.error.HTTPError as exc:
+                if exc.code < 500 and exc.code != 429:
+                    raise DeliveryError(f"--post {url}: the receiver refused the notice (HTTP {exc.code})") from None
+                why = f"HTTP {exc.code}"
+            except (urllib.error.URLError, OSError) as exc:
+                why = str(getattr(exc, "reason", exc))
+            if time.monotonic() + pause > deadline:
+                raise DeliveryError(f"--post {url}: not delivered within {budget:.0f}s (last: {why})")
+            _log.info("launchhelm watch: --post %s failed (%s); trying again in %.1fs", url, why, pause)
+            time.sleep(pause)
+            pause = min(pause * 2, 8.0)
+
+    return deliver
+
+
+def _step(session: SessionRecord, beat: Mapping[str, object] | None = None) -> int:
+    step = max(session.start_step, session.end_step or 0)
+    if beat is not None:
+        raw = beat.get("step")
+        if isinstance(raw, (int, float)):
+            step = max(step, int(raw))
+    return step
+
+
+class Watcher:
+    """Follows one project and tells each change of its runs once, with any number of watchers.
+
+    Parameters
+    ----------
+    store:
+        The project's store.
+    project:
+        The project to follow.
+    deliver:
+        Tells one notice; raises :class:`DeliveryError` (or anything) when it did not. None: nothing
+        is claimed or marked, :meth:`poll` only returns what it would tell (``launchhelm watch``
+        without ``--exec`` or ``--post`` prints them).
+    events:
+        The events to tell; others are not claimed, so a watcher told them may still.
+    interval:
+        Seconds between polls (for :meth:`run`, and the default ``since``'s margin).
+    since:
+        Changes that became visible before this time are not told. None: the project's watermark
+        (what earlier watchers told up to) less a margin, else the start less one poll.
+    lease:
+        Seconds a claim holds a change before another watcher may tell it again.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        project: str,
+        deliver: Callable[[Notice], None] | None,
+        *,
+        events: Sequence[str] = EVENTS,
+        interval: float = 10.0,
+        since: float | None = None,
+        lease: float = DEFAULT_LEASE,
+    ) -> None:
+        if interval <= 0:
+            raise InvalidArgumentError(f"--interval {interval}: give a positive number of seconds between polls")
+        if lease <= 0:
+            raise InvalidArgumentError(f"lease {lease}: give a positive number of seconds")
+        self.store = store
+        self.project = project
+        self.deliver = deliver
+        self.events = frozenset(events)
+        self.interval = interval
+        self.lease = lease
+        self.identity = f"{socket.gethostname()}:{os.getpid()}"
+        self._since = since
+        self._runs: dict[str, _Run] = {}
+        #: changes seen and not yet told (a claim of another watcher still holds them, or delivery failed)
+        self._pending: dict[str, _Change] = {}
+        self._done: set[str] = set()
+        self._first = True
+
+    # -- since ---------------------------------------------------------------------------
+    @property
+    def since(self) -> float:
+        """Changes that became visible before this are not told (decided at the first poll)."""
+        if self._since is None:
+            self._since = self._default_since()
+        return self._since
+
+    def _default_since(self) -> float:
+        margin = max(2 * self.interval, 60.0)
+        mark = parse_object(
+            self.store.read_many([notices_watermark_key(self.project)]).get(notices_watermark_key(self.project))
+        )
+        if mark is not None and isinstance(mark.get("since"), (int, float)):
+            # changes seen after it may not be told yet (a watcher died): told.json sorts out repeats
+            return float(mark["since"]) - margin  # type: ignore[arg-type]
+        return time.time() - self.interval  # the first watcher of the project: not its whole past
+
+    # -- polling -----------------------------------------------------------------------------
+    def run(self, *, once: bool = False, polls: int | None = None) -> None:
+        """Poll every ``interval`` seconds (``once``: one poll) until interrupted."""
+        done = 0
+        while True:
+            started = time.monotonic()
+            try:
+                self.poll()
+            except StorageError as exc:  # the store may come back: a watcher outlives a blip
+                _log.warning("launchhelm watch: the store did not answer (%s); trying again", exc)
+            done += 1
+            if once or (polls is not None and done >= polls):
+                return
+            time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
+
+    def poll(self) -> list[Notice]:
+        """One poll: read what changed, tell what is new. Returns the notices told (or, without
+        ``deliver``, those it would tell)."""
+        began = time.time()
+        since = self.since
+        markers, newest_index = self._listing()
+        index = read_index(self.store, self.project, newest_index) if self._first and newest_index else {}
+        full: list[str] = []
+        light: list[str] = []
+        for run_id, (version, modified) in markers.items():
+            known = self._runs.get(run_id)
+            if known is None:
+                entry = index.get(run_id)
+                if (
+                    entry is not None
+                    and version is not None
+                    and entry.get("marker") == version
+                    and modified is not None
+                    and modified < since
+                ):
+                    # settled before `since`: nothing of it is told, and its marker says when it next changes
+                    self._runs[run_id] = _Run(version=version)
+                    continue
+                self._runs[run_id] = _Run(version=version, reread=2)
+                full.append(run_id)
+            elif known.version != version or known.reread > 0:
+                if known.version != version:
+                    known.version, known.reread = version, 2
+                full.append(run_id)
+            elif known.live is not None:
+                light.append(run_id)
+        changes: list[_Change] = []
+        if full:
+            with ThreadPoolExecutor(max_workers=min(_THREADS, len(full))) as pool:
+                for found in pool.map(self._read_full, full):
+                    changes.extend(found)
+        if light:
+            changes.extend(self._read_light(light))
+        self._first = False
+        for change in changes:
+            cid = change.notice["id"]
+            if cid in self._done or change.notice["event"] not in self.events or change.seen < since:
+                continue
+            self._pending.setdefault(cid, change)
+        told: list[Notice] = []
+        for cid, change in sorted(self._pending.items(), key=lambda kv: kv[1].notice["time"]):
+            if self.deliver is None:
+                told.append(change.notice)
+                self._done.add(cid)
+            elif self._tell(change):
+                told.append(change.notice)
+        for notice in told:
+            self._pending.pop(notice["id"], None)
+        if self.deliver is not None:
+            self._put_watermark(began)
+        return told
+
+    def _listing(self) -> tuple[dict[str, tuple[str | None, float | None]], str | None]:
+        markers: dict[str, tuple[str | None, float | None]] = {}
+        indexes: list[str] = []
+        for info in self.store.list_info(table_prefix(self.project)):
+            if parse_index_name(info.key):
+                indexes.append(info.key)
+            elif (run_id := parse_row_marker_name(info.key)) is not None:
+                markers[run_id] = (info.version, info.modified)
+        return markers, max(indexes) if indexes else None
+
+    def _read_full(self, run_id: str) -> list[_Change]:
+        """A run whose marker changed (or that this watcher never read): its log, and its last session's signs."""
+        known = self._runs[run_id]
+        known.reread = max(0, known.reread - 1)
+        state, _ = read_state(self.store, run_id)
+        last = state.last_session
+        keys = [summary_key(run_id)]
+        if last is not None and last.ended_at is None:
+            keys += [heartbeat_key(run_id, last.id), hang_key(run_id, last.id)]
+        if not known.name:
+            keys.append(run_record_key(run_id))
+        got = self.store.read_many(keys)
+        summary = parse_object(got.get(summary_key(run_id)))
+        if not known.name:
+            record = parse_object(got.get(run_record_key(run_id))) or summary or {}
+            known.name = str(record.get("name") or "")
+        changes: list[_Change] = []
+        for i in range(len(state.sessions)):
+            changes.extend(self._session_changes(run_id, known.name, state, i))
+        known.live = None
+        if last is not None and last.ended_at is None and not state.closed:
+            beat = fresher_beat(parse_object(got.get(heartbeat_key(run_id, last.id))), summary, last.id)
+            changes.extend(
+                self._live_changes(run_id, known, last, beat, parse_object(got.get(hang_key(run_id, last.id))))
+            )
+        changes.extend(self._restart_loop(run_id, known, state))
+        return changes
+
+    def _read_light(self, run_ids: list[str]) -> list[_Change]:
+        """Live runs whose marker did not change: only their last session's heartbeat, summary and hang marker."""
+        keys: list[str] = []
+        for run_id in run_ids:
+            live = self._runs[run_id].live
+            assert live is not None
+            keys += [heartbeat_key(run_id, live.id), summary_key(run_id), hang_key(run_id, live.id)]
+        got = self.store.read_many(keys)
+        changes: list[_Change] = []
+        for run_id in run_ids:
+            known = self._runs[run_id]
+            live = known.live
+            assert live is not None
+            beat = fresher_beat(
+                parse_object(got.get(heartbeat_key(run_id, live.id))),
+                parse_object(got.get(summary_key(run_id))),
+                live.id,
+            )
+            changes.extend(
+                self._live_changes(run_id, known, live, beat, parse_object(got.get(hang_key(run_id, live.id))))
+            )
+        return changes
+
+    def _notice(self, event: str, run_id: str, name: str, session: str, step: int, at: float, detail: str) -> Notice:
+        return Notice(
+            event=event,
+            project=self.project,
+            run=run_id,
+            name=name,
+            step=step,
+            time=at,
+            detail=detail,
+            id=f"{run_id}/{session}/{event}",
+        )
+
+    def _session_changes(self, run_id: str, name: str, state: RunState, i: int) -> Iterable[_Change]:
+        session = state.sessions[i]
+        host = str(session.process.get("hostname") or "?")
+        if i > 0 and session.launcher is not None:
+            launcher = session.launcher
+            restart = launcher.get("restart")
+            detail = f"relaunched by {launcher.get('scheduler')} job {launcher.get('job')}" + (
+                f" (restart {'.'.join(str(r) for r in restart)})" if isinstance(restart, list) and restart else ""
+            )
+            event = RELAUNCHED
+        else:
+            detail = f"resumed at step {session.start_step}" if session.resumed else "a first session"
+            event = STARTED
+        detail += f" on {host} (pid {session.process.get('pid')})"
+        yield _Change(
+            self._notice(event, run_id, name, session.id, session.start_step, session.started_at, detail),
+            session.started_at,
+        )
+        ending = session.ending
+        if session.ended_at is not None:
+            at = session.ended_at
+        elif ending == CRASHED and i + 1 < len(state.sessions):
+            at = state.sessions[i + 1].started_at  # found dead when the next session started
+        else:
+            return
+        if ending in (FINISHED, PREEMPTED, CRASHED, HUNG):
+            if ending == FINISHED:
+                text = "finish() closed the run" if session.closed_run else "its session ended; the run is resumable"
+            else:
+                text = session.detail or session.end_reason or ending
+            yield _Change(self._notice(ending, run_id, name, session.id, _step(session), at, text), at)
+
+    def _live_changes(
+        self,
+        run_id: str,
+        known: _Run,
+        session: SessionRecord,
+        beat: Mapping[str, object] | None,
+        hang: Mapping[str, object] | None,
+    ) -> list[_Change]:
+        # the runs table's own rule (liveness): at once when its host is this one and its pid is gone
+        live = liveness(self.store, run_id, session, beat=beat)
+        step = _step(session, beat)
+        if not live.alive:
+            known.live = None  # a new session changes its marker; nothing more comes of this one
+            detail = f"died without a notice ({live.reason}) after step {step}"
+            at = live.last_heartbeat or session.started_at
+            # visible from any host at the latest once the heartbeat is stale: what `since` is compared with
+            seen = at + session.heartbeat_timeout
+            return [_Change(self._notice(CRASHED, run_id, known.name, session.id, step, at, detail), seen)]
+        known.live = session
+        if hang is None:
+            return []
+        since = hang.get("since")
+        at = float(since) if isinstance(since, (int, float)) else time.time()
+        hung_step = hang.get("step")
+        return [
+            _Change(
+                self._notice(
+                    HUNG,
+                    run_id,
+                    known.name,
+                    session.id,
+                    int(hung_step) if isinstance(hung_step, (int, float)) else step,
+                    at,
+                    str(hang.get("detail") or "no step for its hang timeout"),
+                ),
+                at,
+            )
+        ]
+
+    def _restart_loop(self, run_id: str, known: _Run, state: RunState) -> list[_Change]:
+        """Attempts in a row that failed without progress: the next launch with ``auto_resume`` is refused."""
+        tail = [s for s in state.sessions if s.start_seq > state.resume_choice_seq]
+        if RESTART_LOOP not in self.events or len(tail) < DEFAULT_MAX_FAILED_RESTARTS or state.closed:
+            return []
+        last = tail[-1]
+        if known.live is not None or last.launcher is None or last.ending in (FINISHED, PREEMPTED):
+            return []
+        failed = failed_attempts(self.store, run_id, state)  # a listing of the run's metrics
+        if len(failed) < DEFAULT_MAX_FAILED_RESTARTS:
+            return []
+        at = last.ended_at or time.time()
+        detail = f"the last {len(failed)} attempts each ended without a step past where they resumed: " + "; ".join(
+            f"{a['ending']} ({a['detail'] or 'no detail'}) at step {a['step']}" for a in failed
+        )
+        return [_Change(self._notice(RESTART_LOOP, run_id, known.name, last.id, _step(last), at, detail), at)]
+
+    # -- telling once --------------------------------------------------------------------------
+    def _tell(self, change: _Change) -> bool:
+        """Claim, deliver, mark told. True once told (by this watcher); False: not now."""
+        notice = change.notice
+        cid = notice["id"]
+        base = f"{notices_prefix(self.project)}/{cid}"
+        names = {info.key.rsplit("/", 1)[-1] for info in self.store.list_info(base)}
+        if "told.json" in names:
+            self._done.add(cid)  # another watcher told it
+            self._pending.pop(cid, None)
+            return False
+        claims = sorted(k for n in names if (k := parse_notice_claim_name(n)) is not None)
+        k = claims[-1] if claims else 0
+        if k:
+            claim = parse_object(
+                self.store.read_many([notice_claim_key(self.project, cid, k)]).get(
+                    notice_claim_key(self.project, cid, k)
+                )
+            )
+            claimed = claim.get("time") if claim is not None else None
+            if isinstance(claimed, (int, float)) and time.time() - float(claimed) < self.lease:
+                return False  # a watcher holds it: told by it, or by us after its lease
+            if k >= MAX_CLAIMS:
+                _log.error("launchhelm watch: giving up on %s after %d tries", cid, k)
+                self._mark_told(cid, {"gave_up": True, "claims": k})
+                return False
+        body = {"watcher": self.identity, "time": time.time(), "lease": self.lease}
+        try:
+            self.store.create(notice_claim_key(self.project, cid, k + 1), json.dumps(body).encode())
+        except AlreadyExistsError:
+            return False  # another watcher claimed it first
+        assert self.deliver is not None
+        try:
+            self.deliver(notice)
+        except Exception as exc:  # told again once the claim's lease runs out
+            _log.warning("launchhelm watch: could not tell %s: %s; trying again after %.0fs", cid, exc, self.lease)
+            return False
+        self._mark_told(cid, {"claim": k + 1})
+        return True
+
+    def _mark_told(self, cid: str, extra: Mapping[str, object]) -> None:
+        body = {"watcher": self.identity, "time": time.time(), **extra}
+        try:
+            self.store.create(notice_told_key(self.project, cid), json.dumps(body).encode())
+        except AlreadyExistsError:
+            pass  # a watcher whose claim we thought expired told it too (the id lets a receiver drop it)
+        self._done.add(cid)
+        self._pending.pop(cid, None)
+
+    def _put_watermark(self, began: float) -> None:
+        # every change seen before `since` is told, but for those still pending
+        since = min([began, *(c.seen for c in self._pending.values())])
+        body = {"since": since, "watcher": self.identity, "time": time.time()}
+        try:
+            self.store.put(notices_watermark_key(self.project), json.dumps(body).encode())
+        except StorageError as exc:
+            _log.debug("launchhelm watch: could not put the watermark: %s", exc)
