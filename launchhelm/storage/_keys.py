@@ -446,12 +446,12 @@ def notices_prefix(project: str) -> str:
 
 
 def notice_claim_key(project: str, change: str, k: int) -> str:
-    """``projects/<p>/notices/<change>/claim-<k>.json``: watcher claim ``k`` of telling ``change``."""
+    """``projects/<p>/notices/<run>/<session>/<event>/claim-<k>.json``: watcher claim ``k`` of telling ``change``."""
     return f"{notices_prefix(project)}/{change}/claim-{k}{_JSON}"
 
 
 def notice_told_key(project: str, change: str) -> str:
-    """``projects/<p>/notices/<change>/told.json``: ``change`` was told."""
+    """``projects/<p>/notices/<run>/<session>/<event>/told.json``: ``change`` was told."""
     return f"{notices_prefix(project)}/{change}/told{_JSON}"
 
 
@@ -541,8 +541,10 @@ ROWS: dict[str, Callable[[], str]] = {
         f"{media_index_prefix('run')}/{fence_name('session', 4)}"
     ),
     "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
-    "projects/<p>/notices/<change>/claim-<k>.json": lambda: notice_claim_key("p", "run/session/crashed", 1),
-    "projects/<p>/notices/<change>/told.json": lambda: notice_told_key("p", "run/session/crashed"),
+    "projects/<p>/notices/<run>/<session>/<event>/claim-<k>.json": lambda: notice_claim_key(
+        "p", "run/session/crashed", 1
+    ),
+    "projects/<p>/notices/<run>/<session>/<event>/told.json": lambda: notice_told_key("p", "run/session/crashed"),
     "projects/<p>/notices/watermark.json": lambda: notices_watermark_key("p"),
     "runs/<run>/media/objects/<sha256>.<ext>": lambda: media_object_key("run", "0123abcd.png"),
     "runs/<run>/media/index/<session>/<first:08d>-<last:08d>.parquet": lambda: media_index_key("run", "session", 8, 15),
