@@ -45,6 +45,7 @@ from launchhelm.storage._keys import (
     parse_index_name,
     parse_notice_claim_name,
     parse_row_marker_name,
+    row_marker_key,
     run_record_key,
     table_prefix,
 )
@@ -77,6 +78,8 @@ EVENTS: Final = (STARTED, RELAUNCHED, PREEMPTED, CRASHED, HUNG, RESTART_LOOP, FI
 DEFAULT_LEASE = 60.0
 #: Claims of one change before it is given up (marked told, with the failure): a receiver that never takes it.
 MAX_CLAIMS = 5
+#: Seconds before the watermark a watcher that starts also tells: hosts' clocks disagree (told.json stops repeats).
+_CLOCK_MARGIN = 10.0
 #: Runs read at once in a poll.
 _THREADS = 16
 
@@ -111,11 +114,13 @@ class _Run:
     """What this watcher knows of one run between polls."""
 
     version: str | None
+    #: when its marker was last put (the listing's time), if the backend says
+    modified: float | None = None
     name: str = ""
     #: the last session while it has not ended and was alive at the last read (read lightly each poll)
     live: SessionRecord | None = None
-    #: full reads still owed (a marker change is read twice: the marker is put before its start event)
-    reread: int = 0
+    #: read it whole again next poll: its marker names a session its log did not show yet
+    reread: bool = False
 
 
 def parse_events(text: str | None) -> tuple[str, ...]:
@@ -288,7 +293,7 @@ class Watcher:
         return self._since
 
     def _default_since(self) -> float:
-        margin = max(2 * self.interval, 60.0)
+        margin = max(2 * self.interval, _CLOCK_MARGIN)
         mark = parse_object(
             self.store.read_many([notices_watermark_key(self.project)]).get(notices_watermark_key(self.project))
         )
@@ -335,11 +340,10 @@ class Watcher:
                     # settled before `since`: nothing of it is told, and its marker says when it next changes
                     self._runs[run_id] = _Run(version=version)
                     continue
-                self._runs[run_id] = _Run(version=version, reread=2)
+                self._runs[run_id] = _Run(version=version, modified=modified)
                 full.append(run_id)
-            elif known.version != version or known.reread > 0:
-                if known.version != version:
-                    known.version, known.reread = version, 2
+            elif known.version != version or known.reread:
+                known.version, known.modified = version, modified
                 full.append(run_id)
             elif known.live is not None:
                 light.append(run_id)
@@ -382,22 +386,34 @@ class Watcher:
     def _read_full(self, run_id: str) -> list[_Change]:
         """A run whose marker changed (or that this watcher never read): its log, and its last session's signs."""
         known = self._runs[run_id]
-        known.reread = max(0, known.reread - 1)
         state, _ = read_state(self.store, run_id)
         last = state.last_session
-        keys = [summary_key(run_id)]
+        keys = [summary_key(run_id), row_marker_key(self.project, run_id)]
         if last is not None and last.ended_at is None:
             keys += [heartbeat_key(run_id, last.id), hang_key(run_id, last.id)]
         if not known.name:
             keys.append(run_record_key(run_id))
         got = self.store.read_many(keys)
         summary = parse_object(got.get(summary_key(run_id)))
+        marker = parse_object(got.get(row_marker_key(self.project, run_id)))
+        # the marker is put before its session's start event: read again until the log shows that session
+        known.reread = (
+            marker is not None
+            and marker.get("state") == "started"
+            and marker.get("session") not in {s.id for s in state.sessions}
+        )
         if not known.name:
             record = parse_object(got.get(run_record_key(run_id))) or summary or {}
             known.name = str(record.get("name") or "")
         changes: list[_Change] = []
         for i in range(len(state.sessions)):
-            changes.extend(self._session_changes(run_id, known.name, state, i))
+            found = list(self._session_changes(run_id, known.name, state, i))
+            if i == len(state.sessions) - 1 and known.modified is not None:
+                # its end is put in the log before the marker: a watcher that polled between the two saw
+                # neither, so the end counts as seen when the marker was put (what `since` is compared with)
+                for change in found[1:]:
+                    change.seen = max(change.seen, known.modified)
+            changes.extend(found)
         known.live = None
         if last is not None and last.ended_at is None and not state.closed:
             beat = fresher_beat(parse_object(got.get(heartbeat_key(run_id, last.id))), summary, last.id)
@@ -496,7 +512,8 @@ class Watcher:
         if hang is None:
             return []
         since = hang.get("since")
-        at = float(since) if isinstance(since, (int, float)) else time.time()
+        now = time.time()
+        at = float(since) if isinstance(since, (int, float)) else now
         hung_step = hang.get("step")
         return [
             _Change(
@@ -509,7 +526,7 @@ class Watcher:
                     at,
                     str(hang.get("detail") or "no step for its hang timeout"),
                 ),
-                at,
+                now,  # still hung now: a watcher that starts later tells it too
             )
         ]
 
