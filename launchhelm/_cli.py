@@ -457,7 +457,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--events",
         default=None,
         metavar="E1,E2",
-        help="changes to tell (default: all): started, relaunched, preempted, crashed, hung, restart_loop, finished",
+        help="changes to tell (default: all): started, relaunched, preempted, crashed, hung, restart_loop, finished, "
+        "evaluation_failed",
     )
     watch.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between polls (default 10)")
     watch.add_argument(

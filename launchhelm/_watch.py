@@ -31,20 +31,25 @@ from dataclasses import dataclass
 from typing import Final, TypedDict
 
 from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, LaunchHelmError, StorageError
+from launchhelm.evaluation._queue import FAILED, RESULT
 from launchhelm.runlog._events import RunState, SessionRecord, read_state
 from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
 from launchhelm.runlog._sessions import fresher_beat, heartbeat_key, liveness, parse_object, summary_key
 from launchhelm.runlog._table import read_index
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
+    evaluation_prefix,
+    evaluations_prefix,
     hang_key,
     notice_claim_key,
     notice_told_key,
     notices_prefix,
     notices_watermark_key,
+    parse_evaluation_tail,
     parse_index_name,
     parse_notice_claim_name,
     parse_row_marker_name,
+    request_key,
     row_marker_key,
     run_record_key,
     table_prefix,
@@ -282,6 +287,8 @@ class Watcher:
         #: changes seen and not yet told (a claim of another watcher still holds them, or delivery failed)
         self._pending: dict[str, _Change] = {}
         self._done: set[str] = set()
+        #: evaluation result objects already looked at (they are immutable)
+        self._results: set[str] = set()
         self._first = True
 
     # -- since ---------------------------------------------------------------------------
@@ -354,6 +361,8 @@ class Watcher:
                     changes.extend(found)
         if light:
             changes.extend(self._read_light(light))
+        if EVALUATION_FAILED in self.events:
+            changes.extend(self._evaluation_failures(since))
         self._first = False
         for change in changes:
             cid = change.notice["id"]
@@ -546,6 +555,49 @@ class Watcher:
             f"{a['ending']} ({a['detail'] or 'no detail'}) at step {a['step']}" for a in failed
         )
         return [_Change(self._notice(RESTART_LOOP, run_id, known.name, last.id, _step(last), at, detail), at)]
+
+    def _evaluation_failures(self, since: float) -> list[_Change]:
+        """Failed evaluation attempts: a listing of the project's queue, and each new result slot read once."""
+        prefix = evaluations_prefix(self.project)
+        fresh: dict[str, tuple[str, str, int, float]] = {}
+        for info in self.store.list_info(prefix):
+            if info.key in self._results:
+                continue
+            parts = info.key.split("/", 2)
+            parsed = parse_evaluation_tail(parts[2]) if len(parts) == 3 else None
+            if parsed is None or not parsed.group("result"):
+                continue
+            self._results.add(info.key)
+            at = info.modified if info.modified is not None else time.time()
+            if at < since:
+                continue  # before `since`: not told, so not read
+            fresh[f"{prefix}/{info.key}"] = (parts[0], parts[1], int(parsed.group("attempt")), at)
+        if not fresh:
+            return []
+        # the result and its request (which has the checkpoint's step), all in one round
+        requests = {key: request_key(evaluation_prefix(self.project, r, c)) for key, (r, c, _, _) in fresh.items()}
+        got = self.store.read_many([*fresh, *requests.values()])
+        changes = []
+        for key, (run_id, checkpoint, attempt, at) in fresh.items():
+            slot = parse_object(got.get(key))
+            request = parse_object(got.get(requests[key])) or {}
+            if slot is None or slot.get("kind") != RESULT or slot.get("state") != FAILED:
+                continue  # done, or a fence (the lease was taken over: not a failure of the evaluation)
+            known = self._runs.get(run_id)
+            step = request.get("step")
+            finished = slot.get("finished_at")
+            notice = Notice(
+                event=EVALUATION_FAILED,
+                project=self.project,
+                run=run_id,
+                name=known.name if known is not None else "",
+                step=int(step) if isinstance(step, (int, float)) else 0,
+                time=float(finished) if isinstance(finished, (int, float)) else at,
+                detail=f"evaluation of checkpoint {checkpoint} (attempt {attempt}) failed: {slot.get('error')}",
+                id=f"{run_id}/{checkpoint}/a{attempt:04d}/{EVALUATION_FAILED}",
+            )
+            changes.append(_Change(notice, at))
+        return changes
 
     # -- telling once --------------------------------------------------------------------------
     def _tell(self, change: _Change) -> bool:

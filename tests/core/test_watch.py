@@ -30,7 +30,7 @@ from lhtest import BUCKET, ROOT, child_env, make_store_url
 
 import launchhelm as lh
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm._watch import EVENTS, Watcher, parse_events, parse_since
+from launchhelm._watch import EVENTS, Notice, Watcher, parse_events, parse_since
 from launchhelm.storage import open_store
 from launchhelm.storage._keys import notice_told_key, notices_prefix
 
@@ -170,6 +170,35 @@ def test_the_first_watcher_skips_the_past_and_a_later_one_tells_what_came_while_
     assert len(told) == len(set(told)), told
 
 
+def test_a_failed_evaluation_is_told_once_with_its_error(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    lh.Api(store).project(PROJECT).evaluate_every_checkpoint(True)
+    run = lh.init(PROJECT, store=store, name="scored")
+    for step in (10, 20):
+        run.global_step = step
+        run.log({"loss": 1.0 / step})
+        payload = tmp_path / f"weights-{step}.txt"
+        payload.write_text(str(step))
+        run.checkpoint(payload)
+    run.finish()
+
+    def scorer(ctx: lh.EvaluationContext) -> dict[str, float]:
+        if ctx.step == 20:
+            raise ValueError("no good at step 20")
+        return {"value": float(ctx.step)}
+
+    assert lh.evaluate(project=PROJECT, store=store)(scorer).serve(stop_when_idle=True) == 2
+    told: list[Notice] = []
+    watchers = [Watcher(open_store(store), PROJECT, told.append, since=0.0, events=["evaluation_failed"]) for _ in "ab"]
+    for watcher in watchers * 2:
+        watcher.poll()
+    assert len(told) == 1, told
+    notice = told[0]
+    assert (notice["event"], notice["run"], notice["step"]) == ("evaluation_failed", run.id, 20)
+    assert "ValueError: no good at step 20" in notice["detail"]
+    assert notice["id"].startswith(f"{run.id}/") and notice["id"].endswith("/a0000/evaluation_failed")
+
+
 # -- slow: real processes, two watchers -------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["local", "s3"])
@@ -206,12 +235,12 @@ def test_two_watchers_tell_a_crash_a_hang_and_a_finish_once_each(
 
         _wait_for("the crash, the hang and the finish to be told", all_told, timeout=90)
         if proxy is not None:
-            # a few more polls of both, counted: each is the table's listing, the one live run's (the hung one's)
-            # heartbeat, summary and hang marker, and the watermark; one poll every 0.5 s or less often
+            # a few more polls of both, counted: each is the table's and the evaluations' listings (1 + 3), the one
+            # live run's (the hung one's) heartbeat, summary and hang marker, and the watermark; every 0.5 s or later
             proxy.reset()
             time.sleep(3)
             window = proxy.total
-            assert 0 < window <= 2 * 5 * (3 / 0.5 + 1), proxy.snapshot()
+            assert 0 < window <= 2 * 8 * (3 / 0.5 + 1), proxy.snapshot()
         else:
             time.sleep(2)  # a few more polls of both: nothing is told again
     finally:
@@ -284,9 +313,10 @@ def test_a_poll_costs_the_same_requests_however_many_settled_runs(
             watcher.poll()  # the first poll reads every run once, and tells their past
             proxy.reset()
             assert watcher.poll() == []
-            # the table's listing; the live run's heartbeat, summary and hang marker (concurrently); the watermark
             costs.append(proxy.total)
-        assert costs == [5, 5], (costs, proxy.snapshot())
+        # the table's listing; the evaluations' listing (3 when empty on S3: s3fs then asks whether the prefix
+        # is an object); the live run's heartbeat, summary and hang marker (concurrently); the watermark
+        assert costs == [8, 8], (costs, proxy.snapshot())
     finally:
         live.finish()
         proxy.close()
