@@ -58,6 +58,18 @@ def _cmd_show(args: argparse.Namespace) -> int:
     print(f"status   {status}: {explain.get(status, '')}")
     if status == "hung":
         print(f"hang     {summary.get('hang', '')}")
+    loop = run._restart_loop()
+    if loop:
+        print(
+            f"restart loop: the last {len(loop)} attempts each ended without a step past where they resumed; "
+            "an auto_resume launch is refused until a checkpoint is chosen for resume"
+        )
+        for failed in loop:
+            where = f" from checkpoint {failed['checkpoint']}" if failed["checkpoint"] else ""
+            print(
+                f"  {failed['session']}: {failed['ending']} ({failed['detail'] or 'no detail'}), "
+                f"resumed at step {failed['step']}{where}"
+            )
     heartbeat = run.last_heartbeat
     print(f"heartbeat {_fmt_time(heartbeat)}" + (f" ({time.time() - heartbeat:.0f}s ago)" if heartbeat else ""))
     print(f"step     {summary['step']} (furthest reached)")

@@ -70,7 +70,8 @@ class Api:
         """One row per run of ``project``, newest first.
 
         Columns: id, name, status, step (furthest reached), created,
-        last_heartbeat, sessions, rewinds; then one ``config.<key>`` column
+        last_heartbeat, sessions, rewinds; ``hang`` when a run is hung (where
+        it is stuck, and for how long: its watchdog's line); then one ``config.<key>`` column
         per config value (nested dicts flattened: ``config.optim.lr``), one
         ``tunable.<key>`` column per tunable (the value in force) and one
         ``metric.<key>`` column per metric with its latest value, each
@@ -91,7 +92,9 @@ class Api:
         run_ids = self.run_ids(project)
         recover_points(self.store, project, run_ids)  # sessions killed on this host: their last points first
         rows = [_timestamps(row) for row in project_rows(self.store, project, run_ids)]
-        extra = sorted({k for row in rows for k in row if k.startswith("config.")})
+        # where a hung run is stuck (its watchdog's line), when one is
+        extra = ["hang"] if any("hang" in row for row in rows) else []
+        extra += sorted({k for row in rows for k in row if k.startswith("config.")})
         extra += sorted({k for row in rows for k in row if k.startswith("tunable.")})
         extra += sorted({k for row in rows for k in row if k.startswith("metric.")})
         frame = pd.DataFrame(rows, columns=[*_RUN_COLUMNS, *extra])

@@ -234,6 +234,9 @@ def test_two_watchers_tell_a_crash_a_hang_and_a_finish_once_each(
             )
 
         _wait_for("the crash, the hang and the finish to be told", all_told, timeout=90)
+        # the runs table says the same: hung, and where
+        table = lh.Api(store).runs(PROJECT).set_index("id")
+        assert table.loc[hung_id, "status"] == "hung" and "<module>" in str(table.loc[hung_id, "hang"])
         if proxy is not None:
             # a few more polls of both, counted: each is the table's and the evaluations' listings (1 + 3), the one
             # live run's (the hung one's) heartbeat, summary and hang marker, and the watermark; every 0.5 s or later
@@ -291,6 +294,47 @@ def test_a_watcher_on_another_host_tells_a_crash_once_the_heartbeat_is_stale(tmp
     crash = [n for n in _received(out) if n["event"] == "crashed"]
     assert len(crash) == 1, (crash, err)
     assert "died without a notice (heartbeat stale)" in str(crash[0]["detail"]), crash
+
+
+_CRASH_AFTER_LOAD = """
+import os, signal, sys
+import launchhelm as lh
+run = lh.init("watched", store=sys.argv[1], auto_resume=True, run_id="loop-job", hang_timeout=None)
+print(run.id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # a relaunch that dies right after its load
+"""
+
+
+@pytest.mark.slow
+def test_a_restart_loop_is_told_once_and_shown(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    for restart in range(3):  # torchrun's relaunches of one job, each dead before a step
+        done = subprocess.run(
+            [sys.executable, "-c", _CRASH_AFTER_LOAD, store],
+            capture_output=True,
+            text=True,
+            env=child_env(TORCHELASTIC_RESTART_COUNT=str(restart)),
+            cwd=ROOT,
+            timeout=120,
+        )
+        assert done.returncode == -signal.SIGKILL, done.stderr
+        run_id = done.stdout.strip()
+    told: list[Notice] = []
+    for _ in range(2):
+        Watcher(open_store(store), PROJECT, told.append, since=0.0).poll()
+    events = Counter(n["event"] for n in told)
+    assert events == {"started": 1, "relaunched": 2, "crashed": 1, "restart_loop": 1}, told
+    loop = next(n for n in told if n["event"] == "restart_loop")
+    assert loop["id"].startswith(f"{run_id}/") and "the last 3 attempts" in loop["detail"], loop
+    shown = subprocess.run(
+        [sys.executable, "-m", "launchhelm._cli", "--store", store, "show", run_id],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert "restart loop: the last 3 attempts" in shown.stdout, shown.stdout + shown.stderr
 
 
 @pytest.mark.slow
