@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from launchhelm._api import Api
-from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
+from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError, StorageError
 from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm._types import JSONValue
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
@@ -332,7 +332,13 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         )
     try:
         while True:
-            told = watcher.poll()
+            try:
+                told = watcher.poll()
+            except StorageError as exc:  # the store may come back: a watcher outlives a blip
+                if args.once:
+                    raise
+                print(f"launchhelm watch: the store did not answer ({exc}); trying again", file=sys.stderr)
+                told = []
             if not deliveries:
                 for notice in told:
                     print(json.dumps(notice), flush=True)

@@ -252,7 +252,7 @@ class Watcher:
     events:
         The events to tell; others are not claimed, so a watcher told them may still.
     interval:
-        Seconds between polls (for :meth:`run`, and the default ``since``'s margin).
+        Seconds between the caller's polls (the default ``since``'s margin and start depend on it).
     since:
         Changes that became visible before this time are not told. None: the project's watermark
         (what earlier watchers told up to) less a margin, else the start less one poll.
@@ -310,20 +310,6 @@ class Watcher:
         return time.time() - self.interval  # the first watcher of the project: not its whole past
 
     # -- polling -----------------------------------------------------------------------------
-    def run(self, *, once: bool = False, polls: int | None = None) -> None:
-        """Poll every ``interval`` seconds (``once``: one poll) until interrupted."""
-        done = 0
-        while True:
-            started = time.monotonic()
-            try:
-                self.poll()
-            except StorageError as exc:  # the store may come back: a watcher outlives a blip
-                _log.warning("launchhelm watch: the store did not answer (%s); trying again", exc)
-            done += 1
-            if once or (polls is not None and done >= polls):
-                return
-            time.sleep(max(0.0, self.interval - (time.monotonic() - started)))
-
     def poll(self) -> list[Notice]:
         """One poll: read what changed, tell what is new. Returns the notices told (or, without
         ``deliver``, those it would tell)."""
@@ -357,7 +343,7 @@ class Watcher:
         changes: list[_Change] = []
         if full:
             with ThreadPoolExecutor(max_workers=min(_THREADS, len(full))) as pool:
-                for found in pool.map(self._read_full, full):
+                for found in pool.map(self._read_full_or_later, full):
                     changes.extend(found)
         if light:
             changes.extend(self._read_light(light))
@@ -391,6 +377,14 @@ class Watcher:
             elif (run_id := parse_row_marker_name(info.key)) is not None:
                 markers[run_id] = (info.version, info.modified)
         return markers, max(indexes) if indexes else None
+
+    def _read_full_or_later(self, run_id: str) -> list[_Change]:
+        try:
+            return self._read_full(run_id)
+        except Exception as exc:  # one damaged or half-written run must not stop the project's notices
+            _log.warning("launchhelm watch: could not read run %s (%s); trying again next poll", run_id, exc)
+            self._runs[run_id].reread = True
+            return []
 
     def _read_full(self, run_id: str) -> list[_Change]:
         """A run whose marker changed (or that this watcher never read): its log, and its last session's signs."""
