@@ -613,7 +613,10 @@ class Watcher:
                 )
             )
             claimed = claim.get("time") if claim is not None else None
-            if isinstance(claimed, (int, float)) and time.time() - float(claimed) < self.lease:
+            # the claimer's own lease: it bounded its delivery by it
+            held = claim.get("lease") if claim is not None else None
+            lease = float(held) if isinstance(held, (int, float)) and held > 0 else self.lease
+            if isinstance(claimed, (int, float)) and time.time() - float(claimed) < lease:
                 return False  # a watcher holds it: told by it, or by us after its lease
             if k >= MAX_CLAIMS:
                 _log.error("launchhelm watch: giving up on %s after %d tries", cid, k)

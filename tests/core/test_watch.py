@@ -372,8 +372,9 @@ def test_a_watcher_killed_mid_notice_and_restarted_neither_loses_nor_repeats_it(
     out = tmp_path / "received.jsonl"
     run = lh.init(PROJECT, store=store, name="told-once")
     run.finish()
-    # the receiver takes 30 s; the watcher (and the receiver with it, as when its host dies) is killed meanwhile
-    slow = _watcher(store, "--interval", "0.5", "--since", "all", "--lease", "3", "--exec", f"sleep 30; cat >> {out}")
+    # the receiver takes 30 s; the watcher (and the receiver with it, as when its host dies) is killed meanwhile,
+    # well within the 4 s its 8 s lease gives a delivery
+    slow = _watcher(store, "--interval", "0.5", "--since", "all", "--lease", "8", "--exec", f"sleep 30; cat >> {out}")
     claims = Path(store) / notices_prefix(PROJECT) / run.id
     try:
         _wait_for("a claim", lambda: any(claims.rglob("claim-1.json")), timeout=60)
