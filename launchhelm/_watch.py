@@ -85,6 +85,8 @@ DEFAULT_LEASE = 60.0
 MAX_CLAIMS = 5
 #: Seconds before the watermark a watcher that starts also tells: hosts' clocks disagree (told.json stops repeats).
 _CLOCK_MARGIN = 10.0
+#: Seconds a row marker saying "started" may wait for its session's start event before it is given up on.
+_START_GRACE = 300.0
 #: Runs read at once in a poll.
 _THREADS = 16
 
@@ -400,10 +402,14 @@ class Watcher:
         summary = parse_object(got.get(summary_key(run_id)))
         marker = parse_object(got.get(row_marker_key(self.project, run_id)))
         # the marker is put before its session's start event: read again until the log shows that session
+        # (for a while: a process killed between the two never writes it)
+        put = marker.get("time") if marker is not None else None
         known.reread = (
             marker is not None
             and marker.get("state") == "started"
             and marker.get("session") not in {s.id for s in state.sessions}
+            and isinstance(put, (int, float))
+            and time.time() - float(put) < _START_GRACE
         )
         if not known.name:
             record = parse_object(got.get(run_record_key(run_id))) or summary or {}
