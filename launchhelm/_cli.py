@@ -1,4 +1,4 @@
-"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``control``, ``gc``, ``export``..."""
+"""The ``launchhelm`` command line: ``demo``, ``runs``, ``show``, ``tune``, ``watch``, ``gc``, ``export``..."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import time
 from collections.abc import Sequence
 
 from launchhelm._api import Api
-from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
+from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError, StorageError
 from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm._types import JSONValue
 from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
@@ -55,8 +55,20 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if status == "hung":
         print(f"hang     {summary.get('hang', '')}")
     detail = row_detail(summary)
-    if detail and status != "hung":
+    loop = run._restart_loop()
+    if detail and status != "hung" and not loop:
         print(f"         {detail}")
+    if loop:
+        print(
+            f"restart loop: the last {len(loop)} attempts each ended without a step past where they resumed; "
+            "an auto_resume launch is refused until a checkpoint is chosen for resume"
+        )
+        for failed in loop:
+            where = f" from checkpoint {failed['checkpoint']}" if failed["checkpoint"] else ""
+            print(
+                f"  {failed['session']}: {failed['ending']} ({failed['detail'] or 'no detail'}), "
+                f"resumed at step {failed['step']}{where}"
+            )
     heartbeat = run.last_heartbeat
     print(f"heartbeat {_fmt_time(heartbeat)}" + (f" ({time.time() - heartbeat:.0f}s ago)" if heartbeat else ""))
     print(f"step     {summary['step']} (furthest reached)")
@@ -114,8 +126,8 @@ def _cmd_show(args: argparse.Namespace) -> int:
     if args.events:
         print("events:")
         for event in run.events():
-            detail = {k: v for k, v in event.items() if k not in ("seq", "type", "time", "process")}
-            print(f"  {event['seq']:>4}  {_fmt_time(event['time'])}  {event['type']:<16} {detail}")
+            fields = {k: v for k, v in event.items() if k not in ("seq", "type", "time", "process")}
+            print(f"  {event['seq']:>4}  {_fmt_time(event['time'])}  {event['type']:<16} {fields}")
     history = run.history(duplicates="last")
     keys = [c for c in history.columns if c not in ("step", "attempt", "time", "abandoned")]
     print(f"metrics: {len(history)} steps" + (f", keys {', '.join(keys)}" if keys else ""))
@@ -271,6 +283,75 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_watch(args: argparse.Namespace) -> int:
+    from launchhelm._watch import (
+        DEFAULT_LEASE,
+        Notice,
+        Watcher,
+        exec_delivery,
+        parse_events,
+        parse_since,
+        post_delivery,
+    )
+    from launchhelm.runlog._events import validate_project
+
+    validate_project(args.project)
+    events = parse_events(args.events)
+    since = parse_since(args.since) if args.since is not None else None
+    lease = DEFAULT_LEASE if args.lease is None else args.lease
+    # a delivery must end well within the lease, or another watcher would tell the change again
+    budget = lease / 2
+    deliveries = []
+    if args.exec is not None:
+        deliveries.append(exec_delivery(args.exec, budget / (2 if args.post is not None else 1)))
+    if args.post is not None:
+        deliveries.append(post_delivery(args.post, budget / (2 if args.exec is not None else 1)))
+
+    def deliver(notice: Notice) -> None:
+        for one in deliveries:
+            one(notice)
+        print(f"told {notice['event']:<12} run {notice['run']} step {notice['step']}: {notice['detail']}", flush=True)
+
+    api = Api(args.store)
+    watcher = Watcher(
+        api.store,
+        args.project,
+        deliver if deliveries else None,
+        events=events,
+        interval=args.interval,
+        since=since,
+        lease=lease,
+    )
+    if deliveries:
+        how = " and ".join(w for w, given in (("--exec", args.exec), ("--post", args.post)) if given)
+        print(
+            f"watching project {args.project} on {api.store.url}: telling {','.join(events)} by {how}", file=sys.stderr
+        )
+    else:
+        print(
+            f"watching project {args.project} on {api.store.url}: printing changes only (no --exec or --post: "
+            "nothing is claimed, so other watchers still tell them)",
+            file=sys.stderr,
+        )
+    try:
+        while True:
+            try:
+                told = watcher.poll()
+            except StorageError as exc:  # the store may come back: a watcher outlives a blip
+                if args.once:
+                    raise
+                print(f"launchhelm watch: the store did not answer ({exc}); trying again", file=sys.stderr)
+                told = []
+            if not deliveries:
+                for notice in told:
+                    print(json.dumps(notice), flush=True)
+            if args.once:
+                return 0
+            time.sleep(args.interval)
+    except KeyboardInterrupt:
+        return 0
+
+
 class _HelpWithExample(argparse.RawDescriptionHelpFormatter):
     """Wraps descriptions as argparse does; keeps an ``examples:`` epilog's lines as written."""
 
@@ -301,6 +382,8 @@ _EXAMPLES = {
     "  launchhelm import dcp outputs/checkpoint/step-1000 --project llama --run from-torchtitan",
     "export": "examples:\n  launchhelm export 1o5sxsjc --format torch --out model.pt\n"
     "  launchhelm export 1o5sxsjc ckpt-00000064-3fa2b1c9 --format dcp --out ckpt-64/",
+    "watch": "examples:\n  launchhelm watch vision --exec 'python notify.py' --events crashed,hung,restart_loop\n"
+    "  launchhelm --store s3://bucket/prefix watch vision --post https://hooks.example.com/lh --interval 30",
     "gc": "examples:\n  launchhelm gc --keep-last 3 --dry-run  # list what would go\n"
     "  launchhelm --store s3://bucket/prefix gc --older-than 48h",
 }
@@ -377,6 +460,38 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--format", required=True, metavar="torch|dcp", help="torch: one file; dcp: a DCP folder")
     export.add_argument("--out", required=True, metavar="PATH", help="where to write it (must not exist)")
     export.set_defaults(func=_cmd_export)
+    watch = sub.add_parser(
+        "watch",
+        help="tell someone when a project's runs start, crash, hang, finish...: once, however many watchers run",
+        description="Follow a project and, for each change of a run, run a command with the change as JSON on its "
+        "stdin (--exec) or POST it to a URL (--post). Each change is claimed on the store first, so any number of "
+        "watchers, on any machines, tell it exactly once; a change made while none ran is told when one starts. "
+        "Without --exec or --post, changes are printed (as JSON lines) and nothing is claimed.",
+    )
+    watch.add_argument("project")
+    watch.add_argument(
+        "--store", dest="store", default=argparse.SUPPRESS, help="store URL (same as launchhelm --store)"
+    )
+    watch.add_argument("--exec", default=None, metavar="CMD", help="shell command run once per change, JSON on stdin")
+    watch.add_argument("--post", default=None, metavar="URL", help="POST each change as JSON to URL (retried on 5xx)")
+    watch.add_argument(
+        "--events",
+        default=None,
+        metavar="E1,E2",
+        help="changes to tell (default: all): started, relaunched, preempted, crashed, hung, restart_loop, finished, "
+        "evaluation_failed",
+    )
+    watch.add_argument("--interval", type=float, default=10.0, metavar="S", help="seconds between polls (default 10)")
+    watch.add_argument(
+        "--since",
+        default=None,
+        metavar="WHEN",
+        help="tell changes since WHEN: all, a time (2026-12-06T03:00:00Z), or how long ago (2h); default: since the "
+        "last watcher of the project stopped, else now",
+    )
+    watch.add_argument("--once", action="store_true", help="poll once, tell what is new, and exit (cron, tests)")
+    watch.add_argument("--lease", type=float, default=None, help=argparse.SUPPRESS)  # tests: seconds a claim holds
+    watch.set_defaults(func=_cmd_watch)
     add_evaluation_commands(sub)
     add_gc_commands(sub)
     add_import_commands(sub)

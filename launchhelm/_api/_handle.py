@@ -34,6 +34,7 @@ from launchhelm.runlog._events import (
 )
 from launchhelm.runlog._liveness import requester
 from launchhelm.runlog._records import Event, Json, Requester, RunRow
+from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
 from launchhelm.runlog._runinfo import furthest_step, run_record
 from launchhelm.runlog._sessions import Liveness, liveness, read_beats, run_status
 from launchhelm.runlog._summary import run_rows
@@ -233,6 +234,18 @@ class RunHandle:
                 )
             )
         return out
+
+    def _restart_loop(self) -> list[dict[str, object]]:
+        """The attempts in a row that failed without progress, when there are enough that an ``auto_resume``
+        launch with the default ``max_failed_restarts`` is refused (else [])."""
+        state = self._state()
+        last = state.last_session
+        if state.closed or last is None or last.launcher is None:
+            return []
+        if last.ended_at is None and liveness(self._store, self.id, last).alive:
+            return []
+        failed = failed_attempts(self._store, self.id, state)
+        return failed if len(failed) >= DEFAULT_MAX_FAILED_RESTARTS else []
 
     def rewinds(self) -> list[Rewind]:
         """Every time history went back, oldest first."""

@@ -41,7 +41,7 @@ from launchhelm.storage._keys import (
     table_prefix,
 )
 
-__all__ = ["mark_row", "project_rows", "row_marker_key"]
+__all__ = ["mark_row", "project_rows", "read_index", "row_marker_key"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -71,7 +71,8 @@ def _listing(store: Store, project: str) -> tuple[dict[str, str | None], list[st
     return markers, sorted(indexes)
 
 
-def _read_index(store: Store, project: str, name: str | None) -> dict[str, IndexEntry]:
+def read_index(store: Store, project: str, name: str | None) -> dict[str, IndexEntry]:
+    """The rows of index ``name`` (as listed under the table), or {} when absent, damaged or of another format."""
     if name is None:
         return {}
     data = store.read_many([f"{table_prefix(project)}/{name}"]).get(f"{table_prefix(project)}/{name}")
@@ -95,7 +96,7 @@ def project_rows(store: Store, project: str, run_ids: list[str]) -> list[RunRow]
     from launchhelm.runlog._summary import run_rows
 
     markers, indexes = _listing(store, project)
-    index = _read_index(store, project, indexes[-1] if indexes else None)
+    index = read_index(store, project, indexes[-1] if indexes else None)
     rows: dict[str, RunRow] = {}
     fresh = []
     for run_id in run_ids:

@@ -53,6 +53,10 @@ __all__ = [
     "new_index_name",
     "new_project_segment_name",
     "new_segment_name",
+    "notice_claim_key",
+    "notice_told_key",
+    "notices_prefix",
+    "notices_watermark_key",
     "parse_chunk_name",
     "parse_console_name",
     "parse_evaluation_tail",
@@ -61,6 +65,7 @@ __all__ = [
     "parse_index_name",
     "parse_manifest_name",
     "parse_media_index_name",
+    "parse_notice_claim_name",
     "parse_project_listing",
     "parse_row_marker_name",
     "parse_rule_name",
@@ -108,6 +113,7 @@ _JSON = ".json"
 _ARROW = ".arrow"
 _PARQUET = ".parquet"
 _SEQ_JSON_RE = re.compile(r"^(\d{20})\.json$")
+_NOTICE_CLAIM_RE = re.compile(r"^claim-(\d+)\.json$")
 _SNAPSHOT_RE = re.compile(r"^snapshot-(\d{20})\.json$")
 _EVALUATION_TAIL_RE = re.compile(
     r"^(?:(?P<request>request\.json)"
@@ -433,6 +439,33 @@ def retry_key(base: str, attempt: int) -> str:
     return f"{attempt_prefix(base, attempt)}/retry{_JSON}"
 
 
+# -- notices (launchhelm watch) ---------------------------------------------------
+def notices_prefix(project: str) -> str:
+    """``projects/<p>/notices``: what ``launchhelm watch`` told, one folder per change."""
+    return f"{PROJECTS}/{project}/notices"
+
+
+def notice_claim_key(project: str, change: str, k: int) -> str:
+    """``projects/<p>/notices/<run>/<session>/<event>/claim-<k>.json``: watcher claim ``k`` of telling ``change``."""
+    return f"{notices_prefix(project)}/{change}/claim-{k}{_JSON}"
+
+
+def notice_told_key(project: str, change: str) -> str:
+    """``projects/<p>/notices/<run>/<session>/<event>/told.json``: ``change`` was told."""
+    return f"{notices_prefix(project)}/{change}/told{_JSON}"
+
+
+def parse_notice_claim_name(name: str) -> int | None:
+    """``k`` of a ``claim-<k>.json`` listed under a change's folder, else None."""
+    m = _NOTICE_CLAIM_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def notices_watermark_key(project: str) -> str:
+    """``projects/<p>/notices/watermark.json``: every change seen before its ``since`` is told."""
+    return f"{notices_prefix(project)}/watermark{_JSON}"
+
+
 def logged_key(base: str, attempt: int) -> str:
     """``<evaluation>/a<k>/logged.json``: the attempt's scores are in the run's history."""
     return f"{attempt_prefix(base, attempt)}/logged{_JSON}"
@@ -508,6 +541,11 @@ ROWS: dict[str, Callable[[], str]] = {
         f"{media_index_prefix('run')}/{fence_name('session', 4)}"
     ),
     "runs/<run>/compat/<api>.json": lambda: compat_key("run", "wandb"),
+    "projects/<p>/notices/<run>/<session>/<event>/claim-<k>.json": lambda: notice_claim_key(
+        "p", "run/session/crashed", 1
+    ),
+    "projects/<p>/notices/<run>/<session>/<event>/told.json": lambda: notice_told_key("p", "run/session/crashed"),
+    "projects/<p>/notices/watermark.json": lambda: notices_watermark_key("p"),
     "runs/<run>/media/objects/<sha256>.<ext>": lambda: media_object_key("run", "0123abcd.png"),
     "runs/<run>/media/index/<session>/<first:08d>-<last:08d>.parquet": lambda: media_index_key("run", "session", 8, 15),
     "runs/<run>/artifacts/<id>/...": lambda: f"{artifact_prefix('run', 'id')}/model.pt",

@@ -41,9 +41,9 @@ def _launch(store: str, run_id: str, tag: str, *args: str, **env: str) -> subpro
 
 def _show(store: str, run_id: str) -> str:
     """What ``launchhelm show RUN`` prints."""
+    main = "import sys; from launchhelm._cli import main; sys.exit(main())"
     return subprocess.run(
-        [sys.executable, "-c", "import sys; from launchhelm._cli import main; sys.exit(main())"]
-        + ["--store", store, "show", run_id],
+        [sys.executable, "-c", main, "--store", store, "show", run_id],
         capture_output=True,
         text=True,
         env=child_env(),

@@ -84,7 +84,9 @@ def test_sorting_filtering_and_statuses_keep_what_a_person_asks_for(tmp_path: Pa
         assert sorted(names()) == ["alpha", "gamma"]
         table.filter("model=linear", statuses=["resumable", "closed"])
         assert sorted(names()) == ["alpha", "beta", "gamma"]
-        with pytest.raises(lh.InvalidArgumentError, match="one of running, hung, stopped, restart loop, resumable, closed"):
+        with pytest.raises(
+            lh.InvalidArgumentError, match="one of running, hung, stopped, restart loop, resumable, closed"
+        ):
             table.filter("", statuses=["crashed"])
         with pytest.raises(lh.InvalidArgumentError, match="no such column"):
             table.sort("metric.nope")
