@@ -111,7 +111,10 @@ def test_torchrun_restarts_after_a_sigkill_resume_the_same_run_bitwise(layout: s
     ), rewinds
     attempts = handle.attempts()
     assert len(attempts) >= 2 and attempts[-1].ending == "finished"
-    assert all(a.ending in ("crashed", "fenced", "preempted") for a in attempts[:-1]), attempts
+    # a rank died without a notice: the attempt crashed (rank 0's next collective with the dead peer fails), never
+    # "preempted", though torchrun's agent then sends the survivors SIGTERM
+    assert all(a.ending in ("crashed", "fenced") for a in attempts[:-1]), attempts
+    assert any(a.ending == "crashed" for a in attempts[:-1]), attempts
     assert [a.launcher["restart"] for a in attempts if a.launcher] == sorted(  # type: ignore[index]
         a.launcher["restart"]
         for a in attempts
