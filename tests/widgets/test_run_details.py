@@ -60,3 +60,37 @@ def test_control_buttons_of_a_running_run_ask_its_process(tmp_path: Path) -> Non
         details.close()
     finally:
         run.finish()
+
+
+def test_the_details_tab_and_the_picker_list_a_relaunched_runs_attempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A SLURM job relaunched once (played in this process): the first attempt, fenced by the relaunch, and the
+    second, finished; the Details tab and the Resume… picker say so, one line each, with the scheduler's job."""
+    from launchhelm.widgets._details import details_state
+    from launchhelm.widgets._picker import picker_state
+
+    for name in ("LAUNCHHELM_RUN_ID", "TORCHELASTIC_RUN_ID", "SKYPILOT_TASK_ID", "LAUNCHHELM_K8S_JOB"):
+        monkeypatch.delenv(name, raising=False)
+    store = str(tmp_path / "store")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "lab")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    quiet = {"system_metrics": False, "capture_console": False}
+    first = lh.init("jobs", store=store, auto_resume=True, **quiet)  # type: ignore[arg-type]
+    first.global_step = 4
+    first.log({"loss": 1.0})
+    first.flush()
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    second = lh.init("jobs", store=store, auto_resume=True, **quiet)  # type: ignore[arg-type]
+    second.global_step = 6
+    second.log({"loss": 0.5})
+    second.finish(close_run=False)
+    with pytest.raises(lh.RunFencedError):
+        first.finish()
+    handle = lh.Api(store).run(second.id)
+    for lines in (details_state(handle, False)["attempts"], picker_state(handle, None)["attempts"]):
+        assert len(lines) == 2, lines
+        assert lines[0].startswith("slurm job lab/77") and "fenced" in lines[0] and "relaunched" in lines[0], lines
+        assert "restart 1" in lines[1] and "finished at step 6" in lines[1], lines
+    assert picker_state(handle, None)["restart_loop"] == ""
