@@ -700,14 +700,24 @@ class Run:
 
     # -- hangs (see launchhelm.runlog._watchdog) -----------------------------------
     def _watch_for_hangs(
-        self, timeout: float | str | None, storage_options: Mapping[str, Any] | None, *, end_hung: bool
+        self,
+        timeout: float | str | None,
+        storage_options: Mapping[str, Any] | None,
+        *,
+        end_hung: bool,
+        session: str | None = None,
+        rank: int = 0,
+        world: int = 1,
     ) -> None:
-        """Plan the watchdog process (start_run, once the session exists); rank 0 only under DDP for now.
+        """Plan the watchdog process (start_run, once the session exists; every rank under DDP, ``session``
+        being rank 0's for the others).
 
         The background thread starts it once the session made a step: ``init`` takes no longer than
         without it, and a script that never steps (a notebook cell, a test) never pays for a process.
         """
-        if timeout is None or not self._records_events or self._store.url.startswith("memory://"):
+        if timeout is None or (session is None and not self._records_events):
+            return
+        if self._store.url.startswith("memory://"):
             return  # another process cannot see a memory:// store
         self._hang_plan = {
             "step": self._step,
@@ -717,8 +727,10 @@ class Run:
             "storage_options": storage_options,
             "project": self.project,
             "run_id": self.id,
-            "session": self.session_id,
+            "session": session or self.session_id,
             "end_hung": end_hung,
+            "rank": rank,
+            "world": world,
         }
 
     def _begin_watch(self) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "Beacon",
     "HangClock",
     "Watchdog",
+    "group_places",
     "hang_setting",
     "summarize_dump",
 ]
@@ -237,6 +238,7 @@ class WatchdogConfig:
     end_hung: bool
     poll: float
     floor: float
+    world: int = 1
 
 
 class Watchdog:
@@ -261,6 +263,7 @@ class Watchdog:
         run_id: str,
         session: str,
         rank: int = 0,
+        world: int = 1,
         end_hung: bool,
     ) -> Watchdog | None:
         """Start the watchdog; None (with one line saying why) where it cannot reach the store."""
@@ -288,6 +291,7 @@ class Watchdog:
             run_id=run_id,
             session=session,
             rank=rank,
+            world=world,
             timeout=timeout,
             end_hung=end_hung,
             poll=float(os.environ.get("LAUNCHHELM_HANG_POLL", "0.5")),
@@ -409,6 +413,12 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
     try:
         store = open_store(config.store, config.storage_options)
         store.put(key, f"{detail}\n\n{dump}".encode())
+        if config.rank != 0:
+            _follower_done(config)  # rank 0 records the hang, with this rank's stacks
+            return
+        if config.world > 1:
+            # every rank's watchdog stores its stacks; the record names the rank not where the others are
+            detail = f"{detail.split('; rank ')[0]}; {_gather(store, config)}"
         if config.end_hung and config.rank == 0:
             EventLog(store, config.run_id).append(
                 SESSION_ENDED,
@@ -437,6 +447,67 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
             with contextlib.suppress(OSError):
                 os.unlink(path)
         os._exit(0)
+
+
+#: Seconds rank 0's watchdog waits for the other ranks' stacks (their watchdogs see the stall about as soon).
+GATHER_SECONDS = 20.0
+#: Seconds a rank > 0 that hung waits for rank 0 to end the attempt before it ends its own process.
+FOLLOWER_GRACE = 45.0
+
+
+def _gather(store: Any, config: WatchdogConfig) -> str:
+    """Every rank's place, grouped: ranks in the same function together, the odd ones out first."""
+    from launchhelm.storage._keys import hangs_prefix
+
+    prefix = hangs_prefix(config.run_id, config.session)
+    found: dict[int, str] = {}
+    deadline = time.monotonic() + float(os.environ.get("LAUNCHHELM_HANG_GATHER", GATHER_SECONDS))
+    while True:
+        names = [n for n in store.list(prefix) if re.fullmatch(r"rank-\d+\.txt", n)]
+        wanted = [f"{prefix}/{n}" for n in names if int(n[5:-4]) not in found]
+        for key, data in store.read_many(wanted).items():
+            if data is not None:
+                first = data.split(b"\n", 1)[0].decode("utf-8", "replace")
+                found[int(key.rsplit("rank-", 1)[1][:-4])] = first.rsplit("; rank ", 1)[-1].split(" in ", 1)[-1]
+        if len(found) >= config.world or time.monotonic() >= deadline:
+            break
+        time.sleep(1.0)
+    return group_places(found, config.world)
+
+
+def group_places(places: Mapping[int, str], world: int) -> str:
+    """``rank 1 in `hang_here` (w.py:9); rank 0 in `wait` (distributed_c10d.py:4)`` (ranks that share a place
+    together; places in torch itself, where ranks wait for a peer, last; ranks with no stacks named)."""
+    groups: dict[str, list[int]] = collections.defaultdict(list)
+    for rank, place in sorted(places.items()):
+        groups[place].append(rank)
+
+    def waiting(place: str) -> bool:  # a collective or autograd waiting for a peer, not the stuck code
+        return bool(re.search(r"\((distributed_c10d|graph|_tensor|distributed|__init__|c10d_logger)\.py:", place))
+
+    order = sorted(groups.items(), key=lambda g: (waiting(g[0]), len(g[1]), g[1][0]))
+    parts = [f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))} in {place}" for place, r in order]
+    missing = [r for r in range(world) if r not in places]
+    if missing:
+        parts.append(f"no stacks from rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))}")
+    return "; ".join(parts)
+
+
+def _follower_done(config: WatchdogConfig) -> None:
+    """A rank > 0: its stacks are stored; with ``auto_resume`` its process must not outlive the attempt."""
+    if not config.end_hung:
+        return
+    deadline = time.monotonic() + float(os.environ.get("LAUNCHHELM_HANG_FOLLOWER_GRACE", FOLLOWER_GRACE))
+    while time.monotonic() < deadline and _alive(config.parent) and not _parent_gone(config):
+        time.sleep(0.5)  # rank 0 ends the attempt; its launcher (torchrun) then stops this process
+    _log.warning("launchhelm: ending hung rank %d's process %d so that it is relaunched", config.rank, config.parent)
+    logging.shutdown()
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(config.parent, signal.SIGKILL)
+    for path in (config.beacon, config.dump):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    os._exit(0)
 
 
 def main() -> int:

@@ -23,6 +23,8 @@ import contextlib
 import logging
 import os
 import signal
+import threading
+import time
 import types
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -37,6 +39,7 @@ from launchhelm.runlog._control import in_force
 from launchhelm.runlog._events import CONTROL_ACTION
 from launchhelm.runlog._preempt import PREEMPT_ACTION, preemption_settings
 from launchhelm.runlog._runinfo import read_run_record
+from launchhelm.runlog._watchdog import AUTO, hang_setting
 from launchhelm.storage import Store, open_store
 from launchhelm.torch import _dist, _sharded
 from launchhelm.torch._checkpointer import Checkpointer
@@ -106,6 +109,18 @@ class TorchRun(Run):
         run._rank, run._world = rank, world
         return run
 
+    def _follow_hangs(self) -> None:
+        """A rank > 0 has no background worker: a small thread starts its watchdog at its first step."""
+        if self._hang_plan is None:
+            return
+
+        def begin() -> None:
+            while self._hang_plan is not None and not self._finished:
+                self._begin_watch()
+                time.sleep(0.5)
+
+        threading.Thread(target=begin, name="launchhelm-hang-follower", daemon=True).start()
+
     @property
     def rank(self) -> int:
         """This process's rank (0 outside DDP)."""
@@ -147,6 +162,7 @@ class TorchRun(Run):
             super().finish(close_run)
         else:
             self._finished = True
+            self._stop_watchdog()
             self._close_preemption()
         if failed is not None:
             raise failed
@@ -698,15 +714,17 @@ def init(
             TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
         )
     run: TorchRun | None = None
-    outcome: tuple[str, str, bool] | None = None
+    outcome: tuple[str, str, bool, str] | None = None
     if rank == 0:
         try:
             run = start_run(
                 TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
             )
-            outcome = ("ok", run.id, run.resumed)
+            outcome = ("ok", run.id, run.resumed, run.session_id)
+            if run._hang_plan is not None:  # planned by start_run; started at the first step, after this
+                run._hang_plan["world"] = world
         except Exception as exc:
-            outcome = ("error", f"{type(exc).__name__}: {exc}", False)
+            outcome = ("error", f"{type(exc).__name__}: {exc}", False, "")
             _dist.broadcast(outcome, world)
             raise
     outcome = _dist.broadcast(outcome, world)
@@ -728,4 +746,14 @@ def init(
         tunables, run._control_seq, _ = in_force(dict(run._tunables), state)
         run._tunables = types.MappingProxyType(tunables)
         run._listen_for_preemption(preemption)  # rank 0's listens from start_run
+        # hangs: every rank's stacks are stored under rank 0's session, and rank 0's watchdog names the odd one out
+        run._watch_for_hangs(
+            hang_setting(options.get("hang_timeout", AUTO)),
+            options.get("storage_options"),
+            end_hung=bool(options.get("auto_resume")),
+            session=outcome[3],
+            rank=rank,
+            world=world,
+        )
+        run._follow_hangs()
     return run

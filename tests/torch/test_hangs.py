@@ -335,3 +335,12 @@ def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
         stop.set()
         run.finish()
     assert handle.status == "closed"
+
+
+def test_the_ranks_places_are_grouped_and_the_odd_one_out_comes_first() -> None:
+    from launchhelm.runlog._watchdog import group_places
+
+    waiting = "`_engine_run_backward` (graph.py:979)"
+    places = {0: waiting, 1: "`stuck_here` (train.py:40)", 2: waiting, 3: waiting}
+    assert group_places(places, 4) == f"rank 1 in `stuck_here` (train.py:40); ranks 0, 2, 3 in {waiting}"
+    assert group_places({0: waiting}, 2) == f"rank 0 in {waiting}; no stacks from rank 1"

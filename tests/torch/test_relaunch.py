@@ -124,6 +124,34 @@ def test_torchrun_restarts_after_a_sigkill_resume_the_same_run_bitwise(layout: s
     assert list(history["step"]) == list(range(1, 25))
 
 
+@pytest.mark.timeout(900)
+def test_a_rank_stuck_under_torchrun_is_found_ended_relaunched_and_the_run_finishes_bitwise(tmp_path: Path) -> None:
+    """Rank 1 blocks after step 12 (rank 0 then waits for it in a collective): the watchdogs of both ranks store
+    their stacks, rank 0's ends the attempt as hung naming rank 1's function and ends its process; torchrun
+    relaunches; the run resumes from step 10 and ends bitwise equal to an uninterrupted job."""
+    store = str(tmp_path / "store")
+    _torchrun(store, tmp_path / "plain", "--project", "plain", restarts=0)
+    _torchrun(
+        store,
+        tmp_path / "hung",
+        *("--stuck-rank", "1", "--stuck-step", "12", "--hang-timeout", "10"),
+        restarts=1,
+    )
+    assert bitwise_equal(_final(tmp_path / "hung"), _final(tmp_path / "plain"))
+    ranks = [json.loads((tmp_path / "hung" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert all(r["restart"] == 1 and r["start"] == 10 for r in ranks), ranks
+    handle = lh.Api(store).run(ranks[0]["run"])
+    attempts = handle.attempts()
+    assert [a.ending for a in attempts] == ["hung", "finished"], attempts
+    detail = attempts[0].detail or ""
+    # the odd one out first: rank 1 in the function that blocks, then rank 0 waiting for it in torch
+    assert "rank 1 in `stuck_here`" in detail and "rank 0 in" in detail, detail
+    assert detail.index("rank 1 in `stuck_here`") < detail.index("rank 0 in"), detail
+    assert "no step for" in detail and "after step 12" in detail, detail
+    stacks = handle._store.list(f"runs/{handle.id}/hangs/{attempts[0].session}")
+    assert {"rank-0.txt", "rank-1.txt"} <= set(stacks), stacks
+
+
 POD_SCRIPT = """
 import os, sys, time
 import torch
