@@ -23,6 +23,9 @@ import { MSG } from "./messages.js";
 /** @typedef {import("./messages.js").Json} Json */
 /** @typedef {ArrayBuffer | ArrayBufferView} Buffer */
 
+/** Widths (px) a thumbnail is drawn at: small pictures are enlarged to the first, big ones shrunk to the second. */
+const THUMB_MIN = 96;
+const THUMB_MAX = 256;
 /** Milliseconds the slider waits for the hand to rest before asking the kernel. */
 const SETTLE_MS = 60;
 
@@ -344,6 +347,8 @@ function render({ model, el }) {
           title: "Show the full image",
           class: "lh-media-thumb",
         });
+        // a small picture drawn larger (pixels kept sharp), a big one as its thumbnail allows
+        img.style.width = `${Math.min(THUMB_MAX, Math.max(THUMB_MIN, p.width || THUMB_MIN))}px`;
         const label = p.abandoned
           ? h("span", { class: "lh-badge lh-media-abandoned-label" }, `abandoned attempt ${p.attempt}`)
           : null;

@@ -229,8 +229,8 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
             at.setdefault(item.key, {}).setdefault(item.step, []).append(item)
         for by_step in at.values():
             for shown in by_step.values():
-                # the abandoned attempt first (left), then the newer ones
-                shown.sort(key=lambda i: (not i.abandoned, i.attempt, i.index))
+                # each picture of a list beside its redo: the abandoned attempt's first (left), then the newer
+                shown.sort(key=lambda i: (i.index, not i.abandoned, i.attempt))
         self._at = at
         self._steps = {key: sorted(by_step) for key, by_step in at.items()}
 
@@ -372,7 +372,7 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
         }
         if not shown:
             return message, []
-        item = shown[-1]  # the newest attempt's (the abandoned one sorts first)
+        item = max(shown, key=lambda i: (not i.abandoned, i.attempt, -i.index))  # the newest attempt's first
         columns, rows = item.table_cells()
         buffers: list[bytes] = []
         out: list[list[Json | TableImageCell]] = []

@@ -96,14 +96,14 @@ def test_fetches_answer_with_thumbnails_both_attempts_a_full_image_a_table_and_h
     wire = Wire(panel)
     try:
         assert wire.say({"type": "ready"})[0][0] == {"type": "live", "static": [panel.model_id]}
-        # a redone step: the abandoned attempt's pictures first (dimmed on the page), then the new ones
+        # a redone step: each picture beside its redo, the abandoned attempt's first (dimmed on the page)
         ((message, buffers),) = wire.say(_fetch("thumbnails", 7, list(IMAGE_KEYS)))
         assert message["type"] == "pictures" and message["step"] == 7 and not message["full"]
         shown = [(p["key"], p["step"], p["attempt"], p["abandoned"], p["index"]) for p in message["pictures"]]
         assert shown == [
             ("samples", 7, 0, True, 0),
-            ("samples", 7, 0, True, 1),
             ("samples", 7, 1, False, 0),
+            ("samples", 7, 0, True, 1),
             ("samples", 7, 1, False, 1),
             ("val/grid", 7, 0, True, 0),
             ("val/grid", 7, 1, False, 0),
