@@ -11,6 +11,7 @@
 import embed from "vega-embed";
 import { h, hideStaticFallback, send } from "./dom.js";
 import { MSG } from "./messages.js";
+import { embedOptions, onThemeChange } from "./theme.js";
 
 /** @typedef {import("./messages.js").MediaTraits} MediaTraits */
 /** @typedef {import("./messages.js").MediaKey} MediaKey */
@@ -96,11 +97,6 @@ function compareKeys(a, b) {
   if (a[0] !== b[0]) return a[0] - b[0];
   if (typeof a[1] === "number" && typeof b[1] === "number") return a[1] - b[1];
   return String(a[1]).localeCompare(String(b[1]), undefined, { numeric: true });
-}
-
-/** Whether JupyterLab shows a dark theme. */
-function darkTheme() {
-  return document.body?.dataset?.jpThemeLight === "false";
 }
 
 /** @type {import("@anywidget/types").Render<MediaTraits>} */
@@ -480,8 +476,11 @@ function render({ model, el }) {
     drawTable(msg.key, buffers);
   };
 
+  /** @type {HistogramsMessage | null} */
+  let lastHistograms = null;
   /** @param {HistogramsMessage} msg */
   const onHistograms = async (msg) => {
+    lastHistograms = msg;
     histogramView?.finalize();
     histogramView = null;
     const counts = Object.entries(msg.shown || {}).filter(([, [shown, all]]) => shown < all);
@@ -492,14 +491,7 @@ function render({ model, el }) {
       histograms.replaceChildren();
       return;
     }
-    const dark = darkTheme();
-    const result = await embed(histograms, msg.spec, {
-      renderer: "svg",
-      actions: false,
-      logLevel: 1,
-      ...(dark ? { theme: /** @type {const} */ ("dark") } : {}),
-      config: { background: "transparent" },
-    });
+    const result = await embed(histograms, msg.spec, embedOptions());
     if (disposed) {
       result.finalize();
       return;
@@ -556,9 +548,13 @@ function render({ model, el }) {
   showError();
   layout();
   send(model, { type: MSG.READY });
+  const themed = onThemeChange(() => {
+    if (lastHistograms) void onHistograms(lastHistograms);
+  });
 
   return () => {
     disposed = true;
+    themed.disconnect();
     clearTimeout(settle);
     observer?.disconnect();
     document.removeEventListener("keydown", onKey);

@@ -88,10 +88,11 @@ class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignor
         tabs = ipywidgets.Tab(children=list(self._tabs()))
         tabs.titles = TAB_TITLES
         self.tabs = tabs
+        # the store only on hover: a long (or temporary) path would push the run's name out of sight
         self._header_html = (
-            f"<div class='lh-panel-header'><b>{html.escape(handle.name)}</b> "
-            f"<code>{html.escape(handle.id)}</code> · project {html.escape(handle.project)} · "
-            f"store <code>{html.escape(api.store.url)}</code></div>"
+            f"<div class='lh-panel-header' title='store {html.escape(api.store.url, quote=True)}'>"
+            f"<b>{html.escape(handle.name)}</b> <code>{html.escape(handle.id)}</code> · "
+            f"project {html.escape(handle.project)}</div>"
         )
         header = ipywidgets.HTML(self._header_html)
         super().__init__(children=[header, tabs])

@@ -446,3 +446,56 @@ def test_notebook7_shows_the_media_tab_from_the_magic(
     _move_slider(page, 2)
     assert _captions(page, "val/grid") == [HOSTILE_CAPTION]
     assert page.evaluate("() => window.__lh_pwned === undefined")
+
+
+# -- charts read at a glance ---------------------------------------------------------------------
+EDGE_LABEL = "Resumed from step 95 after reaching 100"
+X_LABELS = ".lh-chart g[aria-label^='X-axis'] g.role-axis-label text"
+
+
+def test_a_rewind_at_95_percent_keeps_its_whole_label_steps_are_integers_and_dark_theme_is_followed(
+    page: Any, server: JupyterServer, tmp_path: Path
+) -> None:
+    from launchhelm._integration import record_restore
+
+    store = str(tmp_path / "store")
+    run = lh.init("edge", store=store, flush_interval=3600)
+    for step in range(1, 101):
+        run.log({"loss": 1.0 / step, **({"eval/accuracy": 0.5} if step == 64 else {})}, step=step)
+    run.flush()
+    record_restore(run, 95, None, "test")  # 95% of the way along the step axis
+    for step in range(96, 101):
+        run.log({"loss": 2.0 / step}, step=step)
+    run.finish()
+    chart = f"from launchhelm.widgets import RunChart\nRunChart({run.id!r}, store={store!r})"
+    _show(page, server, "edge.ipynb", [chart])
+    label = f".lh-chart svg text:text-is('{EDGE_LABEL}')"
+    page.wait_for_selector(label, timeout=WAIT_MS)
+    boxes = page.locator(label).evaluate_all(
+        """els => els.map(e => {
+            const t = e.getBoundingClientRect(), s = e.closest('svg').getBoundingClientRect();
+            return [t.left, t.right, s.left, s.right];
+        })"""
+    )
+    assert len(boxes) == 2  # loss and eval/accuracy
+    for left, right, svg_left, svg_right in boxes:
+        assert svg_left <= left < right <= svg_right, (left, right, svg_left, svg_right)  # whole, inside
+    # steps read as integers, in the one-point eval chart too
+    ticks = [str(t) for t in page.locator(X_LABELS).all_text_contents()]
+    assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+    assert "64" in ticks
+    # both panels of one section share the width: a section's one chart fills it
+    widths = page.locator(".lh-chart .lh-panel").evaluate_all("els => els.map(e => e.getBoundingClientRect().width)")
+    grid = page.locator(".lh-chart .lh-grid").first.evaluate("e => e.getBoundingClientRect().width")
+    assert all(w > 0.9 * grid for w in widths), (widths, grid)
+
+    light = page.locator(X_LABELS).first.get_attribute("fill")
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function(
+        f"() => document.querySelector(\"{X_LABELS}\")?.getAttribute('fill') === '#fff'", timeout=WAIT_MS
+    )
+    assert light != "#fff"
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    page.wait_for_function(
+        f"() => document.querySelector(\"{X_LABELS}\")?.getAttribute('fill') !== '#fff'", timeout=WAIT_MS
+    )
