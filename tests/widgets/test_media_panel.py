@@ -10,6 +10,8 @@ person sees.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -282,3 +284,35 @@ def test_a_long_run_opens_in_a_bounded_number_of_requests_on_s3(moto_endpoint: s
         assert proxy.total == 0, proxy.snapshot()
     finally:
         panel.close()
+
+
+@pytest.mark.slow
+def test_a_saved_notebook_keeps_a_static_copy_of_the_media_tab(
+    media: tuple[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import nbformat
+    from nbclient import NotebookClient
+
+    store, run_id = media
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", str(tmp_path / "jupyter-runtime"))
+    cell = f"from launchhelm.widgets import MediaPanel\nMediaPanel({run_id!r}, store={store!r})"
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(cell)])
+    resources = {"metadata": {"path": str(tmp_path)}}
+    NotebookClient(notebook, timeout=180, kernel_name="python3", resources=resources).execute()
+    saved = tmp_path / "saved.ipynb"
+    nbformat.write(notebook, saved)
+    done = subprocess.run(
+        [sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(saved), "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    page = (tmp_path / "saved.html").read_text(encoding="utf-8")
+    # the newest step's pictures inline (both attempts of the redone step 8), the table, the histograms
+    assert "Media of run" in page and f"at step {END}" in page
+    static = page[page.index("launchhelm-static-media") :]
+    assert static.count("data:image/png;base64,") >= 6 and "abandoned attempt 0" in static
+    assert "completions at step 8" in page and "data:image/svg+xml;base64," in page
+    # the hostile cell as text, escaped: no script of the store's reaches the page
+    assert HOSTILE_CELL not in page and "&lt;script&gt;window.__lh_pwned" in page
