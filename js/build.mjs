@@ -11,7 +11,7 @@ const here = dirname(fileURLToPath(import.meta.url));
 const out = join(here, "..", "launchhelm", "widgets", "static");
 await mkdir(out, { recursive: true });
 await build({
-  entryPoints: ["chart", "picker", "evaluations", "details", "runs_table", "compare"].map((name) =>
+  entryPoints: ["chart", "picker", "evaluations", "details", "runs_table", "compare", "media"].map((name) =>
     join(here, "src", `${name}.js`),
   ),
   outdir: out,

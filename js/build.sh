@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 static=../launchhelm/widgets/static
-outputs=("$static/chart.js" "$static/picker.js" "$static/evaluations.js" "$static/details.js" "$static/runs_table.js" "$static/compare.js" "$static/widgets.css")
+outputs=("$static/chart.js" "$static/picker.js" "$static/evaluations.js" "$static/details.js" "$static/runs_table.js" "$static/compare.js" "$static/media.js" "$static/widgets.css")
 sources=(src build.mjs package.json package-lock.json)
 
 stale=0

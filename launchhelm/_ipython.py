@@ -6,6 +6,7 @@
     %launchhelm runs PROJECT          # the project's runs, as a live table (tick runs to compare them)
     %launchhelm show RUN              # the run panel: Charts, Checkpoints, Evaluations, Details
     %launchhelm resume RUN            # the "Resume…" checkpoint picker alone
+    %launchhelm media RUN             # the run's images, tables and histograms (the Media tab alone)
     %launchhelm chart RUN [KEY ...]   # the run's charts (all keys, or those given)
     %launchhelm evals PROJECT|RUN     # the evaluation table (alias: evaluations)
     %launchhelm help                  # every subcommand, one line each (also %launchhelm?)
@@ -44,16 +45,18 @@ USAGE = """\
 %launchhelm runs PROJECT           the project's runs, as a live table (tick runs to compare them)
 %launchhelm show RUN               the run's panel: Charts, Checkpoints, Evaluations, Details
 %launchhelm resume RUN             the "Resume..." checkpoint picker
+%launchhelm media RUN              the run's images (one step slider), tables and histograms
 %launchhelm chart RUN [KEY ...]    the run's charts (every key, or those given)
 %launchhelm evals PROJECT|RUN      the evaluation table of a project or a run (alias: evaluations)
 %launchhelm help                   this list (also %launchhelm?)
-runs, show, resume, chart and evals also take --store URL, for that command only."""
+runs, show, resume, media, chart and evals also take --store URL, for that command only."""
 
 #: Subcommand -> (the argument it needs, whether more words may follow).
 COMMANDS: dict[str, tuple[str, bool]] = {
     "runs": ("PROJECT", False),
     "show": ("RUN", False),
     "resume": ("RUN", False),
+    "media": ("RUN", False),
     "chart": ("RUN", True),
     "evals": ("PROJECT|RUN", False),
 }
@@ -188,6 +191,8 @@ def _dispatch(command: str, args: list[str], store: str | None) -> object:
         return widgets.RunPanel(args[0], store=store)
     if command == "resume":
         return widgets.ResumePicker(args[0], store=store)
+    if command == "media":
+        return widgets.MediaPanel(args[0], store=store)
     if command == "chart":
         return widgets.RunChart(args[0], keys=args[1:] or None, store=store)
     return widgets.EvaluationTable(args[0], store=store)

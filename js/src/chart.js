@@ -24,6 +24,7 @@ import embed from "vega-embed";
 import { h, hideStaticFallback, send } from "./dom.js";
 import { refreshTimes, timeElement } from "./human.js";
 import { MSG } from "./messages.js";
+import { embedOptions, onThemeChange } from "./theme.js";
 
 /** More panels than this get a filter box. */
 export const FILTER_FROM = 12;
@@ -346,7 +347,7 @@ function render({ model, el }) {
     if (!spec || !Object.keys(spec).length) return;
     // SVG: labels are DOM text (selectable, findable); warnings about empty
     // datasets before the first snapshot are noise
-    const options = { renderer: /** @type {const} */ ("svg"), actions: false, logLevel: 1 };
+    const options = embedOptions();
     /** @type {View[]} */
     const made = [];
     if (Array.isArray(spec.vconcat)) {
@@ -420,9 +421,12 @@ function render({ model, el }) {
   showCaption();
   showError();
   onSpec();
+  // JupyterLab's theme switched: draw again in its colours
+  const themed = onThemeChange(onSpec);
 
   return () => {
     disposed = true;
+    themed.disconnect();
     clearTimeout(zoomTimer);
     clearInterval(ticking);
     filter.removeEventListener("input", applyFilter);

@@ -8,6 +8,7 @@
 import embed from "vega-embed";
 import { filled, h, hideStaticFallback, send } from "./dom.js";
 import { MSG } from "./messages.js";
+import { embedOptions } from "./theme.js";
 import { ago, duration } from "./time.js";
 
 /** @typedef {import("vega-embed").Result["view"]} View */
@@ -219,7 +220,7 @@ function render({ model, el }) {
     if (old) old.finalize();
     const spec = model.get("spec");
     if (!spec || !Object.keys(spec).length) return;
-    const result = await embed(target, spec, { renderer: "svg", actions: false, logLevel: 1 });
+    const result = await embed(target, spec, embedOptions());
     if (mine !== generation || disposed) {
       result.finalize();
       return;

@@ -22,6 +22,14 @@ export const MSG = /** @type {const} */ ({
   RESET: "reset",
   /** kernel -> front end: what the run printed since */
   APPEND: "append",
+  /** front end -> kernel: the Media tab wants pictures, a table or the histograms */
+  FETCH: "fetch",
+  /** kernel -> front end: pictures (thumbnails or one full image), their bytes in the buffers */
+  PICTURES: "pictures",
+  /** kernel -> front end: one table's cells, its image cells' thumbnails in the buffers */
+  TABLE: "table",
+  /** kernel -> front end: the histograms over steps, as one Vega-Lite spec */
+  HISTOGRAMS: "histograms",
 });
 
 /** A value as JSON carries it (config and tunable values, diff cells). */
@@ -350,6 +358,94 @@ export const MSG = /** @type {const} */ ({
  */
 
 /**
+ * A key the Media tab shows: its kind and every step it was logged at.
+ * @typedef {object} MediaKey
+ * @property {string} key
+ * @property {string} kind
+ * @property {number[]} steps
+ * @property {number[]} rewound
+ */
+
+/**
+ * @typedef {object} MediaState
+ * @property {RunRef} run
+ * @property {string} status
+ * @property {MediaKey[]} keys
+ * @property {number[]} steps
+ * @property {string} empty
+ */
+
+/**
+ * @typedef {object} MediaTraits
+ * @property {string} error
+ * @property {MediaState} state
+ * @property {number} step
+ */
+
+/**
+ * One image: where it was logged and which buffer of the message holds its bytes.
+ * @typedef {object} MediaPicture
+ * @property {string} key
+ * @property {number} step
+ * @property {number} attempt
+ * @property {boolean} abandoned
+ * @property {number} index
+ * @property {string} caption
+ * @property {number} width
+ * @property {number} height
+ * @property {string} mime
+ * @property {number} buffer
+ */
+
+/**
+ * @typedef {object} PicturesMessage
+ * @property {"pictures"} type
+ * @property {number} step
+ * @property {boolean} full
+ * @property {string[]} keys
+ * @property {MediaPicture[]} pictures
+ */
+
+/**
+ * An image cell of a table: its thumbnail in buffer `buffer` (a plain cell is a JSON value).
+ * @typedef {object} TableImageCell
+ * @property {number} buffer
+ * @property {string} mime
+ * @property {string} caption
+ */
+
+/**
+ * @typedef {object} TableMessage
+ * @property {"table"} type
+ * @property {string} key
+ * @property {number} asked
+ * @property {number} step
+ * @property {number} attempt
+ * @property {boolean} abandoned
+ * @property {string} caption
+ * @property {string[]} columns
+ * @property {(Json | TableImageCell)[][]} rows
+ */
+
+/**
+ * @typedef {object} HistogramsMessage
+ * @property {"histograms"} type
+ * @property {VegaLiteSpec} spec
+ * @property {Record<string, number[]>} shown
+ */
+
+/**
+ * Front end -> kernel: `what` is "thumbnails", "image", "table" or "histograms".
+ * @typedef {object} FetchMessage
+ * @property {"fetch"} type
+ * @property {string} what
+ * @property {number} step
+ * @property {string[]} keys
+ * @property {number} attempt
+ * @property {number} index
+ */
+
+/**
  * @typedef {object} LiveMessage
  * @property {"live"} type
  * @property {string[]} static
@@ -416,8 +512,9 @@ export const MSG = /** @type {const} */ ({
  */
 
 /** What a front end sends. */
-/** @typedef {ReadyMessage | ActionMessage | ZoomMessage} ToKernel */
+/** @typedef {ReadyMessage | ActionMessage | ZoomMessage | FetchMessage} ToKernel */
 /** What the kernel sends each front end. */
 /** @typedef {LiveMessage | ChartSnapshot | ChartInsert} ToChart */
 /** @typedef {LiveMessage | CompareSnapshot} ToCompare */
 /** @typedef {LiveMessage | ResetMessage | AppendMessage} ToLogs */
+/** @typedef {LiveMessage | PicturesMessage | TableMessage | HistogramsMessage} ToMedia */

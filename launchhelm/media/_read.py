@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +17,7 @@ if TYPE_CHECKING:
     import numpy as np
     import pyarrow as pa
 
-__all__ = ["MediaItem", "decode_image", "read_media_index"]
+__all__ = ["MediaItem", "TableImage", "decode_image", "read_media_index"]
 
 KINDS = ("image", "table", "histogram")
 
@@ -66,20 +67,105 @@ class MediaItem:
         """The content: a uint8 ``HxWxC`` numpy array (image), a pandas DataFrame (table, image cells as
         arrays), or ``(counts, edges)`` numpy arrays (histogram). One GET (a table: plus one per image cell)."""
         data = self._store.read(media_object_key(self._run_id, self.object))
-        if self.kind == "image":
-            return decode_image(data)
         if self.kind == "table":
             return self._table(data)
-        doc = json.loads(data)
-        import numpy as np
-
-        return np.asarray(doc["counts"]), np.asarray(doc["edges"], dtype=np.float64)
+        return self._decode(data)
 
     def load_thumbnail(self) -> np.ndarray:
         """An image's thumbnail (longest side at most 256 px) as a uint8 ``HxWxC`` array."""
         if self.thumbnail is None:
             raise InvalidArgumentError(f"media {self.key!r} at step {self.step} is a {self.kind}: it has no thumbnail")
         return decode_image(self._store.read(media_object_key(self._run_id, self.thumbnail)))
+
+    @property
+    def mime(self) -> str:
+        """The MIME type of the stored object (``image/png``, ``image/jpeg``, ``image/webp``, ``application/json``)."""
+        return _mime(self.object)
+
+    def read_bytes(self, thumbnail: bool = False) -> bytes:
+        """The stored object's bytes as they are (an image's PNG/JPEG/WebP file; ``thumbnail``: its thumbnail's PNG).
+
+        One GET. For showing an image without decoding it (a browser does that).
+        """
+        (data,) = MediaItem.read_many_bytes([self], thumbnail=thumbnail)
+        return data
+
+    @staticmethod
+    def read_many_bytes(items: Sequence[MediaItem], thumbnail: bool = False) -> list[bytes]:
+        """The objects of ``items`` (or their thumbnails), read concurrently: one round of GETs for all.
+
+        What a viewer calls for the pictures in view; the order is that of ``items``.
+        """
+        keys = []
+        for item in items:
+            name = item.thumbnail if thumbnail else item.object
+            if name is None:
+                raise InvalidArgumentError(
+                    f"media {item.key!r} at step {item.step} is a {item.kind}: it has no thumbnail"
+                )
+            keys.append((item._store, media_object_key(item._run_id, name)))
+        by_store: dict[int, tuple[Store, list[str]]] = {}
+        for store, key in keys:
+            by_store.setdefault(id(store), (store, []))[1].append(key)
+        got: dict[tuple[int, str], bytes | None] = {}
+        for ident, (store, wanted) in by_store.items():
+            for key, data in store.read_many(wanted).items():
+                got[(ident, key)] = data
+        out = []
+        for item, (store, key) in zip(items, keys, strict=True):
+            data = got.get((id(store), key))
+            if data is None:
+                raise ObjectNotFoundError(f"media {item.key!r} at step {item.step}: its object {key} is missing")
+            out.append(data)
+        return out
+
+    @staticmethod
+    def load_many(items: Sequence[MediaItem]) -> list[Any]:
+        """What :meth:`load` gives for each of ``items`` (images and histograms), read in one concurrent round."""
+        out: list[Any] = []
+        for item, data in zip(items, MediaItem.read_many_bytes(items), strict=True):
+            if item.kind == "table":
+                out.append(item._table(data))
+            else:
+                out.append(item._decode(data))
+        return out
+
+    def _decode(self, data: bytes) -> Any:
+        if self.kind == "image":
+            return decode_image(data)
+        doc = json.loads(data)
+        import numpy as np
+
+        return np.asarray(doc["counts"]), np.asarray(doc["edges"], dtype=np.float64)
+
+    def table_cells(self) -> tuple[list[str], list[list[Any]]]:
+        """A table's columns and rows as stored, for a viewer: cells are JSON values, an image cell a
+        ``launchhelm.media.TableImage`` holding its thumbnail's PNG. One GET, plus one concurrent round
+        for the thumbnails."""
+        if self.kind != "table":
+            raise InvalidArgumentError(f"media {self.key!r} at step {self.step} is a {self.kind}, not a table")
+        doc = json.loads(self.read_bytes())
+        columns: list[str] = doc["columns"]
+        rows: list[list[Any]] = doc["rows"]
+        names = sorted(
+            {str(cell.get("thumbnail") or cell["image"]) for row in rows for cell in row if isinstance(cell, dict)}
+        )
+        fetched = self._store.read_many([media_object_key(self._run_id, n) for n in names]) if names else {}
+        out = []
+        for row in rows:
+            cells: list[Any] = []
+            for cell in row:
+                if isinstance(cell, dict):
+                    name = str(cell.get("thumbnail") or cell["image"])
+                    data = fetched.get(media_object_key(self._run_id, name))
+                    if data is None:
+                        raise ObjectNotFoundError(f"an image of table {self.key!r} at step {self.step} is missing")
+                    caption = cell.get("caption")
+                    cells.append(TableImage(data, _mime(name), caption if isinstance(caption, str) else None))
+                else:
+                    cells.append(cell)
+            out.append(cells)
+        return columns, out
 
     def _table(self, data: bytes) -> Any:
         import pandas as pd
@@ -103,6 +189,28 @@ class MediaItem:
             plain = len(kinds) == 1 and kinds <= {int, float, str, bool}
             data_by_column[name] = pd.Series(values, dtype=None if plain else object)
         return pd.DataFrame(data_by_column, columns=columns)
+
+
+@dataclass(frozen=True)
+class TableImage:
+    """An image cell of a table, as :meth:`MediaItem.table_cells` gives it: its thumbnail's bytes."""
+
+    data: bytes = field(repr=False)
+    mime: str
+    caption: str | None
+
+
+_MIMES = {
+    "png": "image/png",
+    "jpeg": "image/jpeg",
+    "jpg": "image/jpeg",
+    "webp": "image/webp",
+    "json": "application/json",
+}
+
+
+def _mime(name: str) -> str:
+    return _MIMES.get(name.rsplit(".", 1)[-1].lower(), "application/octet-stream")
 
 
 def decode_image(data: bytes) -> np.ndarray:

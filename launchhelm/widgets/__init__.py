@@ -9,6 +9,7 @@ Needs the ``widgets`` extra (``pip install 'launchhelm[widgets]'``)::
     ResumePicker(run_id)                    # choose what load_checkpoint("resume") restores
     EvaluationTable("quickstart")           # each checkpoint's evaluation
     RunPanel(run_id)                        # all of them as tabs, plus Details
+    MediaPanel(run_id)                      # images under one step slider, tables, histograms
     RunsTable("quickstart")                 # the project's runs; tick some to compare them
     CompareChart("quickstart", runs=[a, b]) # runs side by side, with their config diff
 
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from launchhelm.widgets._compare import CompareChart
     from launchhelm.widgets._details import RunDetails, RunLogs
     from launchhelm.widgets._evaluations import EvaluationTable
+    from launchhelm.widgets._media import MediaPanel
     from launchhelm.widgets._panel import RunPanel
     from launchhelm.widgets._picker import ResumePicker
     from launchhelm.widgets._runs_table import RunsTable
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CompareChart",
     "EvaluationTable",
+    "MediaPanel",
     "ResumePicker",
     "RunChart",
     "RunDetails",
@@ -46,6 +49,7 @@ __all__ = [
 _WHERE = {
     "CompareChart": "launchhelm.widgets._compare",
     "EvaluationTable": "launchhelm.widgets._evaluations",
+    "MediaPanel": "launchhelm.widgets._media",
     "ResumePicker": "launchhelm.widgets._picker",
     "RunChart": "launchhelm.widgets._chart",
     "RunDetails": "launchhelm.widgets._details",

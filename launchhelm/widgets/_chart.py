@@ -89,6 +89,11 @@ class RunStatus(TypedDict):
     step: int
 
 
+#: Where a rewind's label goes: on the side of its rule with more room (``x`` is the rule's position).
+LABEL_ALIGN = "scale('x', datum.to_step) > width / 2 ? 'right' : 'left'"
+LABEL_DX = "scale('x', datum.to_step) > width / 2 ? -4 : 4"
+
+
 def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANEL_HEIGHT) -> VegaLiteSpec:
     """The Vega-Lite spec: one panel per key, rewinds marked on each.
 
@@ -124,8 +129,10 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
         }
     view["stroke"] = "#ddd"
     config["axis"] = {"labelFont": "sans-serif", "titleFont": "sans-serif"}
-    x: VegaLiteSpec = {"field": "step", "title": "step", "type": "quantitative"}
-    rewind_x: VegaLiteSpec = {"field": "to_step", "title": "step", "type": "quantitative"}
+    # steps are whole numbers: a one-point chart must not read "64.000000"
+    step_axis: VegaLiteSpec = {"format": "d", "tickMinStep": 1}
+    x: VegaLiteSpec = {"axis": step_axis, "field": "step", "title": "step", "type": "quantitative"}
+    rewind_x: VegaLiteSpec = {"axis": step_axis, "field": "to_step", "title": "step", "type": "quantitative"}
     panels: list[JSONValue] = []
     for i, key in enumerate(keys):
         is_eval = key.startswith(EVAL_PREFIX)
@@ -197,10 +204,12 @@ def build_spec(keys: Sequence[str], width: int = PANEL_WIDTH, height: int = PANE
                 "data": {"name": "rewinds"},
                 "mark": {
                     "type": "text",
-                    "align": "left",
+                    # right of the rule in the chart's left half, left of it in its right half: the
+                    # sentence stays whole wherever the rewind falls
+                    "align": {"expr": LABEL_ALIGN},
                     "baseline": "top",
                     "color": REWIND_COLOR,
-                    "dx": 4,
+                    "dx": {"expr": LABEL_DX},
                     "fontSize": 11,
                 },
                 "encoding": {"text": {"field": "label", "type": "nominal"}, "x": dict(rewind_x), "y": {"value": 2}},

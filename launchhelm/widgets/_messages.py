@@ -27,12 +27,17 @@ if TYPE_CHECKING:
 __all__ = [
     "MSG_ACTION",
     "MSG_APPEND",
+    "MSG_FETCH",
+    "MSG_HISTOGRAMS",
     "MSG_INSERT",
     "MSG_LIVE",
+    "MSG_PICTURES",
     "MSG_READY",
     "MSG_RESET",
     "MSG_SNAPSHOT",
+    "MSG_TABLE",
     "MSG_ZOOM",
+    "read_fetch",
     "read_message",
     "synced_dict",
 ]
@@ -51,6 +56,10 @@ Snapshot = Literal["snapshot"]
 Insert = Literal["insert"]
 Reset = Literal["reset"]
 Append = Literal["append"]
+Fetch = Literal["fetch"]
+Pictures = Literal["pictures"]
+TableMsg = Literal["table"]
+Histograms = Literal["histograms"]
 
 #: Front end -> kernel: it listens now (after each embed); the kernel answers ``live``, then its snapshot.
 MSG_READY: Final[Ready] = "ready"
@@ -68,6 +77,14 @@ MSG_INSERT: Final[Insert] = "insert"
 MSG_RESET: Final[Reset] = "reset"
 #: Kernel -> front end: what the run printed since.
 MSG_APPEND: Final[Append] = "append"
+#: Front end -> kernel: the Media tab wants pictures, a table or the histograms (:class:`FetchMessage`).
+MSG_FETCH: Final[Fetch] = "fetch"
+#: Kernel -> front end: pictures (thumbnails or one full image), their bytes in the message's buffers.
+MSG_PICTURES: Final[Pictures] = "pictures"
+#: Kernel -> front end: one table's cells, its image cells' thumbnails in the buffers.
+MSG_TABLE: Final[TableMsg] = "table"
+#: Kernel -> front end: the histograms over steps, as one Vega-Lite spec.
+MSG_HISTOGRAMS: Final[Histograms] = "histograms"
 
 
 # -- shared pieces ----------------------------------------------------------------------------
@@ -368,6 +385,100 @@ class RunsTableTraits(LiveTraits):
     selected: list[str]
 
 
+# -- MediaPanel ---------------------------------------------------------------------------------
+class MediaKey(TypedDict):
+    """A key the Media tab shows: its kind and every step it was logged at (none left out)."""
+
+    key: str
+    kind: str
+    steps: list[int]
+    #: steps where an abandoned attempt logged it too (redone after a rewind)
+    rewound: list[int]
+
+
+class MediaState(TypedDict):
+    run: RunRef
+    status: str
+    keys: list[MediaKey]
+    #: the slider's stops: every step any image or table key was logged at, ascending
+    steps: list[int]
+    #: "" or why nothing shows ("This run logged no images, tables or histograms yet.")
+    empty: str
+
+
+class MediaTraits(LiveTraits):
+    state: MediaState
+    #: the step the slider is on (-1: follow the newest)
+    step: int
+
+
+class MediaPicture(TypedDict):
+    """One image: where it was logged and which buffer of the message holds its bytes."""
+
+    key: str
+    #: the step shown: the slider's, or the key's last step before it when it has none there
+    step: int
+    attempt: int
+    abandoned: bool
+    index: int
+    caption: str
+    width: int
+    height: int
+    mime: str
+    buffer: int
+
+
+class PicturesMessage(TypedDict):
+    type: Pictures
+    #: the slider step asked for
+    step: int
+    #: True: the full image (one), False: thumbnails
+    full: bool
+    #: keys asked for: a key among them with no picture has nothing logged by ``step``
+    keys: list[str]
+    pictures: list[MediaPicture]
+
+
+class TableImageCell(TypedDict):
+    """An image cell of a table: its thumbnail in buffer ``buffer`` (a plain cell is a JSON value)."""
+
+    buffer: int
+    mime: str
+    caption: str
+
+
+class TableMessage(TypedDict):
+    type: TableMsg
+    key: str
+    #: the step asked for, and the step of the table shown (its last at or before it); -1: none yet
+    asked: int
+    step: int
+    attempt: int
+    abandoned: bool
+    caption: str
+    columns: list[str]
+    rows: list[list[Json | TableImageCell]]
+
+
+class HistogramsMessage(TypedDict):
+    type: Histograms
+    spec: VegaLiteSpec
+    #: per key, how many of its steps the chart shows and how many it has
+    shown: dict[str, list[int]]
+
+
+class FetchMessage(TypedDict):
+    """Front end -> kernel: ``what`` is ``"thumbnails"`` (``keys`` at ``step``), ``"image"`` (the full
+    picture of ``keys[0]`` at ``step``, ``attempt``, ``index``), ``"table"`` or ``"histograms"``."""
+
+    type: Fetch
+    what: str
+    step: int
+    keys: list[str]
+    attempt: int
+    index: int
+
+
 # -- messages, both ways ------------------------------------------------------------------------
 class LiveMessage(TypedDict):
     type: Live
@@ -426,12 +537,14 @@ class ActionMessage(TypedDict):
 
 
 #: What a front end sends.
+#: (The Media tab's ``fetch`` is read apart, by :func:`read_fetch`.)
 ToKernel: TypeAlias = ReadyMessage | ActionMessage | ZoomMessage
 #: What the kernel sends each front end.
 ToChart: TypeAlias = LiveMessage | ChartSnapshot | ChartInsert
 ToCompare: TypeAlias = LiveMessage | CompareSnapshot
 ToLogs: TypeAlias = LiveMessage | ResetMessage | AppendMessage
-ToFrontEnd: TypeAlias = ToChart | ToCompare | ToLogs
+ToMedia: TypeAlias = LiveMessage | PicturesMessage | TableMessage | HistogramsMessage
+ToFrontEnd: TypeAlias = ToChart | ToCompare | ToLogs | ToMedia
 
 
 def read_message(content: object) -> ToKernel | None:
@@ -457,6 +570,29 @@ def read_message(content: object) -> ToKernel | None:
         numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in domain)
         return ZoomMessage(type=MSG_ZOOM, domain=[float(v) for v in domain] if numbers else None)
     return None
+
+
+_FETCHES = ("thumbnails", "image", "table", "histograms")
+#: Keys one fetch may name (a grid in view holds far fewer).
+MAX_FETCH_KEYS = 256
+
+
+def read_fetch(content: object) -> FetchMessage | None:
+    """The Media tab's ``fetch``, checked (kinds, numbers, at most :data:`MAX_FETCH_KEYS` string keys), or None."""
+    if not isinstance(content, dict) or content.get("type") != MSG_FETCH:
+        return None
+    what, keys = content.get("what"), content.get("keys")
+    numbers = [content.get(name, -1) for name in ("step", "attempt", "index")]
+    if what not in _FETCHES or not isinstance(keys, list) or len(keys) > MAX_FETCH_KEYS:
+        return None
+    if not all(isinstance(k, str) for k in keys):
+        return None
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
+        return None
+    step, attempt, index = (int(n) for n in numbers)
+    return FetchMessage(
+        type=MSG_FETCH, what=str(what), step=step, keys=[str(k) for k in keys], attempt=attempt, index=index
+    )
 
 
 T = TypeVar("T")

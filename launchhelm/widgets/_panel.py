@@ -2,7 +2,8 @@
 
 Charts (:class:`RunChart`), Checkpoints (the "Resume…" :class:`ResumePicker`),
 Evaluations (:class:`EvaluationTable`), Details (:class:`RunDetails`) and
-Logs (:class:`RunLogs`, what the process printed).
+Logs (:class:`RunLogs`, what the process printed) and Media (:class:`MediaPanel`:
+images, tables and histograms).
 A :class:`launchhelm.Run` or :class:`launchhelm.RunHandle` left as a cell's
 last expression displays as this panel.
 """
@@ -21,6 +22,7 @@ from launchhelm.widgets._base import Reusable, StoreArg, resolve_run, run_key
 from launchhelm.widgets._chart import RunChart
 from launchhelm.widgets._details import RunDetails, RunLogs
 from launchhelm.widgets._evaluations import EvaluationTable
+from launchhelm.widgets._media import MediaPanel
 from launchhelm.widgets._picker import ResumePicker
 
 if TYPE_CHECKING:
@@ -29,11 +31,11 @@ if TYPE_CHECKING:
 __all__ = ["TAB_TITLES", "RunPanel"]
 
 #: The panel's tabs, in order.
-TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details", "Logs")
+TAB_TITLES = ("Charts", "Checkpoints", "Evaluations", "Details", "Logs", "Media")
 
 
 class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignore[misc]
-    """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details, Logs.
+    """A run's panel: tabs Charts, Checkpoints ("Resume…"), Evaluations, Details, Logs, Media.
 
     Showing the same run again (re-running the cell) shows the same panel:
     its widgets and their pollers are reused, never duplicated.
@@ -49,7 +51,7 @@ class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignor
 
     Attributes
     ----------
-    chart, picker, evaluations, details, logs:
+    chart, picker, evaluations, details, logs, media:
         The tabs' widgets.
 
     Examples
@@ -82,17 +84,22 @@ class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignor
         self.evaluations = EvaluationTable(handle)
         self.details = RunDetails(handle)
         self.logs = RunLogs(handle)
-        tabs = ipywidgets.Tab(children=[self.chart, self.picker, self.evaluations, self.details, self.logs])
+        self.media = MediaPanel(handle)
+        tabs = ipywidgets.Tab(children=list(self._tabs()))
         tabs.titles = TAB_TITLES
         self.tabs = tabs
+        # the store only on hover: a long (or temporary) path would push the run's name out of sight
         self._header_html = (
-            f"<div class='lh-panel-header'><b>{html.escape(handle.name)}</b> "
-            f"<code>{html.escape(handle.id)}</code> · project {html.escape(handle.project)} · "
-            f"store <code>{html.escape(api.store.url)}</code></div>"
+            f"<div class='lh-panel-header' title='store {html.escape(api.store.url, quote=True)}'>"
+            f"<b>{html.escape(handle.name)}</b> <code>{html.escape(handle.id)}</code> · "
+            f"project {html.escape(handle.project)}</div>"
         )
         header = ipywidgets.HTML(self._header_html)
         super().__init__(children=[header, tabs])
         self.add_class("launchhelm-panel")
+
+    def _tabs(self) -> tuple[ipywidgets.DOMWidget, ...]:
+        return (self.chart, self.picker, self.evaluations, self.details, self.logs, self.media)
 
     @property
     def run(self) -> RunHandle:
@@ -106,8 +113,7 @@ class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignor
         """How marimo shows the panel (it draws anywidgets, not ipywidgets' Tab): header and tabs, each live."""
         import marimo as mo
 
-        shown = (self.chart, self.picker, self.evaluations, self.details, self.logs)
-        tabs = dict(zip(TAB_TITLES, shown, strict=True))
+        tabs = dict(zip(TAB_TITLES, self._tabs(), strict=True))
         return mo.vstack([mo.Html(self._header_html), mo.ui.tabs(tabs)])
 
     def _repr_mimebundle_(self, **kwargs: object) -> dict[str, object] | None:
@@ -116,7 +122,7 @@ class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignor
         data: dict[str, object] | None = super()._repr_mimebundle_(**kwargs)  # ipywidgets': a dict or None
         if not isinstance(data, dict):
             return data
-        children = (self.chart, self.picker, self.evaluations, self.details, self.logs)
+        children = self._tabs()
         try:
             svg = self.chart.static_svg() or ""
             parts = [self._header_html, svg]
@@ -130,7 +136,7 @@ class RunPanel(Reusable[tuple[Api, RunHandle]], ipywidgets.VBox):  # type: ignor
 
     def close(self) -> None:
         """Close the panel and its tabs' widgets (stopping their pollers)."""
-        for child in (self.chart, self.picker, self.evaluations, self.details, self.logs):
+        for child in self._tabs():
             child.close()
         self.tabs.close()
         self._forget()

@@ -28,6 +28,7 @@ from jupyter_browser import (
     run_all,
     write_notebook,
 )
+from media_runs import END, HOSTILE_CAPTION, HOSTILE_CELL, IMAGE_KEYS, media_run
 from widget_runs import FAILED_STEP, FAILURE, RESUMED_CRASH_AT, RESUMED_END, RESUMED_FROM, WidgetRuns, copy_runs
 
 import launchhelm as lh
@@ -277,7 +278,7 @@ def test_a_run_as_a_cells_last_expression_is_its_panel_whose_tabs_switch(
     panel = page.wait_for_selector(".launchhelm-panel", timeout=WAIT_MS)
     assert panel is not None
     tabs = page.locator(".launchhelm-panel .lm-TabBar-tab")
-    assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs"]
+    assert tabs.all_text_contents() == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs", "Media"]
     page.wait_for_selector(f".launchhelm-panel .lh-chart svg text:text-is('{LABEL}')", timeout=WAIT_MS)
     assert not page.locator(".launchhelm-panel .lh-details").is_visible()
     shot = DOCS_SCREENSHOT if UPDATE_SCREENSHOTS else tmp_path / "run-panel.png"
@@ -329,3 +330,172 @@ def test_notebook7_shows_the_panel_from_the_magic(page: Any, server: JupyterServ
     page.locator(".launchhelm-panel .lm-TabBar-tab", has_text="Checkpoints").click()
     page.wait_for_selector(".launchhelm-panel .lh-picker", state="visible", timeout=WAIT_MS)
     assert "closed: finish() closed it" in page.inner_text(".launchhelm-panel .lh-picker")
+
+
+# -- the Media tab (MediaPanel) ------------------------------------------------------------------
+MEDIA = ".lh-media"
+#: the Media tab at a redone step, as the notebooks guide shows it (written as run-panel.png is)
+MEDIA_SCREENSHOT = DOCS_SCREENSHOT.with_name("media-tab.png")
+PICTURES = MEDIA + " .lh-media-card[data-key='{key}'] figure.lh-media-pic"
+
+
+@pytest.fixture(scope="module")
+def media_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    """A run with two image keys, a table and a histogram, rewound from step 8 to 5 (media_runs.py)."""
+    store = str(tmp_path_factory.mktemp("media-browser") / "store")
+    return store, media_run(store)
+
+
+def _captions(page: Any, key: str) -> list[str]:
+    return [str(t) for t in page.locator(PICTURES.format(key=key) + " figcaption").all_text_contents()]
+
+
+def _move_slider(page: Any, step: int) -> None:
+    """Put the Media tab's one slider on ``step`` (its stops are steps 1..8: stop ``step - 1``)."""
+    page.locator(f"{MEDIA} .lh-media-slider").fill(str(step - 1))
+    page.wait_for_selector(f"{MEDIA}[data-step='{step}']", timeout=WAIT_MS)
+    for key in IMAGE_KEYS:
+        page.wait_for_selector(f"{MEDIA} .lh-media-card[data-key='{key}'][data-step='{step}']", timeout=WAIT_MS)
+
+
+def test_the_media_tab_moves_every_image_key_with_one_slider_and_shows_both_attempts(
+    page: Any, server: JupyterServer, media_store: tuple[str, str], tmp_path: Path
+) -> None:
+    store, run_id = media_store
+    _show(
+        page,
+        server,
+        "media.ipynb",
+        [f"from launchhelm.widgets import MediaPanel\npanel = MediaPanel({run_id!r}, store={store!r})\npanel"],
+    )
+    # the newest step first: step 8, redone after the rewind, shows both attempts, the old one dimmed
+    for key in IMAGE_KEYS:
+        page.wait_for_selector(f"{MEDIA} .lh-media-card[data-key='{key}'][data-step='{END}']", timeout=WAIT_MS)
+    assert page.locator(f"{MEDIA} .lh-media-slider").get_attribute("max") == str(END - 1)  # every step a stop
+    assert _captions(page, "samples") == [f"step {END} attempt {a} #{i}" for i in (0, 1) for a in (0, 1)]
+    abandoned = page.locator(PICTURES.format(key="samples") + ".lh-media-abandoned")
+    assert abandoned.count() == 2
+    assert abandoned.locator(".lh-media-abandoned-label").all_text_contents() == ["abandoned attempt 0"] * 2
+    assert abandoned.locator("img").evaluate_all("els => els.map(e => getComputedStyle(e).opacity)") == ["0.45"] * 2
+    new = page.locator(PICTURES.format(key="val/grid") + ":not(.lh-media-abandoned) img")
+    assert new.evaluate("e => getComputedStyle(e).opacity") == "1"
+
+    # one slider moves every image key; the kernel knows the step too
+    _move_slider(page, 3)
+    assert _captions(page, "samples") == ["step 3 attempt 0 #0", "step 3 attempt 0 #1"]
+    assert _captions(page, "val/grid") == ["grid 3"]
+    assert page.locator(f"{MEDIA} .lh-media-abandoned").count() == 0  # step 3 was never redone
+    assert execute(page, "print(panel.step)").strip() == "3"
+    _move_slider(page, 7)
+    assert _captions(page, "val/grid") == ["grid 7", "grid 7"]
+    assert page.locator(PICTURES.format(key="val/grid") + "[data-abandoned='true']").count() == 1
+    page.wait_for_selector(f"{MEDIA} .lh-media-table[data-key='completions'][data-step='6'] table", timeout=WAIT_MS)
+    page.wait_for_selector(f"{MEDIA} .lh-media-histograms svg g.mark-rect.role-mark path", timeout=WAIT_MS)
+    shot = MEDIA_SCREENSHOT if UPDATE_SCREENSHOTS else tmp_path / "media-tab.png"
+    page.locator(MEDIA).screenshot(path=str(shot))
+    assert shot.stat().st_size > 10_000
+    # the kernel moves it too (a cell setting panel.step)
+    execute(page, "panel.step = 4")
+    page.wait_for_selector(f"{MEDIA} .lh-media-card[data-key='samples'][data-step='4']", timeout=WAIT_MS)
+
+    # a thumbnail's click fetches the full image
+    page.locator(PICTURES.format(key="samples")).first.click()
+    page.wait_for_selector(f"{MEDIA} .lh-media-full:not([hidden]) img", timeout=WAIT_MS)
+    assert page.locator(MEDIA).get_attribute("data-full") == "samples@4"
+    page.locator(f"{MEDIA} .lh-media-full").click()
+    page.wait_for_selector(f"{MEDIA} .lh-media-full", state="hidden", timeout=WAIT_MS)
+
+    # a table as a sortable grid with its picture inline; the histograms as one chart
+    table = page.locator(f"{MEDIA} .lh-media-table[data-key='completions'][data-step='4'] table")
+    table.wait_for(timeout=WAIT_MS)
+    assert table.locator("tbody tr").count() == 3 and table.locator("td.lh-media-cell-image img").count() == 1
+    table.locator("th", has_text="reward").click()
+    page.wait_for_selector(f"{MEDIA} .lh-media-table th[aria-sort='ascending']", timeout=WAIT_MS)
+    first = page.locator(f"{MEDIA} .lh-media-table tbody tr").first.locator("td").first
+    assert first.inner_text() == "a prompt"  # reward -1.0 sorts first
+    page.wait_for_selector(f"{MEDIA} .lh-media-histograms svg g.mark-rect.role-mark path", timeout=WAIT_MS)
+    assert page.locator(f"{MEDIA} .lh-media-histograms svg g.mark-rect.role-mark path").count() == END * 8
+
+    # text from the store stays text: the hostile caption and cell are shown, never run
+    _move_slider(page, 2)
+    assert _captions(page, "val/grid") == [HOSTILE_CAPTION]
+    cell = page.locator(f"{MEDIA} .lh-media-table[data-key='completions'][data-step='2'] td", has_text="<script>")
+    cell.wait_for(timeout=WAIT_MS)
+    assert cell.inner_text() == HOSTILE_CELL
+    assert page.locator(f"{MEDIA} script, {MEDIA} img[src='x'], {MEDIA} td b").count() == 0
+    assert page.evaluate("() => window.__lh_pwned === undefined")
+
+
+def test_notebook7_shows_the_media_tab_from_the_magic(
+    page: Any, server: JupyterServer, media_store: tuple[str, str]
+) -> None:
+    store, run_id = media_store
+    _show(
+        page,
+        server,
+        "media-classic.ipynb",
+        ["%load_ext launchhelm", f"%launchhelm media {run_id} --store {store}"],
+        app="notebook",
+    )
+    page.wait_for_selector(f"{MEDIA} .lh-media-card[data-key='samples'][data-step='{END}']", timeout=WAIT_MS)
+    _move_slider(page, 6)  # redone: both attempts of each key
+    assert _captions(page, "val/grid") == ["grid 6", "grid 6"]
+    assert page.locator(f"{MEDIA} .lh-media-abandoned").count() == 3  # samples x2, val/grid
+    page.wait_for_selector(f"{MEDIA} .lh-media-table[data-key='completions'][data-step='6'] table", timeout=WAIT_MS)
+    page.wait_for_selector(f"{MEDIA} .lh-media-histograms svg g.mark-rect.role-mark path", timeout=WAIT_MS)
+    _move_slider(page, 2)
+    assert _captions(page, "val/grid") == [HOSTILE_CAPTION]
+    assert page.evaluate("() => window.__lh_pwned === undefined")
+
+
+# -- charts read at a glance ---------------------------------------------------------------------
+EDGE_LABEL = "Resumed from step 95 after reaching 100"
+X_LABELS = ".lh-chart g[aria-label^='X-axis'] g.role-axis-label text"
+
+
+def test_a_rewind_at_95_percent_keeps_its_whole_label_steps_are_integers_and_dark_theme_is_followed(
+    page: Any, server: JupyterServer, tmp_path: Path
+) -> None:
+    from launchhelm._integration import record_restore
+
+    store = str(tmp_path / "store")
+    run = lh.init("edge", store=store, flush_interval=3600)
+    for step in range(1, 101):
+        run.log({"loss": 1.0 / step, **({"eval/accuracy": 0.5} if step == 64 else {})}, step=step)
+    run.flush()
+    record_restore(run, 95, None, "test")  # 95% of the way along the step axis
+    for step in range(96, 101):
+        run.log({"loss": 2.0 / step}, step=step)
+    run.finish()
+    chart = f"from launchhelm.widgets import RunChart\nRunChart({run.id!r}, store={store!r})"
+    _show(page, server, "edge.ipynb", [chart])
+    label = f".lh-chart svg text:text-is('{EDGE_LABEL}')"
+    page.wait_for_selector(label, timeout=WAIT_MS)
+    boxes = page.locator(label).evaluate_all(
+        """els => els.map(e => {
+            const t = e.getBoundingClientRect(), s = e.closest('svg').getBoundingClientRect();
+            return [t.left, t.right, s.left, s.right];
+        })"""
+    )
+    assert len(boxes) == 2  # loss and eval/accuracy
+    for left, right, svg_left, svg_right in boxes:
+        assert svg_left <= left < right <= svg_right, (left, right, svg_left, svg_right)  # whole, inside
+    # steps read as integers, in the one-point eval chart too
+    ticks = [str(t) for t in page.locator(X_LABELS).all_text_contents()]
+    assert ticks and all(re.fullmatch(r"\d+", t) for t in ticks), ticks
+    assert "64" in ticks
+    # both panels of one section share the width: a section's one chart fills it
+    widths = page.locator(".lh-chart .lh-panel").evaluate_all("els => els.map(e => e.getBoundingClientRect().width)")
+    grid = page.locator(".lh-chart .lh-grid").first.evaluate("e => e.getBoundingClientRect().width")
+    assert all(w > 0.9 * grid for w in widths), (widths, grid)
+
+    light = page.locator(X_LABELS).first.get_attribute("fill")
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Dark'})")
+    page.wait_for_function(
+        f"() => document.querySelector(\"{X_LABELS}\")?.getAttribute('fill') === '#fff'", timeout=WAIT_MS
+    )
+    assert light != "#fff"
+    page.evaluate("() => window.jupyterapp.commands.execute('apputils:change-theme', {theme: 'JupyterLab Light'})")
+    page.wait_for_function(
+        f"() => document.querySelector(\"{X_LABELS}\")?.getAttribute('fill') !== '#fff'", timeout=WAIT_MS
+    )

@@ -18,6 +18,8 @@ from launchhelm.widgets._chart import (
     ABANDONED_OPACITY,
     CHART_PADDING,
     EVAL_PREFIX,
+    LABEL_ALIGN,
+    LABEL_DX,
     LINE_COLOR,
     REWIND_COLOR,
     SYSTEM_COLOR,
@@ -48,7 +50,8 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
     panels = []
     for i, key in enumerate(keys):
         is_eval = key.startswith(EVAL_PREFIX)
-        x = alt.X("step:Q", title="step")
+        step_axis = alt.Axis(format="d", tickMinStep=1)
+        x = alt.X("step:Q", title="step", axis=step_axis)
         axis = alt.Axis(format="~g", labelLimit=160, minExtent=Y_AXIS_MIN_EXTENT, labelFont="sans-serif")
         y = alt.Y("value:Q", title=key, scale=alt.Scale(zero=False), axis=axis)
         of_key = alt.FieldEqualPredicate(field="key", equal=key)
@@ -105,12 +108,18 @@ def altair_spec(keys: Sequence[str], width: int = 560, height: int = 150) -> dic
         rule = (
             alt.Chart(rewinds, name=f"rewind_rule_{i}")
             .mark_rule(color=REWIND_COLOR, strokeDash=[6, 3], strokeWidth=1.5)
-            .encode(x=alt.X("to_step:Q", title="step"), tooltip=alt.Tooltip("label:N", title="rewind"))
+            .encode(x=alt.X("to_step:Q", title="step", axis=step_axis), tooltip=alt.Tooltip("label:N", title="rewind"))
         )
         label = (
             alt.Chart(rewinds, name=f"rewind_label_{i}")
-            .mark_text(color=REWIND_COLOR, align="left", baseline="top", dx=4, fontSize=11)
-            .encode(x=alt.X("to_step:Q", title="step"), y=alt.value(2), text="label:N")
+            .mark_text(
+                color=REWIND_COLOR,
+                align=alt.ExprRef(LABEL_ALIGN),
+                baseline="top",
+                dx=alt.ExprRef(LABEL_DX),
+                fontSize=11,
+            )
+            .encode(x=alt.X("to_step:Q", title="step", axis=step_axis), y=alt.value(2), text="label:N")
         )
         panels.append(alt.layer(abandoned, line, dots, rule, label).properties(width=width, height=height, title=key))
     chart = (

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 from jupyter_browser import browser_marks
 from lhtest import ROOT, child_env
+from media_runs import END, HOSTILE_CAPTION, HOSTILE_CELL, IMAGE_KEYS, media_run
 from widget_runs import FAILED_STEP, RESUMED_CRASH_AT, RESUMED_FROM, WidgetRuns
 
 import launchhelm as lh
@@ -232,6 +233,36 @@ def test_in_marimo_the_runs_table_ticks_two_runs_into_a_comparison(show: Any, tm
     assert page.locator(".lh-compare").get_attribute("data-rewinds") == "2"
     page.screenshot(path=str(tmp_path / "marimo-runs-table.png"), full_page=True)
     print(f"screenshot: {tmp_path / 'marimo-runs-table.png'}")
+
+
+def test_in_marimo_the_media_tab_moves_every_key_and_shows_both_attempts(show: Any, tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    run_id = media_run(store)
+    page = show([f"from launchhelm.widgets import MediaPanel\nMediaPanel({run_id!r}, store={store!r})"])
+    media = page.locator(".lh-media")
+    pictures = ".lh-media-card[data-key='{key}'] figure.lh-media-pic"
+    for key in IMAGE_KEYS:
+        media.locator(f".lh-media-card[data-key='{key}'][data-step='{END}']").wait_for(timeout=WAIT_MS)
+    # step 8 was redone: both attempts, the abandoned one dimmed
+    assert media.locator(".lh-media-abandoned").count() == 3  # samples x2, val/grid
+    for step in (3, 2):  # one slider moves every image key
+        media.locator(".lh-media-slider").fill(str(step - 1))
+        for key in IMAGE_KEYS:
+            media.locator(f".lh-media-card[data-key='{key}'][data-step='{step}']").wait_for(timeout=WAIT_MS)
+    assert media.locator(pictures.format(key="samples") + " figcaption").all_text_contents() == [
+        "step 2 attempt 0 #0",
+        "step 2 attempt 0 #1",
+    ]
+    # text from the store stays text
+    assert media.locator(pictures.format(key="val/grid") + " figcaption").all_text_contents() == [HOSTILE_CAPTION]
+    cell = media.locator(".lh-media-table[data-key='completions'][data-step='2'] td", has_text="<script>")
+    cell.wait_for(timeout=WAIT_MS)
+    assert cell.inner_text() == HOSTILE_CELL
+    assert media.locator("script, img[src='x'], td b").count() == 0
+    assert page.evaluate("() => window.__lh_pwned === undefined")
+    media.locator(".lh-media-histograms svg g.mark-rect.role-mark path").first.wait_for(timeout=WAIT_MS)
+    page.screenshot(path=str(tmp_path / "marimo-media.png"), full_page=True)
+    print(f"screenshot: {tmp_path / 'marimo-media.png'}")
 
 
 @pytest.fixture

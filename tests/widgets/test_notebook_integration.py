@@ -82,7 +82,7 @@ def test_a_run_left_as_a_cells_last_expression_displays_as_its_panel(stopped_run
     assert shown["first"] == ["application/vnd.jupyter.widget-view+json", "text/plain"]
     assert shown["text"].startswith(f"<launchhelm.RunHandle plain/{stopped_run.id} 'plain-stopped'>")
     assert shown["model"] == shown["again"] == shown["panel"]  # re-running reattaches
-    assert shown["tabs"] == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs"]
+    assert shown["tabs"] == ["Charts", "Checkpoints", "Evaluations", "Details", "Logs", "Media"]
     assert shown["chart_keys"] == ["loss"]
     assert shown["picker"].startswith("stopped without ending its session")
     assert shown["run_text"].startswith("<launchhelm.Run plain/") and shown["run_has_panel"]
@@ -106,6 +106,7 @@ import launchhelm as lh
 default_api = lh.Api().store.url
 panel = shell.run_line_magic("launchhelm", f"show {run_id}")
 picker = shell.run_line_magic("launchhelm", f"resume {run_id}")
+media = shell.run_line_magic("launchhelm", f"media {run_id}")
 chart = shell.run_line_magic("launchhelm", f"chart {run_id} loss")
 table = shell.run_line_magic("launchhelm", "evals plain")
 run_table = shell.run_line_magic("launchhelm", f"evaluations {run_id}")
@@ -130,12 +131,13 @@ print(json.dumps({
     "default_api": default_api,
     "panel": type(panel).__name__, "panel_run": panel.run.id,
     "picker": type(picker).__name__, "picker_run": picker.run.id,
+    "media": type(media).__name__, "media_run": media.run.id,
     "chart": [p["title"] for p in chart.spec["vconcat"]],
     "table": table.state["scope"], "run_table": run_table.state["scope"],
     "elsewhere": len(elsewhere),
     "errors": errors, "still": still,
 }))
-for widget in (panel, picker, chart, table, run_table):
+for widget in (panel, picker, media, chart, table, run_table):
     widget.close()
 """
 
@@ -157,12 +159,14 @@ def test_load_ext_and_the_launchhelm_magic(stopped_run: StoppedRun, tmp_path: Pa
     assert out["default_api"] == stopped_run.store  # lh.Api() follows %launchhelm store
     assert (out["panel"], out["panel_run"]) == ("RunPanel", stopped_run.id)
     assert (out["picker"], out["picker_run"]) == ("ResumePicker", stopped_run.id)
+    assert (out["media"], out["media_run"]) == ("MediaPanel", stopped_run.id)
     assert out["chart"] == ["loss"] and out["table"] == "project" and out["run_table"] == "run"
     assert out["elsewhere"] == 1 and out["still"] == stopped_run.store
     # help and %launchhelm? list every subcommand, one line each
     help_text = printed.split("@@help\n")[1].split("@@pinfo")[0]
     pinfo = printed.split("@@pinfo\n")[1].split("@@end")[0]
-    for command in ("store [URL]", "runs PROJECT", "show RUN", "resume RUN", "chart RUN", "evals PROJECT|RUN", "help"):
+    commands = ("store [URL]", "runs PROJECT", "show RUN", "resume RUN", "media RUN", "chart RUN", "evals PROJECT|RUN")
+    for command in (*commands, "help"):
         assert sum(line.startswith(f"%launchhelm {command}") for line in help_text.splitlines()) == 1
         assert f"%launchhelm {command}" in pinfo
     assert "alias: evaluations" in help_text

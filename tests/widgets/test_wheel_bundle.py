@@ -14,7 +14,16 @@ from pathlib import Path
 import pytest
 from lhtest import ROOT, child_env
 
-BUNDLE = ("chart.js", "picker.js", "evaluations.js", "details.js", "runs_table.js", "compare.js", "widgets.css")
+BUNDLE = (
+    "chart.js",
+    "picker.js",
+    "evaluations.js",
+    "details.js",
+    "runs_table.js",
+    "compare.js",
+    "media.js",
+    "widgets.css",
+)
 CDNS = ("cdn.jsdelivr.net", "unpkg.com", "esm.sh", "cdnjs")
 
 

@@ -20,7 +20,16 @@ import anywidget
 import pytest
 
 import launchhelm as lh
-from launchhelm.widgets import CompareChart, EvaluationTable, ResumePicker, RunChart, RunDetails, RunLogs, RunsTable
+from launchhelm.widgets import (
+    CompareChart,
+    EvaluationTable,
+    MediaPanel,
+    ResumePicker,
+    RunChart,
+    RunDetails,
+    RunLogs,
+    RunsTable,
+)
 from launchhelm.widgets import _messages as messages
 from launchhelm.widgets._runs_table import RunsTableView
 
@@ -34,6 +43,7 @@ WIDGETS: list[tuple[type[Any], str, str]] = [
     (RunChart, "ChartTraits", "chart.js"),
     (CompareChart, "CompareTraits", "compare.js"),
     (RunsTableView, "RunsTableTraits", "runs_table.js"),
+    (MediaPanel, "MediaTraits", "media.js"),
 ]
 TYPED_DICTS = {name: obj for name, obj in vars(messages).items() if typing.is_typeddict(obj)}
 
@@ -73,7 +83,7 @@ def test_message_type_names_are_spelled_alike() -> None:
     block = js[js.index("export const MSG") : js.index("});")]
     names = dict(re.findall(r"^\s+(\w+): \"(\w+)\",", block, re.M))
     python = {k[len("MSG_") :]: v for k, v in vars(messages).items() if k.startswith("MSG_")}
-    assert names == python and len(python) == 8
+    assert names == python and len(python) == 12
 
 
 @pytest.mark.parametrize(("widget", "traits", "bundle"), WIDGETS, ids=[w[0].__name__ for w in WIDGETS])
@@ -188,6 +198,7 @@ def test_real_widgets_hold_and_send_exactly_these_keys(run: lh.Run) -> None:
         RunLogs(run.id, store=run.store, interval=3600),
         EvaluationTable(run.id, store=run.store, interval=3600),
         RunChart(run.id, store=run.store, interval=3600),
+        MediaPanel(run.id, store=run.store, interval=3600),
         table.table,
         table.compare,
     ]
@@ -219,6 +230,6 @@ def test_real_widgets_hold_and_send_exactly_these_keys(run: lh.Run) -> None:
         assert sent >= {"ChartSnapshot", "ChartInsert", "CompareSnapshot", "ResetMessage"}, sent
         assert checked > 20
     finally:
-        for widget in widgets[:5]:
+        for widget in widgets[:6]:
             widget.close()
         table.close()
