@@ -499,3 +499,70 @@ def test_a_rewind_at_95_percent_keeps_its_whole_label_steps_are_integers_and_dar
     page.wait_for_function(
         f"() => document.querySelector(\"{X_LABELS}\")?.getAttribute('fill') !== '#fff'", timeout=WAIT_MS
     )
+
+
+def _status(store: str) -> str:
+    try:
+        return lh.Api(store).run("hungrun").status
+    except lh.LaunchHelmError:  # not created yet
+        return ""
+
+
+def test_a_hung_run_and_a_restart_loop_say_where_and_why_in_the_table_panel_and_picker(
+    page: Any, server: JupyterServer, tmp_path: Path
+) -> None:
+    """A real process stuck in ``stuck_here`` (hang_timeout=2, no auto_resume: left alone, marked hung), and a run
+    whose relaunch was refused (its ``restart_loop`` event, as a refused launch appends it): the runs table, the
+    panel's Details tab and the Resume… picker say which, where and why."""
+    import subprocess
+    import sys
+
+    from lhtest import ROOT, child_env
+
+    from launchhelm.runlog._events import EventLog
+
+    store = str(tmp_path / "store")
+    looping = lh.init("hangs", store=store, name="looping", system_metrics=False, capture_console=False)
+    looping.log({"loss": 1.0}, step=10)
+    looping.finish(close_run=False)
+    failed = {"session": looping.session_id, "ending": "crashed", "detail": "exit 1", "step": 10, "checkpoint": None}
+    EventLog(lh.Api(store).store, looping.id).append("restart_loop", {"attempts": [failed] * 3, "limit": 3})
+    worker = Path(__file__).resolve().parents[1] / "torch" / "hang_worker.py"
+    args = ["--store", store, "--run-id", "hungrun", "--no-auto-resume", "--hang-timeout", "2", "--stuck-at", "5"]
+    proc = subprocess.Popen(
+        [sys.executable, str(worker), *args],
+        cwd=ROOT,
+        env=child_env(OMP_NUM_THREADS="1"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 90
+        while not ((tmp_path / "store" / "runs" / "hungrun" / "run.json").exists() and _status(store) == "hung"):
+            assert time.monotonic() < deadline and proc.poll() is None, "the worker never hung"
+            time.sleep(0.5)
+        _show(
+            page,
+            server,
+            "states.ipynb",
+            [
+                "%load_ext launchhelm",
+                f"%launchhelm runs hangs --store {store}",
+                f"import launchhelm as lh\nlh.Api({store!r}).run('hungrun')",
+                f"%launchhelm resume {looping.id} --store {store}",
+            ],
+        )
+        hung_row = page.wait_for_selector(".lh-runs-table tr.lh-run[data-status='hung']", timeout=WAIT_MS)
+        assert hung_row is not None
+        assert "stuck_here" in hung_row.inner_text() and "hung since" in hung_row.inner_text()
+        loop_row = page.locator(".lh-runs-table tr.lh-run[data-status='restart loop']")
+        assert "3 attempts in a row ended without progress" in loop_row.inner_text()
+        picker = page.wait_for_selector(".lh-picker .lh-restart-loop", timeout=WAIT_MS)
+        assert picker is not None and "Relaunches are refused" in picker.inner_text()
+        page.locator(".launchhelm-panel .lm-TabBar-tab", has_text="Details").click()
+        page.wait_for_selector(".launchhelm-panel .lh-details", state="visible", timeout=WAIT_MS)
+        details = page.inner_text(".launchhelm-panel .lh-details")
+        assert "hung" in details and "stuck_here" in details, details
+    finally:
+        proc.kill()
+        proc.wait()
