@@ -61,3 +61,18 @@ def test_gpu_sharded_check_runs_its_checks_on_cpu() -> None:
     assert "bitwise round trip of every model and AdamW tensor: True" in done.stdout
     assert "reused from the previous save: True" in done.stdout
     assert "DCP async_save blocked" in done.stdout
+
+
+@pytest.mark.slow
+def test_bench_hang_times_both_loops_and_sees_the_watchdog() -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_hang.py"), "--seconds", "1", "--rounds", "1"],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "p99.9 batch ms" in done.stdout and "watchdog process:" in done.stdout, done.stdout
+    assert "none started" not in done.stdout, done.stdout
