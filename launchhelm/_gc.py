@@ -11,7 +11,12 @@ What a store accumulates that nothing reads:
   was itself interrupted);
 - **compacted metrics**: metric chunks and segments that a newer manifest
   replaced, once past the compaction grace period. gc also compacts what a
-  dead session left uncovered (``docs/storage.md``).
+  dead session left uncovered (``docs/storage.md``);
+- **unreferenced media**: image, table and histogram objects (and
+  thumbnails) under ``runs/<id>/media/objects/`` that no index row of the run
+  names (a session killed between storing an object and its index flush),
+  once older than ``older_than``, and only while no session of the run is
+  alive (see :meth:`_Collector.media_objects`).
 
 Both kinds of upload are only removed once older than a safety window
 (``older_than``, 24 hours by default): a younger one may be a save still in
@@ -50,7 +55,14 @@ from launchhelm.runlog._events import (
     fold,
 )
 from launchhelm.storage import ObjectInfo, Store, open_store
-from launchhelm.storage._keys import PROJECTS, artifacts_prefix, media_index_prefix, parse_project_listing
+from launchhelm.storage._keys import (
+    PROJECTS,
+    artifacts_prefix,
+    media_index_prefix,
+    media_object_key,
+    media_objects_prefix,
+    parse_project_listing,
+)
 
 if TYPE_CHECKING:
     from launchhelm.runlog._records import CheckpointEvent
@@ -64,6 +76,7 @@ ORPHAN = "orphan"
 LEFTOVER = "leftover"
 RETENTION = "retention"
 UPLOAD = "incomplete upload"
+MEDIA = "unreferenced media"
 
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
@@ -84,7 +97,8 @@ class GcAction:
     Attributes
     ----------
     kind:
-        ``"orphan"``, ``"leftover"``, ``"retention"`` or ``"incomplete upload"``.
+        ``"orphan"``, ``"leftover"``, ``"retention"``, ``"incomplete upload"`` or
+        ``"unreferenced media"``.
     keys:
         Store keys removed (for an incomplete upload: the key it was meant for).
     size:
@@ -259,6 +273,7 @@ class _Collector:
         if keep_last is not None:
             self.retain(run_id, log, keep_last, groups)
         self.metrics(run_id)
+        self.media_objects(run_id)
 
     def metrics(self, run_id: str) -> None:
         """Compact the chunks a run's sessions left uncovered and delete what compaction made garbage."""
@@ -285,6 +300,57 @@ class _Collector:
         doomed = merged_away(self.store.list_info(prefix), compaction_grace(), self.now)
         if doomed:
             self.store.delete_many(f"{prefix}/{name}" for name in doomed)
+
+    def media_objects(self, run_id: str) -> None:
+        """Delete the media objects no index row of the run references, once older than ``older_than``.
+
+        Rows past a fence are not the run's, so they reference nothing. A run
+        with a live session is left alone whatever the age: objects are named
+        by their content, so a live session that logs the bytes of an old
+        orphan again gets ``AlreadyExists`` (the old object, old timestamp)
+        and indexes it at its next flush, which gc cannot see coming.
+        """
+        objects = media_objects_prefix(run_id)
+        infos = self.store.list_info(objects)
+        if not infos:
+            return  # no media (or a store written before them): one listing, nothing read
+        from launchhelm.media._read import read_media_index
+
+        try:
+            index = read_media_index(self.store, run_id)
+        except Exception as exc:  # unreadable index: deleting on a guess could lose a referenced picture
+            self.log(f"run {run_id}: media objects skipped, its media index could not be read: {exc}")
+            return
+        referenced = set(index.column("object").to_pylist())
+        referenced.update(name for name in index.column("thumbnail").to_pylist() if name)
+        unreferenced = [i for i in infos if i.key not in referenced]
+        if not unreferenced:
+            return
+        kinds = zip(index.column("object").to_pylist(), index.column("kind").to_pylist(), strict=True)
+        tables = sorted({name for name, kind in kinds if kind == "table"})
+        try:
+            referenced |= _table_cells(self.store, run_id, tables)
+        except Exception as exc:
+            self.log(f"run {run_id}: media objects skipped, a table's image cells could not be read: {exc}")
+            return
+        unreferenced = [i for i in unreferenced if i.key not in referenced]
+        old = [i for i in unreferenced if self.old_enough(i.modified)]
+        if len(old) < len(unreferenced):
+            young = len(unreferenced) - len(old)
+            self.report.too_young.append(f"{young} unreferenced media object(s) of run {run_id}")
+        if not old:
+            return
+        if _live_session(self.store, run_id, fold(EventLog(self.store, run_id).read())):  # read now: the latest
+            self.report.too_young.append(
+                f"{len(old)} unreferenced media object(s) of run {run_id}: a session of the run is alive"
+            )
+            return
+        for info in old:
+            reason = "no media index row of the run references it (stored, never indexed)"
+            key = f"{objects}/{info.key}"
+            self.report.actions.append(GcAction(MEDIA, run_id, None, [key], info.size, reason))
+        if not self.dry_run:
+            self.store.delete_many(f"{objects}/{info.key}" for info in old)
 
     def retain(self, run_id: str, log: EventLog, keep_last: int, groups: dict[str, list[ObjectInfo]]) -> None:
         project = _project_of(self.store, run_id)
@@ -343,6 +409,32 @@ class _Collector:
                 self.store.abort_upload(upload)
 
 
+def _table_cells(store: Store, run_id: str, tables: list[str]) -> set[str]:
+    """The image and thumbnail objects the image cells of ``tables`` (object names) reference."""
+    import json
+
+    if not tables:
+        return set()
+    got = store.read_many([media_object_key(run_id, name) for name in tables])
+    cells: set[str] = set()
+    for name in tables:
+        data = got.get(media_object_key(run_id, name))
+        if data is None:
+            raise InvalidArgumentError(f"table object {name} is missing")
+        for row in json.loads(data)["rows"]:
+            for cell in row:
+                if isinstance(cell, dict):  # an image cell: {"image", "thumbnail", "caption"}
+                    cells.update(str(cell[k]) for k in ("image", "thumbnail") if cell.get(k))
+    return cells
+
+
+def _live_session(store: Store, run_id: str, state: RunState) -> bool:
+    """Whether a session of the run that has not ended is alive (its process, or a fresh heartbeat)."""
+    from launchhelm.runlog._sessions import liveness
+
+    return any(liveness(store, run_id, s).alive for s in state.sessions if s.ended_at is None)
+
+
 def collect_garbage(
     store: str | Store | None = None,
     *,
@@ -355,7 +447,7 @@ def collect_garbage(
     log: Callable[[str], None] | None = None,
     include_evaluated: bool = False,
 ) -> GcReport:
-    """Delete orphaned and incomplete uploads, and apply an optional retention policy.
+    """Delete orphaned and incomplete uploads and unreferenced media, and apply an optional retention policy.
 
     Parameters
     ----------
@@ -433,8 +525,9 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
         "gc",
         help="delete orphaned and incomplete uploads; --keep-last N deletes old checkpoints",
         description=(
-            "Delete checkpoint uploads no event publishes and multipart uploads left open (both only once older "
-            "than --older-than), and with --keep-last N the published checkpoints of each run beyond its newest N "
+            "Delete checkpoint uploads no event publishes, multipart uploads left open and media objects no index "
+            "row of their run names (all only once older than --older-than; media never while the run's session "
+            "is alive), and with --keep-last N the published checkpoints of each run beyond its newest N "
             "(never the latest, one chosen for resume, or one with an evaluation in the table, unless "
             "--include-evaluated: then only a queued or running evaluation keeps one)."
         ),

@@ -49,6 +49,7 @@ __all__ = [
     "media_index_key",
     "media_index_prefix",
     "media_object_key",
+    "media_objects_prefix",
     "metrics_prefix",
     "new_index_name",
     "new_project_segment_name",
@@ -364,6 +365,10 @@ def compat_key(run_id: str, api: str) -> str:
 def media_object_key(run_id: str, name: str) -> str:
     """``runs/<run>/media/objects/<sha256>.<ext>``: an image, table or histogram, named by its content."""
     return f"{run_prefix(run_id)}/media/objects/{name}"
+
+
+def media_objects_prefix(run_id: str) -> str:
+    return f"{run_prefix(run_id)}/media/objects"
 
 
 def media_index_prefix(run_id: str) -> str:

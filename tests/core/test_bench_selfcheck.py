@@ -31,6 +31,22 @@ def test_bench_log_reads_back_exactly_what_it_logged() -> None:
     assert "history matches what was logged: yes" in done.stdout, done.stdout[-3000:]
 
 
+@pytest.mark.slow
+def test_bench_media_runs_and_reads_back_every_item_it_logged() -> None:
+    quick = ["--images", "5", "--stall-seconds", "0.2", "--steps", "10"]
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench_media.py"), *quick],
+        capture_output=True,
+        text=True,
+        env=child_env(),
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "read back 40 media items" in done.stdout, done.stdout[-3000:]
+    assert "log() 512x512x3 p99 µs (vs copy)" in done.stdout, done.stdout[-3000:]
+
+
 def _gpu_sharded_check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "gpu_sharded_check.py"), *args],
