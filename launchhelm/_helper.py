@@ -37,12 +37,14 @@ from typing import IO, Any
 from launchhelm.runlog._sessions import PROCESS_DIED
 from launchhelm.runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
 
-__all__ = ["DRAIN_TIMEOUT", "Helper", "HelperConfig", "main"]
+__all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "main"]
 
 _log = logging.getLogger("launchhelm")
 
 #: Seconds the helper gives a dead process's spool to reach the store (``LAUNCHHELM_DRAIN_TIMEOUT``).
 DRAIN_TIMEOUT = 60.0
+#: Helpers a session replaces after deaths before it goes on without one (a helper that cannot live).
+MAX_REPLACED = 3
 #: What the helper's command line says, for ``ps`` and the tests.
 COMMAND = "import sys; from launchhelm._helper import main; sys.exit(main())"
 
@@ -57,11 +59,15 @@ class HelperConfig(WatchdogConfig):
 class Helper:
     """The training process's side: starts the child, and tells it the session ended cleanly."""
 
-    def __init__(self, process: subprocess.Popen[bytes], beacon: Beacon, dump: IO[bytes] | None, dump_path: str):
+    def __init__(
+        self, process: subprocess.Popen[bytes], beacon: Beacon, dump: IO[bytes] | None, dump_path: str, line: bytes
+    ) -> None:
         self.process = process
         self.beacon = beacon
         self._dump = dump
         self._dump_path = dump_path
+        self._line = line  # its config: a replacement gets the same
+        self.replaced = 0
 
     @classmethod
     def start(
@@ -113,26 +119,35 @@ class Helper:
             session_seq=session_seq,
             drain_timeout=float(os.environ.get("LAUNCHHELM_DRAIN_TIMEOUT") or DRAIN_TIMEOUT),
         )
-        _reap()
+        line = json.dumps(config.__dict__).encode() + b"\n"
         try:
-            process = subprocess.Popen(
-                # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
-                [sys.executable, "-c", COMMAND],
-                stdin=subprocess.PIPE,
-                close_fds=True,
-                start_new_session=True,  # a signal to the training process's group must not end the drain
-            )
+            process = _spawn(line)
         except BaseException:
             if dump is not None:
                 dump.close()
                 os.unlink(dump_path)
             raise
-        assert process.stdin is not None
-        process.stdin.write(json.dumps(config.__dict__).encode() + b"\n")
-        process.stdin.flush()  # stdin stays open: its EOF tells the helper that training is gone
         if dump is not None:
             faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
-        return cls(process, beacon, dump, dump_path)
+        return cls(process, beacon, dump, dump_path, line)
+
+    def replace_if_gone(self) -> tuple[int, int] | None:
+        """If the helper process died while the session lives, start another with the same config.
+
+        Returns the dead one's pid and exit code (negative: the signal), or None if it runs. The
+        spool and the page are the training process's, so the new helper takes over where the old
+        one was: nothing is lost.
+        """
+        code = self.process.poll()
+        if code is None:
+            return None
+        old = self.process
+        if old.stdin is not None:
+            with contextlib.suppress(OSError):
+                old.stdin.close()
+        self.process = _spawn(self._line)
+        self.replaced += 1
+        return old.pid, code
 
     def stop(self) -> None:
         """The session ends cleanly: the helper exits without draining, faulthandler lets go of the signal."""
@@ -152,6 +167,21 @@ class Helper:
         with _leaving_lock:
             _leaving.append(self.process)
         _reap()
+
+
+def _spawn(line: bytes) -> subprocess.Popen[bytes]:
+    _reap()
+    process = subprocess.Popen(
+        # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
+        [sys.executable, "-c", COMMAND],
+        stdin=subprocess.PIPE,
+        close_fds=True,
+        start_new_session=True,  # a signal to the training process's group must not end the drain
+    )
+    assert process.stdin is not None
+    process.stdin.write(line)
+    process.stdin.flush()  # stdin stays open: its EOF tells the helper that training is gone
+    return process
 
 
 #: Helpers told to exit, not reaped yet (referenced, so that no Popen is collected while it runs).

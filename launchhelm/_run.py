@@ -40,7 +40,7 @@ from launchhelm._exceptions import (
     RunPreempted,
     RunStopped,
 )
-from launchhelm._helper import Helper
+from launchhelm._helper import MAX_REPLACED, Helper
 from launchhelm._types import Rewind
 from launchhelm.console._writer import ConsoleWriter
 from launchhelm.evaluation._queue import on_checkpoint_published
@@ -752,6 +752,47 @@ class Run:
                 return
         helper.stop()  # the session ended while it started: a clean end
 
+    def _check_helper(self) -> None:
+        """Background thread: a helper that died (killed, OOM) is replaced; training goes on meanwhile."""
+        helper = self._helper
+        if helper is None or helper.process.poll() is None:
+            return
+        with self._helper_lock:
+            if self._helper_over or self._helper is not helper:
+                return
+            if helper.replaced >= MAX_REPLACED:
+                self._helper = None
+                replaced = None
+            else:
+                try:
+                    replaced = helper.replace_if_gone()
+                except OSError as exc:
+                    self._helper, replaced = None, None
+                    _log.warning("launchhelm: run %s: could not start a new helper process: %s", self.id, exc)
+                    return
+        if replaced is None:
+            _log.warning(
+                "launchhelm: run %s: its helper process died %d times; training goes on without one (a killed "
+                "process's last points wait in the spool for `launchhelm recover`)",
+                self.id,
+                helper.replaced + 1,
+            )
+            return
+        pid, code = replaced
+        how = f"exited with status {code}"
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        _log.warning(
+            "launchhelm: run %s: its helper process (pid %d) %s; training goes on, and a new one (pid %d) takes over",
+            self.id,
+            pid,
+            how,
+            helper.process.pid,
+        )
+
     def _stop_helper(self) -> None:
         """The session ends (or was fenced): the helper exits without draining."""
         with self._helper_lock:
@@ -921,6 +962,7 @@ class Run:
                 if self._events.fenced_by is not None:
                     self._on_fenced()
                     return
+                self._check_helper()
                 if system_every is not None and now >= next_sample:
                     next_sample = now + system_every
                     self._sample_system()

@@ -8,6 +8,7 @@ never sees them, or a helper process is left running after the training.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -243,3 +244,67 @@ def test_recoveries_of_one_spool_take_turns(tmp_path: Path) -> None:
     (tmp_path / "s2.state").write_bytes(bytes(48))
     with claim_spool(tmp_path, "s2") as claimed:
         assert claimed is True
+
+
+_STEADY = textwrap.dedent(
+    """
+    import sys
+    import launchhelm as lh
+    run = lh.init("drain", store=sys.argv[1], flush_interval=600, heartbeat_interval=0.5)
+    print(run.id, flush=True)
+    step = 0
+    for line in sys.stdin:  # a batch of points per line
+        for _ in range(int(line)):
+            run.log({"x": float(step)}, step=step)
+            step += 1
+        print(step, flush=True)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_killed_helper_is_replaced_and_training_goes_on_with_nothing_lost(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    spool = tmp_path / "trainer-spool"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STEADY, store],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(LAUNCHHELM_SPOOL=str(spool)),
+    )
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+
+    def log(points: int) -> int:
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(f"{points}\n")
+        proc.stdin.flush()
+        return int(proc.stdout.readline())
+
+    try:
+        run_id = proc.stdout.readline().strip()
+        first: list[int] = []
+        _wait(lambda: bool(first.extend(helper_pids(proc.pid)) or first), 30, "the helper started")
+        assert log(10_000) == 10_000
+        os.kill(first[0], signal.SIGKILL)
+        assert log(10_000) == 20_000  # training goes on while no helper runs
+        second: list[int] = []
+
+        def replaced() -> bool:
+            second[:] = [p for p in helper_pids(proc.pid) if p != first[0] and _running(p)]
+            return bool(second)
+
+        _wait(replaced, 15, "a new helper took over")
+        assert log(10_000) == 30_000
+        assert _running(proc.pid)
+        proc.send_signal(signal.SIGKILL)  # the new helper drains what all three batches spooled
+        _wait(lambda: not _running(second[0]), 60, "the new helper drained and exited")
+        proc.wait()
+        assert _steps(store, run_id) == list(range(30_000)), "a point lost or read twice"
+        told = [line for line in proc.stderr.read().splitlines() if "helper process" in line]
+        assert len(told) == 1, told  # one line says so
+        assert f"(pid {first[0]}) was killed by SIGKILL" in told[0] and f"(pid {second[0]})" in told[0], told
+    finally:
+        proc.kill()
+        proc.wait()
