@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 from emulators import proxied_env
 from http_proxy import RequestCounter
-from lhtest import BUCKET, ROOT, child_env, make_store_url
+from lhtest import BUCKET, ROOT, child_env, kill_with_helper, make_store_url
 
 import launchhelm as lh
 from launchhelm._exceptions import InvalidArgumentError
@@ -286,7 +286,7 @@ def test_a_watcher_on_another_host_tells_a_crash_once_the_heartbeat_is_stale(tmp
         proc, run_id = _child(
             store, "far", "none", LAUNCHHELM_HEARTBEAT_INTERVAL="0.2", LAUNCHHELM_HEARTBEAT_TIMEOUT="2"
         )
-        proc.send_signal(signal.SIGKILL)
+        kill_with_helper(proc)  # its helper too, else it ends the session itself (tests/core/test_helper_drain.py)
         proc.wait(30)
         _wait_for("the crash to be told", lambda: "crashed" in _events(_received(out), run_id), timeout=60)
     finally:
