@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import signal
+import tempfile
 import threading
 import time
 import types
@@ -39,6 +40,7 @@ from launchhelm._exceptions import (
     RunPreempted,
     RunStopped,
 )
+from launchhelm._helper import MAX_REPLACED, Helper
 from launchhelm._types import Rewind
 from launchhelm.console._writer import ConsoleWriter
 from launchhelm.evaluation._queue import on_checkpoint_published
@@ -67,7 +69,7 @@ from launchhelm.runlog._sessions import env_seconds
 from launchhelm.runlog._summary_writer import SummaryWriter
 from launchhelm.runlog._table import mark_row
 from launchhelm.runlog._watchdog import STEP_SLOT as _STEP_SLOT
-from launchhelm.runlog._watchdog import Beacon, Watchdog
+from launchhelm.runlog._watchdog import Beacon
 from launchhelm.storage import Store
 
 __all__ = ["Run"]
@@ -178,12 +180,14 @@ class Run:
         self._fence_handled = False
         self._step = global_step
         self._reached = global_step
-        # the page the hang watchdog reads (launchhelm.runlog._watchdog); a plain buffer until one starts
+        # the page the helper process reads (launchhelm._helper); a plain buffer where none is planned
         self._beacon = Beacon()
         self._progress = self._beacon.slots
         self._progress[_STEP_SLOT] = global_step
-        self._watchdog: Watchdog | None = None
-        self._hang_plan: dict[str, Any] | None = None  # the watchdog to start at the first step
+        self._helper: Helper | None = None
+        self._helper_plan: dict[str, Any] | None = None  # the helper the background thread starts
+        self._helper_lock = threading.Lock()  # its start (background thread) against the session's end
+        self._helper_over = False  # the session ended: a helper started now is stopped at once
         self._attempt = attempt
         self._lock = threading.Lock()  # log()'s appends, the control requests handed over
         # points not yet stored: buffered, spooled, written as chunks, compacted (see MetricFlusher)
@@ -698,8 +702,8 @@ class Run:
     def _stop_session(self) -> None:
         self._end_session(close_run=False, reason="stopped by control")
 
-    # -- hangs (see launchhelm.runlog._watchdog) -----------------------------------
-    def _watch_for_hangs(
+    # -- the helper process (see launchhelm._helper) ---------------------------------
+    def _plan_helper(
         self,
         timeout: float | str | None,
         storage_options: Mapping[str, Any] | None,
@@ -707,57 +711,119 @@ class Run:
         end_hung: bool,
         session: str | None = None,
         rank: int = 0,
-        world: int = 1,
+        world: int | None = None,
     ) -> None:
-        """Plan the watchdog process (start_run, once the session exists; every rank under DDP, ``session``
-        being rank 0's for the others).
+        """Plan the helper process (init, before the background thread starts): the session's writer's, and
+        under DDP each other rank's (``session`` being rank 0's), which only watches for hangs.
 
-        The background thread starts it once the session made a step: ``init`` takes no longer than
-        without it, and a script that never steps (a notebook cell, a test) never pays for a process.
+        The background thread starts it, so ``init`` does not wait for the spawn, and the child's
+        imports overlap training. A ``memory://`` store has no helper: no other process sees it.
         """
-        if timeout is None or (session is None and not self._records_events):
-            return
         if self._store.url.startswith("memory://"):
-            return  # another process cannot see a memory:// store
-        self._hang_plan = {
-            "step": self._step,
-            "thread": threading.get_ident(),  # the training thread: whose stack names the hang
+            return
+        if session is None and not self._records_events:
+            return
+        if session is not None and timeout is None:
+            return  # a rank > 0's helper only watches for hangs
+        if world is None:  # torchrun's, for rank 0's helper to gather every rank's stacks
+            try:
+                world = max(1, int(os.environ.get("WORLD_SIZE", "1")))
+            except ValueError:
+                world = 1
+        try:
+            beacon = Beacon.create(tempfile.gettempdir())
+        except OSError as exc:  # training goes on without one
+            _log.warning("launchhelm: run %s has no helper process (%s)", self.id, exc)
+            return
+        beacon.begin(self._step, threading.get_ident())  # the training thread: whose stack names a hang
+        self._beacon, self._progress = beacon, beacon.slots
+        self._helper_plan = {
+            "beacon": beacon,
             "timeout": timeout,
             "store_url": self._store.url,
             "storage_options": storage_options,
             "project": self.project,
             "run_id": self.id,
             "session": session or self.session_id,
+            "session_seq": self._session_seq,
             "end_hung": end_hung,
             "rank": rank,
             "world": world,
         }
 
-    def _begin_watch(self) -> None:
-        """Background thread: start the planned watchdog once a step was made (outside a save or a pause)."""
-        plan = self._hang_plan
-        if plan is None or self._progress[_STEP_SLOT] == plan["step"] or self._beacon.counting_paused:
+    def _start_helper(self) -> None:
+        """Background thread: start the planned helper."""
+        with self._helper_lock:
+            plan, self._helper_plan = self._helper_plan, None
+        if plan is None:
             return
-        self._hang_plan = None
+        spool = self._flusher.spool  # opened by now (_start)
         try:
-            watchdog = Watchdog.start(**plan)
-        except OSError as exc:  # training goes on unwatched
-            _log.warning("launchhelm: run %s: could not start the hang watchdog: %s", self.id, exc)
+            helper = Helper.start(**plan, spool=str(spool.dir.parent) if spool is not None else None)
+        except OSError as exc:  # training goes on without it
+            _log.warning("launchhelm: run %s: could not start its helper process: %s", self.id, exc)
             return
-        if watchdog is None or self._finished:
-            if watchdog is not None:
-                watchdog.stop()
+        if helper is None:
             return
-        watchdog.beacon.slots[_STEP_SLOT] = self._progress[_STEP_SLOT]
-        self._watchdog, self._beacon, self._progress = watchdog, watchdog.beacon, watchdog.beacon.slots
+        with self._helper_lock:
+            if not self._helper_over:
+                self._helper = helper
+                return
+        helper.stop()  # the session ended while it started: a clean end
 
-    def _stop_watchdog(self) -> None:
-        self._hang_plan = None
-        watchdog, self._watchdog = self._watchdog, None
-        if watchdog is not None:
-            self._beacon = Beacon()  # a log() racing the end writes to a buffer that outlives the page
-            self._progress = self._beacon.slots
-            watchdog.stop()
+    def _check_helper(self) -> None:
+        """Background thread: a helper that died (killed, OOM) is replaced; training goes on meanwhile."""
+        helper = self._helper
+        if helper is None or helper.process.poll() is None:
+            return
+        with self._helper_lock:
+            if self._helper_over or self._helper is not helper:
+                return
+            if helper.replaced >= MAX_REPLACED:
+                self._helper = None
+                replaced = None
+            else:
+                try:
+                    replaced = helper.replace_if_gone()
+                except OSError as exc:
+                    self._helper, replaced = None, None
+                    _log.warning("launchhelm: run %s: could not start a new helper process: %s", self.id, exc)
+                    return
+        if replaced is None:
+            _log.warning(
+                "launchhelm: run %s: its helper process died %d times; training goes on without one (a killed "
+                "process's last points wait in the spool for `launchhelm recover`)",
+                self.id,
+                helper.replaced + 1,
+            )
+            return
+        pid, code = replaced
+        how = f"exited with status {code}"
+        if code < 0:
+            try:
+                how = f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f"was killed by signal {-code}"
+        _log.warning(
+            "launchhelm: run %s: its helper process (pid %d) %s; training goes on, and a new one (pid %d) takes over",
+            self.id,
+            pid,
+            how,
+            helper.process.pid,
+        )
+
+    def _stop_helper(self) -> None:
+        """The session ends (or was fenced): the helper exits without draining."""
+        with self._helper_lock:
+            self._helper_over = True
+            self._helper_plan = None
+            helper, self._helper = self._helper, None
+        beacon = self._beacon
+        self._beacon = Beacon()  # a log() racing the end writes to a buffer that outlives the page
+        self._progress = self._beacon.slots
+        if helper is not None:
+            helper.stop()
+        beacon.close()  # its done slot: a helper starting now exits at once
 
     # -- preemption (see launchhelm.runlog._preempt) ---------------------------------
     def _listen_for_preemption(self, settings: PreemptionSettings | None) -> None:
@@ -897,6 +963,7 @@ class Run:
 
     def _work(self) -> None:
         yield_on_wakeup()
+        self._start_helper()
         now = time.monotonic()
         next_flush = now + self._flush_interval
         next_beat = now + self._heartbeat_interval
@@ -914,8 +981,7 @@ class Run:
                 if self._events.fenced_by is not None:
                     self._on_fenced()
                     return
-                if self._hang_plan is not None:
-                    self._begin_watch()
+                self._check_helper()
                 if system_every is not None and now >= next_sample:
                     next_sample = now + system_every
                     self._sample_system()
@@ -957,7 +1023,7 @@ class Run:
         self._finished = True  # log() and the step boundary check in, and raise
         self._control_flag = True
         self._stop.set()
-        self._stop_watchdog()
+        self._stop_helper()
         self._media.close(timeout=0.0)
         self._flusher.discard()  # points after the fence must not reach the run, not even by `recover`
         discard_live(self)
@@ -979,6 +1045,7 @@ class Run:
         # hook must not try the store again (the run stays resumable; its session never ended)
         self._finished = True
         discard_live(self)
+        self._stop_helper()  # the line below tells what to do; the helper would meet the same store
         _log.warning(
             "launchhelm: run %s: the store %s did not take the last points at the end of the session (%s); "
             "they are kept in the spool at %s: `launchhelm recover` uploads them once this process has exited "
@@ -1028,7 +1095,9 @@ class Run:
         self, *, close_run: bool, reason: str, ending: str | None = None, detail: str | None = None
     ) -> None:
         """End the session; ``ending`` is what ``RunHandle.attempts()`` reports ("finished" unless said)."""
-        self._stop_watchdog()  # the end's flush may take long: that is no hang
+        # the end's flush may take long: that is no hang. The helper stays until the end is stored: a
+        # process killed meanwhile (a preemption's grace ran out) still has its spool uploaded
+        self._beacon.stop_counting()
         if self._events.fenced_by is not None and self._records_events:
             self._on_fenced()
             self._stop_console()
@@ -1091,6 +1160,7 @@ class Run:
             mark_row(self._store, self.project, self.id, self.session_id, "ended")  # after the final summary
         self._finished = True
         discard_live(self)
+        self._stop_helper()
         self._close_preemption()
 
 

@@ -290,11 +290,12 @@ def start_run(
     run._system_interval = system_s
     run._set_memory(compaction_bytes)
     run._capture_console = _console.capture_wanted(capture_console)
+    # the helper process beside this one (issue 40), started by the background thread: it uploads a killed
+    # process's spool and watches for hangs (issue 42); with auto_resume a hung attempt is ended
+    run._plan_helper(hang_timeout, options.get("storage_options"), end_hung=launch is not None)
     run._start()
     # preemption notices (issue 41): listened for once the session exists, on the thread that called init
     run._listen_for_preemption(preemption)
-    # hangs (issue 42): a watchdog process beside this one; with auto_resume a hung attempt is ended
-    run._watch_for_hangs(hang_timeout, options.get("storage_options"), end_hung=launch is not None)
     return run
 
 

@@ -348,3 +348,43 @@ class Terminal:
         if self._master >= 0:
             os.close(self._master)
             self._master = -1
+
+
+#: What a helper process's command line holds (``launchhelm._helper``).
+HELPER_COMMAND = "from launchhelm._helper import main"
+
+
+def helper_pids(pid: int) -> list[int]:
+    """The helper processes (launchhelm._helper) among ``pid``'s children."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in map(int, children):
+            try:
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if HELPER_COMMAND in cmdline:
+                found.append(child)
+    return found
+
+
+def kill_with_helper(proc: subprocess.Popen[str], timeout: float = 30.0) -> None:
+    """SIGKILL a training process and its helper together, as a node's OOM kill or ``scancel`` of the job
+    does: its spool then waits for a reopen or ``launchhelm recover`` on this host.
+
+    The helper is started by the process's background thread right after ``init``: waited for first."""
+    import signal
+    import time
+
+    deadline = time.monotonic() + timeout
+    helpers = helper_pids(proc.pid)
+    while not helpers and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+        helpers = helper_pids(proc.pid)
+    for helper in helpers:
+        os.kill(helper, signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)

@@ -26,6 +26,7 @@ from launchhelm.metrics._project import (
 from launchhelm.metrics._system import default_points
 from launchhelm.runlog._events import RunState
 from launchhelm.runlog._liveness import requester
+from launchhelm.runlog._sessions import PROCESS_DIED
 from launchhelm.storage import Store
 
 if TYPE_CHECKING:
@@ -70,7 +71,9 @@ def _settled_status(state: RunState) -> str | None:
     if state.closed:
         return "closed"
     last = state.last_session
-    return "resumable" if last is not None and last.ended_at is not None else None
+    if last is None or last.ended_at is None or last.end_reason == PROCESS_DIED:
+        return None  # running, or stopped (a crash its helper ended): read afresh
+    return "resumable"
 
 
 def _read_one(handle: RunHandle) -> ProjectRun:

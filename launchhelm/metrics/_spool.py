@@ -24,22 +24,27 @@ number, where in the spool it ends) written before the chunk's ``create``,
 and the flushed position written after it. Recovery looks up a pending chunk
 in the store, so a kill between ``create`` and the state update neither
 loses nor repeats a point; recovered chunks get the numbers the session would
-have used, so two recoveries racing ``create`` the same keys.
+have used, so a recovery that repeats one cut short ``create``s the same keys.
+On one host, recoveries of a spool take turns (:func:`claim_spool`): the
+dead process's helper draining it, and a relaunch or a reader opening the run.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import logging
 import mmap
 import os
 import struct
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Spool", "recover_run", "recover_runs", "spool_root"]
+__all__ = ["Spool", "claim_spool", "recover_run", "recover_runs", "spool_root"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -398,6 +403,42 @@ def _chunk_lookup(store: Any, run_id: str, session_id: str) -> Callable[[int], b
     return exists
 
 
+#: Seconds a recovery waits for another one of the same spool (a helper draining it) before leaving it.
+CLAIM_WAIT = 60.0
+
+
+@contextlib.contextmanager
+def claim_spool(directory: Path, session_id: str, wait: float = CLAIM_WAIT) -> Iterator[bool]:
+    """Hold a dead session's spool for recovery; yields False if there is nothing left to recover.
+
+    Two recoveries of one spool on one host (a killed process's helper draining it, and a
+    relaunch or a reader opening the run) would otherwise race: the second could read files the
+    first is deleting and ``create`` a chunk number with other rows. An ``flock`` on the state file
+    serialises them; the second then finds the file unlinked (the first finished) and skips it.
+    The kernel releases the lock when its holder dies, so a killed recovery blocks nobody.
+    """
+    try:
+        fd = os.open(directory / f"{session_id}.state", os.O_RDWR)
+    except FileNotFoundError:
+        yield False
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    _log.debug("spool of session %s is held by another recovery: left to it", session_id)
+                    yield False
+                    return
+                time.sleep(0.05)
+        yield os.fstat(fd).st_nlink > 0  # unlinked: the holder before us recovered it
+    finally:
+        os.close(fd)  # releases the lock
+
+
 def recover_runs(store: Any, run_ids: list[str]) -> int:
     """:func:`recover_run` for each of ``run_ids`` with a spool on this host (a directory lookup each)."""
     root = spool_root()
@@ -426,14 +467,17 @@ def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
         session_id = str(meta.get("session", meta_path.stem))
         if meta.get("store") != store.url or process_state(dict(meta.get("process") or {})) != "dead":
             continue
-        exists = _chunk_lookup(store, run_id, session_id)
-        try:
-            total += recover_session(store, run_id, session_id, base, exists)
-        except Exception as exc:  # keep the spool for the next try
-            _log.warning("could not recover the spooled metrics of run %s session %s: %s", run_id, session_id, exc)
-            continue
-        for path in base.glob(f"{session_id}*"):
-            path.unlink(missing_ok=True)
+        with claim_spool(base, session_id) as claimed:
+            if not claimed:
+                continue  # recovered by whoever held it (a helper draining it), or still being recovered
+            exists = _chunk_lookup(store, run_id, session_id)
+            try:
+                total += recover_session(store, run_id, session_id, base, exists)
+            except Exception as exc:  # keep the spool for the next try
+                _log.warning("could not recover the spooled metrics of run %s session %s: %s", run_id, session_id, exc)
+                continue
+            for path in base.glob(f"{session_id}*"):
+                path.unlink(missing_ok=True)
     try:
         base.rmdir()
     except OSError:

@@ -30,6 +30,7 @@ from launchhelm.storage._keys import heartbeat_key, summary_key
 __all__ = [
     "DEFAULT_HEARTBEAT_INTERVAL",
     "DEFAULT_HEARTBEAT_TIMEOUT",
+    "PROCESS_DIED",
     "Liveness",
     "heartbeat_key",
     "liveness",
@@ -48,6 +49,9 @@ DEFAULT_HEARTBEAT_TIMEOUT = 30.0
 RUNNING, STOPPED, RESUMABLE, CLOSED, HUNG = "running", "stopped", "resumable", "closed", "hung"
 #: a run whose relaunch ``auto_resume`` refused (attempts in a row failed without progress)
 RESTART_LOOP = "restart loop"
+#: The end ``reason`` of a session its helper process ended because its process died: the session
+#: ended (``RunHandle.attempts()`` says how), and the run's status stays "stopped", as for any crash.
+PROCESS_DIED = "process died"
 
 
 def env_seconds(name: str, default: float) -> float:
@@ -190,7 +194,7 @@ def run_status(state: RunState, last: Liveness | None, *, hung: bool = False) ->
     if session is None or last is None:
         return STOPPED
     if session.ended_at is not None:
-        return RESUMABLE
+        return STOPPED if session.end_reason == PROCESS_DIED else RESUMABLE
     if not last.alive:
         return STOPPED
     return HUNG if hung else RUNNING

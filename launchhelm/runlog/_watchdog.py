@@ -1,35 +1,31 @@
-"""Hangs: a watchdog process beside each training process (issue 42).
+"""Hangs: watched from the helper process beside each training process (issue 42).
 
 A hang must be seen even when the stuck call holds the GIL, so no thread of
-the training process can watch it. ``init`` starts this module as a small
-child process (``python -m launchhelm.runlog._watchdog``) and shares a page
-with it (:class:`Beacon`): the training process writes its step there (one
-store into an mmap on the step path: no syscall, no lock) and a
-"not counting" depth around saves, loads, pauses and evaluations. The
-watchdog samples the page and times the steps itself (:class:`HangClock`),
-so the training side never reads a clock.
+the training process can watch it. The helper (``launchhelm._helper``, started
+by ``init``) shares a page with the training process (:class:`Beacon`): the
+training process writes its step there (one store into an mmap on the step
+path: no syscall, no lock) and a "not counting" depth around saves, loads,
+pauses and evaluations. The helper samples the page and times the steps
+itself (:class:`HangClock`), so the training side never reads a clock.
 
-When the clock says hung, the watchdog sends the training process
+When the clock says hung, the helper sends the training process
 :data:`DUMP_SIGNAL`, for which the process registered ``faulthandler``: its
 C handler writes every thread's stack to a file without the GIL. The
-watchdog stores that dump under ``runs/<id>/hangs/``, names the training
+helper stores that dump under ``runs/<id>/hangs/``, names the training
 thread's innermost function in a one-line summary and, with
 ``auto_resume``, ends the session as ``hung`` and SIGKILLs the process so
-the scheduler relaunches the job (the spool's points are recovered by the
-relaunch, as after any kill). Without ``auto_resume`` it leaves the process
-alone and says so in the log.
+the scheduler relaunches the job (the helper then uploads the spool's points,
+as after any kill). Without ``auto_resume`` it leaves the process alone and
+says so in the log.
 
-The watchdog exits when its parent does (EOF on its stdin, or a new parent
-pid), so it never outlives training. It is the first piece of the helper
-process of issue 40 and depends on nothing of the training process but the
-page, its config line and the store.
+The page also says whether the session ended (its done slot): the helper
+tells a clean end from a death by it (:func:`watch`).
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import faulthandler
 import json
 import logging
 import mmap
@@ -37,7 +33,6 @@ import os
 import re
 import select
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -54,10 +49,13 @@ __all__ = [
     "STEP_SLOT",
     "Beacon",
     "HangClock",
-    "Watchdog",
+    "ParentWatch",
+    "WatchdogConfig",
+    "Watched",
     "group_places",
     "hang_setting",
     "summarize_dump",
+    "watch",
 ]
 
 _log = logging.getLogger("launchhelm")
@@ -99,6 +97,7 @@ class Beacon:
         self.path = path
         self._file: IO[bytes] | None = None
         self._map: mmap.mmap | None = None
+        self._closed = False
         if path is None:
             self.slots = memoryview(bytearray(8 * _SLOTS)).cast("q")
         else:
@@ -135,12 +134,17 @@ class Beacon:
         finally:
             self.slots[_NOT_COUNTING] -= 1
 
+    def stop_counting(self) -> None:
+        """No time counts from now on (the session ends)."""
+        self.slots[_NOT_COUNTING] += 1
+
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         self.slots[_DONE] = 1
-        if self._map is not None:
-            self.slots.release()
-            self._map.close()
-            self._map = None
+        # the mapping stays until the page is garbage: a log() or a save on another thread may
+        # still hold the slots, and a released view would raise there
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -225,6 +229,8 @@ def summarize_dump(dump: str, thread: int) -> str:
 
 @dataclass
 class WatchdogConfig:
+    """What the helper process is told at its start (one JSON line on its stdin)."""
+
     beacon: str
     dump: str
     parent: int
@@ -234,135 +240,93 @@ class WatchdogConfig:
     run_id: str
     session: str
     rank: int
-    timeout: float | str
+    timeout: float | str | None  # None: hangs are not watched
     end_hung: bool
     poll: float
     floor: float
-    world: int = 1
+    world: int = 1  # ranks of the job: rank 0's helper gathers every rank's stacks
 
 
-class Watchdog:
-    """The training process's side: starts the child, registers faulthandler, stops both at the end."""
+class ParentWatch:
+    """The helper's view of the training process: gone once its pid exits (a pidfd where Linux has one),
+    its stdin pipe hits EOF, or the helper has another parent."""
 
-    def __init__(self, process: subprocess.Popen[bytes], beacon: Beacon, dump: IO[bytes], dump_path: str) -> None:
-        self.process = process
-        self.beacon = beacon
-        self._dump = dump
-        self._dump_path = dump_path
+    def __init__(self, parent: int) -> None:
+        self.parent = parent
+        self._eof = False
+        self._pidfd = -1
+        with contextlib.suppress(AttributeError, OSError):  # Linux 5.3+, Python 3.9+
+            self._pidfd = os.pidfd_open(parent)
 
-    @classmethod
-    def start(
-        cls,
-        *,
-        step: int,
-        thread: int,
-        timeout: float | str,
-        store_url: str,
-        storage_options: Mapping[str, Any] | None,
-        project: str,
-        run_id: str,
-        session: str,
-        rank: int = 0,
-        world: int = 1,
-        end_hung: bool,
-    ) -> Watchdog | None:
-        """Start the watchdog; None (with one line saying why) where it cannot reach the store."""
-        try:
-            options = json.loads(json.dumps(dict(storage_options or {})))
-        except (TypeError, ValueError):
-            _log.warning(
-                "launchhelm: hangs are not watched for run %s: its storage_options are not plain JSON, and the "
-                "watchdog process needs them to reach the store; pass hang_timeout=None to silence this",
-                run_id,
-            )
-            return None
-        directory = tempfile.gettempdir()
-        beacon = Beacon.create(directory)
-        beacon.begin(step, thread)  # before the watchdog's first look
-        fd, dump_path = tempfile.mkstemp(prefix="launchhelm-stacks-", dir=directory)
-        dump = os.fdopen(fd, "w+b")
-        config = WatchdogConfig(
-            beacon=beacon.path or "",
-            dump=dump_path,
-            parent=os.getpid(),
-            store=store_url,
-            storage_options=options,
-            project=project,
-            run_id=run_id,
-            session=session,
-            rank=rank,
-            world=world,
-            timeout=timeout,
-            end_hung=end_hung,
-            poll=float(os.environ.get("LAUNCHHELM_HANG_POLL", "0.5")),
-            floor=float(os.environ.get("LAUNCHHELM_HANG_AUTO_FLOOR", str(AUTO_FLOOR))),  # tests only
-        )
-        process = subprocess.Popen(
-            # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
-            [sys.executable, "-c", "import sys; from launchhelm.runlog._watchdog import main; sys.exit(main())"],
-            stdin=subprocess.PIPE,
-            close_fds=True,
-        )
-        assert process.stdin is not None
-        process.stdin.write(json.dumps(config.__dict__).encode() + b"\n")
-        process.stdin.flush()  # stdin stays open: its EOF tells the watchdog that training is gone
-        faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
-        return cls(process, beacon, dump, dump_path)
+    def wait(self, timeout: float) -> None:
+        """Sleep ``timeout`` seconds, or less: wakes at once when the training process ends."""
+        fds: list[int] = [] if self._eof else [sys.stdin.fileno()]
+        if self._pidfd >= 0:
+            fds.append(self._pidfd)
+        select.select(fds, [], [], timeout)
 
-    def stop(self) -> None:
-        """The session ends: the watchdog exits, faulthandler lets go of the signal."""
-        with contextlib.suppress(ValueError, RuntimeError):
-            faulthandler.unregister(DUMP_SIGNAL)
-        # the files first: a preemption's budget may end the process while this waits for the child
-        self._dump.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self._dump_path)
-        self.beacon.close()
-        if self.process.stdin is not None:
-            with contextlib.suppress(OSError):
-                self.process.stdin.close()
-        try:
-            self.process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+    def gone(self) -> bool:
+        if os.getppid() != self.parent:
+            return True
+        if self._pidfd >= 0 and select.select([self._pidfd], [], [], 0)[0]:
+            return True  # it exited; it may not be reaped yet
+        if not self._eof:
+            ready, _, _ = select.select([sys.stdin.buffer], [], [], 0)
+            self._eof = bool(ready) and not os.read(sys.stdin.fileno(), 1024)
+        return self._eof
+
+    def exited(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for the process to have exited (closing its pipe comes first)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._pidfd >= 0:
+                if select.select([self._pidfd], [], [], 0)[0]:
+                    return True
+            elif not _alive(self.parent) or _zombie(self.parent):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
 
 
-# -- the watchdog process ------------------------------------------------------------
-def _parent_gone(config: WatchdogConfig) -> bool:
-    if os.getppid() != config.parent:
-        return True
-    ready, _, _ = select.select([sys.stdin.buffer], [], [], 0)
-    return bool(ready) and not os.read(sys.stdin.fileno(), 1024)
+@dataclass
+class Watched:
+    """How the watch ended: ``died`` (the training process is gone without ending its session) and its last step."""
+
+    died: bool
+    step: int
 
 
-def _watch(config: WatchdogConfig) -> int:
+# -- in the helper process ------------------------------------------------------------
+def watch(config: WatchdogConfig, parent: ParentWatch) -> Watched:
+    """Watch the training process until it ends; time its steps when ``config.timeout`` is set."""
     try:
         with open(config.beacon, "r+b") as file:
             page = mmap.mmap(file.fileno(), 8 * _SLOTS)
     except FileNotFoundError:
-        return 0  # the session ended before the watchdog looked
+        return Watched(died=False, step=-1)  # the session ended before the helper looked
     slots = memoryview(page).cast("q")
-    clock = HangClock(config.timeout, floor=config.floor, start=int(slots[_START]))
+    clock = HangClock(config.timeout, floor=config.floor, start=int(slots[_START])) if config.timeout else None
     told = False
     while True:
-        if _parent_gone(config) or slots[_DONE]:
+        if slots[_DONE] or parent.gone():
             if told and not config.end_hung:
                 _unmark(config)  # the session ended (or died) while marked: its status says so by itself
-            return 0
-        now = time.monotonic()
-        clock.observe(now, int(slots[_STEP]), int(slots[_NOT_COUNTING]))
-        idle = clock.stalled(now)
-        if idle is None:
-            if told:
-                _log.warning("launchhelm: run %s steps again (step %d)", config.run_id, clock.step)
-                _unmark(config)
-            told = False
-        elif not told:
-            told = True
-            _on_hang(config, clock, idle, int(slots[_THREAD]))
-        # waits on stdin: the session's end (its EOF) is seen at once, and finish() does not wait a poll
-        select.select([sys.stdin.buffer], [], [], config.poll)
+            return Watched(died=not slots[_DONE], step=int(slots[_STEP]))
+        if clock is not None:
+            now = time.monotonic()
+            clock.observe(now, int(slots[_STEP]), int(slots[_NOT_COUNTING]))
+            idle = clock.stalled(now)
+            if idle is None:
+                if told:
+                    _log.warning("launchhelm: run %s steps again (step %d)", config.run_id, clock.step)
+                    _unmark(config)
+                told = False
+            elif not told:
+                told = True
+                _on_hang(config, clock, idle, int(slots[_THREAD]))
+        # waits on the pipe and the pid: the session's end is seen at once, and finish() does not wait a poll
+        parent.wait(config.poll if clock is not None else 1.0)
 
 
 def _read_dump(config: WatchdogConfig) -> str:
@@ -417,7 +381,7 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
             _follower_done(config)  # rank 0 records the hang, with this rank's stacks
             return
         if config.world > 1:
-            # every rank's watchdog stores its stacks; the record names the rank not where the others are
+            # every rank's helper stores its stacks; the record names the rank not where the others are
             detail = f"{detail.split('; rank ')[0]}; {_gather(store, config)}"
         if config.end_hung and config.rank == 0:
             EventLog(store, config.run_id).append(
@@ -439,17 +403,13 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
     except Exception as exc:  # the kill below must happen anyway: the scheduler relaunches
         _log.warning("launchhelm: could not record the hang of run %s: %s", config.run_id, exc)
     if config.end_hung:
+        # the helper then sees it gone and uploads its spool, as after any kill (its session already ended)
         _log.warning("launchhelm: ending the hung process %d so that it is relaunched", config.parent)
-        logging.shutdown()
         with contextlib.suppress(ProcessLookupError):
             os.kill(config.parent, signal.SIGKILL)
-        for path in (config.beacon, config.dump):
-            with contextlib.suppress(OSError):
-                os.unlink(path)
-        os._exit(0)
 
 
-#: Seconds rank 0's watchdog waits for the other ranks' stacks (their watchdogs see the stall about as soon).
+#: Seconds rank 0's helper waits for the other ranks' stacks (their helpers see the stall about as soon).
 GATHER_SECONDS = 20.0
 #: Seconds a rank > 0 that hung waits for rank 0 to end the attempt before it ends its own process.
 FOLLOWER_GRACE = 45.0
@@ -498,34 +458,11 @@ def _follower_done(config: WatchdogConfig) -> None:
     if not config.end_hung:
         return
     deadline = time.monotonic() + float(os.environ.get("LAUNCHHELM_HANG_FOLLOWER_GRACE", FOLLOWER_GRACE))
-    while time.monotonic() < deadline and _alive(config.parent) and not _parent_gone(config):
+    while time.monotonic() < deadline and _alive(config.parent) and not _zombie(config.parent):
         time.sleep(0.5)  # rank 0 ends the attempt; its launcher (torchrun) then stops this process
     _log.warning("launchhelm: ending hung rank %d's process %d so that it is relaunched", config.rank, config.parent)
-    logging.shutdown()
     with contextlib.suppress(ProcessLookupError):
         os.kill(config.parent, signal.SIGKILL)
-    for path in (config.beacon, config.dump):
-        with contextlib.suppress(OSError):
-            os.unlink(path)
-    os._exit(0)
-
-
-def main() -> int:
-    line = sys.stdin.buffer.readline()
-    if not line:
-        return 0
-    config = WatchdogConfig(**json.loads(line))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    try:
-        return _watch(config)
-    finally:
-        # a killed training process cannot remove the page and the dump: the watchdog outlives it briefly
-        if os.getppid() != config.parent or not _alive(config.parent):
-            for path in (config.beacon, config.dump):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
 
 
 def _alive(pid: int) -> bool:
@@ -538,5 +475,11 @@ def _alive(pid: int) -> bool:
     return True
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _zombie(pid: int) -> bool:
+    """Exited, not yet reaped by its parent."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[:1] == ["Z"]

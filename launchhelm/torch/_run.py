@@ -24,7 +24,6 @@ import logging
 import os
 import signal
 import threading
-import time
 import types
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
@@ -110,16 +109,10 @@ class TorchRun(Run):
         return run
 
     def _follow_hangs(self) -> None:
-        """A rank > 0 has no background worker: a small thread starts its watchdog at its first step."""
-        if self._hang_plan is None:
-            return
-
-        def begin() -> None:
-            while self._hang_plan is not None and not self._finished:
-                self._begin_watch()
-                time.sleep(0.5)
-
-        threading.Thread(target=begin, name="launchhelm-hang-follower", daemon=True).start()
+        """A rank > 0 has no background worker: a short-lived thread starts its helper (the spawn stays off
+        the training thread)."""
+        if self._helper_plan is not None:
+            threading.Thread(target=self._start_helper, name="launchhelm-helper-start", daemon=True).start()
 
     @property
     def rank(self) -> int:
@@ -162,7 +155,7 @@ class TorchRun(Run):
             super().finish(close_run)
         else:
             self._finished = True
-            self._stop_watchdog()
+            self._stop_helper()
             self._close_preemption()
         if failed is not None:
             raise failed
@@ -721,8 +714,6 @@ def init(
                 TorchRun, project, name=name, config=config, tunables=tunables, resume=resume, store=store, **options
             )
             outcome = ("ok", run.id, run.resumed, run.session_id)
-            if run._hang_plan is not None:  # planned by start_run; started at the first step, after this
-                run._hang_plan["world"] = world
         except Exception as exc:
             outcome = ("error", f"{type(exc).__name__}: {exc}", False, "")
             _dist.broadcast(outcome, world)
@@ -747,7 +738,7 @@ def init(
         run._tunables = types.MappingProxyType(tunables)
         run._listen_for_preemption(preemption)  # rank 0's listens from start_run
         # hangs: every rank's stacks are stored under rank 0's session, and rank 0's watchdog names the odd one out
-        run._watch_for_hangs(
+        run._plan_helper(
             hang_setting(options.get("hang_timeout", AUTO)),
             options.get("storage_options"),
             end_hung=bool(options.get("auto_resume")),

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lhtest import child_env
+from lhtest import child_env, kill_with_helper
 
 import launchhelm as lh
 from launchhelm.metrics._spool import spool_root
@@ -48,7 +48,7 @@ def _kill_mid_loop(store: str, flush_interval: float, rng: random.Random, env: d
     run_id = proc.stdout.readline().strip()
     last = int(proc.stdout.readline())  # it is logging
     time.sleep(rng.uniform(0.0, 1.5))
-    proc.send_signal(signal.SIGKILL)
+    kill_with_helper(proc)  # the helper too: the spool is left for a reopen or `recover` (test_helper_drain.py)
     for line in proc.stdout:
         last = max(last, int(line))
     proc.wait()

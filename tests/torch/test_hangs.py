@@ -309,7 +309,7 @@ def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
         for step in range(1, 30):
             run.global_step = step
             time.sleep(0.05)
-        assert run._watchdog is not None, "the watchdog did not start after the first steps"
+        assert run._helper is not None, "the helper (the hang watchdog) did not start"
         handle.control("pause")
         resume = threading.Timer(7, handle.control, ["resume"])  # paused for twice the floor
         resume.start()

@@ -1,0 +1,328 @@
+"""The helper process: one child beside each training process (issue 40; design in docs/storage.md).
+
+``init`` starts it (``python -c "... launchhelm._helper ..."`` in ``ps``) in its
+own session, so that a signal to the training process's group (torchrun's
+SIGTERM, a notebook kernel's restart) does not reach it. What it does today:
+
+- it watches for hangs when ``hang_timeout`` is set (``launchhelm.runlog._watchdog``);
+- when the training process dies without ending its session (any signal, the
+  OOM killer), it uploads what the spool holds with ``launchhelm recover``'s
+  machinery, ends the session as ``crashed`` (the signal, where it can read it
+  before the process is reaped) and exits: the points reach the store without
+  anyone reopening the run on this host. A fenced session's spool is
+  deleted, not uploaded; a clean ``finish()`` leaves it nothing to do.
+
+The drain has a bounded time (``LAUNCHHELM_DRAIN_TIMEOUT``, 60 s): past it the
+helper exits and the spool stays for ``launchhelm recover``. It never outlives
+that: it exits when the training process ends, cleanly or not.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import faulthandler
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from launchhelm.runlog._sessions import PROCESS_DIED
+from launchhelm.runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
+
+__all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "main"]
+
+_log = logging.getLogger("launchhelm")
+
+#: Seconds the helper gives a dead process's spool to reach the store (``LAUNCHHELM_DRAIN_TIMEOUT``).
+DRAIN_TIMEOUT = 60.0
+#: Helpers a session replaces after deaths before it goes on without one (a helper that cannot live).
+MAX_REPLACED = 3
+#: What the helper's command line says, for ``ps`` and the tests.
+COMMAND = "import sys; from launchhelm._helper import main; sys.exit(main())"
+
+
+@dataclass
+class HelperConfig(WatchdogConfig):
+    spool: str | None = None  # the spool root the training process writes (None: no spool)
+    session_seq: int = 0  # the session's start event: its fence check (EventLog.guard)
+    drain_timeout: float = DRAIN_TIMEOUT
+
+
+class Helper:
+    """The training process's side: starts the child, and tells it the session ended cleanly."""
+
+    def __init__(
+        self, process: subprocess.Popen[bytes], beacon: Beacon, dump: IO[bytes] | None, dump_path: str, line: bytes
+    ) -> None:
+        self.process = process
+        self.beacon = beacon
+        self._dump = dump
+        self._dump_path = dump_path
+        self._line = line  # its config: a replacement gets the same
+        self.replaced = 0
+
+    @classmethod
+    def start(
+        cls,
+        *,
+        beacon: Beacon,
+        timeout: float | str | None,
+        store_url: str,
+        storage_options: Mapping[str, Any] | None,
+        project: str,
+        run_id: str,
+        session: str,
+        session_seq: int,
+        spool: str | None,
+        rank: int = 0,
+        world: int = 1,
+        end_hung: bool,
+    ) -> Helper | None:
+        """Start the helper; None (with one line saying why) where it cannot reach the store."""
+        try:
+            options = json.loads(json.dumps(dict(storage_options or {})))
+        except (TypeError, ValueError):
+            _log.warning(
+                "launchhelm: run %s has no helper process: its storage_options are not plain JSON, and the "
+                "helper needs them to reach the store; hangs are not watched, and a killed process's last "
+                "points wait in the spool for `launchhelm recover`",
+                run_id,
+            )
+            return None
+        dump: IO[bytes] | None = None
+        dump_path = ""
+        if timeout is not None:
+            fd, dump_path = tempfile.mkstemp(prefix="launchhelm-stacks-", dir=tempfile.gettempdir())
+            dump = os.fdopen(fd, "w+b")
+        config = HelperConfig(
+            beacon=beacon.path or "",
+            dump=dump_path,
+            parent=os.getpid(),
+            store=store_url,
+            storage_options=options,
+            project=project,
+            run_id=run_id,
+            session=session,
+            rank=rank,
+            world=world,
+            timeout=timeout,
+            end_hung=end_hung,
+            poll=float(os.environ.get("LAUNCHHELM_HANG_POLL", "0.5")),
+            floor=float(os.environ.get("LAUNCHHELM_HANG_AUTO_FLOOR", "300")),  # tests only
+            spool=spool,
+            session_seq=session_seq,
+            drain_timeout=float(os.environ.get("LAUNCHHELM_DRAIN_TIMEOUT") or DRAIN_TIMEOUT),
+        )
+        line = json.dumps(config.__dict__).encode() + b"\n"
+        try:
+            process = _spawn(line)
+        except BaseException:
+            if dump is not None:
+                dump.close()
+                os.unlink(dump_path)
+            raise
+        if dump is not None:
+            faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
+        return cls(process, beacon, dump, dump_path, line)
+
+    def replace_if_gone(self) -> tuple[int, int] | None:
+        """If the helper process died while the session lives, start another with the same config.
+
+        Returns the dead one's pid and exit code (negative: the signal), or None if it runs. The
+        spool and the page are the training process's, so the new helper takes over where the old
+        one was: nothing is lost.
+        """
+        code = self.process.poll()
+        if code is None:
+            return None
+        old = self.process
+        if old.stdin is not None:
+            with contextlib.suppress(OSError):
+                old.stdin.close()
+        self.process = _spawn(self._line)
+        self.replaced += 1
+        return old.pid, code
+
+    def stop(self) -> None:
+        """The session ends cleanly: the helper exits without draining, faulthandler lets go of the signal."""
+        if self._dump is not None:
+            with contextlib.suppress(ValueError, RuntimeError):
+                faulthandler.unregister(DUMP_SIGNAL)
+            # the files first: a preemption's budget may end the process while this waits for the child
+            self._dump.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self._dump_path)
+        self.beacon.close()  # its done slot: a clean end, not a death
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        # not waited for: a helper still importing (a short session) exits once it looks, and finish()
+        # need not wait for that; it is reaped at the next start or stop
+        with _leaving_lock:
+            _leaving.append(self.process)
+        _reap()
+
+
+def _spawn(line: bytes) -> subprocess.Popen[bytes]:
+    _reap()
+    process = subprocess.Popen(
+        # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
+        [sys.executable, "-c", COMMAND],
+        stdin=subprocess.PIPE,
+        close_fds=True,
+        start_new_session=True,  # a signal to the training process's group must not end the drain
+    )
+    assert process.stdin is not None
+    process.stdin.write(line)
+    process.stdin.flush()  # stdin stays open: its EOF tells the helper that training is gone
+    return process
+
+
+#: Helpers told to exit, not reaped yet (referenced, so that no Popen is collected while it runs).
+_leaving: list[subprocess.Popen[bytes]] = []
+_leaving_lock = threading.Lock()
+
+
+def _reap() -> None:
+    with _leaving_lock:
+        _leaving[:] = [process for process in _leaving if process.poll() is None]
+
+
+# -- in the helper process ---------------------------------------------------------------
+def _exit_status(pid: int) -> str | None:
+    """How ``pid`` ended, read from /proc while it is a zombie (its parent has not reaped it yet)."""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            stat = file.read()
+    except OSError:
+        return None
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] != "Z" or len(fields) < 50:
+        return None
+    code = int(fields[49])  # field 52, exit_code, as waitpid reports it
+    if code & 0x7F:
+        try:
+            return f"was killed by {signal.Signals(code & 0x7F).name}"
+        except ValueError:
+            return f"was killed by signal {code & 0x7F}"
+    return f"exited with status {code >> 8} without finishing"
+
+
+def _fenced(config: HelperConfig) -> bool:
+    """Whether a newer attempt fenced the session: its points after the fence are not the run's."""
+    from launchhelm.runlog._events import EventLog
+    from launchhelm.storage import open_store
+
+    state = EventLog(open_store(config.store, config.storage_options), config.run_id).state()
+    return any(s.id == config.session and s.ending == "fenced" for s in state.sessions)
+
+
+def drain(config: HelperConfig, how: str) -> None:
+    """The training process died: its spool to the store, its session ended as crashed."""
+    from launchhelm.metrics._spool import recover_run
+    from launchhelm.runlog._events import SESSION_ENDED, EventLog, SequenceTaken
+    from launchhelm.runlog._runinfo import furthest_step
+    from launchhelm.runlog._table import mark_row
+    from launchhelm.storage import open_store
+
+    store = open_store(config.store, config.storage_options)
+    root = Path(config.spool) if config.spool else None
+    if _fenced(config):
+        if root is not None:  # what it logged after the fence is not the run's, not even for `recover`
+            for path in (root / config.run_id).glob(f"{config.session}*"):
+                path.unlink(missing_ok=True)
+        return
+    points = recover_run(store, config.run_id, root) if root is not None else 0
+    if points:
+        mark_row(store, config.project, config.run_id, "recovered", "recovered")
+    events = EventLog(store, config.run_id)
+    events.guard(config.session, config.session_seq)
+    while True:
+        state = events.state()
+        ours = next((s for s in state.sessions if s.id == config.session), None)
+        if ours is None or ours.ended_at is not None or state.last_session is not ours:
+            break  # it ended (a hang), or a later session replaced it: the log says how already
+        reached = furthest_step(store, config.run_id, state)  # as finish() records it: the run's furthest
+        detail = f"the training process (pid {config.parent}) {how}; its helper uploaded {points} spooled point(s)"
+        try:
+            events.append(
+                SESSION_ENDED,
+                {
+                    "session": config.session,
+                    "close_run": False,
+                    "reason": PROCESS_DIED,
+                    "step": reached,
+                    "ending": "crashed",
+                    "detail": detail,
+                },
+                expect_seq=state.last_seq + 1,
+            )
+        except SequenceTaken:
+            continue  # a relaunch started meanwhile: decide again
+        mark_row(store, config.project, config.run_id, config.session, "ended")
+        break
+    _log.warning(
+        "launchhelm: run %s: the training process %s; %d spooled point(s) uploaded", config.run_id, how, points
+    )
+
+
+def _drain_bounded(config: HelperConfig, parent: ParentWatch) -> int:
+    """:func:`drain` within ``config.drain_timeout``; past it the spool stays for ``launchhelm recover``."""
+    parent.exited(5.0)  # its pipe closes before it exits: recovery takes only a dead process's spool
+    how = _exit_status(config.parent) or "ended without finishing (its exit status was not seen)"
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            drain(config, how)
+        except BaseException as exc:
+            failed.append(exc)
+
+    worker = threading.Thread(target=run, name="launchhelm-drain", daemon=True)
+    worker.start()
+    worker.join(config.drain_timeout)
+    if worker.is_alive() or failed:
+        why = f"{type(failed[0]).__name__}: {failed[0]}" if failed else f"no answer within {config.drain_timeout:.0f} s"
+        _log.warning(
+            "launchhelm: run %s: the training process %s, and its helper could not store its last points (%s); "
+            "they stay in the spool at %s: `launchhelm recover` on this host uploads them",
+            config.run_id,
+            how,
+            " ".join(why.split())[:200],
+            Path(config.spool or "?") / config.run_id,
+        )
+        return 1
+    return 0
+
+
+def main() -> int:
+    line = sys.stdin.buffer.readline()
+    if not line:
+        return 0
+    config = HelperConfig(**json.loads(line))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    parent = ParentWatch(config.parent)
+    code = 0
+    try:
+        watched = watch(config, parent)
+        if watched.died and config.rank == 0:  # a rank > 0 has no spool and no session of its own
+            code = _drain_bounded(config, parent)
+    finally:
+        # a killed training process cannot remove the page and the dump: the helper outlives it briefly
+        if parent.gone():
+            for path in (config.beacon, config.dump):
+                if path:
+                    with contextlib.suppress(OSError):
+                        os.unlink(path)
+    logging.shutdown()
+    os._exit(code)  # a drain thread stuck on an unreachable store must not hold the exit
