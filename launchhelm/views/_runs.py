@@ -337,7 +337,7 @@ def readable_runs(frame: pd.DataFrame, now: float | None = None) -> pd.DataFrame
     # the status's own columns (where a run hung, why a relaunch was refused) as one sentence
     shown = shown.drop(columns=[c for c in DETAIL_COLUMNS if c in shown.columns])
     if any(r["detail"] for r in rows) and "status" in shown.columns:
-        shown.insert(shown.columns.get_loc("status") + 1, "detail", [r["detail"] for r in rows])
+        shown["detail"] = [r["detail"] for r in rows]  # last: the columns before keep their places
     result: pd.DataFrame = shown
     return result
 
