@@ -119,6 +119,46 @@ def bench_log_latency(store: str, images: int) -> dict[str, list[int]]:
     return out
 
 
+def bench_flood(store: str, spool: str, seconds: float) -> dict[str, float]:
+    """``log()`` of 64x64x3 images as fast as the loop goes for ``seconds``, a 4 MiB bound: past it they spill.
+
+    Returns calls made, items spilled to the spool, the p99 and max ``log()`` ns, what ``finish()``
+    stored and what it left in the spool (a relaunch or ``launchhelm recover`` stores those).
+    """
+    from launchhelm.media._spill import spill_paths
+
+    os.environ["LAUNCHHELM_SPOOL"] = spool
+    pictures = [np.full((64, 64, 3), v, dtype=np.uint8) for v in range(256)]
+    for n, p in enumerate(pictures):
+        p[0, 0, 1] = n  # each its own object
+    run = lh.init("bench-media", store=store, flush_interval=1.0, compaction_memory="4MiB", capture_console=False)
+    pc = time.perf_counter_ns
+    calls: list[int] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        t0 = pc()
+        run.log({"img": lh.Image(pictures[len(calls) % 256])}, step=len(calls))
+        calls.append(pc() - t0)
+    spilled = run._media.spilled
+    os.environ["LAUNCHHELM_FINISH_TIMEOUT"] = "5"
+    try:
+        run.finish()
+    finally:
+        del os.environ["LAUNCHHELM_FINISH_TIMEOUT"]
+    from launchhelm.media._read import read_media_index
+
+    stored = read_media_index(open_store(store), run.id).num_rows
+    waiting = len(spill_paths(Path(spool) / run.id, run.session_id))
+    return {
+        "calls": float(len(calls)),
+        "spilled": float(spilled),
+        "p99": percentile(calls, 99),
+        "max": float(max(calls)),
+        "stored": float(stored),
+        "waiting": float(waiting),
+    }
+
+
 def _batches(seconds: float, log: Callable[[int, int, dict[str, Any]], None]) -> list[int]:
     """Wall ns of each batch of 100 ``log`` calls, then a 5 ms sleep, for ``seconds``."""
     pc = time.perf_counter_ns
@@ -222,6 +262,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--memory", action="store_true", help="write the long run to memory:// (the same requests, no disk: faster)"
     )
+    parser.add_argument("--flood-seconds", type=float, default=1.0, help="seconds of log() of images, no pause")
     parser.add_argument("--check", action="store_true", help="exit with status 1 if a target is missed")
     args = parser.parse_args(argv)
     steps = 10_000 if args.full else args.steps
@@ -234,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         opened = bench_open("memory://bench-media-open" if args.memory else str(Path(tmp) / "open"), steps)
         print(f"(the {steps:,}-step run took {time.perf_counter() - t0:.0f} s to write)")
         size = bench_bytes(str(Path(tmp) / "bytes"))
+        flood = bench_flood(str(Path(tmp) / "flood"), str(Path(tmp) / "spool"), args.flood_seconds)
     pace = media_thread_ms()
 
     def us(values: list[int], q: float) -> float:
@@ -285,6 +327,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     rows.append(("  + its thumbnail (bytes)", size["object"] + size["thumbnail"], size["png"], "", None))
     rows.append(("media thread: ms per 512x512x3 image", pace, float("nan"), "", None))
+    lost = flood["calls"] - flood["stored"] - flood["waiting"]
+    rows.append(
+        (
+            f"flood: {flood['calls']:,.0f} log() in {args.flood_seconds:g} s, spilled",
+            flood["spilled"],
+            math.nan,
+            "",
+            None,
+        )
+    )
+    rows.append(("flood: log() p99 / max µs", flood["p99"] / 1000, flood["max"] / 1000, "", None))
+    rows.append(("flood: stored by finish() / left in the spool", flood["stored"], flood["waiting"], "", None))
+    rows.append(("flood: items lost", lost, math.nan, "0", lost == 0))
     print()
     ok = print_table(rows)
     print(f"\nlog() calls timed: {len(lat['log'])}; read back {int(opened['items']):,} media items")

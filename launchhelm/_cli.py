@@ -222,7 +222,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
             # history dataset, which trust a row while its marker is unchanged, read it afresh
             mark_row(api.store, run_record(api.store, run_id)["project"], run_id, "recovered", "recovered")
         where = "" if points else " (none spooled by a dead session for this store)"
-        print(f"run {run_id}: recovered {points} spooled point(s){where}")
+        print(f"run {run_id}: recovered {points} spooled point(s) and media item(s){where}")
     return 0
 
 

@@ -391,6 +391,7 @@ class Run:
     def _set_memory(self, compaction_memory: int) -> None:
         """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
         self._flusher.set_memory(compaction_memory)
+        self._media.max_bytes = compaction_memory  # media waiting in memory: the same bound
 
     def flush(self) -> None:
         """Write every buffered point to the store now (blocking)."""
@@ -951,6 +952,8 @@ class Run:
             self._console.attach()
         try:
             self._flusher.open_spool(self.project, self._flush_interval)
+            if self._flusher.spool is not None:
+                self._media.spool_dir = self._flusher.spool.dir  # media past the memory bound wait there
             self._summary_writer.beat()
             self._summary_writer.after_event({"seq": self._session_seq})  # the summary of our session_started event
             if self.resumed:
@@ -1024,6 +1027,7 @@ class Run:
         self._control_flag = True
         self._stop.set()
         self._stop_helper()
+        self._media.spool_dir = None  # a fenced session's media are not the run's: none to the spool
         self._media.close(timeout=0.0)
         self._flusher.discard()  # points after the fence must not reach the run, not even by `recover`
         discard_live(self)
@@ -1038,6 +1042,7 @@ class Run:
 
     def _leave_in_spool(self, exc: BaseException) -> None:
         """The session ends without the store: what it lacks stays on disk, and the user is told where."""
+        self._media.close(timeout=0.0)  # media waiting go to the spool beside the points
         spool = self._flusher.abandon()
         if spool is None:
             return
@@ -1138,9 +1143,23 @@ class Run:
             except BaseException as exc:
                 self._leave_in_spool(exc)
                 raise
-        left = self._media.close(timeout=0.0)  # the flush above drained it, unless the store stayed away
-        if left:
-            _log.warning("launchhelm: run %s: the store did not take %d media items", self.id, left)
+        # the flush above drained the media, unless the store was slower than the time given
+        in_spool, dropped = self._media.close(timeout=0.0)
+        try:
+            self._media.write_index()  # the items stored while it closed
+        except Exception as exc:
+            _log.warning("launchhelm: run %s: could not index its last media: %s", self.id, exc)
+        if in_spool:
+            _log.warning(
+                "launchhelm: run %s: %d media items the store did not take in time wait in the spool at %s; "
+                "`launchhelm recover %s` stores them (so do the helper, a relaunch, or opening the run on this host)",
+                self.id,
+                in_spool,
+                self._media.spool_dir,
+                self.id,
+            )
+        if dropped:
+            _log.warning("launchhelm: run %s: the store did not take %d media items", self.id, dropped)
         self._flusher.close()
         self._compact(only_if_due=False)
         self._flusher.close_compactor()

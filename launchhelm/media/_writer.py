@@ -4,8 +4,11 @@
 returns; the media thread encodes each item (PNG, JSON), writes it as a
 content-addressed object with ``create`` and keeps its index row; the
 session's flush writes the rows gathered as one index chunk and merges
-chunks (:mod:`launchhelm.media._index`). Items waiting are bounded in
-bytes: past the bound ``log()`` waits for the thread (never drops one).
+chunks (:mod:`launchhelm.media._index`). Items waiting in memory are bounded
+in bytes: past the bound a call's media go to the session's spool on local
+disk (:mod:`launchhelm.media._spill`) and the thread reads them back in turn;
+with no spool (a memory store), ``log()`` waits for the thread. None is
+dropped: what ``finish()`` could not store in its time stays in the spool.
 """
 
 from __future__ import annotations
@@ -18,11 +21,13 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import AlreadyExistsError
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._png import encode_png
+from launchhelm.media._spill import read_spilled, spill_name, write_spilled
 from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable, give_back
 from launchhelm.metrics._pause import pause, yield_on_wakeup
 from launchhelm.storage import Store
@@ -53,6 +58,8 @@ class _Pending:
     key: str
     items: list[Prepared]
     nbytes: int
+    path: Path | None = None  # spilled: the items are in this file, read back when their turn comes
+    count: int = 0  # a spilled call's items
 
 
 def prepared_bytes(items: list[Prepared]) -> int:
@@ -134,6 +141,10 @@ class MediaWriter:
         self._stack: list[tuple[int, int, bytes | None]] = []
         self._garbage: list[tuple[float, list[str]]] = []  # objects merged away, deleted after the grace period
         self.stored = 0  # items stored (tests, the outage line)
+        self.spool_dir: Path | None = None  # where items past the bound wait (None: log() waits instead)
+        self._seq = 0  # the next spilled file's number
+        self._files: list[Path] = []  # spilled files stored, deleted once their rows are in an index chunk
+        self.spilled = 0  # items written to the spool (tests, the benchmark)
 
     # -- the training thread ------------------------------------------------
     def add(self, step: int, attempt: int, now: float, media: list[tuple[str, list[Prepared]]]) -> None:
@@ -141,14 +152,27 @@ class MediaWriter:
         with self._cond:
             for key, items in media:
                 nbytes = prepared_bytes(items)
+                over = self._waiting_bytes and self._waiting_bytes + nbytes > self.max_bytes
+                if over and self.spool_dir is not None:  # the store is slower than the logging: to disk
+                    self._queue.append(self._spill(_Pending(step, attempt, now, key, items, nbytes)))
+                    continue
                 while self._waiting_bytes and self._waiting_bytes + nbytes > self.max_bytes:
-                    self._cond.wait()  # back-pressure: the store is slower than the logging
+                    self._cond.wait()  # no spool: back-pressure
                 self._queue.append(_Pending(step, attempt, now, key, items, nbytes))
                 self._waiting_bytes += nbytes
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=f"launchhelm-media-{self.run_id}", daemon=True)
                 self._thread.start()
             self._cond.notify_all()
+
+    def _spill(self, pending: _Pending) -> _Pending:
+        """``pending`` written to the spool (the caller holds the lock): what the queue keeps instead."""
+        assert self.spool_dir is not None
+        path = self.spool_dir / spill_name(self.session_id, self._seq)
+        self._seq += 1
+        write_spilled(path, pending.key, pending.step, pending.attempt, pending.time, pending.items)
+        self.spilled += len(pending.items)
+        return _Pending(pending.step, pending.attempt, pending.time, pending.key, [], 0, path, len(pending.items))
 
     # -- the media thread ---------------------------------------------------
     def _work(self) -> None:
@@ -157,9 +181,18 @@ class MediaWriter:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
-                if not self._queue:
-                    return
+                if not self._queue or self._abandon:
+                    return  # closed: what is left goes to the spool (see close)
                 pending = self._queue[0]
+            if pending.path is not None and not pending.items:
+                try:
+                    pending.items = read_spilled(pending.path)[4]
+                except (OSError, ValueError, KeyError, TypeError) as exc:
+                    _log.warning("run %s: spilled media %s could not be read back: %s", self.run_id, pending.path, exc)
+                    with self._cond:
+                        self._queue.popleft()
+                        self._cond.notify_all()
+                    continue
             try:
                 rows = self._store_call(pending)
             except OSError as exc:  # the store: try again, the item stays first in line
@@ -178,6 +211,8 @@ class MediaWriter:
                 self._queue.popleft()
                 self._waiting_bytes -= pending.nbytes
                 self._rows.extend(rows)
+                if pending.path is not None:
+                    self._files.append(pending.path)
                 self.stored += len(rows)
                 self._cond.notify_all()
             pause()  # the GIL back to the training thread between items
@@ -209,7 +244,7 @@ class MediaWriter:
 
     def waiting(self) -> int:
         with self._cond:
-            return sum(len(p.items) for p in self._queue)
+            return sum(p.count if p.path is not None else len(p.items) for p in self._queue)
 
     def write_index(self, grace: float | None = None) -> bool:
         """Write the rows of the items stored since the last call as one index chunk, then merge.
@@ -220,13 +255,17 @@ class MediaWriter:
         with self._io_lock:
             with self._cond:
                 rows, self._rows = self._rows, []
+                files, self._files = self._files, []
             if rows:
                 try:
                     self._write_chunk(rows)
                 except BaseException:
                     with self._cond:
                         self._rows[:0] = rows
+                        self._files[:0] = files
                     raise
+            for path in files:  # their rows are indexed: the spool lets go of them
+                path.unlink(missing_ok=True)
             self._collect(grace)
             return bool(rows)
 
@@ -281,18 +320,36 @@ class MediaWriter:
             self.store.delete_many([key for keys in old for key in keys])
             self._garbage = [(when, keys) for when, keys in self._garbage if now - when < grace]
 
-    def close(self, timeout: float | None = None) -> int:
-        """Stop the media thread once the queue is empty (or after ``timeout``); returns the items left unstored."""
+    def close(self, timeout: float | None = None) -> tuple[int, int]:
+        """Stop the media thread once the queue is empty (or after ``timeout``).
+
+        Returns ``(in_spool, dropped)``: the items not stored that wait in the
+        spool (for the helper, ``launchhelm recover`` or a relaunch), and those
+        lost (only where the session has no spool).
+        """
         self.drain(timeout)
         with self._cond:
             self._closed = True
             self._abandon = True
-            left = sum(len(p.items) for p in self._queue)
             self._cond.notify_all()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout=5.0)
-        return left
+            thread.join(timeout=5.0)  # it ends the item it is storing; one stuck on the store is spilled too
+        in_spool = dropped = 0
+        with self._cond:
+            for pending in self._queue:
+                if pending.path is None and self.spool_dir is not None:
+                    try:
+                        pending = self._spill(pending)
+                    except OSError as exc:
+                        _log.warning("run %s: media could not be spilled to %s: %s", self.run_id, self.spool_dir, exc)
+                if pending.path is not None:
+                    in_spool += pending.count
+                else:
+                    dropped += len(pending.items)
+            self._queue.clear()
+            self._waiting_bytes = 0
+        return in_spool, dropped
 
 
 #: Stores an object's bytes under a name made of them and the extension given; returns the name.

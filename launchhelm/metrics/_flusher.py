@@ -295,7 +295,7 @@ class MetricFlusher:
     def close(self) -> None:
         """The session ended with the store: the spool's points are stored, the compactor's copies too."""
         if self.spool is not None:
-            self.spool.close(remove=True)
+            self.spool.close(remove=True, keep_media=True)  # media the store did not take in time stay
             self.spool = None
 
     def close_compactor(self) -> None:

@@ -286,8 +286,13 @@ class Spool:
                 pass
         self._removed = max(self._removed, end[0])
 
-    def close(self, *, remove: bool) -> None:
-        """End of the session: with ``remove`` (every point is in the store), delete the spool."""
+    def close(self, *, remove: bool, keep_media: bool = False) -> None:
+        """End of the session: with ``remove`` (every point is in the store), delete the spool.
+
+        With ``keep_media``, spilled media files stay (the store did not take them in time), and so
+        do the files a recovery needs to find them; the session is marked ended, so that a recovery
+        takes them while this process still runs.
+        """
         with self._lock:
             if self._mm is not None:
                 self._mm.close()
@@ -299,7 +304,16 @@ class Spool:
             self._state.close()
             os.close(self._state_fd)
         if remove:
+            from launchhelm.media._spill import spill_paths
+
+            media = keep_media and bool(spill_paths(self.dir, self.session_id))
+            if media:
+                meta_path = self.dir / f"{self.session_id}.json"
+                meta = json.loads(meta_path.read_text())
+                meta_path.write_text(json.dumps({**meta, "ended": True}))
             for path in self.dir.glob(f"{self.session_id}*"):
+                if media and (".media-" in path.name or path.suffix in (".json", ".state")):
+                    continue
                 path.unlink(missing_ok=True)
             try:
                 self.dir.rmdir()
@@ -448,11 +462,12 @@ def recover_runs(store: Any, run_ids: list[str]) -> int:
 
 
 def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
-    """Recover every dead session's spool of ``run_id`` on this host into ``store``; return points recovered.
+    """Recover every dead (or ended) session's spool of ``run_id`` on this host; return points and media stored.
 
     A spool whose session's process still runs is left alone, and so is one
     written for another store.
     """
+    from launchhelm.media._spill import recover_media
     from launchhelm.runlog._liveness import process_state
 
     base = (directory or spool_root()) / run_id
@@ -465,14 +480,17 @@ def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
         except (OSError, ValueError):
             continue
         session_id = str(meta.get("session", meta_path.stem))
-        if meta.get("store") != store.url or process_state(dict(meta.get("process") or {})) != "dead":
+        if meta.get("store") != store.url:
             continue
+        if not meta.get("ended") and process_state(dict(meta.get("process") or {})) != "dead":
+            continue  # a live session's spool is its own
         with claim_spool(base, session_id) as claimed:
             if not claimed:
                 continue  # recovered by whoever held it (a helper draining it), or still being recovered
             exists = _chunk_lookup(store, run_id, session_id)
             try:
                 total += recover_session(store, run_id, session_id, base, exists)
+                total += recover_media(store, run_id, session_id, base)
             except Exception as exc:  # keep the spool for the next try
                 _log.warning("could not recover the spooled metrics of run %s session %s: %s", run_id, session_id, exc)
                 continue

@@ -33,7 +33,7 @@ def test_bench_log_reads_back_exactly_what_it_logged() -> None:
 
 @pytest.mark.slow
 def test_bench_media_runs_and_reads_back_every_item_it_logged() -> None:
-    quick = ["--images", "5", "--stall-seconds", "0.2", "--steps", "10"]
+    quick = ["--images", "5", "--stall-seconds", "0.2", "--steps", "10", "--flood-seconds", "0.5"]
     done = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "bench_media.py"), *quick],
         capture_output=True,
@@ -45,6 +45,8 @@ def test_bench_media_runs_and_reads_back_every_item_it_logged() -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     assert "read back 40 media items" in done.stdout, done.stdout[-3000:]
     assert "log() 512x512x3 p99 µs (vs copy)" in done.stdout, done.stdout[-3000:]
+    lost = next(line for line in done.stdout.splitlines() if line.startswith("flood: items lost"))
+    assert lost.split()[3] == "0", lost  # every image of the flood stored or waiting in the spool
 
 
 def _gpu_sharded_check(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

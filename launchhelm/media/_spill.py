@@ -1,0 +1,174 @@
+"""Media that wait for the store on local disk: in the session's spool, never dropped.
+
+``log()`` keeps media in memory up to the session's bound; past it (the store
+is slower than the logging) each further call's media go to a file in the
+spool instead of making ``log()`` wait, and the media thread reads them back
+in turn. What ``finish()`` could not store in its time goes there too. A
+file is ``<session>.media-<seq>.lhm``: a JSON header (key, step, attempt,
+time, each item's kind, caption, format and shape) and the raw pixel bytes,
+written under a temporary name and renamed, so a kill mid-write leaves no
+half file. Never pickle: a reader of a spool runs nothing from it.
+
+A dead or ended session's files are stored by :func:`recover_media` (the
+helper's drain, ``launchhelm recover``, a reader or a relaunch on this host):
+one index chunk per :data:`BATCH` files, numbered from :data:`RECOVERED_BASE`
+plus the batch's first file number, so a recovery cut short and tried again
+finds its chunk already there instead of indexing the items twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Any
+
+from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable
+
+__all__ = ["BATCH", "RECOVERED_BASE", "read_spilled", "recover_media", "spill_paths", "write_spilled"]
+
+_MAGIC = b"LHMEDIA1"
+_LEN = struct.Struct("<I")
+#: Index chunk numbers of recovered media start here (a session's own flushes never get near it).
+RECOVERED_BASE = 50_000_000
+#: Spilled files per recovered index chunk.
+BATCH = 1_000
+_SUFFIX = ".lhm"
+
+
+def spill_name(session_id: str, seq: int) -> str:
+    return f"{session_id}.media-{seq:08d}{_SUFFIX}"
+
+
+def spill_paths(directory: Path, session_id: str) -> list[tuple[int, Path]]:
+    """A session's spilled files, oldest first, as ``(seq, path)``."""
+    found = []
+    for path in directory.glob(f"{session_id}.media-*{_SUFFIX}"):
+        try:
+            found.append((int(path.name[len(session_id) + 7 : -len(_SUFFIX)]), path))
+        except ValueError:
+            continue
+    return sorted(found)
+
+
+def write_spilled(path: Path, key: str, step: int, attempt: int, now: float, items: list[Prepared]) -> None:
+    """Write one ``log()`` call's items of ``key`` to ``path`` (atomically: a temporary name, then renamed)."""
+    buffers: list[memoryview] = []
+
+    def image(item: PreparedImage) -> dict[str, Any]:
+        buffers.append(item.pixels.data.cast("B"))  # C-contiguous: log() made the copy
+        return {
+            "caption": item.caption,
+            "format": item.format,
+            "quality": item.quality,
+            "shape": list(item.pixels.shape),
+        }
+
+    described: list[dict[str, Any]] = []
+    for item in items:
+        if isinstance(item, PreparedImage):
+            described.append({"kind": "image", **image(item)})
+        elif isinstance(item, PreparedTable):
+            rows = [[{"image": image(c)} if isinstance(c, PreparedImage) else c for c in row] for row in item.rows]
+            described.append({"kind": "table", "columns": item.columns, "rows": rows, "caption": item.caption})
+        else:
+            described.append({"kind": "histogram", "counts": item.counts, "edges": item.edges, "caption": item.caption})
+    header = json.dumps({"key": key, "step": step, "attempt": attempt, "time": now, "items": described}).encode()
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as out:
+        out.write(_MAGIC + _LEN.pack(len(header)) + header)
+        for buffer in buffers:
+            out.write(buffer)
+    os.replace(tmp, path)
+
+
+def read_spilled(path: Path) -> tuple[str, int, int, float, list[Prepared]]:
+    """``(key, step, attempt, time, items)`` of a file :func:`write_spilled` wrote; ValueError if it is not one."""
+    import numpy as np
+
+    data = path.read_bytes()
+    if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + _LEN.size:
+        raise ValueError(f"{path} is not a spilled media file")
+    (length,) = _LEN.unpack_from(data, len(_MAGIC))
+    at = len(_MAGIC) + _LEN.size
+    head = json.loads(data[at : at + length])
+    at += length
+
+    def image(desc: dict[str, Any]) -> PreparedImage:
+        nonlocal at
+        shape = tuple(int(n) for n in desc["shape"])
+        if len(shape) != 3:
+            raise ValueError(f"{path}: an image of shape {shape}")
+        size = shape[0] * shape[1] * shape[2]
+        if at + size > len(data):
+            raise ValueError(f"{path} is cut short")
+        pixels = np.frombuffer(data, dtype=np.uint8, count=size, offset=at).reshape(shape).copy()
+        at += size
+        return PreparedImage(pixels, desc["caption"], str(desc["format"]), desc["quality"])
+
+    items: list[Prepared] = []
+    for desc in head["items"]:
+        if desc["kind"] == "image":
+            items.append(image(desc))
+        elif desc["kind"] == "table":
+            rows = [
+                [image(c["image"]) if isinstance(c, dict) else c for c in row]
+                for row in desc["rows"]  # cells are plain JSON: a dict is always our image marker
+            ]
+            items.append(PreparedTable(list(desc["columns"]), rows, desc["caption"]))
+        elif desc["kind"] == "histogram":
+            items.append(PreparedHistogram(list(desc["counts"]), list(desc["edges"]), desc["caption"]))
+        else:
+            raise ValueError(f"{path}: an item of kind {desc['kind']!r}")
+    return str(head["key"]), int(head["step"]), int(head["attempt"]), float(head["time"]), items
+
+
+def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> int:
+    """Store a dead or ended session's spilled media and index them; return the items stored.
+
+    Files are deleted once their index chunk is stored; a file that cannot be
+    read (not ours, damaged) is left where it is, with a line saying so.
+    """
+    import logging
+
+    from launchhelm._exceptions import AlreadyExistsError
+    from launchhelm.media._index import IndexRow, encode_index
+    from launchhelm.media._writer import object_name, store_items
+    from launchhelm.storage._keys import media_index_key, media_object_key
+
+    def put(data: bytes, extension: str) -> str:
+        name = object_name(data, extension)
+        try:
+            store.create(media_object_key(run_id, name), data)
+        except AlreadyExistsError:
+            pass
+        return name
+
+    for tmp in directory.glob(f"{session_id}.media-*{_SUFFIX}.tmp"):
+        tmp.unlink(missing_ok=True)  # a write the kill cut short: never renamed, never counted
+    batches: dict[int, list[tuple[int, Path]]] = {}
+    for seq, path in spill_paths(directory, session_id):
+        batches.setdefault(seq // BATCH, []).append((seq, path))
+    stored = 0
+    for batch, files in sorted(batches.items()):
+        rows: list[IndexRow] = []
+        done: list[Path] = []
+        for _, path in files:
+            try:
+                key, step, attempt, when, items = read_spilled(path)
+            except (ValueError, KeyError, TypeError) as exc:
+                logging.getLogger("launchhelm").warning("launchhelm: left %s in the spool: %s", path, exc)
+                continue
+            rows += store_items(put, key, step, attempt, when, items)
+            done.append(path)
+        if rows:
+            number = RECOVERED_BASE + batch * BATCH
+            try:
+                store.create(media_index_key(run_id, session_id, number, number), encode_index(rows))
+            except AlreadyExistsError:
+                pass  # an earlier recovery stored this batch's chunk and was cut short before deleting
+        for path in done:
+            path.unlink(missing_ok=True)
+        stored += len(rows)
+    return stored
