@@ -181,7 +181,7 @@ class MediaWriter:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
-                if not self._queue or self._abandon:
+                if not self._queue or self._abandoned():
                     return  # closed: what is left goes to the spool (see close)
                 pending = self._queue[0]
             if pending.path is not None and not pending.items:
@@ -199,7 +199,7 @@ class MediaWriter:
                 if self._on_store_error is not None:
                     self._on_store_error(exc)
                 with self._cond:
-                    if self._closed and self._abandon:
+                    if self._abandoned():
                         return
                     self._cond.wait(_RETRY)
                 continue
@@ -218,6 +218,9 @@ class MediaWriter:
             pause()  # the GIL back to the training thread between items
 
     _abandon = False
+
+    def _abandoned(self) -> bool:
+        return self._closed and self._abandon
 
     def _put(self, data: bytes, extension: str) -> str:
         name = object_name(data, extension)
