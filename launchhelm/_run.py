@@ -1147,6 +1147,7 @@ class Run:
         in_spool, dropped = self._media.close(timeout=0.0)
         try:
             self._media.write_index()  # the items stored while it closed
+            self._media.seal()  # one index object for the whole session: readers' requests stay few
         except Exception as exc:
             _log.warning("launchhelm: run %s: could not index its last media: %s", self.id, exc)
         if in_spool:

@@ -313,6 +313,33 @@ class MediaWriter:
             self._stack.append((first, last, merged if last - first + 1 <= FANOUT else None))
             self._garbage.append((time.time(), keys))
 
+    def seal(self) -> None:
+        """At the session's end: its index objects merged into one, so that a reader gets one per session.
+
+        A live session keeps up to ``FANOUT - 1`` objects per level (a day of 2 s flushes: dozens);
+        the objects merged away are deleted by ``launchhelm gc`` (or the next flush, were there one).
+        """
+        with self._io_lock:
+            if len(self._stack) < 2:
+                return
+            keys = [media_index_key(self.run_id, self.session_id, first, last) for first, last, _ in self._stack]
+            missing = [key for key, (_, _, data) in zip(keys, self._stack, strict=True) if data is None]
+            fetched = self.store.read_many(missing) if missing else {}
+            datas = [
+                data if data is not None else fetched[key] for key, (_, _, data) in zip(keys, self._stack, strict=True)
+            ]
+            if any(data is None for data in datas):
+                return  # one was deleted by hand: readers still find the others
+            first, last = self._stack[0][0], self._stack[-1][1]
+            merged = encode_index(merge_tables([d for d in datas if d is not None]))
+            try:
+                self.store.create(media_index_key(self.run_id, self.session_id, first, last), merged)
+            except AlreadyExistsError:
+                pass  # an earlier try stored it
+            self._stack = [(first, last, None)]
+            self._garbage.append((time.time(), keys))
+            self._collect(None)  # what is past its grace period now; the rest is `launchhelm gc`'s
+
     def _collect(self, grace: float | None) -> None:
         from launchhelm.metrics._compact import compaction_grace
 

@@ -243,6 +243,8 @@ class S3PartUpload:
 
     concurrency = 4
     part_bytes = PART_SIZE
+    #: s3fs's own multipart threshold: an object known to be smaller goes as one PUT with its CRC64NVME
+    whole_bytes = 50 * 2**20
     #: Sent with every upload request; S3's own default, and its only full-object family besides CRC32(C).
     checksum_algorithm = "CRC64NVME"
 
@@ -253,7 +255,7 @@ class S3PartUpload:
         self.upload_id: str | None = None
         self._crcs: dict[int, tuple[int, int]] = {}  # part number -> (CRC64NVME, length)
 
-    def create_small(self, data: bytes) -> None:
+    def create_small(self, data: bytes | bytearray) -> None:
         from launchhelm.storage._checksum import CRC64NVME, crc64nvme, header_value
 
         self.fs.pipe_file(
@@ -373,6 +375,7 @@ class GCSPartUpload:
     """
 
     concurrency = 1  # a resumable session takes its chunks in order
+    whole_bytes = 0  # objects under a chunk go in one request already (create_small)
     # One request per chunk, one at a time: small chunks pay a round trip each,
     # so chunks are large. GCS wants multiples of 256 KiB.
     part_bytes = GCS_CHUNK
@@ -393,10 +396,10 @@ class GCSPartUpload:
             self._crc32c = crc32c(memoryview(data)[self._counted - offset :], self._crc32c)
             self._counted = offset + len(data)
 
-    def create_small(self, data: bytes) -> None:
+    def create_small(self, data: bytes | bytearray) -> None:
         from launchhelm.storage._checksum import CRC32C, crc32c, header_value
 
-        gcs_create(self.fs, self.path, data, crc32c=header_value(CRC32C, crc32c(data)))
+        gcs_create(self.fs, self.path, bytes(data), crc32c=header_value(CRC32C, crc32c(data)))
 
     def begin(self) -> None:
         from gcsfs.core import initiate_upload
@@ -525,6 +528,7 @@ class AzurePartUpload:
 
     concurrency = 4
     part_bytes = PART_SIZE
+    whole_bytes = 0  # blocks in parallel stay the fastest way here
 
     def __init__(self, fs: AbstractFileSystem, path: str) -> None:
         self.fs = fs
@@ -533,7 +537,7 @@ class AzurePartUpload:
         self._prefix = uuid.uuid4().hex[:16]
         self.staged = False
 
-    def create_small(self, data: bytes) -> None:
+    def create_small(self, data: bytes | bytearray) -> None:
         self.fs.pipe_file(self.path, data, mode="create", validate_content=True)
 
     def begin(self) -> None:

@@ -162,7 +162,7 @@ class LocalStore(Store):
         self._publish(self._stage(copy), key)
 
     @contextmanager
-    def _writer(self, key: str, progress: Progress) -> Iterator[BinaryIO]:
+    def _writer(self, key: str, progress: Progress, size: int | None = None) -> Iterator[BinaryIO]:
         self._mkdir(self._staging)
         tmp = self._staging / f"{os.getpid()}-{os.urandom(8).hex()}.tmp"
         try:

@@ -373,13 +373,15 @@ class ObjectStore(Store):
             raise AlreadyExistsError(f"{self.url_for(key)} already exists", url=self.url_for(key))
 
     @contextmanager
-    def _streaming(self, key: str, progress: Progress, max_concurrency: int | None = None) -> Iterator[BinaryIO]:
+    def _streaming(
+        self, key: str, progress: Progress, max_concurrency: int | None = None, size: int | None = None
+    ) -> Iterator[BinaryIO]:
         from launchhelm.storage._transfer import PartWriter
 
         upload = self._part_upload(key)
         if upload is None:  # callers stream only where _part_upload has one
             raise AssertionError(f"{self.protocol} stores take no part uploads")
-        writer = PartWriter(upload, progress, max_concurrency)
+        writer = PartWriter(upload, progress, max_concurrency, size)
         try:
             yield cast(BinaryIO, writer)  # a write-only binary file: all a writer's caller uses
         except BaseException:
@@ -393,13 +395,13 @@ class ObjectStore(Store):
             raise self._error(classify(exc), key, "writing") from exc
 
     @contextmanager
-    def _writer(self, key: str, progress: Progress) -> Iterator[BinaryIO]:
+    def _writer(self, key: str, progress: Progress, size: int | None = None) -> Iterator[BinaryIO]:
         self._refuse_taken(key)
         if self._part_upload(key) is None:
             with self._fallback_writer(key, progress) as f:
                 yield f
             return
-        with self._streaming(key, progress) as f:
+        with self._streaming(key, progress, size=size) as f:
             yield f
 
     @contextmanager
@@ -493,7 +495,7 @@ class MemoryStore(ObjectStore):
             self.fs.pipe_file(self._path(key), data)
 
     @contextmanager
-    def _writer(self, key: str, progress: Progress) -> Iterator[BinaryIO]:
+    def _writer(self, key: str, progress: Progress, size: int | None = None) -> Iterator[BinaryIO]:
         import io
 
         buffer = io.BytesIO()  # memory:// holds the object in memory anyway

@@ -129,8 +129,10 @@ class PartUpload(Protocol):
     concurrency: int
     #: Size of each of the first 1000 parts; memory holds at most ``concurrency + 1`` parts.
     part_bytes: int
+    #: Objects of a size known to be at most this go as one request (0: only those under a part).
+    whole_bytes: int
 
-    def create_small(self, data: bytes) -> None:
+    def create_small(self, data: bytes | bytearray) -> None:
         """The whole object in one conditional request (FileExistsError if taken)."""
 
     def begin(self) -> None:
@@ -153,10 +155,19 @@ class PartWriter:
     ``max_concurrency`` lowers the backend's parts in flight, never raises it.
     """
 
-    def __init__(self, upload: PartUpload, progress: Progress, max_concurrency: int | None = None) -> None:
+    def __init__(
+        self, upload: PartUpload, progress: Progress, max_concurrency: int | None = None, size: int | None = None
+    ) -> None:
         self._upload = upload
         self._progress = progress
         self._buffer = bytearray()
+        # the caller said how big the object is, and the backend sends that size in one request: the
+        # writer holds it whole (the caller's bytes are in memory anyway) and sends one PUT at close
+        self._whole = size is not None and size <= getattr(upload, "whole_bytes", 0)
+        if self._whole:
+            assert size is not None
+            self._buffer = bytearray(size)  # filled in place: no regrowth copies
+        self._filled = 0
         self._number = 1  # the part the buffer fills
         self._offset = 0  # where the buffer starts in the object
         self._written = 0
@@ -192,6 +203,17 @@ class PartWriter:
         self._raise_failure()
         view = memoryview(data).cast("B")
         n = len(view)
+        if self._whole:
+            if self._filled + n <= len(self._buffer):
+                self._buffer[self._filled : self._filled + n] = view
+                self._filled += n
+                self._written += n
+                return n
+            # more than the caller said: parts after all, from the bytes held so far
+            self._whole = False
+            held, self._buffer = memoryview(self._buffer)[: self._filled], bytearray()
+            self._written -= self._filled
+            self.write(held)
         pos = 0
         while pos < n:
             size = part_size(self._number, self._upload.part_bytes)
@@ -260,7 +282,11 @@ class PartWriter:
         self.closed = True
         try:
             if not self._begun:
-                data = bytes(self._buffer)
+                data: bytes | bytearray
+                if self._whole and self._filled == len(self._buffer):
+                    data = self._buffer  # as the caller said: sent as it is, no second copy
+                else:
+                    data = bytes(memoryview(self._buffer)[: self._filled] if self._whole else self._buffer)
                 self._buffer = bytearray()
                 with_retries(lambda: self._upload.create_small(data))
                 self._progress.update(len(data))

@@ -262,14 +262,15 @@ def test_gc_deletes_the_index_objects_a_session_merged_and_reads_stay_the_same(
     for step in range(20):  # 20 chunks: two merges of 8, whose 16 small objects wait for the grace period
         run.log({"h": lh.Histogram([float(step)], bins=1)}, step=step)
         run.flush()
-    run.finish()
     prefix = media_index_prefix(run.id)
     assert len(open_store(store).list(prefix)) == 20 + 2
+    run.finish()  # seals the session: one object covering 0-19 (its 6 others wait for the grace period too)
+    assert len(open_store(store).list(prefix)) == 20 + 2 + 1
     before = [(i.step, i.object) for i in lh.Api(store).run(run.id).media()]
     collect_garbage(store)  # the merges are younger than the grace period: nothing goes
-    assert len(open_store(store).list(prefix)) == 22
+    assert len(open_store(store).list(prefix)) == 23
     monkeypatch.setenv("LAUNCHHELM_COMPACTION_GRACE", "0")
     collect_garbage(store)
-    assert len(open_store(store).list(prefix)) == 2 + 4  # two merged objects and the last four chunks
+    assert open_store(store).list(prefix) == [f"{run.session_id}/00000000-00000019.parquet"]
     assert [(i.step, i.object) for i in lh.Api(store).run(run.id).media()] == before
     assert [i.step for i in lh.Api(store).run(run.id).media()] == list(range(20))

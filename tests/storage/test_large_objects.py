@@ -577,3 +577,50 @@ def test_fake_gcs_server_keeps_an_upload_whose_crc32c_does_not_match(gcs_endpoin
     upload._crc32c ^= 1  # the last chunk then says a wrong whole-object CRC32C
     upload.finish([], 2, len(chunk), b"tail", len(chunk) + 4)
     assert store.read("big") == chunk + b"tail"
+
+
+@pytest.mark.slow
+def test_an_object_of_a_known_size_under_50_mib_goes_to_s3_as_one_put_with_its_crc64nvme(moto_endpoint: str) -> None:
+    """s3fs's own threshold: a sharded checkpoint's objects under it cost one request each, not four."""
+    import base64
+
+    import boto3
+    from http_proxy import RequestCounter
+
+    from launchhelm.storage._checksum import crc64nvme
+
+    prefix = f"one-put-{os.urandom(3).hex()}"
+    proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
+    store = open_store(f"s3://{BUCKET}/{prefix}", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
+    try:
+        data = os.urandom(2 * PART_SIZE + 12_345)  # past a part: without the size, a multipart upload
+        proxy.reset()
+        with store.writer("known.bin", size=len(data)) as f:
+            for start in range(0, len(data), 1 << 20):
+                f.write(data[start : start + (1 << 20)])
+        methods = {request.split()[0] for request in proxy.snapshot()}
+        assert "POST" not in methods and proxy.snapshot()[f"PUT /{BUCKET}/{prefix}"] == 1, proxy.snapshot()
+        head = boto3.client("s3", endpoint_url=moto_endpoint).head_object(
+            Bucket=BUCKET, Key=f"{prefix}/known.bin", ChecksumMode="ENABLED"
+        )
+        assert head["ChecksumCRC64NVME"] == base64.b64encode(crc64nvme(data).to_bytes(8, "big")).decode()
+        assert store.read("known.bin") == data
+
+        proxy.reset()
+        with store.writer("unknown.bin") as f:
+            f.write(data)
+        assert proxy.snapshot()[f"POST /{BUCKET}/{prefix}"] >= 2, proxy.snapshot()  # create and complete
+        assert store.read("unknown.bin") == data
+
+        # a caller that said too little: parts after all, the object still whole and exact
+        with store.writer("wrong.bin", size=PART_SIZE // 2) as f:
+            f.write(data[:1000])
+            f.write(data[1000:])
+        assert store.read("wrong.bin") == data
+        # and one that wrote less than it said: one PUT of what it wrote
+        with store.writer("short.bin", size=len(data)) as f:
+            f.write(data[:5000])
+        assert store.read("short.bin") == data[:5000]
+        assert _multipart_uploads(store) == []
+    finally:
+        proxy.close()
