@@ -9,11 +9,8 @@ time, each item's kind, caption, format and shape) and the raw pixel bytes,
 written under a temporary name and renamed, so a kill mid-write leaves no
 half file. Never pickle: a reader of a spool runs nothing from it.
 
-A dead or ended session's files are stored by :func:`recover_media` (the
-helper's drain, ``launchhelm recover``, a reader or a relaunch on this host):
-one index chunk per :data:`BATCH` files, numbered from :data:`RECOVERED_BASE`
-plus the batch's first file number, so a recovery cut short and tried again
-finds its chunk already there instead of indexing the items twice.
+A dead or ended session's files are stored by
+:func:`launchhelm.media._recover.recover_media`.
 """
 
 from __future__ import annotations
@@ -26,7 +23,7 @@ from typing import Any
 
 from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable
 
-__all__ = ["BATCH", "RECOVERED_BASE", "read_spilled", "recover_media", "spill_paths", "write_spilled"]
+__all__ = ["BATCH", "RECOVERED_BASE", "read_spilled", "spill_name", "spill_paths", "write_spilled"]
 
 _MAGIC = b"LHMEDIA1"
 _LEN = struct.Struct("<I")
@@ -122,53 +119,3 @@ def read_spilled(path: Path) -> tuple[str, int, int, float, list[Prepared]]:
         else:
             raise ValueError(f"{path}: an item of kind {desc['kind']!r}")
     return str(head["key"]), int(head["step"]), int(head["attempt"]), float(head["time"]), items
-
-
-def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> int:
-    """Store a dead or ended session's spilled media and index them; return the items stored.
-
-    Files are deleted once their index chunk is stored; a file that cannot be
-    read (not ours, damaged) is left where it is, with a line saying so.
-    """
-    import logging
-
-    from launchhelm._exceptions import AlreadyExistsError
-    from launchhelm.media._index import IndexRow, encode_index
-    from launchhelm.media._writer import object_name, store_items
-    from launchhelm.storage._keys import media_index_key, media_object_key
-
-    def put(data: bytes, extension: str) -> str:
-        name = object_name(data, extension)
-        try:
-            store.create(media_object_key(run_id, name), data)
-        except AlreadyExistsError:
-            pass
-        return name
-
-    for tmp in directory.glob(f"{session_id}.media-*{_SUFFIX}.tmp"):
-        tmp.unlink(missing_ok=True)  # a write the kill cut short: never renamed, never counted
-    batches: dict[int, list[tuple[int, Path]]] = {}
-    for seq, path in spill_paths(directory, session_id):
-        batches.setdefault(seq // BATCH, []).append((seq, path))
-    stored = 0
-    for batch, files in sorted(batches.items()):
-        rows: list[IndexRow] = []
-        done: list[Path] = []
-        for _, path in files:
-            try:
-                key, step, attempt, when, items = read_spilled(path)
-            except (ValueError, KeyError, TypeError) as exc:
-                logging.getLogger("launchhelm").warning("launchhelm: left %s in the spool: %s", path, exc)
-                continue
-            rows += store_items(put, key, step, attempt, when, items)
-            done.append(path)
-        if rows:
-            number = RECOVERED_BASE + batch * BATCH
-            try:
-                store.create(media_index_key(run_id, session_id, number, number), encode_index(rows))
-            except AlreadyExistsError:
-                pass  # an earlier recovery stored this batch's chunk and was cut short before deleting
-        for path in done:
-            path.unlink(missing_ok=True)
-        stored += len(rows)
-    return stored

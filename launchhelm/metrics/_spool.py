@@ -467,7 +467,7 @@ def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
     A spool whose session's process still runs is left alone, and so is one
     written for another store.
     """
-    from launchhelm.media._spill import recover_media
+    from launchhelm.media._recover import recover_media
     from launchhelm.runlog._liveness import process_state
 
     base = (directory or spool_root()) / run_id

@@ -24,7 +24,8 @@ from lhtest import child_env, helper_pids
 
 import launchhelm as lh
 from launchhelm.media._read import read_media_index
-from launchhelm.media._spill import read_spilled, recover_media, spill_paths, write_spilled
+from launchhelm.media._recover import recover_media
+from launchhelm.media._spill import read_spilled, spill_paths, write_spilled
 from launchhelm.media._types import PreparedHistogram, PreparedImage, PreparedTable
 from launchhelm.storage import open_store
 
