@@ -342,6 +342,13 @@ function render({ model, el }) {
     media.dataset.shown = drawn;
   };
 
+  // new steps or runs: what shows may have changed at the same key and step (a run got there since);
+  // asking again costs no read for the thumbnails the kernel already holds
+  const onMediaState = () => {
+    drawn = "";
+    layoutMedia();
+  };
+
   const mediaObserver = mediaInView
     ? null
     : new IntersectionObserver((entries) => {
@@ -464,7 +471,7 @@ function render({ model, el }) {
   model.on("change:state", drawDiff);
   model.on("change:error", showError);
   for (const name of ["x_axis", "smooth", "smoothing"]) model.on(`change:${name}`, showOptions);
-  model.on("change:media", layoutMedia);
+  model.on("change:media", onMediaState);
   model.on("change:media_key", layoutMedia);
   model.on("change:media_step", onMediaStepTrait);
   layoutMedia();
@@ -483,7 +490,7 @@ function render({ model, el }) {
     model.off("change:state", drawDiff);
     model.off("change:error", showError);
     for (const name of ["x_axis", "smooth", "smoothing"]) model.off(`change:${name}`, showOptions);
-    model.off("change:media", layoutMedia);
+    model.off("change:media", onMediaState);
     model.off("change:media_key", layoutMedia);
     model.off("change:media_step", onMediaStepTrait);
     clearTimeout(settle);

@@ -617,13 +617,14 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
     def _full_picture(self, fetch: FetchMessage) -> tuple[ComparePicturesMessage, list[bytes]]:
         run_id = fetch.get("run", "")
         key = fetch["keys"][0] if fetch["keys"] else ""
-        media = self._media.get(run_id)
-        item = media.find(key, fetch["step"], fetch["attempt"], fetch["index"]) if media else None
-        if item is None or item.kind != "image":
-            raise InvalidArgumentError(
-                f"no image {key!r} of run {run_id!r} at step {fetch['step']} (attempt {fetch['attempt']})"
-            )
-        shown = next(r for r in self._runs_shown() if r["id"] == run_id)
+        with self._lock:
+            media = self._media.get(run_id)
+            item = media.find(key, fetch["step"], fetch["attempt"], fetch["index"]) if media else None
+            if item is None or item.kind != "image":
+                raise InvalidArgumentError(
+                    f"no image {key!r} of run {run_id!r} at step {fetch['step']} (attempt {fetch['attempt']})"
+                )
+            shown = next(r for r in self._runs_shown() if r["id"] == run_id)
         picture: CompareRunPictures = {
             "id": run_id,
             "label": shown["label"],

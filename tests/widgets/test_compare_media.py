@@ -143,6 +143,31 @@ def test_runs_without_images_have_no_section(tmp_path: Path) -> None:
         chart.close()
 
 
+def test_a_running_runs_new_pictures_join_at_a_later_refresh(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from launchhelm.widgets import _compare
+
+    monkeypatch.setattr(_compare, "MEDIA_INTERVAL", 3600.0)
+    store = str(tmp_path / "store")
+    run = lh.init("live", store=store, flush_interval=3600)
+    try:
+        run.log({"loss": 1.0, "samples": lh.Image(pixels(1, 0))}, step=1)
+        run.flush()
+        chart = CompareChart("live", store=store, interval=3600)
+        try:
+            assert chart.media["keys"][0]["steps"] == [1]
+            run.log({"loss": 0.5, "samples": lh.Image(pixels(2, 0))}, step=2)
+            run.flush()
+            chart.refresh()  # within MEDIA_INTERVAL of the last read: its index is not read again yet
+            assert chart.media["keys"][0]["steps"] == [1]
+            monkeypatch.setattr(_compare, "MEDIA_INTERVAL", 0.0)
+            chart.refresh()
+            assert chart.media["keys"][0]["steps"] == [1, 2] and chart.shown_media() == ("samples", 2)
+        finally:
+            chart.close()
+    finally:
+        run.finish()
+
+
 @pytest.fixture
 def on_s3(two_runs: tuple[str, str, str], moto_endpoint: str) -> Iterator[tuple[str, str, str]]:
     """The two runs copied to moto S3 under a fresh prefix."""
