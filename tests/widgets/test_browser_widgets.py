@@ -427,6 +427,8 @@ def test_the_media_tab_moves_every_image_key_with_one_slider_and_shows_both_atte
 
 
 COMPARE_MEDIA = ".lh-compare .lh-compare-media"
+#: CompareChart's media section, as the notebooks guide shows it (written as run-panel.png is)
+COMPARE_MEDIA_SCREENSHOT = DOCS_SCREENSHOT.with_name("compare-media.png")
 #: the second compared run logs steps 1-6 only (rewound to 5, step 6 redone)
 SHORT_END = 6
 
@@ -443,7 +445,7 @@ def _run_captions(page: Any, run_id: str) -> list[str]:
 
 
 def test_compare_chart_shows_two_runs_pictures_at_one_step_side_by_side_and_one_slider_moves_both(
-    page: Any, server: JupyterServer, compare_media_store: tuple[str, str, str]
+    page: Any, server: JupyterServer, compare_media_store: tuple[str, str, str], tmp_path: Path
 ) -> None:
     store, a, b = compare_media_store
     cell = "from launchhelm.widgets import CompareChart\n"
@@ -469,10 +471,20 @@ def test_compare_chart_shows_two_runs_pictures_at_one_step_side_by_side_and_one_
     for run in (a, b):
         assert _run_captions(page, run) == ["step 3 attempt 0 #0", "step 3 attempt 0 #1"]
     assert execute(page, "print(chart.media_step)").strip() == "3"
+    # step 7: run a redid it after its rewind (its newest attempt, noted); run b stopped at step 6
+    page.locator(f"{COMPARE_MEDIA} .lh-media-slider").fill("6")
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='samples@7']", timeout=WAIT_MS)
+    assert _run_captions(page, a) == ["step 7 attempt 1 #0", "step 7 attempt 1 #1"]
+    assert page.locator(f"{COMPARE_MEDIA} [data-run='{b}'] .lh-compare-media-none").inner_text() == (
+        "nothing logged at step 7"
+    )
+    shot = COMPARE_MEDIA_SCREENSHOT if UPDATE_SCREENSHOTS else tmp_path / "compare-media.png"
+    page.locator(COMPARE_MEDIA).screenshot(path=str(shot))
+    assert shot.stat().st_size > 5_000
 
     # another key at step 2: the hostile caption shows as text, in both runs, and never runs
     page.locator(f"{COMPARE_MEDIA} select.lh-compare-media-key").select_option("val/grid")
-    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='val/grid@3']", timeout=WAIT_MS)
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='val/grid@7']", timeout=WAIT_MS)
     page.locator(f"{COMPARE_MEDIA} .lh-media-slider").fill("1")
     page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='val/grid@2']", timeout=WAIT_MS)
     assert _run_captions(page, a) == _run_captions(page, b) == [HOSTILE_CAPTION]
