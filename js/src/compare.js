@@ -5,9 +5,16 @@
 //   front end -> kernel: {type: "ready"} after each embed
 //   kernel -> front end: {type: "snapshot", points, rewinds}
 // The x axis (step / wall time) and smoothing are traits the kernel follows.
+// Under the charts, when the runs logged images, the media section: one
+// image key at one step, each run's pictures side by side (as the Media tab
+// draws them: pictures.js), asked for with `fetch` as the Media tab asks:
+//   front end -> kernel: {type: "fetch", what: "thumbnails", keys: [key], step}
+//                        {type: "fetch", what: "image", keys: [key], step, attempt, index, run}
+//   kernel -> front end: {type: "pictures", key, step, full, runs}, the bytes in the buffers
 import embed from "vega-embed";
 import { filled, h, hideStaticFallback, send } from "./dom.js";
 import { MSG } from "./messages.js";
+import { pictureFigure, revoke, SETTLE_MS, showFullImage, stopAtOrBefore } from "./pictures.js";
 import { embedOptions } from "./theme.js";
 import { ago, duration } from "./time.js";
 
@@ -15,6 +22,9 @@ import { ago, duration } from "./time.js";
 /** @typedef {import("./messages.js").CompareColumns} Columns */
 /** @typedef {import("./messages.js").CompareRun} CompareRun */
 /** @typedef {import("./messages.js").ToCompare} ToCompare */
+/** @typedef {import("./messages.js").ComparePicturesMessage} ComparePicturesMessage */
+/** @typedef {import("./messages.js").CompareMediaKey} CompareMediaKey */
+/** @typedef {ArrayBuffer | ArrayBufferView} Buffer */
 
 /**
  * Expand the kernel's compact columns into Vega rows.
@@ -95,6 +105,35 @@ function render({ model, el }) {
     error,
     h("div", { class: "lh-compare-body" }, target, diff),
   );
+
+  // -- the media section: one key at one step, each run's pictures side by side --
+  const mediaKey = h("select", { class: "lh-compare-media-key", "aria-label": "Image key" });
+  const mediaSlider = h("input", { type: "range", class: "lh-media-slider", min: "0", max: "0", step: "1" });
+  mediaSlider.setAttribute("aria-label", "Step");
+  const mediaStep = h("span", { class: "lh-media-step" });
+  const mediaPrev = h("button", { class: "lh-btn lh-media-prev", title: "Previous logged step" }, "◀");
+  const mediaNext = h("button", { class: "lh-btn lh-media-next", title: "Next logged step" }, "▶");
+  const mediaRuns = h("div", { class: "lh-compare-media-runs" });
+  const overlay = h("div", { class: "lh-media-full", hidden: true, role: "dialog", "aria-label": "Full image" });
+  // the Media tab's classes, so that its stylesheet draws both alike
+  const media = h(
+    "div",
+    { class: "launchhelm lh-media lh-compare-media", hidden: true },
+    h(
+      "div",
+      { class: "lh-media-bar" },
+      h("b", {}, "Media"),
+      mediaKey,
+      h("span", {}, "Step"),
+      mediaPrev,
+      mediaSlider,
+      mediaNext,
+      mediaStep,
+    ),
+    mediaRuns,
+    overlay,
+  );
+  el.append(media);
 
   /** @type {View | null} */
   let view = null;
@@ -180,9 +219,180 @@ function render({ model, el }) {
     );
   };
 
-  /** @param {ToCompare} msg */
-  const onMessage = (msg) => {
+  /** @type {number[]} */
+  let stops = [];
+  let shownKey = "";
+  let current = -1;
+  let drawn = "";
+  let mediaInView = typeof IntersectionObserver === "undefined";
+  let settle = /** @type {ReturnType<typeof setTimeout> | undefined} */ (undefined);
+  /** @type {Set<string>} */
+  const runUrls = new Set();
+  /** @type {Set<string>} */
+  const fullUrls = new Set();
+
+  /** @returns {CompareMediaKey | null} */
+  const chosenKey = () => {
+    const keys = model.get("media")?.keys || [];
+    return keys.find((k) => k.key === model.get("media_key")) || keys[0] || null;
+  };
+
+  /** The pictures of the key at the step, unless they show already (or the section is out of view). */
+  const askMedia = () => {
+    if (!shownKey || current < 0 || !mediaInView || drawn === `${shownKey}@${current}`) return;
+    send(model, { type: MSG.FETCH, what: "thumbnails", keys: [shownKey], step: current, attempt: -1, index: -1 });
+  };
+
+  /** @param {number} step */
+  const showMediaStep = (step) => {
+    if (!stops.length) {
+      current = -1;
+      return;
+    }
+    const at = stopAtOrBefore(stops, step < 0 ? stops[stops.length - 1] : step);
+    current = stops[at];
+    mediaSlider.value = String(at);
+    mediaStep.textContent = `${current} (${at + 1} of ${stops.length})`;
+    mediaPrev.disabled = at === 0;
+    mediaNext.disabled = at === stops.length - 1;
+    media.dataset.step = String(current);
+    clearTimeout(settle);
+    settle = setTimeout(askMedia, SETTLE_MS);
+  };
+
+  /** @param {number} step */
+  const chooseMediaStep = (step) => {
+    showMediaStep(step);
+    const following = current === stops[stops.length - 1] ? -1 : current;
+    if (model.get("media_step") !== following) {
+      model.set("media_step", following);
+      model.save_changes();
+    }
+  };
+
+  const layoutMedia = () => {
+    const keys = model.get("media")?.keys || [];
+    media.hidden = !keys.length;
+    const names = keys.map((k) => k.key);
+    if ([...mediaKey.options].map((o) => o.value).join("\n") !== names.join("\n")) {
+      mediaKey.replaceChildren(...names.map((name) => h("option", { value: name }, name)));
+    }
+    const key = chosenKey();
+    shownKey = key ? key.key : "";
+    mediaKey.value = shownKey;
+    media.dataset.key = shownKey;
+    stops = key ? key.steps : [];
+    mediaSlider.max = String(Math.max(0, stops.length - 1));
+    media.dataset.stops = String(stops.length);
+    showMediaStep(Number(model.get("media_step")));
+  };
+
+  /**
+   * @param {ComparePicturesMessage} msg
+   * @param {Buffer[]} buffers
+   */
+  const onPictures = (msg, buffers) => {
+    if (msg.full) {
+      const run = msg.runs[0];
+      const picture = run?.pictures[0];
+      if (!run || !picture) return;
+      showFullImage(overlay, picture, buffers[picture.buffer], fullUrls, `${run.label} · `);
+      media.dataset.full = `${run.id}:${picture.key}@${picture.step}`;
+      return;
+    }
+    if (msg.key !== shownKey || msg.step !== current) return; // the slider or the key has moved on
+    revoke(runUrls);
+    const cards = msg.runs.map((run) => {
+      const figures = run.pictures.map((p) =>
+        pictureFigure(p, buffers[p.buffer], runUrls, msg.step, () =>
+          send(model, {
+            type: MSG.FETCH,
+            what: "image",
+            keys: [p.key],
+            step: p.step,
+            attempt: p.attempt,
+            index: p.index,
+            run: run.id,
+          }),
+        ),
+      );
+      const note = run.empty
+        ? h("span", { class: "lh-empty lh-compare-media-none" }, run.empty)
+        : run.redone
+          ? h("span", { class: "lh-caption lh-compare-media-redone" }, "redone after a rewind: its newest attempt")
+          : null;
+      return h(
+        "div",
+        {
+          class: "lh-media-card lh-compare-media-run",
+          dataset: { run: run.id, step: String(msg.step), pictures: String(run.pictures.length) },
+        },
+        h(
+          "div",
+          { class: "lh-media-title" },
+          h("span", { class: "lh-swatch", style: `background:${run.color}` }),
+          run.label,
+        ),
+        h("div", { class: "lh-media-pics" }, figures),
+        note,
+      );
+    });
+    mediaRuns.replaceChildren(...cards);
+    drawn = `${msg.key}@${msg.step}`;
+    media.dataset.shown = drawn;
+  };
+
+  // new steps or runs: what shows may have changed at the same key and step (a run got there since);
+  // asking again costs no read for the thumbnails the kernel already holds
+  const onMediaState = () => {
+    drawn = "";
+    layoutMedia();
+  };
+
+  const mediaObserver = mediaInView
+    ? null
+    : new IntersectionObserver((entries) => {
+        mediaInView = entries.some((e) => e.isIntersecting);
+        askMedia();
+      });
+  mediaObserver?.observe(media);
+  const onMediaSlider = () => chooseMediaStep(stops[Number(mediaSlider.value)] ?? -1);
+  const onMediaKey = () => {
+    model.set("media_key", mediaKey.value);
+    model.save_changes();
+  };
+  const onMediaStepTrait = () => {
+    const asked = Number(model.get("media_step"));
+    if (asked >= 0 ? asked !== current : current !== stops[stops.length - 1]) showMediaStep(asked);
+  };
+  const closeFull = () => {
+    overlay.hidden = true;
+    revoke(fullUrls);
+    delete media.dataset.full;
+  };
+  /** @param {KeyboardEvent} event */
+  const onKey = (event) => {
+    if (event.key === "Escape" && !overlay.hidden) closeFull();
+  };
+  mediaSlider.addEventListener("input", onMediaSlider);
+  mediaKey.addEventListener("change", onMediaKey);
+  mediaPrev.addEventListener("click", () => chooseMediaStep(stops[Math.max(0, Number(mediaSlider.value) - 1)]));
+  mediaNext.addEventListener("click", () =>
+    chooseMediaStep(stops[Math.min(stops.length - 1, Number(mediaSlider.value) + 1)]),
+  );
+  overlay.addEventListener("click", closeFull);
+  document.addEventListener("keydown", onKey);
+
+  /**
+   * @param {ToCompare} msg
+   * @param {Buffer[]} [buffers]
+   */
+  const onMessage = (msg, buffers) => {
     if (hideStaticFallback(msg)) return;
+    if (msg && msg.type === MSG.PICTURES) {
+      onPictures(msg, buffers || []);
+      return;
+    }
     const v = view;
     if (!v || !msg || msg.type !== MSG.SNAPSHOT) return;
     enqueue(async () => {
@@ -261,6 +471,10 @@ function render({ model, el }) {
   model.on("change:state", drawDiff);
   model.on("change:error", showError);
   for (const name of ["x_axis", "smooth", "smoothing"]) model.on(`change:${name}`, showOptions);
+  model.on("change:media", onMediaState);
+  model.on("change:media_key", layoutMedia);
+  model.on("change:media_step", onMediaStepTrait);
+  layoutMedia();
   showOptions();
   showError();
   drawDiff();
@@ -276,6 +490,14 @@ function render({ model, el }) {
     model.off("change:state", drawDiff);
     model.off("change:error", showError);
     for (const name of ["x_axis", "smooth", "smoothing"]) model.off(`change:${name}`, showOptions);
+    model.off("change:media", onMediaState);
+    model.off("change:media_key", layoutMedia);
+    model.off("change:media_step", onMediaStepTrait);
+    clearTimeout(settle);
+    mediaObserver?.disconnect();
+    document.removeEventListener("keydown", onKey);
+    revoke(runUrls);
+    revoke(fullUrls);
     if (view) view.finalize();
     view = null;
   };

@@ -11,6 +11,7 @@
 import embed from "vega-embed";
 import { h, hideStaticFallback, send } from "./dom.js";
 import { MSG } from "./messages.js";
+import { objectUrl, pictureFigure, revoke, SETTLE_MS, showFullImage, stopAtOrBefore } from "./pictures.js";
 import { embedOptions, onThemeChange } from "./theme.js";
 
 /** @typedef {import("./messages.js").MediaTraits} MediaTraits */
@@ -23,57 +24,6 @@ import { embedOptions, onThemeChange } from "./theme.js";
 /** @typedef {import("./messages.js").ToMedia} ToMedia */
 /** @typedef {import("./messages.js").Json} Json */
 /** @typedef {ArrayBuffer | ArrayBufferView} Buffer */
-
-/** Widths (px) a thumbnail is drawn at: small pictures are enlarged to the first, big ones shrunk to the second. */
-const THUMB_MIN = 96;
-const THUMB_MAX = 256;
-/** Milliseconds the slider waits for the hand to rest before asking the kernel. */
-const SETTLE_MS = 60;
-
-/**
- * An object URL for a buffer the kernel sent (revoked by `urls.drop`).
- * @param {Buffer | undefined} buffer
- * @param {string} mime
- * @param {Set<string>} urls
- * @returns {string}
- */
-function objectUrl(buffer, mime, urls) {
-  if (!buffer) return "";
-  const url = URL.createObjectURL(new Blob([/** @type {BlobPart} */ (buffer)], { type: mime }));
-  urls.add(url);
-  return url;
-}
-
-/**
- * Revoke the object URLs no longer shown.
- * @param {Set<string>} urls
- */
-function revoke(urls) {
-  for (const url of urls) URL.revokeObjectURL(url);
-  urls.clear();
-}
-
-/**
- * The last of `sorted` at or before `step` (its index), or 0.
- * @param {number[]} sorted
- * @param {number} step
- * @returns {number}
- */
-function stopAtOrBefore(sorted, step) {
-  let low = 0;
-  let high = sorted.length - 1;
-  let found = 0;
-  while (low <= high) {
-    const mid = (low + high) >> 1;
-    if (sorted[mid] <= step) {
-      found = mid;
-      low = mid + 1;
-    } else {
-      high = mid - 1;
-    }
-  }
-  return found;
-}
 
 /**
  * How a table cell sorts: numbers as numbers, text as text, images by caption, empty last.
@@ -317,16 +267,7 @@ function render({ model, el }) {
     if (msg.full) {
       const picture = msg.pictures[0];
       if (!picture) return;
-      revoke(fullUrls);
-      const img = h("img", { src: objectUrl(buffers[picture.buffer], picture.mime, fullUrls), alt: picture.key });
-      const caption = h("div", { class: "lh-media-full-caption" });
-      caption.textContent = `${picture.key} · step ${picture.step}${picture.abandoned ? " · abandoned attempt" : ""}${picture.caption ? ` · ${picture.caption}` : ""}`;
-      overlay.replaceChildren(
-        h("button", { class: "lh-btn lh-media-close", "aria-label": "Close" }, "✕"),
-        img,
-        caption,
-      );
-      overlay.hidden = false;
+      showFullImage(overlay, picture, buffers[picture.buffer], fullUrls);
       el.dataset.full = `${picture.key}@${picture.step}`;
       return;
     }
@@ -336,38 +277,11 @@ function render({ model, el }) {
       if (!entry) continue;
       revoke(entry.urls);
       const shown = msg.pictures.filter((p) => p.key === key);
-      const figures = shown.map((p) => {
-        const img = h("img", {
-          src: objectUrl(buffers[p.buffer], p.mime, entry.urls),
-          alt: `${p.key} at step ${p.step}`,
-          title: "Show the full image",
-          class: "lh-media-thumb",
-        });
-        // a small picture drawn larger (pixels kept sharp), a big one as its thumbnail allows
-        img.style.width = `${Math.min(THUMB_MAX, Math.max(THUMB_MIN, p.width || THUMB_MIN))}px`;
-        const label = p.abandoned
-          ? h("span", { class: "lh-badge lh-media-abandoned-label" }, `abandoned attempt ${p.attempt}`)
-          : null;
-        const caption = h("figcaption", { class: "lh-media-caption" });
-        caption.textContent = p.caption; // text from the store: never HTML
-        const where = p.step === msg.step ? null : h("span", { class: "lh-caption" }, `step ${p.step}`);
-        return h(
-          "figure",
-          {
-            class: `lh-media-pic${p.abandoned ? " lh-media-abandoned" : ""}`,
-            dataset: {
-              step: String(p.step),
-              attempt: String(p.attempt),
-              index: String(p.index),
-              abandoned: String(p.abandoned),
-            },
-            onclick: () => fetch("image", [p.key], p.step, p.attempt, p.index),
-          },
-          img,
-          h("div", { class: "lh-media-labels" }, label, where),
-          caption,
-        );
-      });
+      const figures = shown.map((p) =>
+        pictureFigure(p, buffers[p.buffer], entry.urls, msg.step, () =>
+          fetch("image", [p.key], p.step, p.attempt, p.index),
+        ),
+      );
       const pics = entry.card.querySelector(".lh-media-pics");
       pics?.replaceChildren(
         ...(figures.length ? figures : [h("span", { class: "lh-empty" }, `nothing logged by step ${msg.step}`)]),

@@ -22,7 +22,7 @@ export const MSG = /** @type {const} */ ({
   RESET: "reset",
   /** kernel -> front end: what the run printed since */
   APPEND: "append",
-  /** front end -> kernel: the Media tab wants pictures, a table or the histograms */
+  /** front end -> kernel: the Media tab (or CompareChart's media section) wants pictures, a table or the histograms */
   FETCH: "fetch",
   /** kernel -> front end: pictures (thumbnails or one full image), their bytes in the buffers */
   PICTURES: "pictures",
@@ -309,6 +309,9 @@ export const MSG = /** @type {const} */ ({
  * @property {string} x_axis
  * @property {boolean} smooth
  * @property {number} smoothing
+ * @property {CompareMediaState} media
+ * @property {string} media_key
+ * @property {number} media_step
  */
 
 /**
@@ -443,6 +446,40 @@ export const MSG = /** @type {const} */ ({
  * @property {string[]} keys
  * @property {number} attempt
  * @property {number} index
+ * @property {string} [run]
+ */
+
+/**
+ * An image key any compared run logged: every step one of them logged it at, and which runs did.
+ * @typedef {object} CompareMediaKey
+ * @property {string} key
+ * @property {number[]} steps
+ * @property {string[]} runs
+ */
+
+/**
+ * @typedef {object} CompareMediaState
+ * @property {CompareMediaKey[]} keys
+ */
+
+/**
+ * One run's pictures of the key at the step (its newest attempt's), in the chart's run order.
+ * @typedef {object} CompareRunPictures
+ * @property {string} id
+ * @property {string} label
+ * @property {string} color
+ * @property {string} empty
+ * @property {boolean} redone
+ * @property {MediaPicture[]} pictures
+ */
+
+/**
+ * @typedef {object} ComparePicturesMessage
+ * @property {"pictures"} type
+ * @property {string} key
+ * @property {number} step
+ * @property {boolean} full
+ * @property {CompareRunPictures[]} runs
  */
 
 /**
@@ -515,6 +552,6 @@ export const MSG = /** @type {const} */ ({
 /** @typedef {ReadyMessage | ActionMessage | ZoomMessage | FetchMessage} ToKernel */
 /** What the kernel sends each front end. */
 /** @typedef {LiveMessage | ChartSnapshot | ChartInsert} ToChart */
-/** @typedef {LiveMessage | CompareSnapshot} ToCompare */
+/** @typedef {LiveMessage | CompareSnapshot | ComparePicturesMessage} ToCompare */
 /** @typedef {LiveMessage | ResetMessage | AppendMessage} ToLogs */
 /** @typedef {LiveMessage | PicturesMessage | TableMessage | HistogramsMessage} ToMedia */

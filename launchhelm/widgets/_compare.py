@@ -14,10 +14,20 @@ Each run keeps its colour whatever else is selected (the colour comes from
 its id), the legend names runs by name, and each run's rewinds are dashed
 rules in its colour. Beside the chart, the config diff: the ``config.`` and
 ``tunable.`` values that differ between the selected runs.
+
+Under the charts, when the runs logged images, the media section: one image
+key at one step, each run's picture side by side in the chart's run order.
+It shares the Media tab's kernel side (:class:`RunMedia`): each run's media
+index read once (again now and then while it runs), thumbnails read only
+for the step in view and kept, the full image on a click.
 """
 
 from __future__ import annotations
 
+import base64
+import html
+import threading
+import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
@@ -48,19 +58,29 @@ from launchhelm.widgets._compare_spec import (
     run_colors,
     run_labels,
 )
+from launchhelm.widgets._media_index import THUMBNAIL_CACHE_BYTES, RunMedia, media_picture
 from launchhelm.widgets._messages import (
+    MSG_PICTURES,
     MSG_SNAPSHOT,
+    CompareMediaKey,
+    CompareMediaState,
+    ComparePicturesMessage,
     CompareRewind,
     CompareRun,
+    CompareRunPictures,
     CompareSnapshot,
     CompareState,
+    FetchMessage,
     ShownRun,
+    read_fetch,
     synced_dict,
 )
 from launchhelm.widgets._static import table_html
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from launchhelm.media import MediaItem
 
 T = TypeVar("T")
 
@@ -95,6 +115,11 @@ class _SmoothingChange(TypedDict):
     type: str
 
 
+#: Seconds between reads of a running run's media index (the chart itself polls more often).
+MEDIA_INTERVAL = 10.0
+#: Thumbnail bytes kept per compared run (the Media tab keeps :data:`THUMBNAIL_CACHE_BYTES` for its one run).
+COMPARE_THUMBNAIL_BYTES = THUMBNAIL_CACHE_BYTES // 4
+
 __all__ = [
     "CompareChart",
     "build_compare_spec",
@@ -117,6 +142,13 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
     the config diff: the config and tunable values that differ between the
     runs. Live while any of the runs is running. Each series is downsampled
     to at most ``max_points`` points, keeping its extremes (as ``RunChart``).
+
+    When the runs logged images, a media section under the charts shows one
+    image key (``media_key``) at one step (``media_step``, a slider over
+    every step any of the runs logged it at): each run's picture side by
+    side, in the legend's order and colours; a run with none at that step
+    says so. At a step a rewind redid, a run shows its newest attempt's
+    picture, noted as redone. A click on a thumbnail shows the full image.
 
     Parameters
     ----------
@@ -148,6 +180,12 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
     x_axis = traitlets.Unicode("step").tag(sync=True)
     smooth = traitlets.Bool(False).tag(sync=True)
     smoothing = traitlets.Float(DEFAULT_SMOOTHING).tag(sync=True)
+    #: Image keys the runs logged, and their steps (the media section; no keys: no section).
+    media = synced_dict(CompareMediaState)
+    #: The image key the media section shows ("": the first).
+    media_key = traitlets.Unicode("").tag(sync=True)
+    #: The media section's step (-1: the key's newest).
+    media_step = traitlets.Int(-1).tag(sync=True)
 
     @classmethod
     def _reuse_key(
@@ -215,6 +253,9 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
         self._shown: tuple[object, ...] | None = None
         self._last_snapshot: CompareSnapshot | None = None
         self._last_basis: tuple[object, ...] | None = None
+        self._media: dict[str, RunMedia] = {}
+        self._media_read: dict[str, float] = {}
+        self._fetch_lock = threading.Lock()
         self.observe(self._on_view_option, names=["x_axis", "smooth", "smoothing"])
         try:
             self.set_runs(self._resolved[1] if self._resolved[1] is not None else self._project_runs())
@@ -257,6 +298,7 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
             self._run_ids = list(dict.fromkeys(chosen))
             self._views = {r: v for r, v in self._views.items() if r in self._run_ids}
             self._rows = {r: v for r, v in self._rows.items() if r in self._run_ids}
+            self._media = {r: m for r, m in self._media.items() if r in self._run_ids}
             self.refresh()
 
     # -- reading --------------------------------------------------------------
@@ -370,6 +412,7 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
         """Re-read the runs; re-embed when the panels changed, else send the new rows."""
         with self._lock:
             self._read()
+            self._read_media()
             runs = self._runs_shown()
             keys = self.shown_keys()
             shown = (tuple(keys), tuple((r["id"], r["label"]) for r in runs), self.x_axis, self.smooth)
@@ -461,6 +504,190 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
             else:
                 self._send_snapshot()
 
+    # -- the media section ---------------------------------------------------------
+    def _read_media(self) -> None:
+        """Each run's media index: once, then every :data:`MEDIA_INTERVAL` s while it runs (concurrently)."""
+        now = time.monotonic()
+        running = {r for r in self._run_ids if self._rows.get(r, {}).get("status") == "running"}
+        due = [
+            r
+            for r in self._run_ids
+            if r not in self._media or (r in running and now - self._media_read.get(r, 0.0) >= MEDIA_INTERVAL)
+        ]
+        for run_id in due:
+            self._media.setdefault(run_id, RunMedia(self._handles[run_id], cache_bytes=COMPARE_THUMBNAIL_BYTES))
+        _parallel([self._media[r].read for r in due])
+        self._media_read.update(dict.fromkeys(due, now))
+        state = self._media_state()
+        if state != self.media:
+            self.media = state
+
+    def _media_state(self) -> CompareMediaState:
+        steps: dict[str, set[int]] = {}
+        runs: dict[str, list[str]] = {}
+        for run_id in self._run_ids:
+            media = self._media.get(run_id)
+            if media is None:
+                continue
+            for key in sorted({i.key for i in media.items if i.kind == "image"}):
+                steps.setdefault(key, set()).update(media.steps(key))
+                runs.setdefault(key, []).append(run_id)
+        keys: list[CompareMediaKey] = [{"key": k, "steps": sorted(steps[k]), "runs": runs[k]} for k in sorted(steps)]
+        return {"keys": keys}
+
+    @traitlets.validate("media_key")
+    def _valid_media_key(self, proposal: dict[str, Any]) -> str:
+        key = proposal["value"]
+        known = [k["key"] for k in self.media.get("keys", [])]
+        if key and known and key not in known:
+            raise InvalidArgumentError(
+                f"media_key={key!r}: none of the compared runs logged images under it; use one of {known}"
+            )
+        return str(key)
+
+    @traitlets.validate("media_step")
+    def _valid_media_step(self, proposal: dict[str, Any]) -> int:
+        step = proposal["value"]
+        if step < -1:
+            raise InvalidArgumentError(f"media_step={step}: give a step (0 or more), or -1 for the newest")
+        return int(step)
+
+    def shown_media(self) -> tuple[str, int]:
+        """The image key and step the media section shows (``("", -1)`` when the runs logged no image)."""
+        keys = {k["key"]: k for k in self.media.get("keys", [])}
+        if not keys:
+            return "", -1
+        key = self.media_key if self.media_key in keys else next(iter(keys))
+        steps = keys[key]["steps"]
+        if self.media_step >= 0 or not steps:
+            return key, self.media_step
+        return key, steps[-1]
+
+    def media_pictures(self, key: str, step: int) -> tuple[ComparePicturesMessage, list[bytes]]:
+        """Each compared run's pictures of ``key`` at ``step``, in the chart's run order, and their thumbnails.
+
+        A run shows its newest attempt's pictures there (``redone`` notes an
+        earlier, abandoned attempt at that step); a run with none says so in
+        ``empty``. Thumbnails the kernel has not kept are read in one
+        concurrent round per run.
+        """
+        with self._lock:
+            described: list[CompareRunPictures] = []
+            chosen: list[tuple[str, list[MediaItem]]] = []
+            for shown in self._runs_shown():
+                media = self._media.get(shown["id"])
+                images = [i for i in (media.by_step(key).get(step, []) if media else []) if i.kind == "image"]
+                newest = max((i.attempt for i in images), default=-1)
+                items = sorted((i for i in images if i.attempt == newest), key=lambda i: i.index)
+                if items:
+                    empty = ""
+                elif media is not None and media.steps(key):
+                    empty = f"nothing logged at step {step}"
+                else:
+                    empty = f"logged no {key}"
+                described.append(
+                    {
+                        "id": shown["id"],
+                        "label": shown["label"],
+                        "color": shown["color"],
+                        "empty": empty,
+                        "redone": any(i.attempt < newest for i in images),
+                        "pictures": [],
+                    }
+                )
+                chosen.append((shown["id"], items))
+            read = _parallel([partial(self._media[r].thumbnails, items) for r, items in chosen if items])
+        buffers: list[bytes] = []
+        thumbnails = iter(read)
+        for run, (_, items) in zip(described, chosen, strict=True):
+            if not items:
+                continue
+            for item, data in zip(items, next(thumbnails), strict=True):
+                run["pictures"].append(media_picture(item, len(buffers), "image/png"))
+                buffers.append(data)
+        message: ComparePicturesMessage = {
+            "type": MSG_PICTURES,
+            "key": key,
+            "step": step,
+            "full": False,
+            "runs": described,
+        }
+        return message, buffers
+
+    def _full_picture(self, fetch: FetchMessage) -> tuple[ComparePicturesMessage, list[bytes]]:
+        run_id = fetch.get("run", "")
+        key = fetch["keys"][0] if fetch["keys"] else ""
+        with self._lock:
+            media = self._media.get(run_id)
+            item = media.find(key, fetch["step"], fetch["attempt"], fetch["index"]) if media else None
+            if item is None or item.kind != "image":
+                raise InvalidArgumentError(
+                    f"no image {key!r} of run {run_id!r} at step {fetch['step']} (attempt {fetch['attempt']})"
+                )
+            shown = next(r for r in self._runs_shown() if r["id"] == run_id)
+        picture: CompareRunPictures = {
+            "id": run_id,
+            "label": shown["label"],
+            "color": shown["color"],
+            "empty": "",
+            "redone": False,
+            "pictures": [media_picture(item, 0, item.mime)],
+        }
+        full: ComparePicturesMessage = {
+            "type": MSG_PICTURES,
+            "key": key,
+            "step": fetch["step"],
+            "full": True,
+            "runs": [picture],
+        }
+        return full, [item.read_bytes()]
+
+    def _on_front_end_message(self, _widget: object, content: object, buffers: Sequence[bytes]) -> None:
+        fetch = read_fetch(content)
+        if fetch is None:
+            super()._on_front_end_message(_widget, content, buffers)
+            return
+        try:
+            with self._fetch_lock:
+                if fetch["what"] == "thumbnails" and fetch["keys"]:
+                    message, data = self.media_pictures(fetch["keys"][0], fetch["step"])
+                elif fetch["what"] == "image":
+                    message, data = self._full_picture(fetch)
+                else:
+                    return
+                # sent at once: the front end asked, so it listens (``ready`` is about the chart's embed)
+                self.send(message, data)
+        except Exception as exc:  # shown in the widget: a fetch must never kill the comm
+            self.error = f"{type(exc).__name__}: {exc}"
+
+    def media_html(self) -> str:
+        """The media section as it stands (its key, at its step; thumbnails inline), as HTML; "" without images."""
+        key, step = self.shown_media()
+        if not key:
+            return ""
+        message, buffers = self.media_pictures(key, step)
+        cells = []
+        for run in message["runs"]:
+            figures = []
+            for p in run["pictures"]:
+                src = "data:image/png;base64," + base64.b64encode(buffers[p["buffer"]]).decode("ascii")
+                dim = "opacity:0.45;" if p["abandoned"] else ""
+                figures.append(
+                    f"<figure style='display:inline-block;margin:4px;{dim}'><img src='{src}' "
+                    f"alt='{html.escape(key, quote=True)}' style='max-width:256px'>"
+                    f"<figcaption style='font-size:11px'>{html.escape(p['caption'])}</figcaption></figure>"
+                )
+            note = run["empty"] or ("an earlier attempt redone" if run["redone"] else "")
+            swatch = f"<span style='color:{html.escape(run['color'], quote=True)}'>&#9632;</span>"
+            cells.append(
+                f"<div style='display:inline-block;vertical-align:top;margin:4px 12px 4px 0'>"
+                f"<b>{swatch} {html.escape(run['label'])}</b><br>{''.join(figures)}"
+                + (f"<div style='font-size:11px;color:#666'>{html.escape(note)}</div>" if note else "")
+                + "</div>"
+            )
+        title = html.escape(f"{key} at step {step}")
+        return f"<div class='launchhelm-static-compare-media'><b>{title}</b><div>{''.join(cells)}</div></div>"
+
     # -- saved notebooks --------------------------------------------------------
     def static_svg(self) -> str | None:
         """The comparison as SVG (fewer points than the live view); None without vl-convert."""
@@ -507,7 +734,11 @@ class CompareChart(LiveWidget[tuple[Api, list[str] | None, list[str] | None]]):
 
     def static_mimebundle(self) -> dict[str, str]:
         svg = self.static_svg() or ""
-        return {"text/html": f"<div class='launchhelm-static-compare'>{svg}{self.diff_html()}</div>"}
+        try:
+            media = self.media_html()
+        except Exception:  # a picture is a nicety: the chart and the diff show regardless
+            media = ""
+        return {"text/html": f"<div class='launchhelm-static-compare'>{svg}{self.diff_html()}{media}</div>"}
 
 
 def _parallel(calls: Sequence[Callable[[], T]]) -> list[T]:

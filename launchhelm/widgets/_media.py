@@ -17,7 +17,6 @@ store others write: the front end shows them as text only.
 from __future__ import annotations
 
 import base64
-import bisect
 import html
 import itertools
 import threading
@@ -30,6 +29,7 @@ from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._types import RunLike
 from launchhelm.media import MediaItem, TableImage
 from launchhelm.widgets._base import LiveWidget, StoreArg, front_end, resolve_run, run_key
+from launchhelm.widgets._media_index import RunMedia, media_picture
 from launchhelm.widgets._messages import (
     MSG_HISTOGRAMS,
     MSG_PICTURES,
@@ -53,8 +53,6 @@ __all__ = ["MAX_HISTOGRAM_STEPS", "MediaPanel", "histogram_spec", "media_state"]
 #: Steps of a histogram key the chart draws (evenly spread, first and last included): one GET each,
 #: in one concurrent round, and a heatmap has no more rows than a screen has pixels anyway.
 MAX_HISTOGRAM_STEPS = 100
-#: Thumbnail bytes the kernel keeps, so that moving the slider back costs no request.
-THUMBNAIL_CACHE_BYTES = 32 * 2**20
 
 
 def media_state(handle: RunHandle, items: Sequence[MediaItem], status: str) -> MediaState:
@@ -179,11 +177,6 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
         if self._reused():
             return
         self._keys: list[str] | None = [keys] if isinstance(keys, str) else (list(keys) if keys is not None else None)
-        self._items: list[MediaItem] = []
-        self._at: dict[str, dict[int, list[MediaItem]]] = {}
-        self._steps: dict[str, list[int]] = {}
-        self._thumbs: dict[str, bytes] = {}
-        self._thumb_bytes = 0
         self._histograms_asked = False
         self._histogram_steps: dict[str, list[int]] = {}
         self._fetch_lock = threading.Lock()
@@ -192,6 +185,7 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
         self._setup_live()
         self._api: Api = self._resolved[0]
         self._handle: RunHandle = self._resolved[1]
+        self._media = RunMedia(self._handle, self._keys)
         self.refresh()
 
     @property
@@ -206,48 +200,27 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
     @property
     def items(self) -> list[MediaItem]:
         """The media index as the panel holds it (every attempt)."""
-        return list(self._items)
+        return list(self._media.items)
 
     def refresh(self) -> None:
         """Re-read the run's media index (one listing and one round of reads) and its status."""
         with self._lock:
-            items = self._handle.media(self._keys)
+            self._media.read()
             status = self._handle.status
-            if len(items) != len(self._items) or items != self._items:
-                self._index(items)
-            state = media_state(self._handle, self._items, status)
+            state = media_state(self._handle, self._media.items, status)
             changed = state["keys"] != self.state.get("keys")
             if state != self.state:
                 self.state = state
             if changed and self._histograms_asked and self.ready:
                 self._send_histograms()
 
-    def _index(self, items: list[MediaItem]) -> None:
-        self._items = items
-        at: dict[str, dict[int, list[MediaItem]]] = {}
-        for item in items:
-            at.setdefault(item.key, {}).setdefault(item.step, []).append(item)
-        for by_step in at.values():
-            for shown in by_step.values():
-                # each picture of a list beside its redo: the abandoned attempt's first (left), then the newer
-                shown.sort(key=lambda i: (i.index, not i.abandoned, i.attempt))
-        self._at = at
-        self._steps = {key: sorted(by_step) for key, by_step in at.items()}
-
     def _kind(self, key: str) -> str | None:
-        shown = self._at.get(key)
-        if not shown:
-            return None
-        return next(iter(shown.values()))[0].kind
+        return self._media.kind(key)
 
     def shown_at(self, key: str, step: int) -> list[MediaItem]:
         """What ``key`` shows with the slider at ``step``: its items there (both attempts at a redone step),
         else those of its last step before it; [] when it has none by then."""
-        steps = self._steps.get(key, [])
-        where = bisect.bisect_right(steps, step)
-        if where == 0:
-            return []
-        return list(self._at[key][steps[where - 1]])
+        return self._media.shown_at(key, step)
 
     def _last_step(self) -> int:
         stops = self.state.get("steps") or []
@@ -282,21 +255,9 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
     def pictures(self, step: int, keys: Sequence[str]) -> tuple[PicturesMessage, list[bytes]]:
         """The thumbnails of ``keys`` with the slider at ``step``, and their bytes (one round of reads for
         those the kernel has not kept)."""
-        shown = [(key, item) for key in keys if self._kind(key) == "image" for item in self.shown_at(key, step)]
-        missing = [item for _, item in shown if item.thumbnail is not None and item.thumbnail not in self._thumbs]
-        unique = list({item.thumbnail: item for item in missing}.values())
-        if unique:
-            for item, data in zip(unique, MediaItem.read_many_bytes(unique, thumbnail=True), strict=True):
-                self._keep_thumbnail(str(item.thumbnail), data)
-        pictures: list[MediaPicture] = []
-        buffers: list[bytes] = []
-        for _key, item in shown:
-            kept = self._thumbs.get(str(item.thumbnail)) if item.thumbnail else None
-            data = kept if kept is not None else b""
-            if kept is None:  # evicted between the read and now: read it alone
-                data = item.read_bytes(thumbnail=True)
-            pictures.append(self._picture(item, len(buffers), "image/png"))
-            buffers.append(data)
+        shown = [item for key in keys if self._kind(key) == "image" for item in self.shown_at(key, step)]
+        buffers = self._media.thumbnails(shown)
+        pictures = [self._picture(item, n, "image/png") for n, item in enumerate(shown)]
         message: PicturesMessage = {
             "type": MSG_PICTURES,
             "step": step,
@@ -306,27 +267,9 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
         }
         return message, buffers
 
-    def _keep_thumbnail(self, name: str, data: bytes) -> None:
-        while self._thumbs and self._thumb_bytes + len(data) > THUMBNAIL_CACHE_BYTES:
-            oldest = next(iter(self._thumbs))
-            self._thumb_bytes -= len(self._thumbs.pop(oldest))
-        self._thumbs[name] = data
-        self._thumb_bytes += len(data)
-
     @staticmethod
     def _picture(item: MediaItem, buffer: int, mime: str) -> MediaPicture:
-        return {
-            "key": item.key,
-            "step": item.step,
-            "attempt": item.attempt,
-            "abandoned": item.abandoned,
-            "index": item.index,
-            "caption": item.caption or "",
-            "width": int(item.width or 0),
-            "height": int(item.height or 0),
-            "mime": mime,
-            "buffer": buffer,
-        }
+        return media_picture(item, buffer, mime)
 
     def _send_pictures(self, step: int, keys: Sequence[str]) -> None:
         message, buffers = self.pictures(step, keys)
@@ -336,14 +279,7 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
         if not message["keys"]:
             return
         key, step = message["keys"][0], message["step"]
-        item = next(
-            (
-                i
-                for i in self._at.get(key, {}).get(step, [])
-                if i.attempt == message["attempt"] and i.index == message["index"]
-            ),
-            None,
-        )
+        item = self._media.find(key, step, message["attempt"], message["index"])
         if item is None or item.kind != "image":
             raise InvalidArgumentError(f"no image {key!r} at step {step} (attempt {message['attempt']})")
         full: PicturesMessage = {
@@ -400,7 +336,8 @@ class MediaPanel(LiveWidget[tuple[Api, RunHandle]]):
         the newest attempt at a redone step) as one Vega-Lite spec: one concurrent round of reads."""
         chosen: dict[str, list[MediaItem]] = {}
         counts: dict[str, list[int]] = {}
-        for key, by_step in self._at.items():
+        for key in sorted({item.key for item in self._media.items}):
+            by_step = self._media.by_step(key)
             if self._kind(key) != "histogram":
                 continue
             newest = [

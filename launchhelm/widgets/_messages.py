@@ -341,6 +341,11 @@ class CompareTraits(LiveTraits):
     x_axis: str
     smooth: bool
     smoothing: float
+    media: CompareMediaState
+    #: the image key the media section shows ("": the first)
+    media_key: str
+    #: the step its slider is on (-1: the key's newest)
+    media_step: int
 
 
 # -- RunsTable ----------------------------------------------------------------------------------
@@ -477,6 +482,44 @@ class FetchMessage(TypedDict):
     keys: list[str]
     attempt: int
     index: int
+    #: CompareChart's full image: the run it is of
+    run: NotRequired[str]
+
+
+# -- CompareChart's media section ---------------------------------------------------------------
+class CompareMediaKey(TypedDict):
+    """An image key any compared run logged: every step one of them logged it at, and which runs did."""
+
+    key: str
+    steps: list[int]
+    runs: list[str]
+
+
+class CompareMediaState(TypedDict):
+    #: [] when none of the runs logged an image (the section stays hidden)
+    keys: list[CompareMediaKey]
+
+
+class CompareRunPictures(TypedDict):
+    """One run's pictures of the key at the step (its newest attempt's), in the chart's run order."""
+
+    id: str
+    label: str
+    color: str
+    #: "" or why none shows ("nothing logged at step 7")
+    empty: str
+    #: an abandoned attempt logged it at this step too (a rewind redid the step)
+    redone: bool
+    pictures: list[MediaPicture]
+
+
+class ComparePicturesMessage(TypedDict):
+    type: Pictures
+    key: str
+    step: int
+    #: True: one run's full image, False: every run's thumbnails
+    full: bool
+    runs: list[CompareRunPictures]
 
 
 # -- messages, both ways ------------------------------------------------------------------------
@@ -541,7 +584,7 @@ class ActionMessage(TypedDict):
 ToKernel: TypeAlias = ReadyMessage | ActionMessage | ZoomMessage
 #: What the kernel sends each front end.
 ToChart: TypeAlias = LiveMessage | ChartSnapshot | ChartInsert
-ToCompare: TypeAlias = LiveMessage | CompareSnapshot
+ToCompare: TypeAlias = LiveMessage | CompareSnapshot | ComparePicturesMessage
 ToLogs: TypeAlias = LiveMessage | ResetMessage | AppendMessage
 ToMedia: TypeAlias = LiveMessage | PicturesMessage | TableMessage | HistogramsMessage
 ToFrontEnd: TypeAlias = ToChart | ToCompare | ToLogs | ToMedia
@@ -590,9 +633,13 @@ def read_fetch(content: object) -> FetchMessage | None:
     if not all(isinstance(n, int) and not isinstance(n, bool) for n in numbers):
         return None
     step, attempt, index = (int(n) for n in numbers)
-    return FetchMessage(
+    fetch = FetchMessage(
         type=MSG_FETCH, what=str(what), step=step, keys=[str(k) for k in keys], attempt=attempt, index=index
     )
+    run = content.get("run")
+    if isinstance(run, str):
+        fetch["run"] = run
+    return fetch
 
 
 T = TypeVar("T")

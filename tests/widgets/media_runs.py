@@ -10,6 +10,8 @@ framework.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 import launchhelm as lh
@@ -65,3 +67,25 @@ def media_run(store: str, project: str = "media", end: int = END) -> str:
         _log(run, step, 1)
     run.finish()
     return run.id
+
+
+class Wire:
+    """The custom messages (and their buffers) a widget sends, read where ipywidgets hands them to the comm."""
+
+    def __init__(self, widget: Any) -> None:
+        self.widget = widget
+        self.sent: list[tuple[dict[str, Any], list[bytes]]] = []
+        publish = widget.comm.publish_msg
+
+        def record(msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **kw: Any) -> Any:
+            if isinstance(data, dict) and data.get("method") == "custom":
+                self.sent.append((data["content"], [bytes(b) for b in buffers or []]))
+            return publish(msg_type, data, metadata, buffers, **kw)
+
+        widget.comm.publish_msg = record
+
+    def say(self, content: dict[str, Any]) -> list[tuple[dict[str, Any], list[bytes]]]:
+        """Send ``content`` as the front end would; what the kernel answered."""
+        before = len(self.sent)
+        self.widget._handle_msg({"content": {"data": {"method": "custom", "content": content}}, "buffers": []})
+        return self.sent[before:]

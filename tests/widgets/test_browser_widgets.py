@@ -426,6 +426,77 @@ def test_the_media_tab_moves_every_image_key_with_one_slider_and_shows_both_atte
     assert page.evaluate("() => window.__lh_pwned === undefined")
 
 
+COMPARE_MEDIA = ".lh-compare .lh-compare-media"
+#: CompareChart's media section, as the notebooks guide shows it (written as run-panel.png is)
+COMPARE_MEDIA_SCREENSHOT = DOCS_SCREENSHOT.with_name("compare-media.png")
+#: the second compared run logs steps 1-6 only (rewound to 5, step 6 redone)
+SHORT_END = 6
+
+
+@pytest.fixture(scope="module")
+def compare_media_store(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str, str]:
+    """Two runs of one project with the same image keys (media_runs.py): steps 1-8 and 1-6."""
+    store = str(tmp_path_factory.mktemp("compare-media-browser") / "store")
+    return store, media_run(store, "cmpmedia", END), media_run(store, "cmpmedia", SHORT_END)
+
+
+def _run_captions(page: Any, run_id: str) -> list[str]:
+    return [str(t) for t in page.locator(f"{COMPARE_MEDIA} [data-run='{run_id}'] figcaption").all_text_contents()]
+
+
+def test_compare_chart_shows_two_runs_pictures_at_one_step_side_by_side_and_one_slider_moves_both(
+    page: Any, server: JupyterServer, compare_media_store: tuple[str, str, str], tmp_path: Path
+) -> None:
+    store, a, b = compare_media_store
+    cell = "from launchhelm.widgets import CompareChart\n"
+    cell += f"chart = CompareChart('cmpmedia', runs=[{a!r}, {b!r}], keys=['loss'], store={store!r})\nchart"
+    _show(page, server, "compare-media.ipynb", [cell])
+    page.wait_for_selector(COMPARE_MEDIA, timeout=WAIT_MS)
+    page.locator(COMPARE_MEDIA).scroll_into_view_if_needed()  # thumbnails are asked for once in view
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='samples@{END}']", timeout=WAIT_MS)
+    # the chart's run order, side by side; the short run says it has nothing at step 8
+    cards = page.locator(f"{COMPARE_MEDIA} .lh-compare-media-run")
+    assert cards.evaluate_all("els => els.map(e => e.dataset.run)") == [a, b]
+    boxes = cards.evaluate_all("els => els.map(e => e.getBoundingClientRect()).map(r => [r.left, r.top])")
+    assert boxes[0][1] == boxes[1][1] and boxes[0][0] < boxes[1][0], boxes
+    assert _run_captions(page, a) == [f"step {END} attempt 1 #0", f"step {END} attempt 1 #1"]
+    assert page.locator(f"{COMPARE_MEDIA} [data-run='{a}'] .lh-compare-media-redone").count() == 1
+    none = page.locator(f"{COMPARE_MEDIA} [data-run='{b}'] .lh-compare-media-none")
+    assert none.inner_text() == f"nothing logged at step {END}"
+    assert page.locator(f"{COMPARE_MEDIA} [data-run='{b}'] figure").count() == 0
+
+    # one slider moves both runs; the kernel knows the step
+    page.locator(f"{COMPARE_MEDIA} .lh-media-slider").fill("2")
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='samples@3']", timeout=WAIT_MS)
+    for run in (a, b):
+        assert _run_captions(page, run) == ["step 3 attempt 0 #0", "step 3 attempt 0 #1"]
+    assert execute(page, "print(chart.media_step)").strip() == "3"
+    # step 7: run a redid it after its rewind (its newest attempt, noted); run b stopped at step 6
+    page.locator(f"{COMPARE_MEDIA} .lh-media-slider").fill("6")
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='samples@7']", timeout=WAIT_MS)
+    assert _run_captions(page, a) == ["step 7 attempt 1 #0", "step 7 attempt 1 #1"]
+    assert page.locator(f"{COMPARE_MEDIA} [data-run='{b}'] .lh-compare-media-none").inner_text() == (
+        "nothing logged at step 7"
+    )
+    shot = COMPARE_MEDIA_SCREENSHOT if UPDATE_SCREENSHOTS else tmp_path / "compare-media.png"
+    page.locator(COMPARE_MEDIA).screenshot(path=str(shot))
+    assert shot.stat().st_size > 5_000
+
+    # another key at step 2: the hostile caption shows as text, in both runs, and never runs
+    page.locator(f"{COMPARE_MEDIA} select.lh-compare-media-key").select_option("val/grid")
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='val/grid@7']", timeout=WAIT_MS)
+    page.locator(f"{COMPARE_MEDIA} .lh-media-slider").fill("1")
+    page.wait_for_selector(f"{COMPARE_MEDIA}[data-shown='val/grid@2']", timeout=WAIT_MS)
+    assert _run_captions(page, a) == _run_captions(page, b) == [HOSTILE_CAPTION]
+    assert page.locator(f"{COMPARE_MEDIA} img[src='x']").count() == 0
+    assert page.evaluate("() => window.__lh_pwned === undefined")
+
+    # a thumbnail's click fetches that run's full image
+    page.locator(f"{COMPARE_MEDIA} [data-run='{b}'] figure").first.click()
+    page.wait_for_selector(f"{COMPARE_MEDIA} .lh-media-full:not([hidden]) img", timeout=WAIT_MS)
+    assert page.locator(COMPARE_MEDIA).get_attribute("data-full") == f"{b}:val/grid@2"
+
+
 def test_notebook7_shows_the_media_tab_from_the_magic(
     page: Any, server: JupyterServer, media_store: tuple[str, str]
 ) -> None:

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from http_proxy import RequestCounter
 from lhtest import BUCKET
-from media_runs import END, HOSTILE_CAPTION, HOSTILE_CELL, IMAGE_KEYS, REWIND_TO, media_run, pixels
+from media_runs import END, HOSTILE_CAPTION, HOSTILE_CELL, IMAGE_KEYS, REWIND_TO, Wire, media_run, pixels
 
 import launchhelm as lh
 from launchhelm.media._read import decode_image
@@ -34,28 +34,6 @@ from launchhelm.widgets._panel import TAB_TITLES
 def media(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
     store = str(tmp_path_factory.mktemp("media-store") / "store")
     return store, media_run(store)
-
-
-class Wire:
-    """The custom messages (and their buffers) a widget sends, read where ipywidgets hands them to the comm."""
-
-    def __init__(self, widget: Any) -> None:
-        self.widget = widget
-        self.sent: list[tuple[dict[str, Any], list[bytes]]] = []
-        publish = widget.comm.publish_msg
-
-        def record(msg_type: str, data: Any = None, metadata: Any = None, buffers: Any = None, **kw: Any) -> Any:
-            if isinstance(data, dict) and data.get("method") == "custom":
-                self.sent.append((data["content"], [bytes(b) for b in buffers or []]))
-            return publish(msg_type, data, metadata, buffers, **kw)
-
-        widget.comm.publish_msg = record
-
-    def say(self, content: dict[str, Any]) -> list[tuple[dict[str, Any], list[bytes]]]:
-        """Send ``content`` as the front end would; what the kernel answered."""
-        before = len(self.sent)
-        self.widget._handle_msg({"content": {"data": {"method": "custom", "content": content}}, "buffers": []})
-        return self.sent[before:]
 
 
 def _fetch(what: str, step: int, keys: list[str], attempt: int = -1, index: int = -1) -> dict[str, Any]:
