@@ -263,8 +263,11 @@ _STEADY = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_a_killed_helper_is_replaced_and_training_goes_on_with_nothing_lost(tmp_path: Path) -> None:
-    store = str(tmp_path / "store")
+@pytest.mark.parametrize("backend", ["local", "s3"])
+def test_a_killed_helper_is_replaced_and_training_goes_on_with_nothing_lost(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = make_store_url(backend, tmp_path, request)
     spool = tmp_path / "trainer-spool"
     proc = subprocess.Popen(
         [sys.executable, "-c", _STEADY, store],
