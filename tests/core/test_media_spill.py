@@ -83,26 +83,18 @@ def test_what_finish_cannot_store_in_its_time_waits_in_the_spool_and_recover_sto
     assert stored < ITEMS and len(waiting) == ITEMS - stored, (stored, len(waiting))
 
     # a real `launchhelm recover` while this process (whose session ended) still runs
-    env = child_env(LAUNCHHELM_SPOOL=str(spool))
-    done = subprocess.run(
-        [str(Path(sys.executable).with_name("launchhelm")), "--store", store, "recover", run.id],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    def recover() -> subprocess.CompletedProcess[str]:
+        exe = str(Path(sys.executable).with_name("launchhelm"))
+        env = child_env(LAUNCHHELM_SPOOL=str(spool))
+        return subprocess.run([exe, "--store", store, "recover", run.id], capture_output=True, text=True, env=env)
+
+    done = recover()
     assert done.returncode == 0, done.stderr
     assert f"run {run.id}: recovered" in done.stdout, done.stdout
     assert not (spool / run.id).exists()
     _check_all_back(store, run.id, ITEMS)
     assert len(lh.Api(store).run(run.id).history()) == ITEMS  # the points, stored by finish() itself
-    again = subprocess.run(
-        [str(Path(sys.executable).with_name("launchhelm")), "--store", store, "recover", run.id],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    again = recover()
     assert "recovered 0" in again.stdout, again.stdout
     _check_all_back(store, run.id, ITEMS)
 
