@@ -12,7 +12,9 @@ When the clock says hung, the helper sends the training process
 :data:`DUMP_SIGNAL`, for which the process registered ``faulthandler``: its
 C handler writes every thread's stack to a file without the GIL. The
 helper stores that dump under ``runs/<id>/hangs/``, names the training
-thread's innermost function in a one-line summary and, with
+thread's innermost function in a one-line summary (under DDP, rank 0's
+helper groups the ranks by their training thread's whole stack, the
+outliers first: :func:`group_stacks`) and, with
 ``auto_resume``, ends the session as ``hung`` and SIGKILLs the process so
 the scheduler relaunches the job (the helper then uploads the spool's points,
 as after any kill). Without ``auto_resume`` it leaves the process alone and
@@ -37,8 +39,8 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import IO, Any
 
 from launchhelm._exceptions import InvalidArgumentError
@@ -48,13 +50,21 @@ __all__ = [
     "DUMP_SIGNAL",
     "STEP_SLOT",
     "Beacon",
+    "Frame",
     "HangClock",
     "ParentWatch",
+    "StackGroup",
     "WatchdogConfig",
     "Watched",
-    "group_places",
+    "describe_groups",
+    "group_stacks",
+    "grouped_record",
     "hang_setting",
+    "parse_dump",
+    "read_stacks_file",
+    "stacks_file",
     "summarize_dump",
+    "training_stack",
     "watch",
 ]
 
@@ -206,12 +216,29 @@ class HangClock:
 
 _THREAD_LINE = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME_LINE = re.compile(r'^\s+File "(?P<file>[^"]*)", line (?P<line>\d+) in (?P<func>\S+)')
+#: The line after a rank's summary in its stacks file: whose stack the hang is (its training thread).
+_TRAINING_LINE = re.compile(r"^training thread (0x[0-9a-f]+)$")
 
 
-def summarize_dump(dump: str, thread: int) -> str:
-    """The training thread's innermost Python function in a faulthandler dump, as ``func (file:line)``."""
-    stacks: dict[int, list[tuple[str, str, str]]] = {}
-    current: list[tuple[str, str, str]] | None = None
+@dataclass(frozen=True)
+class Frame:
+    """One frame of a faulthandler dump, as it compares across ranks: the file's name (its folder differs
+    from host to host), the function and the line; ``path`` as the dump gave it, shown, not compared."""
+
+    file: str
+    func: str
+    line: int
+    path: str = field(default="", compare=False)
+
+    @property
+    def place(self) -> str:
+        return f"`{self.func}` ({self.file}:{self.line})"
+
+
+def parse_dump(dump: str) -> dict[int, list[Frame]]:
+    """Every thread's frames in a faulthandler dump, innermost first, by thread id."""
+    stacks: dict[int, list[Frame]] = {}
+    current: list[Frame] | None = None
     for line in dump.splitlines():
         head = _THREAD_LINE.match(line)
         if head:
@@ -219,12 +246,107 @@ def summarize_dump(dump: str, thread: int) -> str:
             continue
         frame = _FRAME_LINE.match(line)
         if frame and current is not None:
-            current.append((frame["func"], os.path.basename(frame["file"]), frame["line"]))
-    frames = stacks.get(thread) or next(iter(stacks.values()), [])
-    if not frames:
-        return "no Python frame in the dump"
-    func, file, line = frames[0]
-    return f"`{func}` ({file}:{line})"
+            path = frame["file"]
+            current.append(Frame(os.path.basename(path), frame["func"], int(frame["line"]), path))
+    return stacks
+
+
+def training_stack(dump: str, thread: int) -> list[Frame]:
+    """The frames of ``thread`` (the training thread) in a dump; the first thread's where it is missing."""
+    stacks = parse_dump(dump)
+    return stacks.get(thread) or next(iter(stacks.values()), [])
+
+
+def summarize_dump(dump: str, thread: int) -> str:
+    """The training thread's innermost Python function in a faulthandler dump, as ``func (file:line)``."""
+    frames = training_stack(dump, thread)
+    return frames[0].place if frames else _NO_FRAME
+
+
+_NO_FRAME = "no Python frame in the dump"
+
+
+def stacks_file(summary: str, thread: int, dump: str) -> str:
+    """A rank's ``rank-<r>.txt``: its one-line summary, whose stack the hang is, then faulthandler's dump."""
+    return f"{summary}\ntraining thread 0x{thread:016x}\n\n{dump}"
+
+
+def read_stacks_file(text: str) -> list[Frame]:
+    """The training thread's frames from a ``rank-<r>.txt`` (:func:`stacks_file`)."""
+    head, _, dump = text.partition("\n\n")
+    lines = head.splitlines()
+    found = _TRAINING_LINE.match(lines[1]) if len(lines) > 1 else None
+    return training_stack(dump, int(found.group(1), 16) if found else -1)
+
+
+@dataclass
+class StackGroup:
+    """Ranks whose training threads stand in the same whole stack."""
+
+    frames: tuple[Frame, ...]
+    ranks: list[int]
+
+    @property
+    def place(self) -> str:
+        return self.frames[0].place if self.frames else _NO_FRAME
+
+
+def _waiting(group: StackGroup) -> bool:
+    """Stands in torch itself, where a rank waits for a peer (a collective, autograd), not in the stuck code."""
+    return bool(re.search(r"\((distributed_c10d|graph|_tensor|distributed|__init__|c10d_logger)\.py:", group.place))
+
+
+def group_stacks(stacks: Mapping[int, Sequence[Frame]]) -> list[StackGroup]:
+    """Ranks grouped by their training thread's whole stack (every frame's file, function and line), the
+    smallest groups (the outliers) first; between groups as small, one waiting in torch comes after."""
+    groups: dict[tuple[Frame, ...], StackGroup] = {}
+    for rank, frames in sorted(stacks.items()):
+        key = tuple(frames)
+        groups.setdefault(key, StackGroup(key, [])).ranks.append(rank)
+    return sorted(groups.values(), key=lambda g: (len(g.ranks), _waiting(g), g.ranks[0]))
+
+
+def _where(group: StackGroup, groups: Sequence[StackGroup]) -> str:
+    """The group's innermost place; where another group's stack ends in the same place, also the first
+    frame (from the inside) at which they part, so that the line tells them apart."""
+    where = group.place
+    twins = [g for g in groups if g is not group and g.frames[:1] == group.frames[:1]]
+    if not twins or not group.frames:
+        return where
+    parts = max(_parting(group.frames, g.frames) for g in twins)
+    if parts <= 0 or parts >= len(group.frames):
+        return where
+    return f"{where} from {group.frames[parts].place}"
+
+
+def _parting(a: Sequence[Frame], b: Sequence[Frame]) -> int:
+    """The first frame, from the inside, at which two stacks differ (past the shorter where one ends the other)."""
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+
+
+def describe_groups(groups: Sequence[StackGroup], world: int) -> str:
+    """``rank 1 in `hang_here` (w.py:9); rank 0 in `wait` (distributed_c10d.py:4)``: each group of ranks and
+    its innermost function, in :func:`group_stacks`'s order; ranks with no stacks named last."""
+    parts = [f"rank{'s' * (len(g.ranks) > 1)} {', '.join(map(str, g.ranks))} in {_where(g, groups)}" for g in groups]
+    found = {r for g in groups for r in g.ranks}
+    missing = [r for r in range(world) if r not in found]
+    if missing:
+        parts.append(f"no stacks from rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))}")
+    return "; ".join(parts)
+
+
+def grouped_record(detail: str, groups: Sequence[StackGroup], world: int) -> str:
+    """The hang's ``grouped.txt``: its one-line detail, then each distinct training-thread stack once, with
+    the ranks that stand in it (every thread of every rank is in the ranks' own files)."""
+    lines = [detail, ""]
+    for group in groups:
+        ranks = ", ".join(map(str, group.ranks))
+        lines.append(
+            f"rank{'s' * (len(group.ranks) > 1)} {ranks} ({len(group.ranks)} of {world}), most recent call first:"
+        )
+        lines += [f'  File "{f.path or f.file}", line {f.line} in {f.func}' for f in group.frames] or [f"  {_NO_FRAME}"]
+        lines.append("")
+    return "\n".join(lines)
 
 
 @dataclass
@@ -363,27 +485,33 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
     from launchhelm.runlog._events import SESSION_ENDED, EventLog
     from launchhelm.runlog._table import mark_row
     from launchhelm.storage import open_store
-    from launchhelm.storage._keys import hang_key, hang_stacks_key
+    from launchhelm.storage._keys import hang_grouped_key, hang_key, hang_stacks_key
 
     dump = _read_dump(config)
-    where = summarize_dump(dump, thread)
+    frames = training_stack(dump, thread)
     typical = clock.typical
     detail = f"no step for {_fmt(idle)} after step {clock.step}" + (
         f", typically {typical:.2g} s" if typical is not None else ""
     )
-    detail += f"; rank {config.rank} in {where}"
+    stalled = detail
+    detail += f"; rank {config.rank} in {frames[0].place if frames else _NO_FRAME}"
     key = hang_stacks_key(config.run_id, config.session, config.rank)
     _log.warning("launchhelm: run %s is hung: %s; stacks in %s", config.run_id, detail, key)
     try:
         store = open_store(config.store, config.storage_options)
-        store.put(key, f"{detail}\n\n{dump}".encode())
+        store.put(key, stacks_file(detail, thread, dump).encode())
         if config.rank != 0:
             _follower_done(config)  # rank 0 records the hang, with this rank's stacks
             return
-        if config.world > 1:
-            # every rank's helper stores its stacks; the record names the rank not where the others are
-            detail = f"{detail.split('; rank ')[0]}; {_gather(store, config)}"
-        if config.end_hung and config.rank == 0:
+        # every rank's helper stores its stacks; rank 0's groups the ranks by their whole stack, the
+        # ranks not where the others are first, and keeps each distinct stack once
+        stacks = _gather(store, config, frames) if config.world > 1 else {0: frames}
+        groups = group_stacks(stacks)
+        detail = f"{stalled}; {describe_groups(groups, config.world)}"
+        store.put(
+            hang_grouped_key(config.run_id, config.session), grouped_record(detail, groups, config.world).encode()
+        )
+        if config.end_hung:
             EventLog(store, config.run_id).append(
                 SESSION_ENDED,
                 {
@@ -396,7 +524,7 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
                 },
             )
             mark_row(store, config.project, config.run_id, config.session, "ended")
-        elif config.rank == 0:
+        else:
             # the process is left alone (a debugger may want it): its status says hung until it steps
             marker = {"since": time.time() - idle, "step": clock.step, "detail": detail}
             store.put(hang_key(config.run_id, config.session), json.dumps(marker).encode())
@@ -415,42 +543,23 @@ GATHER_SECONDS = 20.0
 FOLLOWER_GRACE = 45.0
 
 
-def _gather(store: Any, config: WatchdogConfig) -> str:
-    """Every rank's place, grouped: ranks in the same function together, the odd ones out first."""
+def _gather(store: Any, config: WatchdogConfig, own: list[Frame]) -> dict[int, list[Frame]]:
+    """Every rank's training-thread stack, read from the stacks files the ranks' helpers store."""
     from launchhelm.storage._keys import hangs_prefix
 
     prefix = hangs_prefix(config.run_id, config.session)
-    found: dict[int, str] = {}
+    found: dict[int, list[Frame]] = {config.rank: own}
     deadline = time.monotonic() + float(os.environ.get("LAUNCHHELM_HANG_GATHER", GATHER_SECONDS))
     while True:
         names = [n for n in store.list(prefix) if re.fullmatch(r"rank-\d+\.txt", n)]
         wanted = [f"{prefix}/{n}" for n in names if int(n[5:-4]) not in found]
         for key, data in store.read_many(wanted).items():
             if data is not None:
-                first = data.split(b"\n", 1)[0].decode("utf-8", "replace")
-                found[int(key.rsplit("rank-", 1)[1][:-4])] = first.rsplit("; rank ", 1)[-1].split(" in ", 1)[-1]
+                found[int(key.rsplit("rank-", 1)[1][:-4])] = read_stacks_file(data.decode("utf-8", "replace"))
         if len(found) >= config.world or time.monotonic() >= deadline:
             break
         time.sleep(1.0)
-    return group_places(found, config.world)
-
-
-def group_places(places: Mapping[int, str], world: int) -> str:
-    """``rank 1 in `hang_here` (w.py:9); rank 0 in `wait` (distributed_c10d.py:4)`` (ranks that share a place
-    together; places in torch itself, where ranks wait for a peer, last; ranks with no stacks named)."""
-    groups: dict[str, list[int]] = collections.defaultdict(list)
-    for rank, place in sorted(places.items()):
-        groups[place].append(rank)
-
-    def waiting(place: str) -> bool:  # a collective or autograd waiting for a peer, not the stuck code
-        return bool(re.search(r"\((distributed_c10d|graph|_tensor|distributed|__init__|c10d_logger)\.py:", place))
-
-    order = sorted(groups.items(), key=lambda g: (waiting(g[0]), len(g[1]), g[1][0]))
-    parts = [f"rank{'s' * (len(r) > 1)} {', '.join(map(str, r))} in {place}" for place, r in order]
-    missing = [r for r in range(world) if r not in places]
-    if missing:
-        parts.append(f"no stacks from rank{'s' * (len(missing) > 1)} {', '.join(map(str, missing))}")
-    return "; ".join(parts)
+    return found
 
 
 def _follower_done(config: WatchdogConfig) -> None:

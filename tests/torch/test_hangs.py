@@ -20,7 +20,20 @@ import pytest
 from lhtest import ROOT, child_env
 
 import launchhelm as lh
-from launchhelm.runlog._watchdog import AUTO, AUTO_FLOOR, HangClock, hang_setting, summarize_dump
+from launchhelm.runlog._watchdog import (
+    AUTO,
+    AUTO_FLOOR,
+    DUMP_SIGNAL,
+    Frame,
+    HangClock,
+    describe_groups,
+    group_stacks,
+    grouped_record,
+    hang_setting,
+    read_stacks_file,
+    stacks_file,
+    summarize_dump,
+)
 from launchhelm.storage._keys import hang_key
 from launchhelm.views._runs import table_rows
 from launchhelm.widgets._picker import picker_state
@@ -99,9 +112,15 @@ def test_a_stuck_attempt_ends_hung_and_its_relaunch_finishes(tmp_path: Path, how
     [attempt] = handle.attempts()
     assert attempt.ending == "hung", attempt
     assert "stuck_here" in (attempt.detail or "") and "after step 30" in (attempt.detail or ""), attempt.detail
-    [stacks] = handle._store.list(f"runs/{run_id}/hangs")
-    dump = handle._store.read(f"runs/{run_id}/hangs/{stacks}").decode()
+    assert sorted(handle._store.list(f"runs/{run_id}/hangs")) == [
+        f"{attempt.session}/grouped.txt",
+        f"{attempt.session}/rank-0.txt",
+    ]
+    dump = handle._store.read(f"runs/{run_id}/hangs/{attempt.session}/rank-0.txt").decode()
     assert "in stuck_here" in dump and "Thread 0x" in dump
+    grouped = handle._store.read(f"runs/{run_id}/hangs/{attempt.session}/grouped.txt").decode()
+    assert grouped.startswith(f"{attempt.detail}\n\nrank 0 (1 of 1), most recent call first:\n"), grouped
+    assert grouped.count("in stuck_here") == 1, grouped
     # the relaunch (the scheduler's) resumes from the step-30 checkpoint and finishes
     again = _launch(store, run_id, tag)
     out, _ = again.communicate(timeout=120)
@@ -338,9 +357,99 @@ def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
 
 
 def test_the_ranks_places_are_grouped_and_the_odd_one_out_comes_first() -> None:
-    from launchhelm.runlog._watchdog import group_places
+    waiting = [Frame("graph.py", "_engine_run_backward", 979), Frame("train.py", "main", 60)]
+    stuck = [Frame("train.py", "stuck_here", 40), Frame("train.py", "main", 58)]
+    groups = group_stacks({0: waiting, 1: stuck, 2: waiting, 3: waiting})
+    assert [g.ranks for g in groups] == [[1], [0, 2, 3]]
+    place = "`_engine_run_backward` (graph.py:979)"
+    assert describe_groups(groups, 4) == f"rank 1 in `stuck_here` (train.py:40); ranks 0, 2, 3 in {place}"
+    # two ranks alone: the one waiting in torch for its peer comes second
+    assert describe_groups(group_stacks({0: waiting, 1: stuck}), 2).startswith("rank 1 in `stuck_here`")
+    assert describe_groups(group_stacks({0: waiting}), 2) == f"rank 0 in {place}; no stacks from rank 1"
 
-    waiting = "`_engine_run_backward` (graph.py:979)"
-    places = {0: waiting, 1: "`stuck_here` (train.py:40)", 2: waiting, 3: waiting}
-    assert group_places(places, 4) == f"rank 1 in `stuck_here` (train.py:40); ranks 0, 2, 3 in {waiting}"
-    assert group_places({0: waiting}, 2) == f"rank 0 in {waiting}; no stacks from rank 1"
+
+# a training script stuck in stuck_here(): where, by its argument (the lines below are read by the test)
+STUCK_SCRIPT = """
+import faulthandler, signal, sys, threading, time
+
+
+def stuck_here(where):
+    if where == "a":
+        time.sleep(600)  # line A
+    else:
+        time.sleep(600)  # line B
+
+
+def main(where):
+    if where == "c":
+        stuck_here("a")  # caller C
+    else:
+        stuck_here(where)  # caller AB
+
+
+dump = open(sys.argv[1], "wb")
+faulthandler.register(int(sys.argv[3]), file=dump, all_threads=True, chain=False)
+threading.Thread(target=time.sleep, args=(600,), daemon=True).start()  # another thread: not the one that hangs
+print(hex(threading.get_ident()), flush=True)
+main(sys.argv[2])
+"""
+
+
+def _real_dump(tmp_path: Path, rank: int, where: str) -> str:
+    """A rank's ``rank-<r>.txt`` made as the helper makes it: faulthandler's own dump of a stuck process,
+    asked for with the watchdog's signal."""
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_SCRIPT)
+    out = tmp_path / f"dump-{rank}.txt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(out), where, str(DUMP_SIGNAL)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        thread = int(proc.stdout.readline(), 16)
+        deadline = time.monotonic() + 20
+        dump = ""
+        while "in stuck_here" not in dump:  # until the main thread is in the sleep; each dump read alone
+            assert time.monotonic() < deadline, dump
+            start = out.stat().st_size
+            proc.send_signal(DUMP_SIGNAL)
+            time.sleep(0.3)
+            dump = out.read_text()[start:]
+    finally:
+        proc.kill()
+        proc.wait()
+    return stacks_file(f"no step for 10 s after step 12; rank {rank} in ...", thread, dump)
+
+
+def test_ranks_are_grouped_by_their_whole_stack_in_real_dumps(tmp_path: Path) -> None:
+    """Ranks 0 and 1 stand in the same whole stack; rank 2 in the same function, another line; rank 3 on the
+    same line, called from another place: three groups, the outliers first, each stack stored once."""
+    wheres = {0: "a", 1: "a", 2: "b", 3: "c"}
+    files = {rank: _real_dump(tmp_path, rank, where) for rank, where in wheres.items()}
+    stacks = {rank: read_stacks_file(text) for rank, text in files.items()}
+    lines = STUCK_SCRIPT.splitlines()
+    line_a, line_b = (1 + lines.index(next(x for x in lines if x.endswith(m))) for m in ("# line A", "# line B"))
+    caller_ab, caller_c = (
+        1 + lines.index(next(x for x in lines if x.endswith(m))) for m in ("# caller AB", "# caller C")
+    )
+    assert [(f.func, f.line) for f in stacks[0]] == [
+        ("stuck_here", line_a),
+        ("main", caller_ab),
+        ("<module>", len(lines)),
+    ]
+    assert stacks[0] == stacks[1], "identical whole stacks (another process, another thread id) must group"
+    assert stacks[2][1:] == stacks[0][1:] and stacks[2][0] != stacks[0][0]
+    groups = group_stacks(stacks)
+    assert [g.ranks for g in groups] == [[2], [3], [0, 1]], "the same function on another line is another stack"
+    detail = describe_groups(groups, 4)
+    assert detail == (
+        f"rank 2 in `stuck_here` (stuck.py:{line_b}); "
+        f"rank 3 in `stuck_here` (stuck.py:{line_a}) from `main` (stuck.py:{caller_c}); "
+        f"ranks 0, 1 in `stuck_here` (stuck.py:{line_a}) from `main` (stuck.py:{caller_ab})"
+    )
+    record = grouped_record(f"no step for 10 s after step 12; {detail}", groups, 4)
+    assert record.startswith(f"no step for 10 s after step 12; {detail}\n")
+    # each distinct stack once, with its ranks; the other thread (not the training one) is in no group
+    assert record.count("in stuck_here") == 3 and "ranks 0, 1 (2 of 4)" in record and "rank 2 (1 of 4)" in record
+    assert record.count(f'"{tmp_path / "stuck.py"}", line {line_a} in stuck_here') == 2
+    assert "threading.py" not in record

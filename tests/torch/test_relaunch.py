@@ -149,7 +149,12 @@ def test_a_rank_stuck_under_torchrun_is_found_ended_relaunched_and_the_run_finis
     assert detail.index("rank 1 in `stuck_here`") < detail.index("rank 0 in"), detail
     assert "no step for" in detail and "after step 12" in detail, detail
     stacks = handle._store.list(f"runs/{handle.id}/hangs/{attempts[0].session}")
-    assert {"rank-0.txt", "rank-1.txt"} <= set(stacks), stacks
+    assert {"rank-0.txt", "rank-1.txt", "grouped.txt"} <= set(stacks), stacks
+    # the grouped record: the detail, then each rank's training-thread stack once, rank 1's first
+    grouped = handle._store.read(f"runs/{handle.id}/hangs/{attempts[0].session}/grouped.txt").decode()
+    assert grouped.startswith(detail + "\n"), grouped
+    assert grouped.index("rank 1 (1 of 2)") < grouped.index("rank 0 (1 of 2)"), grouped
+    assert grouped.count("in stuck_here") == 1 and "relaunch_worker.py" in grouped, grouped
 
 
 POD_SCRIPT = """
