@@ -13,6 +13,16 @@ LaunchHelm
       warm reads. pandas and pyarrow are imported before any timing, so the cold read does not
       include their import time (``benchmarks/bench_import.py`` measures imports).
 
+The watcher on and off (``benchmarks/_watcher.py``)
+    * Every run has a helper process beside it that times its steps for hangs (``hang_timeout="auto"``):
+      the watcher. ``log()`` per call over ``--steps`` steps with it on (the defaults) and off (no helper
+      process at all), in alternating rounds (``--watcher-rounds``, default 5 each): the medians of the
+      rounds' mean and p99, and their ratio. Each "on" round first waits until the helper has done
+      starting (an interpreter importing launchhelm: its CPU is printed apart, not timed).
+    * The stall loop below also runs with the watcher on and off, alternating halves.
+    * The helper's own CPU seconds over the timed parts (``/proc/<pid>/stat``) and its RSS and peak RSS
+      (``/proc/<pid>/status``).
+
 Baseline (same process, same dicts)
     * ``buffer.append(d)`` into a Python list: mean and p99 in µs per call.
     * Writing the buffered rows once at the end as one Arrow IPC file (pyarrow, wide table: a
@@ -28,20 +38,24 @@ Every timed loop is preceded by ~200 warm-up calls on throwaway data (for Launch
 separate warm-up run, so the measured run holds exactly ``--steps`` steps). The garbage
 collector stays enabled; the collections that ran inside each timed loop are counted and printed.
 
-Training-thread stalls (``--stall-seconds``, default 60; 0 skips)
+Training-thread stalls (``--stall-seconds``, default 15; 0 skips)
     * Batches of 100 ``log()`` calls of 3 metrics, then a 5 ms sleep (a training step's shape), with
-      flushes every 0.5 s and compactions running: per-batch p50/p99/p99.9/max in ms beside the same
-      loop writing into a dict, mean ``log()`` µs, whether history reads back exactly, and how long
-      each background step took (count, longest, total). Targets: p99.9 <= 1 ms, max <= 2 ms. Each batch
-      is also printed less the time the kernel kept the thread waiting for a CPU (schedstat): on a shared,
-      busy machine that is other processes' noise, and the dict baseline shows how much of it there is.
+      flushes every 0.5 s and compactions running: per-batch p50/p99/p99.9/max in ms, with the watcher
+      on and (as long) off, beside the same loop writing into a dict, mean ``log()`` µs, whether history
+      reads back exactly, and how long each background step took (count, longest, total). Targets:
+      p99.9 <= 1 ms, max <= 2 ms. Each batch is also printed less the time the kernel kept the thread
+      waiting for a CPU (schedstat): on a shared, busy machine that is other processes' noise, and the
+      dict baseline shows how much of it there is.
     * ``--explain``: both loops again under a GIL watchdog (a thread napping 0.2 ms; a late wake-up not
       explained by CPU waits is a wait for the GIL), put down to the background step running then; and
       each background step probed alone on realistic sizes (``benchmarks/_gilwatch.py``).
 
 Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
-any miss): ``log()`` mean <= 5 µs, ``log()`` p99 <= 20 µs, ``finish()`` <= 50 ms, warm history
-read <= 30 ms for 50k values.
+any miss): ``log()`` mean <= 5 µs, ``log()`` p99 <= 20 µs, ``log()`` mean with the watcher on <= 1.10x
+off, ``finish()`` <= 50 ms, warm history read <= 30 ms for 50k values.
+
+The default run takes about a minute and a half on 2 cores (wandb's offline start-up is the slowest
+single part when it is installed).
 
 Run it from the repository root::
 
@@ -244,6 +258,47 @@ def bench_sampler(store_dir: Path, rows: list[dict[str, float]]) -> dict[str, fl
     return out
 
 
+def bench_watcher(store_dir: Path, rows: list[dict[str, float]], rounds: int = 5) -> dict[str, Any]:
+    """log() per call with the watcher on (the helper process, timing the steps for hangs: the defaults) and
+    off (no helper at all), alternating rounds; the medians of the rounds' mean and p99, and what the helper
+    spent while its rounds were timed."""
+    import _watcher
+
+    import launchhelm
+
+    stats: dict[str, list[tuple[float, float]]] = {mode: [] for mode in _watcher.MODES}
+    spent = []
+    pc = time.perf_counter_ns
+    for r in range(rounds):
+        for mode in _watcher.MODES if r % 2 == 0 else reversed(_watcher.MODES):
+            with _watcher.watcher(mode == "on") as extra:
+                run = launchhelm.init("bench-watcher", store=str(store_dir), system_metrics=False, **extra)
+            meter = _watcher.Meter(run, _watcher.settle(run) if mode == "on" else None)
+            for s, d in enumerate(make_rows(WARMUP_CALLS, seed=11)):
+                run.global_step = s
+                run.log(d)
+            lat = [0] * len(rows)
+            log = run.log
+            meter.start()
+            for i, d in enumerate(rows):
+                run.global_step = WARMUP_CALLS + i
+                t0 = pc()
+                log(d)
+                lat[i] = pc() - t0
+            used = meter.stop()
+            if mode == "on":
+                if used is None:
+                    raise SystemExit("bench_log: the run has no helper process with the watcher on: nothing to compare")
+                spent.append(used)
+            stats[mode].append(summarize_ns(lat))
+            run.finish()
+    out: dict[str, Any] = {"rounds": rounds, "spent": _watcher.add(spent)}
+    for mode in _watcher.MODES:
+        out[f"mean_{mode}"] = statistics.median(m for m, _ in stats[mode])
+        out[f"p99_{mode}"] = statistics.median(p for _, p in stats[mode])
+    return out
+
+
 STALL_BATCH = 100  # log() calls per batch, 3 metrics each, then a 5 ms sleep (a training step's shape)
 
 
@@ -323,7 +378,8 @@ def _same_work(batch_ns: float) -> Callable[[dict[str, float]], None]:
 
 def bench_stalls(store_dir: Path, seconds: float, explain: bool = False) -> dict[str, Any]:
     """The training thread's stalls: 100-log batches for ``seconds`` with flushes (every 0.5 s) and compactions
-    running, beside the same loop writing into a dict; and which background steps took longest.
+    running, with the watcher on and for as long with it off (alternating halves), beside the same loop
+    writing into a dict; and which background steps took longest (both modes).
 
     With ``explain``, both loops run once more (as long) under the GIL watchdog of ``_gilwatch``, and each
     background step is probed alone: which step holds the GIL how long."""
@@ -349,21 +405,46 @@ def bench_stalls(store_dir: Path, seconds: float, explain: bool = False) -> dict
             continue  # an older layout of the writer
         originals[name] = getattr(run_module.Run, name)
         setattr(run_module.Run, name, timed(name, originals[name]))
+    import _watcher
+
+    # the loop with the watcher on (the defaults) and off (no helper process), alternating halves
+    lh_modes: dict[str, dict[str, list[int]]] = {mode: {} for mode in _watcher.MODES}
+    runs: list[tuple[str, int]] = []
+    spent = []
+    calls: dict[str, list[int]] = {mode: [] for mode in _watcher.MODES}
     try:
-        run = launchhelm.init(
-            "bench-stalls", store=str(store_dir), flush_interval=0.5, system_metrics=False, capture_console=False
-        )
-        step = [0]
+        for half in range(2):
+            for mode in reversed(_watcher.MODES) if half == 0 else _watcher.MODES:
+                with _watcher.watcher(mode == "on") as extra:
+                    run = launchhelm.init(
+                        "bench-stalls",
+                        store=str(store_dir),
+                        flush_interval=0.5,
+                        system_metrics=False,
+                        capture_console=False,
+                        **extra,
+                    )
+                meter = _watcher.Meter(run, _watcher.settle(run) if mode == "on" else None)
+                step = [0]
 
-        def log(d: dict[str, float]) -> None:
-            run.log(d, step=step[0])
-            step[0] += 1
+                def log(d: dict[str, float], run: Any = run, step: list[int] = step) -> None:
+                    run.log(d, step=step[0])
+                    step[0] += 1
 
-        lh = _batches(seconds, log)
-        run.finish()
+                meter.start()
+                got = _batches(seconds / 2, log)
+                used = meter.stop()
+                if used is not None:
+                    spent.append(used)
+                run.finish()
+                runs.append((run.id, step[0]))
+                for key, values in got.items():
+                    lh_modes[mode].setdefault(key, []).extend(values)
+                calls[mode] += got["calls"]
     finally:
         for name, fn in originals.items():
             setattr(run_module.Run, name, fn)
+    lh = lh_modes["on"]
     sink: dict[int, dict[str, float]] = {}
     n = [0]
 
@@ -373,16 +454,24 @@ def bench_stalls(store_dir: Path, seconds: float, explain: bool = False) -> dict
 
     base = _batches(seconds, write)
     same = _batches(seconds, _same_work(statistics.median(lh["wall"])))
-    for name, batches in (("lh", lh), ("base", base), ("same", same)):
+    for name, batches in (("lh", lh), ("lh_off", lh_modes["off"]), ("base", base), ("same", same)):
         out[name] = batches["wall"]
         out[f"{name}_own"] = batches["own"]
         out[f"{name}_guest"] = batches["guest"]
         out[f"{name}_slept"] = batches["slept"]
-    out["log_mean_us"] = statistics.fmean(lh["calls"]) / 1000 if lh["calls"] else math.nan
-    out["points"] = step[0]
+    out["log_mean_us"] = statistics.fmean(calls["on"]) / 1000 if calls["on"] else math.nan
+    out["log_mean_off_us"] = statistics.fmean(calls["off"]) / 1000 if calls["off"] else math.nan
+    out["points"] = len(calls["on"])
+    out["points_off"] = len(calls["off"])
+    out["spent"] = _watcher.add(spent)
     out["spans"] = {k: (len(v), max(v), sum(v)) for k, v in spans.items()}
-    frame = launchhelm.Api(str(store_dir)).run(run.id).history()
-    out["exact"] = len(frame) == step[0] and bool((frame["grad_norm"].to_numpy() == frame["step"].to_numpy()).all())
+    exact = True
+    for run_id, points in runs:
+        frame = launchhelm.Api(str(store_dir)).run(run_id).history()
+        exact = (
+            exact and len(frame) == points and bool((frame["grad_norm"].to_numpy() == frame["step"].to_numpy()).all())
+        )
+    out["exact"] = exact
     if explain:
         out["explain"] = explain_stalls(store_dir, seconds)
     return out
@@ -606,9 +695,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stall-seconds",
         type=float,
-        default=60.0,
-        help="seconds of 100-log batches with flushes and compactions running, and as long for the dict "
-        "baseline (default 60; 0 skips)",
+        default=15.0,
+        help="seconds of 100-log batches with flushes and compactions running, with the watcher on and as long "
+        "off, and as long for the dict baseline and the same work (default 15; 60 for the figures the "
+        "benchmarks page keeps; 0 skips)",
+    )
+    parser.add_argument(
+        "--watcher-rounds",
+        type=int,
+        default=5,
+        help="rounds of the per-call log() loop with the watcher on and off, alternating (default 5)",
     )
     parser.add_argument(
         "--explain",
@@ -647,7 +743,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(f"launchhelm {launchhelm.__version__}, Python {platform.python_version()} on {platform.platform()}")
     print(
-        f"numpy {numpy.__version__}, pandas {pandas.__version__}, pyarrow {pyarrow.__version__}; {os.cpu_count()} CPUs"
+        f"numpy {numpy.__version__}, pandas {pandas.__version__}, pyarrow {pyarrow.__version__}; "
+        f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f} (1-min average: other work on the machine)"
     )
     print(f"store: {store_dir} ({'kept' if keep else 'temporary'})")
     print(f"steps: {args.steps:,} x {len(METRIC_KEYS)} metrics = {args.steps * len(METRIC_KEYS):,} values")
@@ -663,6 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         lh = bench_launchhelm(store_dir, rows, args.reads)
         sampler = bench_sampler(store_dir, rows)
+        watched = bench_watcher(store_dir, rows, args.watcher_rounds)
         base = bench_baseline(baseline_dir, rows, args.reads)
         others = [bench_mlflow(others_dir, args.mlflow_steps), bench_wandb(others_dir, args.wandb_steps)]
     finally:
@@ -677,6 +775,9 @@ def main(argv: Sequence[str] | None = None) -> int:
          lh["log_p99_us"] <= TARGET_LOG_P99_US),
         ("log() mean, µs/call, system sampler every 5 ms (vs off)", sampler["mean_on"], sampler["mean_off"],
          "<= 5 µs", sampler["mean_on"] <= TARGET_LOG_MEAN_US),
+        ("log() mean, µs/call, watcher on (vs off: no helper process)", watched["mean_on"], watched["mean_off"],
+         "<= 1.10x off", watched["mean_on"] <= 1.10 * watched["mean_off"]),
+        ("log() p99, µs/call, watcher on (vs off)", watched["p99_on"], watched["p99_off"], "-", None),
         ("finish(), ms (vs Arrow IPC write)", lh["finish_ms"], base["arrow_write_ms"], "<= 50 ms",
          lh["finish_ms"] <= TARGET_FINISH_MS),
         ("finish(), ms (vs JSONL write)", lh["finish_ms"], base["jsonl_write_ms"], "-", None),
@@ -698,6 +799,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"  system sampler: p99 {sampler['p99_on']:,.2f} µs on vs {sampler['p99_off']:,.2f} µs off; "
         f"{sampler['samples_on']:.0f} samples stored (off: {sampler['samples_off']:.0f})"
     )
+    print(
+        f"  watcher on / off, {watched['rounds']} rounds each, alternating: mean {watched['mean_on']:,.2f} / "
+        f"{watched['mean_off']:,.2f} µs ({watched['mean_on'] / watched['mean_off']:.2f}x), p99 "
+        f"{watched['p99_on']:,.2f} / {watched['p99_off']:,.2f} µs ({watched['p99_on'] / watched['p99_off']:.2f}x)"
+    )
+    print(f"  {watched['spent'].line() if watched['spent'] else 'the watcher: NO helper process'}")
     print(
         f"  chunks written by the flush thread during the loop: {lh['chunks_before_finish']}; "
         f"after finish(): {lh['chunks_after_finish']}"
@@ -721,14 +828,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print()
         print(
             f"Training-thread stalls: batches of {STALL_BATCH} log() calls (3 metrics) then a 5 ms sleep, "
-            f"{args.stall_seconds:.0f} s each, flushes every 0.5 s and compactions running:"
+            f"{args.stall_seconds:g} s each, flushes every 0.5 s and compactions running; launchhelm with the "
+            "watcher (its helper process) on, the defaults, and off, alternating halves:"
         )
-        print(f"  {'ms per batch':<40}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>8}{'>2 ms':>7}  batches")
+        print(f"  {'ms per batch':<46}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>8}{'>2 ms':>7}  batches")
         for label, key in (
             ("launchhelm log(), wall", "lh"),
+            ("launchhelm log(), watcher off, wall", "lh_off"),
             ("dict write baseline, wall", "base"),
             ("same work, no LaunchHelm, wall", "same"),
             ("launchhelm log(), less CPU waits", "lh_own"),
+            ("launchhelm log(), watcher off, less CPU waits", "lh_off_own"),
             ("dict write baseline, less CPU waits", "base_own"),
             ("same work, no LaunchHelm, less CPU waits", "same_own"),
             ("launchhelm log(), in the guest", "lh_guest"),
@@ -738,7 +848,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             b = [x / 1e6 for x in stalls[key]]
             over = sum(1 for x in b if x > 2.0)
             print(
-                f"  {label:<40}{percentile(b, 50):>8.3f}{percentile(b, 99):>8.3f}{percentile(b, 99.9):>8.3f}"
+                f"  {label:<46}{percentile(b, 50):>8.3f}{percentile(b, 99):>8.3f}{percentile(b, 99.9):>8.3f}"
                 f"{max(b):>8.3f}{over:>7}  {len(b):,}"
             )
         print(
@@ -781,6 +891,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"max {max(base_b):.2f} ms): the machine is too noisy for wall-clock tails; see 'less CPU waits'"
             )
         print(f"  mean log(): {stalls['log_mean_us']:.2f} µs over {stalls['points']:,} calls")
+        on_b, off_b = lh_b, [x / 1e6 for x in stalls["lh_off"]]
+        print(
+            "  watcher on / off: mean log() "
+            f"{stalls['log_mean_us']:.2f} / {stalls['log_mean_off_us']:.2f} µs "
+            f"({stalls['log_mean_us'] / stalls['log_mean_off_us']:.2f}x); per batch p50 "
+            f"{percentile(on_b, 50) / percentile(off_b, 50):.2f}x, "
+            f"p99 {percentile(on_b, 99) / percentile(off_b, 99):.2f}x, "
+            f"p99.9 {percentile(on_b, 99.9) / percentile(off_b, 99.9):.2f}x, max {max(on_b) / max(off_b):.2f}x"
+        )
+        print(f"  {stalls['spent'].line() if stalls['spent'] else 'the watcher: NO helper process started'}")
         print(f"  history exact: {'yes' if stalls['exact'] else 'NO'}")
         print("  background steps (count, longest ms, total ms):")
         for name, (count, longest, total) in sorted(stalls["spans"].items()):
@@ -795,6 +915,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for line in stalls["explain"]:
                 print(f"  {line}")
     print()
+    print(f"load at the end: {os.getloadavg()[0]:.1f} (1-min average)")
     print("PASS/MISS is informational" + ("" if not args.check else "; --check given") + ".")
     if lh["check"]:
         all_ok = False

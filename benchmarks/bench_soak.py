@@ -1,10 +1,13 @@
-"""Soak: a compressed day of logging and a full-speed flood, memory and stalls over time.
+"""Soak: a compressed day of logging and a full-speed flood, memory and stalls over time, with the watcher
+on and off.
 
-Two runs, each in a fresh interpreter, on a fresh store (local by default; ``--store URL`` for another,
+Two runs, each in a fresh interpreter and each twice: with the watcher on (the helper process that
+``init`` starts beside the training process, timing its steps for hangs: the defaults) and off (no
+helper at all; ``benchmarks/_watcher.py``), on a fresh store (local by default; ``--store URL`` for another,
 e.g. moto S3 with ``--storage-options '{"client_kwargs": {...}}'``), each
 ``system_metrics=False, capture_console=False``:
 
-* **compressed day**: ``--flushes`` flushes (default 4,320, a tenth of a day;
+* **compressed day**: ``--flushes`` flushes (default 1,440, 48 minutes of a day;
   ``--full`` runs 43,200, a day of 2 s flushes) of 1,000 values each (500
   values/s for 2 s: 200 steps of 5 metrics), logged in batches of 100 calls,
   the background thread flushing every 10 ms and compacting as it does, and
@@ -12,7 +15,7 @@ e.g. moto S3 with ``--storage-options '{"client_kwargs": {...}}'``), each
   600 s, unless ``LAUNCHHELM_COMPACTION_GRACE`` is set). RSS and Arrow's
   allocations (after ``gc``) are printed at every tenth; the target is RSS
   growth over the last two thirds at most 16 MiB.
-* **flood**: as fast as the loop goes for ``--flood-seconds`` (default 20;
+* **flood**: as fast as the loop goes for ``--flood-seconds`` (default 6;
   ``--full``: 120), RSS and Arrow allocations every 2 s; the target is RSS
   under the interpreter's RSS after ``init`` plus ``compaction_memory`` plus
   the buffer's half of it, and Arrow's under ``compaction_memory``.
@@ -23,7 +26,13 @@ the same loop writing into a dict, in the same process, both as wall time and
 less the time the kernel kept the thread waiting for a CPU (on a shared, busy
 machine, other processes' noise).
 
-    python benchmarks/bench_soak.py            # about two minutes
+With the watcher on and off, the end compares: the day's per-batch times (p50, p99, p99.9, max) and
+its RSS growth, the flood's steps a second and its peak RSS, each on / off; and prints what the helper
+process itself spent while each run was timed: its CPU seconds (``/proc/<pid>/stat``) and its RSS and
+peak RSS (``/proc/<pid>/status``), its start-up (an interpreter importing launchhelm) waited out
+before the timed part and printed apart.
+
+    python benchmarks/bench_soak.py            # under two minutes on 2 cores
     python benchmarks/bench_soak.py --full     # a compressed day and a 120 s flood
     python benchmarks/bench_soak.py --s3       # on a moto_server started here
 """
@@ -42,10 +51,13 @@ import tempfile
 import time
 from array import array
 from collections.abc import Callable, Sequence
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+import _watcher
 from _gilwatch import RunDelay
+from _watcher import MODES
 
 MIB = 2**20
 #: The compressed day's grace period, s: the default 600 s over the 200-fold compression of its flushes.
@@ -131,17 +143,20 @@ def exact(store: Any, run_id: str, steps: int) -> bool:
     )
 
 
-def day(store: Any, options: dict[str, Any] | None, flushes: int) -> dict[str, Any]:
+def day(store: Any, options: dict[str, Any] | None, flushes: int, on: bool) -> dict[str, Any]:
     import launchhelm as lh
 
-    run = lh.init(
-        "soak-day",
-        store=store,
-        storage_options=options,
-        system_metrics=False,
-        capture_console=False,
-        flush_interval=0.01,
-    )
+    with _watcher.watcher(on) as extra:
+        run = lh.init(
+            "soak-day",
+            store=store,
+            storage_options=options,
+            system_metrics=False,
+            capture_console=False,
+            flush_interval=0.01,
+            **extra,
+        )
+    meter = _watcher.Meter(run, _watcher.settle(run) if on else None)
     pc = time.perf_counter_ns
     queued = RunDelay()
     # 8 bytes a sample, not a float object, and allocated whole now: the benchmark's own samples must
@@ -153,6 +168,7 @@ def day(store: Any, options: dict[str, Any] | None, flushes: int) -> dict[str, A
     step = 0
     total = flushes * 200
     tenth = max(1, flushes // 10)
+    meter.start()
     for flush in range(flushes):
         for half in range(2):
             q0 = queued()
@@ -167,9 +183,11 @@ def day(store: Any, options: dict[str, Any] | None, flushes: int) -> dict[str, A
         every[flush] = rss() / MIB
         if flush % tenth == 0 or flush == flushes - 1:
             marks.append((flush, rss() / MIB, arrow_bytes() / MIB))
+    spent = meter.stop()
     run.finish()
     queued.close()
     return {
+        "spent": spent,
         "run": run.id,
         "steps": total,
         "batches": batches,
@@ -180,14 +198,19 @@ def day(store: Any, options: dict[str, Any] | None, flushes: int) -> dict[str, A
     }
 
 
-def flood(store: Any, options: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
+def flood(store: Any, options: dict[str, Any] | None, seconds: float, on: bool) -> dict[str, Any]:
     import launchhelm as lh
 
-    run = lh.init("soak-flood", store=store, storage_options=options, system_metrics=False, capture_console=False)
+    with _watcher.watcher(on) as extra:
+        run = lh.init(
+            "soak-flood", store=store, storage_options=options, system_metrics=False, capture_console=False, **extra
+        )
     after_init = rss()
+    meter = _watcher.Meter(run, _watcher.settle(run) if on else None)
     marks: list[tuple[float, float, float]] = []
     parts: list[tuple[float, float]] = []
     step = 0
+    meter.start()
     start = time.monotonic()
     next_mark = start + 2.0
     while True:
@@ -202,8 +225,11 @@ def flood(store: Any, options: dict[str, Any] | None, seconds: float) -> dict[st
             if now - start >= seconds:
                 break
     finish_s = time.monotonic()
+    spent = meter.stop()
     run.finish()
     return {
+        "spent": spent,
+        "rate": step / (finish_s - start),
         "run": run.id,
         "steps": step,
         "marks": marks,
@@ -241,15 +267,17 @@ def dict_baseline(batches: int) -> tuple[list[float], list[float]]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--full", action="store_true", help="43,200 flushes and a 120 s flood")
-    parser.add_argument("--flushes", type=int, default=None, help="flushes in the compressed day (default 4,320)")
-    parser.add_argument("--flood-seconds", type=float, default=None, help="seconds of flood (default 20)")
+    parser.add_argument("--flushes", type=int, default=None, help="flushes in the compressed day (default 1,440)")
+    parser.add_argument("--flood-seconds", type=float, default=None, help="seconds of flood (default 6)")
     parser.add_argument("--store", default=None, help="store URL (default: a temporary local folder)")
     parser.add_argument("--storage-options", default=None, help="JSON for fsspec (endpoint_url...)")
     parser.add_argument("--s3", action="store_true", help="a real moto_server on 127.0.0.1 as the store")
     parser.add_argument("--only", choices=("day", "flood"), help=argparse.SUPPRESS)  # one part, in this process
+    parser.add_argument("--watcher", choices=MODES, default="on", help=argparse.SUPPRESS)  # with --only
+    parser.add_argument("--result", default=None, help=argparse.SUPPRESS)  # with --only: its figures, as JSON
     args = parser.parse_args()
-    flushes = args.flushes or (43_200 if args.full else 4_320)
-    seconds = args.flood_seconds or (120.0 if args.full else 20.0)
+    flushes = args.flushes or (43_200 if args.full else 1_440)
+    seconds = args.flood_seconds or (120.0 if args.full else 6.0)
     if args.only is None:
         # each part in a fresh interpreter: memory one part freed (the allocators keep some) must not
         # count as the other's growth
@@ -277,27 +305,41 @@ def main() -> int:
             # itself returns the checksum the upload gave and checked. Validate only where required.
             env["AWS_RESPONSE_CHECKSUM_VALIDATION"] = "when_required"
         failed = 0
+        results: dict[str, dict[str, Any]] = {}
         for part in ("day", "flood"):
             part_env = dict(env)
             if part == "day" and "LAUNCHHELM_COMPACTION_GRACE" not in os.environ:
                 # time is compressed 200-fold (2 s flushes every 10 ms), so is the grace period: 600 s
                 # unscaled would keep 33 hours of the day's garbage readable where a real run keeps 10 minutes
                 part_env["LAUNCHHELM_COMPACTION_GRACE"] = str(DAY_GRACE)
-            code = subprocess.run(
-                [sys.executable, __file__, *common, "--only", part], env=part_env, check=False
-            ).returncode
-            if code:
-                # a negative code is a signal: the OOM killer's SIGKILL must not read as success
-                print(f"MISS  the {part} part exited with {code}", flush=True)
-                failed = 1
+            # off first for the day, on first for the flood: a drift of the machine's load falls on both
+            for mode in MODES if part == "day" else tuple(reversed(MODES)):
+                print(f"\n== {part}, the watcher {mode}", flush=True)
+                result = os.path.join(tmp, f"{part}-{mode}.json")
+                code = subprocess.run(
+                    [sys.executable, __file__, *common, "--only", part, "--watcher", mode, "--result", result],
+                    env=part_env,
+                    check=False,
+                ).returncode
+                if code:
+                    # a negative code is a signal: the OOM killer's SIGKILL must not read as success
+                    print(f"MISS  the {part} part (the watcher {mode}) exited with {code}", flush=True)
+                    failed = 1
+                else:
+                    with open(result) as file:
+                        results[f"{part}-{mode}"] = json.load(file)
+        compare(results)
         return failed
     options = json.loads(args.storage_options) if args.storage_options else None
     store = args.store
     import launchhelm  # noqa: F401  imported before the first RSS reading
 
     checks: list[tuple[str, bool]] = []
+    on = args.watcher == "on"
+    load = os.getloadavg()[0]  # the machine's load: a part run while other work ran reads differently
+    result: dict[str, Any] = {}
     if args.only == "day":
-        d = day(store, options, flushes)
+        d = day(store, options, flushes, on)
         print("\ncompressed day: flush, RSS MiB, Arrow MiB")
         for flush, r, a in d["marks"]:
             print(f"  {flush:>8,} {r:>9.1f} {a:>9.1f}")
@@ -315,25 +357,35 @@ def main() -> int:
             f"the one-third mark: {peak:.1f} MiB (a merge's working set, bounded by compaction_memory, when a "
             "mark catches one)"
         )
-        base, base_own = dict_baseline(len(d["batches"]))
+        # the dict loop is the machine's noise: once, beside the day without the watcher
+        base, base_own = dict_baseline(len(d["batches"])) if not on else ([], [])
         print(f"\n  stalls, {'ms per 100 logs':<36}{'p50':>8}{'p99':>8}{'p99.9':>8}{'max':>8}{'>1 ms':>7}{'>2 ms':>7}")
         for label, b in (
-            ("launchhelm, wall", d["batches"]),
+            (f"launchhelm, watcher {args.watcher}, wall", d["batches"]),
             ("dict baseline, wall", base),
-            ("launchhelm, less CPU waits", d["own"]),
+            (f"launchhelm, watcher {args.watcher}, less CPU waits", d["own"]),
             ("dict baseline, less CPU waits", base_own),
         ):
+            if not b:
+                continue
             print(
                 f"  {label:<44}{percentile(b, 50):>8.3f}{percentile(b, 99):>8.3f}{percentile(b, 99.9):>8.3f}"
                 f"{max(b):>8.3f}{sum(x > 1 for x in b):>7}{sum(x > 2 for x in b):>7}"
             )
         print("  (less CPU waits: less the time the kernel kept the thread waiting for a CPU: other processes' noise)")
+        print(f"  {d['spent'].line() if d['spent'] else 'the watcher: off (no helper process)'}")
+        result = {
+            "spent": asdict(d["spent"]) if d["spent"] else None,
+            "growth": growth,
+            **{f"wall_{q}": quantiles(d["batches"])[q] for q in QUANTILES},
+            **{f"own_{q}": quantiles(d["own"])[q] for q in QUANTILES},
+        }
         checks += [
             (f"day: RSS growth over the last two thirds {growth:.1f} MiB <= 16 MiB (medians)", growth <= 16),
             ("day: history exact", exact(d["store"], d["run"], d["steps"])),
         ]
     else:
-        f = flood(store, options, seconds)
+        f = flood(store, options, seconds, on)
         print(
             f"\nflood: {f['steps']:,} steps x 5 values; RSS after init {f['after_init']:.1f} MiB; "
             f"finish() {f['finish_s']:.2f} s; t s, RSS MiB (anonymous, file-backed: the spool's maps), Arrow MiB"
@@ -343,6 +395,10 @@ def main() -> int:
         bound = f["after_init"] + f["memory"] * 1.5
         flood_rss = max(r for _, r, _ in f["marks"])
         flood_arrow = max(a for _, _, a in f["marks"])
+        print(
+            f"  {f['rate']:,.0f} steps/s; {f['spent'].line() if f['spent'] else 'the watcher: off (no helper process)'}"
+        )
+        result = {"spent": asdict(f["spent"]) if f["spent"] else None, "rate": f["rate"], "rss": flood_rss}
         checks += [
             (
                 f"flood: RSS {flood_rss:.0f} MiB <= {bound:.0f} MiB (after init + 1.5 x compaction_memory)",
@@ -357,7 +413,49 @@ def main() -> int:
     print()
     for label, ok in checks:
         print(f"{'PASS' if ok else 'MISS'}  {label}", flush=True)
+    if args.result:
+        with open(args.result, "w") as file:
+            json.dump({**result, "load": [load, os.getloadavg()[0]]}, file)
     return 0
+
+
+QUANTILES = ("p50", "p99", "p99.9", "max")
+
+
+def quantiles(values: Sequence[float]) -> dict[str, float]:
+    return {"p50": percentile(values, 50), "p99": percentile(values, 99), "p99.9": percentile(values, 99.9),
+            "max": max(values)}  # fmt: skip
+
+
+def compare(results: dict[str, dict[str, Any]]) -> None:
+    """The watcher on beside off: the hot path's figures and their ratio, and what the helper spent."""
+    print("\nthe watcher on / off (on: the helper process beside training, timing its steps for hangs; off: none)")
+
+    def pair(name: str, key: str, unit: str, digits: int = 3) -> None:
+        on, off = results.get(f"{name}-on", {}).get(key), results.get(f"{name}-off", {}).get(key)
+        if on is None or off is None:
+            print(f"  {name} {key}: not measured (a part failed)")
+            return
+        ratio = f"{on / off:.2f}x" if off else "n/a"
+        print(f"  {name} {key:<18}{on:>12,.{digits}f} / {off:<12,.{digits}f} {unit:<6} {ratio}")
+
+    for q in QUANTILES:
+        pair("day", f"wall_{q}", "ms")
+    for q in QUANTILES:
+        pair("day", f"own_{q}", "ms")
+    pair("day", "growth", "MiB", 1)
+    pair("flood", "rate", "steps/s", 0)
+    pair("flood", "rss", "MiB", 1)
+    print("  (wall: each 100-log batch's wall time; own: less the time the kernel kept the thread waiting for a CPU)")
+    loads = [
+        f"{key} {results[key]['load'][0]:.1f}-{results[key]['load'][1]:.1f}"
+        for key in ("day-off", "day-on", "flood-on", "flood-off")
+        if key in results
+    ]
+    print(f"  the machine's load (1-min average) at each part's start and end: {', '.join(loads)}")
+    for name in ("day", "flood"):
+        spent = results.get(f"{name}-on", {}).get("spent")
+        print(f"  {name}: {_watcher.Spent(**spent).line() if spent else 'the watcher: NO helper process measured'}")
 
 
 if __name__ == "__main__":
