@@ -62,11 +62,23 @@ def helper_pid(run: Any) -> int | None:
     return None if helper is None else int(helper.process.pid)
 
 
-def settle(run: Any, timeout: float = 20.0) -> Usage | None:
-    """Wait until the run's helper runs and has done starting (its CPU clock stops moving: a Python
-    interpreter importing launchhelm), so that its start-up is not counted as the loop's; its usage
-    then (its start-up's CPU), or None where the run has no helper."""
-    deadline = time.monotonic() + timeout
+#: Seconds every run waits after ``init`` before its timed part, the watcher on or off: the first
+#: flush and heartbeat then fall in neither or both, not only in the run that waited for its helper.
+LEAST_WAIT = 2.5
+
+
+def settle(run: Any, on: bool, least: float = LEAST_WAIT, timeout: float = 20.0) -> Usage | None:
+    """Before a timed part: with the watcher ``on``, wait until the run's helper runs and has done starting
+    (its CPU clock stops moving: an interpreter importing launchhelm), so that its start-up is not counted
+    as the loop's; either way wait at least ``least`` seconds. The helper's usage then (its start-up's
+    CPU), or None where it is off or the run has no helper."""
+    started = time.monotonic()
+    found = _helper_idle(run, started + timeout) if on else None
+    time.sleep(max(0.0, least - (time.monotonic() - started)))
+    return found
+
+
+def _helper_idle(run: Any, deadline: float) -> Usage | None:
     while helper_pid(run) is None:
         if time.monotonic() > deadline:
             return None

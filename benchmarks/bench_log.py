@@ -16,10 +16,12 @@ LaunchHelm
 The watcher on and off (``benchmarks/_watcher.py``)
     * Every run has a helper process beside it that times its steps for hangs (``hang_timeout="auto"``):
       the watcher. ``log()`` per call over ``--steps`` steps with it on (the defaults) and off (no helper
-      process at all), in alternating rounds (``--watcher-rounds``, default 5 each): the medians of the
-      rounds' mean and p99, and their ratio. Each "on" round first waits until the helper has done
-      starting (an interpreter importing launchhelm: its CPU is printed apart, not timed).
-    * The stall loop below also runs with the watcher on and off, alternating halves.
+      process at all), in alternating rounds (``--watcher-rounds``, default 4 each): the medians of the
+      rounds' mean, p50 and p99, and their ratio. Each "on" round first waits until the helper has done
+      starting (an interpreter importing launchhelm: its CPU is printed apart, not timed); every round,
+      on or off, waits at least 2.5 s after ``init``, so the first flush falls alike.
+    * The stall loop below also runs with the watcher on and off, alternating halves; its mean ``log()``
+      (hundreds of thousands of calls a side) carries the target: on <= 1.10x off.
     * The helper's own CPU seconds over the timed parts (``/proc/<pid>/stat``) and its RSS and peak RSS
       (``/proc/<pid>/status``).
 
@@ -38,7 +40,7 @@ Every timed loop is preceded by ~200 warm-up calls on throwaway data (for Launch
 separate warm-up run, so the measured run holds exactly ``--steps`` steps). The garbage
 collector stays enabled; the collections that ran inside each timed loop are counted and printed.
 
-Training-thread stalls (``--stall-seconds``, default 15; 0 skips)
+Training-thread stalls (``--stall-seconds``, default 12; 0 skips)
     * Batches of 100 ``log()`` calls of 3 metrics, then a 5 ms sleep (a training step's shape), with
       flushes every 0.5 s and compactions running: per-batch p50/p99/p99.9/max in ms, with the watcher
       on and (as long) off, beside the same loop writing into a dict, mean ``log()`` µs, whether history
@@ -51,8 +53,8 @@ Training-thread stalls (``--stall-seconds``, default 15; 0 skips)
       each background step probed alone on realistic sizes (``benchmarks/_gilwatch.py``).
 
 Targets (PASS/MISS is informational; the exit status is 0 unless ``--check`` is given, then 1 on
-any miss): ``log()`` mean <= 5 µs, ``log()`` p99 <= 20 µs, ``log()`` mean with the watcher on <= 1.10x
-off, ``finish()`` <= 50 ms, warm history read <= 30 ms for 50k values.
+any miss): ``log()`` mean <= 5 µs, ``log()`` p99 <= 20 µs, ``finish()`` <= 50 ms, warm history read
+<= 30 ms for 50k values; in the stall loop, mean ``log()`` with the watcher on <= 1.10x off.
 
 The default run takes about a minute and a half on 2 cores (wandb's offline start-up is the slowest
 single part when it is installed).
@@ -258,22 +260,22 @@ def bench_sampler(store_dir: Path, rows: list[dict[str, float]]) -> dict[str, fl
     return out
 
 
-def bench_watcher(store_dir: Path, rows: list[dict[str, float]], rounds: int = 5) -> dict[str, Any]:
+def bench_watcher(store_dir: Path, rows: list[dict[str, float]], rounds: int = 4) -> dict[str, Any]:
     """log() per call with the watcher on (the helper process, timing the steps for hangs: the defaults) and
-    off (no helper at all), alternating rounds; the medians of the rounds' mean and p99, and what the helper
-    spent while its rounds were timed."""
+    off (no helper at all), alternating rounds; the medians of the rounds' mean, p50 and p99, and what the
+    helper spent while its rounds were timed."""
     import _watcher
 
     import launchhelm
 
-    stats: dict[str, list[tuple[float, float]]] = {mode: [] for mode in _watcher.MODES}
+    stats: dict[str, list[tuple[float, float, float]]] = {mode: [] for mode in _watcher.MODES}
     spent = []
     pc = time.perf_counter_ns
     for r in range(rounds):
         for mode in _watcher.MODES if r % 2 == 0 else reversed(_watcher.MODES):
             with _watcher.watcher(mode == "on") as extra:
                 run = launchhelm.init("bench-watcher", store=str(store_dir), system_metrics=False, **extra)
-            meter = _watcher.Meter(run, _watcher.settle(run) if mode == "on" else None)
+            meter = _watcher.Meter(run, _watcher.settle(run, mode == "on"))
             for s, d in enumerate(make_rows(WARMUP_CALLS, seed=11)):
                 run.global_step = s
                 run.log(d)
@@ -290,12 +292,13 @@ def bench_watcher(store_dir: Path, rows: list[dict[str, float]], rounds: int = 5
                 if used is None:
                     raise SystemExit("bench_log: the run has no helper process with the watcher on: nothing to compare")
                 spent.append(used)
-            stats[mode].append(summarize_ns(lat))
+            stats[mode].append((*summarize_ns(lat), percentile(lat, 50) / 1000))
             run.finish()
     out: dict[str, Any] = {"rounds": rounds, "spent": _watcher.add(spent)}
     for mode in _watcher.MODES:
-        out[f"mean_{mode}"] = statistics.median(m for m, _ in stats[mode])
-        out[f"p99_{mode}"] = statistics.median(p for _, p in stats[mode])
+        out[f"mean_{mode}"] = statistics.median(m for m, _, _ in stats[mode])
+        out[f"p99_{mode}"] = statistics.median(p for _, p, _ in stats[mode])
+        out[f"p50_{mode}"] = statistics.median(p for _, _, p in stats[mode])
     return out
 
 
@@ -424,7 +427,7 @@ def bench_stalls(store_dir: Path, seconds: float, explain: bool = False) -> dict
                         capture_console=False,
                         **extra,
                     )
-                meter = _watcher.Meter(run, _watcher.settle(run) if mode == "on" else None)
+                meter = _watcher.Meter(run, _watcher.settle(run, mode == "on"))
                 step = [0]
 
                 def log(d: dict[str, float], run: Any = run, step: list[int] = step) -> None:
@@ -695,16 +698,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--stall-seconds",
         type=float,
-        default=15.0,
+        default=12.0,
         help="seconds of 100-log batches with flushes and compactions running, with the watcher on and as long "
-        "off, and as long for the dict baseline and the same work (default 15; 60 for the figures the "
+        "off, and as long for the dict baseline and the same work (default 12; 60 for the figures the "
         "benchmarks page keeps; 0 skips)",
     )
     parser.add_argument(
         "--watcher-rounds",
         type=int,
-        default=5,
-        help="rounds of the per-call log() loop with the watcher on and off, alternating (default 5)",
+        default=4,
+        help="rounds of the per-call log() loop with the watcher on and off, alternating (default 4)",
     )
     parser.add_argument(
         "--explain",
@@ -775,8 +778,9 @@ def main(argv: Sequence[str] | None = None) -> int:
          lh["log_p99_us"] <= TARGET_LOG_P99_US),
         ("log() mean, µs/call, system sampler every 5 ms (vs off)", sampler["mean_on"], sampler["mean_off"],
          "<= 5 µs", sampler["mean_on"] <= TARGET_LOG_MEAN_US),
-        ("log() mean, µs/call, watcher on (vs off: no helper process)", watched["mean_on"], watched["mean_off"],
-         "<= 1.10x off", watched["mean_on"] <= 1.10 * watched["mean_off"]),
+        ("log() mean, µs/call, watcher on (vs off: no helper process)", watched["mean_on"], watched["mean_off"], "-",
+         None),
+        ("log() p50, µs/call, watcher on (vs off)", watched["p50_on"], watched["p50_off"], "-", None),
         ("log() p99, µs/call, watcher on (vs off)", watched["p99_on"], watched["p99_off"], "-", None),
         ("finish(), ms (vs Arrow IPC write)", lh["finish_ms"], base["arrow_write_ms"], "<= 50 ms",
          lh["finish_ms"] <= TARGET_FINISH_MS),
@@ -801,7 +805,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print(
         f"  watcher on / off, {watched['rounds']} rounds each, alternating: mean {watched['mean_on']:,.2f} / "
-        f"{watched['mean_off']:,.2f} µs ({watched['mean_on'] / watched['mean_off']:.2f}x), p99 "
+        f"{watched['mean_off']:,.2f} µs ({watched['mean_on'] / watched['mean_off']:.2f}x), p50 "
+        f"{watched['p50_on']:,.2f} / {watched['p50_off']:,.2f} µs ({watched['p50_on'] / watched['p50_off']:.2f}x), p99 "
         f"{watched['p99_on']:,.2f} / {watched['p99_off']:,.2f} µs ({watched['p99_on'] / watched['p99_off']:.2f}x)"
     )
     print(f"  {watched['spent'].line() if watched['spent'] else 'the watcher: NO helper process'}")
@@ -884,6 +889,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             ("p99.9 per batch <= 1 ms (in the guest)", percentile(lh_guest, 99.9) <= 1.0),
             ("max per batch <= 2 ms (in the guest)", max(lh_guest) <= 2.0),
             ("mean log() <= 5 µs", stalls["log_mean_us"] <= 5.0),
+            ("mean log() with the watcher on <= 1.10x off", stalls["log_mean_us"] <= 1.10 * stalls["log_mean_off_us"]),
         ]
         if percentile(base_b, 99.9) > 1.0 or max(base_b) > 2.0:
             print(

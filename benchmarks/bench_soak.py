@@ -30,7 +30,7 @@ With the watcher on and off, the end compares: the day's per-batch times (p50, p
 its RSS growth, the flood's steps a second and its peak RSS, each on / off; and prints what the helper
 process itself spent while each run was timed: its CPU seconds (``/proc/<pid>/stat``) and its RSS and
 peak RSS (``/proc/<pid>/status``), its start-up (an interpreter importing launchhelm) waited out
-before the timed part and printed apart.
+before the timed part and printed apart; every run, on or off, waits at least 2.5 s after ``init``.
 
     python benchmarks/bench_soak.py            # under two minutes on 2 cores
     python benchmarks/bench_soak.py --full     # a compressed day and a 120 s flood
@@ -156,7 +156,7 @@ def day(store: Any, options: dict[str, Any] | None, flushes: int, on: bool) -> d
             flush_interval=0.01,
             **extra,
         )
-    meter = _watcher.Meter(run, _watcher.settle(run) if on else None)
+    meter = _watcher.Meter(run, _watcher.settle(run, on))
     pc = time.perf_counter_ns
     queued = RunDelay()
     # 8 bytes a sample, not a float object, and allocated whole now: the benchmark's own samples must
@@ -206,7 +206,7 @@ def flood(store: Any, options: dict[str, Any] | None, seconds: float, on: bool) 
             "soak-flood", store=store, storage_options=options, system_metrics=False, capture_console=False, **extra
         )
     after_init = rss()
-    meter = _watcher.Meter(run, _watcher.settle(run) if on else None)
+    meter = _watcher.Meter(run, _watcher.settle(run, on))
     marks: list[tuple[float, float, float]] = []
     parts: list[tuple[float, float]] = []
     step = 0
