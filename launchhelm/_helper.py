@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from launchhelm.console._capture import terminal_fds
 from launchhelm.runlog._sessions import PROCESS_DIED
 from launchhelm.runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
 
@@ -173,13 +174,18 @@ class Helper:
 
 def _spawn(line: bytes) -> subprocess.Popen[bytes]:
     _reap()
-    process = subprocess.Popen(
-        # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
-        [sys.executable, "-c", COMMAND],
-        stdin=subprocess.PIPE,
-        close_fds=True,
-        start_new_session=True,  # a signal to the training process's group must not end the drain
-    )
+    # its stdout and stderr are the ones from before the console capture: holding the capture's pipes, it
+    # would make finish() wait out the capture's drain timeout for each stream
+    with terminal_fds() as fds:
+        process = subprocess.Popen(
+            # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
+            [sys.executable, "-c", COMMAND],
+            stdin=subprocess.PIPE,
+            stdout=fds.get(1),
+            stderr=fds.get(2),
+            close_fds=True,
+            start_new_session=True,  # a signal to the training process's group must not end the drain
+        )
     assert process.stdin is not None
     process.stdin.write(line)
     process.stdin.flush()  # stdin stays open: its EOF tells the helper that training is gone

@@ -33,12 +33,13 @@ Each session writes into its own :class:`~launchhelm.console._buffer.ConsoleBuff
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, TextIO, cast
 
 from launchhelm.console._buffer import BUFFER_BYTES, LINE_BYTES, ConsoleBuffer
@@ -591,6 +592,17 @@ def drain() -> None:
 def detach(sink: ConsoleBuffer) -> None:
     """Stop filling ``sink``; the last one detached puts fds and ``sys`` streams back exactly."""
     _capture.detach(sink)
+
+
+@contextlib.contextmanager
+def terminal_fds() -> Iterator[dict[int, int]]:
+    """While held: ``{1: fd, 2: fd}`` for each of fd 1 and 2 captured through a pipe, the copy of what it was
+    before (the terminal, a file). A child process started now with these as its stdout and stderr writes
+    where this process wrote before; one that inherits fd 1 and 2 holds the capture's pipes open, and the
+    capture's end then waits out its drain timeout for that child to exit. The capture cannot stop (and
+    close these copies) until the block ends."""
+    with _capture.lock:
+        yield {s.fd: s._saved_fd for s in _capture.streams if s._saved_fd is not None and s._reader is not None}
 
 
 def capture_modes() -> dict[str, str]:

@@ -311,3 +311,46 @@ def test_a_killed_helper_is_replaced_and_training_goes_on_with_nothing_lost(
     finally:
         proc.kill()
         proc.wait()
+
+
+_CAPTURED = textwrap.dedent(
+    """
+    import json, os, sys, time
+    import launchhelm as lh
+    from launchhelm.console._capture import capture_modes
+    before = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)}
+    run = lh.init("captured", store=sys.argv[1], capture_console=True)
+    deadline = time.monotonic() + 30
+    while run._helper is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pid = run._helper.process.pid
+    helper = {fd: os.readlink(f"/proc/{pid}/fd/{fd}") for fd in (1, 2)}
+    modes = capture_modes()
+    started = time.monotonic()
+    run.finish()
+    took = time.monotonic() - started
+    print(json.dumps({"before": before, "helper": helper, "modes": modes, "finish": took}), file=sys.__stdout__)
+    """
+)
+
+
+def test_the_helper_writes_where_the_process_wrote_before_its_console_was_captured(tmp_path: Path) -> None:
+    """The helper inherited the console capture's pipes as its stdout and stderr: the capture's end then waited
+    out its drain timeout for each stream (finish() took 4 s). It writes to the terminal (or file) instead."""
+    import json
+
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with open(out, "wb") as stdout, open(err, "wb") as stderr:
+        done = subprocess.run(
+            [sys.executable, "-c", _CAPTURED, str(tmp_path / "store")],
+            stdout=stdout,
+            stderr=stderr,
+            env=child_env(),
+            timeout=120,
+            check=False,
+        )
+    assert done.returncode == 0, err.read_text()[-3000:]
+    seen = json.loads(out.read_text().strip().splitlines()[-1])
+    assert seen["modes"] == {"stdout": "fd", "stderr": "fd"}, seen  # captured through pipes
+    assert seen["helper"] == seen["before"] == {"1": str(out), "2": str(err)}, seen
+    assert seen["finish"] < 2.0, seen  # under one stream's drain timeout (it was two of them)
