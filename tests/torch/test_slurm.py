@@ -242,6 +242,10 @@ def test_the_guides_sbatch_script_resumes_its_torchrun_job_after_a_preemption(
         assert time.monotonic() < deadline, f"the job did not end:\n{diagnosis()}"
         time.sleep(0.2)
     assert slurm_cluster.job_state(job) in ("COMPLETED", ""), diagnosis()
+    if how != "scontrol requeue":
+        # torchrun's agent handled the notice (the script's --signals-to-handle) and passed it on, rather than
+        # die of it and let SLURM end the step under the workers' save (torch's log line says so)
+        assert "closing signal SIGUSR1" in log.read_text(errors="replace"), diagnosis()
 
     api = lh.Api(store)
     runs = api.runs("relaunch-guide")
