@@ -15,6 +15,10 @@ can show a whole script and then run it (and SIGKILL it) for real.
 A block that cannot run here (a notebook magic, ``torchrun``, cloud
 credentials, a minutes-long demo) says so right above its fence:
 ``<!-- skip: why -->``; the reason is required and shows in the test's output.
+A block that needs a scheduler another test starts (SLURM, Ray) says which test runs
+it: ``<!-- run-by: tests/torch/test_slurm.py::test_name -->``. That test takes the
+block's text from the page (``docblocks.run_by``); this module checks the test exists
+and names the page and the marker, so the page cannot drift from what runs.
 
 What a user would notice if this failed: an example in the docs that raises,
 or that no longer does what its page says.
@@ -28,10 +32,10 @@ import re
 import subprocess
 import sys
 import textwrap
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from docblocks import blocks
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [
@@ -45,9 +49,6 @@ PAGES = [
 ]
 RUN = {"python", "bash"}
 NOT_CODE = {"text"}
-FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
-SKIP = re.compile(r"^\s*<!--\s*skip:\s*(?P<reason>.*?)\s*-->\s*$")
-FILE = re.compile(r"^\s*<!--\s*file:\s*(?P<name>[\w./-]+)\s*-->\s*$")
 # pages whose examples train with torch or a framework's Trainer: a few seconds each
 SLOW = {
     "getting-started.md",
@@ -61,42 +62,6 @@ SLOW = {
     "importers.md",
     "relaunch.md",
 }
-
-
-@dataclass
-class Block:
-    language: str
-    line: int  # 1-based line of the opening fence
-    source: str
-    skip: str | None
-    file: str | None = None
-
-
-def blocks(page: Path) -> list[Block]:
-    """The page's fenced code blocks, with the skip reason written right above each (if any)."""
-    lines = page.read_text().splitlines()
-    found: list[Block] = []
-    i = 0
-    while i < len(lines):
-        match = FENCE.match(lines[i])
-        if not match:
-            i += 1
-            continue
-        indent, fence = match["indent"], match["fence"]
-        language = match["info"].strip().split(" ")[0].split("{")[0] or "(none)"
-        skip = SKIP.match(lines[i - 1]) if i > 0 else None
-        file = FILE.match(lines[i - 1]) if i > 0 else None
-        body: list[str] = []
-        j = i + 1
-        while j < len(lines) and lines[j].strip() != fence:
-            body.append(lines[j][len(indent) :] if lines[j].startswith(indent) else lines[j])
-            j += 1
-        assert j < len(lines), f"{page.name}:{i + 1}: a code block that is never closed"
-        found.append(
-            Block(language, i + 1, "\n".join(body) + "\n", skip["reason"] if skip else None, file and file["name"])
-        )
-        i = j + 1
-    return found
 
 
 RUNNER = textwrap.dedent(
@@ -131,7 +96,9 @@ def test_every_block_is_run_or_says_why_not() -> None:
     for page in PAGES:
         for block in blocks(page):
             where = f"{page.relative_to(ROOT)}:{block.line}"
-            if block.skip is not None:
+            if block.run_by is not None:
+                _check_run_by(page, block.run_by, where)
+            elif block.skip is not None:
                 assert block.skip, f"{where}: <!-- skip: --> needs a reason"
                 assert block.language not in NOT_CODE, f"{where}: a text block is never run; drop its skip marker"
                 skipped.append(f"{where}: {block.skip}")
@@ -144,10 +111,41 @@ def test_every_block_is_run_or_says_why_not() -> None:
     assert len(skipped) <= 25, "most examples should run; see what the skipped ones need"
 
 
+def _check_run_by(page: Path, test: str, where: str) -> None:
+    """The test named by a ``run-by`` marker exists, and its module takes this block from this page."""
+    path, _, name = test.partition("::")
+    module = ROOT / path
+    assert name and module.is_file() and path.startswith("tests/"), (
+        f"{where}: <!-- run-by: {test} --> must name a test as tests/<file>.py::<test function>"
+    )
+    text = module.read_text()
+    assert re.search(rf"^(async )?def {re.escape(name)}\(", text, re.M), f"{where}: {path} has no test {name}"
+    page_path = str(page.relative_to(ROOT))
+    assert page_path in text and f'"{test}"' in text, (
+        f"{where}: {path} must take this block with docblocks.run_by({page_path!r}, {test!r})"
+    )
+
+
+def test_run_by_markers_name_tests_that_take_their_block() -> None:
+    """The check above can fail: a marker naming a missing test, or a test that never reads the block."""
+    page = ROOT / "docs" / "guides" / "relaunch.md"
+    with pytest.raises(AssertionError, match="has no test"):
+        _check_run_by(page, "tests/torch/test_slurm.py::test_not_there", "x")
+    with pytest.raises(AssertionError, match="must take this block"):
+        _check_run_by(
+            page,
+            "tests/torch/test_slurm.py::test_the_comparison_can_fail_a_requeued_job_that_skips_the_load_line_differs",
+            "x",
+        )
+    with pytest.raises(AssertionError, match="must name a test"):
+        _check_run_by(page, "tests/torch/nowhere.py::test_x", "x")
+    assert [b.run_by for b in blocks(page) if b.run_by], "the relaunch guide's SLURM and Ray blocks are run by tests"
+
+
 @pytest.mark.parametrize("page", [_param(p) for p in PAGES])
 @pytest.mark.slow
 def test_the_pages_code_blocks_run(page: Path, tmp_path: Path) -> None:
-    runnable = [b for b in blocks(page) if b.skip is None and b.language in RUN]
+    runnable = [b for b in blocks(page) if b.skip is None and b.run_by is None and b.language in RUN]
     if not runnable:
         pytest.fail(f"{page.relative_to(ROOT)} has no code block that runs: drop it from PAGES or add one")
     spec = tmp_path / "blocks.json"

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from lhtest import ROOT, child_env
-from torch_helpers import bitwise_equal
+from torch_helpers import _flat, bitwise_equal
 
 import launchhelm as lh
 
@@ -242,35 +242,92 @@ def test_a_kubernetes_jobs_next_pod_resumes_the_run_after_sigterm_and_the_grace_
     assert bitwise_equal(dict(torch.load(tmp_path / "second.pt")), dict(torch.load(tmp_path / "plain.pt")))
 
 
+#: The relaunch guide: its Ray Train block is what the Ray test runs.
+GUIDE = "docs/guides/relaunch.md"
+
+
+def _checkpoint_state(store: str, run_id: str) -> dict[str, Any]:
+    """The training state in the run's latest checkpoint (model, optimizer, torch's RNG of each rank), without
+    what names the run."""
+    checkpoint = lh.Api(store).run(run_id).latest_checkpoint()
+    assert checkpoint is not None
+    folder = Path(store) / "runs" / run_id / "artifacts" / checkpoint.id
+    state: dict[str, Any] = {"step": checkpoint.step}
+    for i, name in enumerate(sorted(checkpoint.files)):
+        bundle = dict(torch.load(folder / name, weights_only=True))
+        # the script seeds torch only: Python's and numpy's generators start from the OS's entropy in every
+        # process, so their saved states differ between any two jobs
+        for rng in [bundle.get("rng") or {}, *bundle.get("rng_by_rank", [])]:
+            rng.pop("python", None)
+            rng.pop("numpy", None)
+        state[f"file{i}"] = {k: v for k, v in bundle.items() if k not in ("run_id", "saved_at")}
+    return state
+
+
+def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    fa, fb = _flat(a), _flat(b)
+    return [
+        k
+        for k in sorted(set(fa) | set(fb))
+        if k not in fa or k not in fb or not bitwise_equal({"v": fa[k]}, {"v": fb[k]})
+    ]
+
+
 @pytest.mark.timeout(900)
 def test_ray_train_restarts_its_workers_after_a_sigkill_into_the_same_run_bitwise(tmp_path: Path) -> None:
-    """Ray Train's ``FailureConfig(max_failures=1)`` on a local Ray cluster: one worker killed, the group restarted,
-    one run, the result bitwise equal to an uninterrupted job."""
+    """The relaunch guide's Ray Train script (``TorchTrainer``, ``FailureConfig(max_failures=2)``) on a local Ray
+    cluster: one worker killed, the group restarted, one run, its last checkpoint bitwise equal to an
+    uninterrupted job's."""
     pytest.importorskip("ray.train", reason="the ray extra is not installed (pip install -e '.[ray]')")
+    from docblocks import run_by, substitute
+
+    block = run_by(
+        GUIDE,
+        "tests/torch/test_relaunch.py::test_ray_train_restarts_its_workers_after_a_sigkill_into_the_same_run_bitwise",
+    )
+    # declared substitutions: one script runs two experiments (ray_job.py sets EXPERIMENT), and Ray's results
+    # go to a temporary folder rather than ~/ray_results; the rest is the guide's text
+    script = tmp_path / "ray_train.py"
+    script.write_text(
+        substitute(
+            block.source,
+            {'name="resnet-sweep-7"': 'name=os.environ["EXPERIMENT"], storage_path=os.environ["RAY_RESULTS"]'},
+        )
+    )
     store = str(tmp_path / "store")
-    job = Path(__file__).with_name("ray_job.py")
     # a loaded 2-core machine can take more than Ray's default minute to start its raylet
-    env = child_env(OMP_NUM_THREADS="1", RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS="0", RAY_raylet_start_wait_time_s="300")
+    env = child_env(
+        OMP_NUM_THREADS="1",
+        RAY_TRAIN_ENABLE_V2_MIGRATION_WARNINGS="0",
+        RAY_raylet_start_wait_time_s="300",
+        LAUNCHHELM_STORE=store,  # the workers inherit it from the driver on a local cluster, as the guide says
+        LAUNCHHELM_SPOOL=str(tmp_path / "spool"),
+        RAY_RESULTS=str(tmp_path / "ray-results"),
+    )
     for name in ("LAUNCHHELM_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SKYPILOT_TASK_ID"):
         env.pop(name, None)
     done = subprocess.run(
-        [sys.executable, str(job), store, str(tmp_path), "plain:-1", "crash:8"],
-        capture_output=True, text=True, env=env, cwd=ROOT, timeout=780,
+        [sys.executable, str(Path(__file__).with_name("ray_job.py")), str(script), "plain:-1", "crash:8"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=780,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
-    finals = {case: dict(torch.load(tmp_path / case / "final.pt", weights_only=True)) for case in ("plain", "crash")}
-    assert (tmp_path / "crash" / "killed").exists()  # the worker was killed, and Ray restarted the group
-    run_id = finals["crash"].pop("run")
-    finals["plain"].pop("run")
-    assert bitwise_equal(finals["crash"], finals["plain"])
     api = lh.Api(store)
-    assert len(api.runs("ray")) == 2  # one run per experiment, however many worker groups
-    handle = api.run(run_id)
+    runs = api.runs("ray-guide")
+    assert len(runs) == 2  # one run per experiment, however many worker groups
+    by_name = {}
+    for run_id in runs["id"]:
+        attempts = api.run(run_id).attempts()
+        assert all(a.launcher and a.launcher["scheduler"] == "ray" for a in attempts), attempts
+        by_name[attempts[0].launcher["job"]] = run_id  # type: ignore[index]
+    handle = api.run(by_name["crash"])
+    # the worker died after step 8; Ray restarted the group, which resumed from the checkpoint of step 5
     assert [(r.to_step, r.reached) for r in handle.rewinds()] == [(5, 8)]
     attempts = handle.attempts()
-    assert [a.ending for a in attempts][-1] == "finished" and len(attempts) == 2
-    assert all(a.launcher and a.launcher["scheduler"] == "ray" for a in attempts)
-    assert attempts[0].launcher["job"] == "crash"  # type: ignore[index]
+    assert len(attempts) == 2 and attempts[-1].ending == "finished", attempts
+    assert [a.ending for a in api.run(by_name["plain"]).attempts()] == ["finished"]
+    crash, plain = _checkpoint_state(store, by_name["crash"]), _checkpoint_state(store, by_name["plain"])
+    assert crash["step"] == plain["step"] == 20
+    assert bitwise_equal(crash, plain), f"differ: {_differences(crash, plain)}"
 
 
 @pytest.mark.timeout(600)

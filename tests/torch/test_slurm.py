@@ -9,7 +9,9 @@ or never comes back after the notice. The cluster is this machine's own ``slurmc
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from docblocks import file_block, run_by, substitute
 from lhtest import ROOT, child_env
 from slurm_cluster import CLUSTER, SlurmCluster, slurm_marks
 from torch_helpers import bitwise_equal
@@ -161,3 +164,104 @@ def test_the_comparison_can_fail_a_requeued_job_that_skips_the_load_line_differs
     job.wait_end()
     assert job.record(1)["ending"] == "finished"
     assert not bitwise_equal(_final(job.out), plain), "the negative control matched: the comparison cannot fail"
+
+
+#: The relaunch guide: its sbatch script, running its torchrun script, is submitted as the guide shows it.
+GUIDE = "docs/guides/relaunch.md"
+GUIDE_STEPS = 30  # the guide's train.py trains 30 steps, saving every 10
+GUIDE_PREEMPT_AFTER = 12
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["scontrol requeue", "scancel --signal=USR1"])
+def test_the_guides_sbatch_script_resumes_its_torchrun_job_after_a_preemption(
+    how: str, slurm_cluster: SlurmCluster, tmp_path: Path
+) -> None:
+    """The relaunch guide's sbatch script (``srun`` running torchrun running the guide's ``train.py``) on the
+    local cluster, preempted once mid-run: it is requeued and finishes in the same run, with no step redone."""
+    work = tmp_path / "work"
+    work.mkdir()
+    # declared substitutions. train.py: 0.5 s a step and a line per step, so the test can preempt it mid-run
+    # (the guide's 30 steps take well under a second)
+    train = substitute(
+        file_block(GUIDE, "train.py").source,
+        {
+            "import os, signal\n": "import os, signal, time\n",
+            '    tr.log({"loss": loss.item()})\n': (
+                '    tr.log({"loss": loss.item()})\n    print("step", tr.global_step, flush=True); time.sleep(0.5)\n'
+            ),
+        },
+    )
+    (work / "train.py").write_text(train)
+    # the job script: this node has 2 CPUs, and torchrun's rendezvous takes a free port (tests run beside it)
+    script = substitute(
+        run_by(
+            GUIDE,
+            "tests/torch/test_slurm.py::test_the_guides_sbatch_script_resumes_its_torchrun_job_after_a_preemption",
+        ).source,
+        {"--cpus-per-task=8": "--cpus-per-task=2", "localhost:29500": f"localhost:{_free_port()}"},
+    )
+    (work / "job.sh").write_text(script)
+    store = str(tmp_path / "store")
+    env = _env()
+    env.update(
+        LAUNCHHELM_STORE=store,
+        LAUNCHHELM_SPOOL=str(tmp_path / "spool"),
+        PATH=os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),  # the script's `python`
+        PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
+    )
+    # where the job runs and writes its output: options of this submission, not of the script
+    submitted = slurm_cluster.run(
+        "sbatch", "--parsable", f"--chdir={work}", f"--output={work / 'slurm-%j.out'}", "--open-mode=append",
+        str(work / "job.sh"), env=env,
+    )  # fmt: skip
+    job = submitted.stdout.strip().split(";")[0]
+    log = work / f"slurm-{job}.out"
+
+    def diagnosis() -> str:
+        shown = slurm_cluster.run("scontrol", "show", "job", job, check=False).stdout
+        output = log.read_text(errors="replace")[-6000:] if log.exists() else "(no output)"
+        return f"job {job}:\n{shown}\n{output}\n{slurm_cluster.logs()}"
+
+    deadline = time.monotonic() + TIMEOUT
+    while not (log.exists() and f"step {GUIDE_PREEMPT_AFTER}\n" in log.read_text(errors="replace")):
+        assert time.monotonic() < deadline, f"the job never reached step {GUIDE_PREEMPT_AFTER}:\n{diagnosis()}"
+        time.sleep(0.1)
+    if how == "scontrol requeue":
+        slurm_cluster.run("scontrol", "requeue", job)  # SIGTERM now, the job back in the queue
+    else:
+        slurm_cluster.run("scancel", "--signal=USR1", job)  # the notice only: the job requeues itself
+    deadline = time.monotonic() + 2 * TIMEOUT
+    while slurm_cluster.job_state(job) not in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", ""):
+        assert time.monotonic() < deadline, f"the job did not end:\n{diagnosis()}"
+        time.sleep(0.2)
+    assert slurm_cluster.job_state(job) in ("COMPLETED", ""), diagnosis()
+    if how != "scontrol requeue":
+        # torchrun's agent handled the notice (the script's --signals-to-handle) and passed it on, rather than
+        # die of it and let SLURM end the step under the workers' save (torch's log line says so)
+        assert "closing signal SIGUSR1" in log.read_text(errors="replace"), diagnosis()
+
+    api = lh.Api(store)
+    runs = api.runs("relaunch-guide")
+    assert len(runs) == 1, "the requeue made a second run"
+    handle = api.run(runs["id"][0])
+    attempts = handle.attempts()
+    assert [a.ending for a in attempts] == ["preempted", "finished"], (attempts, diagnosis())
+    launchers = [dict(a.launcher or {}) for a in attempts]
+    assert [(la.get("scheduler"), la.get("job")) for la in launchers] == [("slurm", f"{CLUSTER}/{job}")] * 2
+    assert [la.get("restart") for la in launchers] == [[0, 0], [1, 0]], (
+        launchers
+    )  # SLURM's requeue, no torchrun restart
+    preempted_at = attempts[0].last_step
+    assert preempted_at is not None and preempted_at >= GUIDE_PREEMPT_AFTER
+    # the notice's checkpoint was saved at the step reached, and the requeued job resumed from it: 0 steps redone
+    assert preempted_at in [c.step for c in handle.checkpoints()], handle.checkpoints()
+    assert all(r.to_step == r.reached for r in handle.rewinds()), handle.rewinds()
+    assert list(handle.history(duplicates="last")["step"]) == list(range(1, GUIDE_STEPS + 1))
+    print(f"\n{how}: attempts {[(a.ending, a.first_step, a.last_step, a.detail) for a in attempts]}")
