@@ -21,6 +21,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from launchhelm._exceptions import SourceReadError
 from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable
 
 __all__ = ["BATCH", "RECOVERED_BASE", "read_spilled", "spill_name", "spill_paths", "write_spilled"]
@@ -81,12 +82,15 @@ def write_spilled(path: Path, key: str, step: int, attempt: int, now: float, ite
 
 
 def read_spilled(path: Path) -> tuple[str, int, int, float, list[Prepared]]:
-    """``(key, step, attempt, time, items)`` of a file :func:`write_spilled` wrote; ValueError if it is not one."""
+    """``(key, step, attempt, time, items)`` of a file :func:`write_spilled` wrote.
+
+    Raises :class:`SourceReadError` (a ``ValueError``) for a file that is not one, or is cut short.
+    """
     import numpy as np
 
     data = path.read_bytes()
     if not data.startswith(_MAGIC) or len(data) < len(_MAGIC) + _LEN.size:
-        raise ValueError(f"{path} is not a spilled media file")
+        raise SourceReadError(f"{path} is not a spilled media file", source=str(path))
     (length,) = _LEN.unpack_from(data, len(_MAGIC))
     at = len(_MAGIC) + _LEN.size
     head = json.loads(data[at : at + length])
@@ -96,10 +100,10 @@ def read_spilled(path: Path) -> tuple[str, int, int, float, list[Prepared]]:
         nonlocal at
         shape = tuple(int(n) for n in desc["shape"])
         if len(shape) != 3:
-            raise ValueError(f"{path}: an image of shape {shape}")
+            raise SourceReadError(f"{path}: an image of shape {shape}", source=str(path))
         size = shape[0] * shape[1] * shape[2]
         if at + size > len(data):
-            raise ValueError(f"{path} is cut short")
+            raise SourceReadError(f"{path} is cut short", source=str(path))
         pixels = np.frombuffer(data, dtype=np.uint8, count=size, offset=at).reshape(shape).copy()
         at += size
         return PreparedImage(pixels, desc["caption"], str(desc["format"]), desc["quality"])
@@ -117,5 +121,5 @@ def read_spilled(path: Path) -> tuple[str, int, int, float, list[Prepared]]:
         elif desc["kind"] == "histogram":
             items.append(PreparedHistogram(list(desc["counts"]), list(desc["edges"]), desc["caption"]))
         else:
-            raise ValueError(f"{path}: an item of kind {desc['kind']!r}")
+            raise SourceReadError(f"{path}: an item of kind {desc['kind']!r}", source=str(path))
     return str(head["key"]), int(head["step"]), int(head["attempt"]), float(head["time"]), items
