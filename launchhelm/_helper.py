@@ -46,6 +46,8 @@ _log = logging.getLogger("launchhelm")
 DRAIN_TIMEOUT = 60.0
 #: Helpers a session replaces after deaths before it goes on without one (a helper that cannot live).
 MAX_REPLACED = 3
+#: Signals the helper ignores: a Ctrl-C's and the schedulers' notices are the training process's.
+_NOTICES = "INT TERM USR1 USR2 HUP"
 #: What the helper's command line says, for ``ps`` and the tests.
 COMMAND = "import sys; from launchhelm._helper import main; sys.exit(main())"
 
@@ -178,8 +180,10 @@ def _spawn(line: bytes) -> subprocess.Popen[bytes]:
     # would make finish() wait out the capture's drain timeout for each stream
     with terminal_fds() as fds:
         process = subprocess.Popen(
-            # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice
-            [sys.executable, "-c", COMMAND],
+            # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice;
+            # through sh's `trap ''`: the notices are ignored from the exec on, before Python's imports, and
+            # an ignored signal stays ignored across exec (main() keeps them so)
+            ["/bin/sh", "-c", f'trap \'\' {_NOTICES}; exec "$0" -c "$1"', sys.executable, COMMAND],
             stdin=subprocess.PIPE,
             stdout=fds.get(1),
             stderr=fds.get(2),
@@ -315,8 +319,11 @@ def main() -> int:
         return 0
     config = HelperConfig(**json.loads(line))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the training process's to handle
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # a Ctrl-C, and a scheduler's notices (SLURM signals every process of a job step; Kubernetes every
+    # process of the container), are the training process's: the helper ends when that process ends,
+    # and must live through a preemption's grace period to drain a trainer killed at its end
+    for name in _NOTICES.split():
+        signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
     parent = ParentWatch(config.parent)
     code = 0
     try:

@@ -132,6 +132,26 @@ def test_a_killed_process_s_points_are_readable_elsewhere_without_reopen_or_reco
 
 
 @pytest.mark.slow
+def test_a_schedulers_notices_to_every_process_leave_the_helper_to_drain_the_kill_after_them(tmp_path: Path) -> None:
+    """SLURM signals every process of a job step, Kubernetes every process of the container: the helper
+    must outlive the notice to drain the trainer that the grace period's SIGKILL ends."""
+    store = str(tmp_path / "store")
+    spool = tmp_path / "trainer-spool"
+    proc, run_id, helper = _start_trainer(store, spool)
+    try:
+        for signum in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP, signal.SIGINT):
+            os.kill(helper, signum)
+        time.sleep(1.0)
+        assert _running(helper), "the helper died of a notice meant for the trainer"
+        _kill_and_drain(proc, helper)
+        assert _steps(store, run_id) == list(range(POINTS))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not _running(helper), "a helper process was left running"
+
+
+@pytest.mark.slow
 def test_the_job_relaunched_on_another_host_resumes_with_every_point(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     env = {"LAUNCHHELM_RUN_ID": "drain-job-1"}
