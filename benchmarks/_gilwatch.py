@@ -229,12 +229,12 @@ class Watch:
 
 def tag_library(watch: Watch) -> None:
     """Wrap the background steps of a live session (flusher, compactor, summaries, store calls)."""
+    import launchhelm._metrics._compact as compact_module
+    import launchhelm._metrics._flusher as flusher_module
+    import launchhelm._metrics._segments as segments_module
+    import launchhelm._metrics._spool as spool_module
     import launchhelm._run as run_module
-    import launchhelm.metrics._compact as compact_module
-    import launchhelm.metrics._flusher as flusher_module
-    import launchhelm.metrics._segments as segments_module
-    import launchhelm.metrics._spool as spool_module
-    import launchhelm.runlog._summary_writer as summary_module
+    import launchhelm._runlog._summary_writer as summary_module
     import launchhelm.storage as storage_module
 
     run_cls = run_module.Run
@@ -381,11 +381,11 @@ def probe_steps(repeat: int = 5) -> list[tuple[str, float, float, float]]:
 
     import numpy as np
 
-    from launchhelm.metrics._buffer import KeyIds, PointBuffer, read_spool
-    from launchhelm.metrics._compact import Compactor
-    from launchhelm.metrics._points import encode_buffer
-    from launchhelm.metrics._segments import decode_chunk
-    from launchhelm.metrics._spool import Spool
+    from launchhelm._metrics._buffer import KeyIds, PointBuffer, read_spool
+    from launchhelm._metrics._compact import Compactor
+    from launchhelm._metrics._points import encode_buffer
+    from launchhelm._metrics._segments import decode_chunk
+    from launchhelm._metrics._spool import Spool
     from launchhelm.storage import open_store
 
     def buffer(values: int, per_row: int = 5) -> PointBuffer:

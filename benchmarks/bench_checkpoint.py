@@ -11,7 +11,7 @@ State
 Baselines (same tensors, same disk, same process)
     * raw write: each tensor's bytes (a memoryview of ``t.numpy()``) written to a new file, then
       fsync. Also, as info, the same with the early write-out LaunchHelm's local saves use
-      (``sync_file_range`` every 32 MiB, see ``launchhelm.runlog._checkpoints._Writeback``): the
+      (``sync_file_range`` every 32 MiB, see ``launchhelm._runlog._checkpoints._Writeback``): the
       like-for-like figure for the save's own overhead.
     * ``torch.save({"model": ..., "optimizer": ...}, path)`` + fsync (state dicts taken inside the
       timed call, as LaunchHelm does).
@@ -413,7 +413,7 @@ def raw_write(views: Sequence[memoryview], path: Path) -> None:
 
 def raw_write_writeback(views: Sequence[memoryview], path: Path) -> None:
     """:func:`raw_write` with the early write-out of LaunchHelm's local saves (Linux; else plain)."""
-    from launchhelm.runlog._checkpoints import _Writeback
+    from launchhelm._runlog._checkpoints import _Writeback
 
     with open(path, "wb", buffering=0) as f:
         writeback = _Writeback(f)

@@ -46,7 +46,7 @@ def main() -> None:
     import torch
 
     import launchhelm.torch as lht
-    from launchhelm.runlog._events import EventLog
+    from launchhelm._runlog._events import EventLog
     from launchhelm.storage import open_store
     from launchhelm.storage._keys import events_prefix
 

@@ -34,7 +34,7 @@ output there:
   (~0.08 µs) shows most.
 
 A script's capture takes fd 1 and 2 through a pipe and a reader thread (see
-``launchhelm/console/_capture.py``); the ratio is capture-on over capture-off of the same
+``launchhelm/_console/_capture.py``); the ratio is capture-on over capture-off of the same
 destination, measured in the same run. Target: ratio <= 1.10 for each destination but the
 floors (PASS/MISS is informational; ``--check`` exits 1 on a miss), and memory bounded by the
 session's buffer, not by the output: what capture adds to the growth over the loop stays

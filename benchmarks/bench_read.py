@@ -52,9 +52,9 @@ from http_proxy import RequestCounter  # noqa: E402
 from pandas import testing as pd_testing  # noqa: E402
 
 import launchhelm as lh  # noqa: E402
-from launchhelm.metrics._compact import CHUNKS_PER_SEGMENT, Compactor  # noqa: E402
-from launchhelm.metrics._layout import list_metrics  # noqa: E402
-from launchhelm.metrics._points import chunk_key, encode_chunk  # noqa: E402
+from launchhelm._metrics._compact import CHUNKS_PER_SEGMENT, Compactor  # noqa: E402
+from launchhelm._metrics._layout import list_metrics  # noqa: E402
+from launchhelm._metrics._points import chunk_key, encode_chunk  # noqa: E402
 from launchhelm.storage import Store, open_store  # noqa: E402
 
 BUCKET = "bench-read"
@@ -166,7 +166,7 @@ def write_live_run(store: Store, flushes: int) -> tuple[str, str]:
 
 def serial_history(store: Store, run_id: str, limit: int | None = None) -> int:
     """Today's path before compaction: list the chunks, read each one in series (on S3: HEAD + GET), pivot."""
-    from launchhelm.metrics._points import decode_chunks, history_frame
+    from launchhelm._metrics._points import decode_chunks, history_frame
 
     if not hasattr(store, "fs"):  # a local folder
         names = store.list(f"runs/{run_id}/metrics")
@@ -279,7 +279,7 @@ def runs_case(port: int, proxy: RequestCounter, count: int, history: bool) -> No
 def project_history_case(proxy: RequestCounter, proxied: Store, count: int) -> None:
     """``Api.history(project)`` of settled runs: run by run (the baseline), then from the project dataset."""
     from launchhelm._api._project import _project_frame, _publish, read_project
-    from launchhelm.metrics._project import ProjectReader, list_project
+    from launchhelm._metrics._project import ProjectReader, list_project
 
     listing = list_project(proxied, "bench-runs")
     read: list[Any] = []

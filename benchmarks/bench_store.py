@@ -182,7 +182,7 @@ def fs_options(name: str) -> dict[str, Any]:
 
 
 def fold_checkpoints(run: Any) -> list[dict[str, Any]]:
-    from launchhelm.runlog._events import EventLog, fold
+    from launchhelm._runlog._events import EventLog, fold
 
     return fold(EventLog(run.store, run.id).read()).checkpoints
 
@@ -234,7 +234,7 @@ def compaction_requests(backend: Backend, proxy: RequestCounter, seconds: float 
     compacts every 32 flushes within seconds), heartbeat and control poll off; every request
     beyond one create per flush is compaction's."""
     import launchhelm as lh
-    from launchhelm.metrics._layout import list_metrics
+    from launchhelm._metrics._layout import list_metrics
 
     run = lh.init(
         PROJECT,

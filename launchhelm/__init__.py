@@ -19,6 +19,8 @@ are imported only where first needed.
 from typing import TYPE_CHECKING
 
 from launchhelm._api import Api, RunHandle
+from launchhelm._evaluation._handles import EvaluationHandle, ProjectHandle
+from launchhelm._evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
 from launchhelm._exceptions import (
     AlreadyExistsError,
     BucketNotFoundError,
@@ -54,8 +56,6 @@ from launchhelm._run import Run
 from launchhelm._start import init
 from launchhelm._types import Attempt, Checkpoint, Evaluation, Rewind
 from launchhelm._version import __version__
-from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
-from launchhelm.evaluation._worker import EvaluationContext, EvaluationWorker, evaluate
 from launchhelm.media import Histogram, Image, Media, MediaItem, Table
 
 if TYPE_CHECKING:

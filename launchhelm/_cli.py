@@ -9,11 +9,11 @@ import time
 from collections.abc import Sequence
 
 from launchhelm._api import Api
+from launchhelm._evaluation._cli import add_commands as add_evaluation_commands
+from launchhelm._evaluation._cli import print_evaluations
 from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError, StorageError
 from launchhelm._gc import add_commands as add_gc_commands
 from launchhelm._types import JSONValue
-from launchhelm.evaluation._cli import add_commands as add_evaluation_commands
-from launchhelm.evaluation._cli import print_evaluations
 from launchhelm.importers._cli import add_commands as add_import_commands
 
 __all__ = ["main"]
@@ -33,7 +33,7 @@ def _cmd_runs(args: argparse.Namespace) -> int:
         return 0
     import pandas as pd
 
-    from launchhelm.views._runs import readable_runs
+    from launchhelm._views._runs import readable_runs
 
     with pd.option_context("display.max_columns", None, "display.width", 200):
         # local time and "3 min ago", durations: as the runs table in a notebook says it
@@ -42,8 +42,8 @@ def _cmd_runs(args: argparse.Namespace) -> int:
 
 
 def _cmd_show(args: argparse.Namespace) -> int:
-    from launchhelm.views._humanize import STATUS_MEANING
-    from launchhelm.views._runs import row_detail
+    from launchhelm._views._humanize import STATUS_MEANING
+    from launchhelm._views._runs import row_detail
 
     api = Api(args.store)
     run = api.run(args.run)
@@ -174,8 +174,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_compact(args: argparse.Namespace) -> int:
-    from launchhelm.metrics._compact import compact_run
-    from launchhelm.metrics._layout import list_metrics, read_manifest
+    from launchhelm._metrics._compact import compact_run
+    from launchhelm._metrics._layout import list_metrics, read_manifest
 
     api = Api(args.store)
     if not args.run and args.project is None:
@@ -205,9 +205,9 @@ def _cmd_compact(args: argparse.Namespace) -> int:
 
 
 def _cmd_recover(args: argparse.Namespace) -> int:
-    from launchhelm.metrics._spool import recover_run, spool_root
-    from launchhelm.runlog._runinfo import run_record
-    from launchhelm.runlog._table import mark_row
+    from launchhelm._metrics._spool import recover_run, spool_root
+    from launchhelm._runlog._runinfo import run_record
+    from launchhelm._runlog._table import mark_row
 
     api = Api(args.store)
     root = spool_root()
@@ -227,7 +227,7 @@ def _cmd_recover(args: argparse.Namespace) -> int:
 
 
 def _cmd_compare(args: argparse.Namespace) -> int:
-    from launchhelm.views._runs import compare_text
+    from launchhelm._views._runs import compare_text
 
     keys = [k.strip() for k in args.keys.split(",") if k.strip()] if args.keys else None
     print(compare_text(Api(args.store), args.run, keys))
@@ -284,6 +284,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
+    from launchhelm._runlog._events import validate_project
     from launchhelm._watch import (
         DEFAULT_LEASE,
         Notice,
@@ -293,7 +294,6 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         parse_since,
         post_delivery,
     )
-    from launchhelm.runlog._events import validate_project
 
     validate_project(args.project)
     events = parse_events(args.events)

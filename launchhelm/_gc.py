@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm.runlog._events import (
+from launchhelm._runlog._events import (
     CHECKPOINT,
     CHECKPOINT_DELETED,
     EventLog,
@@ -65,7 +65,7 @@ from launchhelm.storage._keys import (
 )
 
 if TYPE_CHECKING:
-    from launchhelm.runlog._records import CheckpointEvent
+    from launchhelm._runlog._records import CheckpointEvent
 
 __all__ = ["DEFAULT_OLDER_THAN", "GcAction", "GcReport", "add_commands", "collect_garbage", "parse_duration"]
 
@@ -174,14 +174,14 @@ def _run_ids(store: Store, project: str | None) -> list[str]:
 
 def _evaluations_of(store: Store, project: str, run_id: str) -> dict[str, str]:
     """``{checkpoint id: evaluation state}`` of every evaluation of ``run_id`` in the table."""
-    from launchhelm.evaluation._queue import queue_for
+    from launchhelm._evaluation._queue import queue_for
 
     records = queue_for(store, project).evaluations(run_id)
     return {r.checkpoint: r.state for r in records}
 
 
 def _project_of(store: Store, run_id: str) -> str | None:
-    from launchhelm.runlog._runinfo import read_run_record
+    from launchhelm._runlog._runinfo import read_run_record
 
     try:
         return str(read_run_record(store, run_id)["project"])
@@ -277,8 +277,8 @@ class _Collector:
 
     def metrics(self, run_id: str) -> None:
         """Compact the chunks a run's sessions left uncovered and delete what compaction made garbage."""
-        from launchhelm.metrics._compact import compact_run
-        from launchhelm.metrics._layout import list_metrics, read_manifest
+        from launchhelm._metrics._compact import compact_run
+        from launchhelm._metrics._layout import list_metrics, read_manifest
 
         if self.dry_run:
             listing = list_metrics(self.store, run_id)
@@ -293,8 +293,8 @@ class _Collector:
 
     def media_index(self, run_id: str) -> None:
         """Delete the media index objects a session merged into wider ones and ended before it could."""
+        from launchhelm._metrics._compact import compaction_grace
         from launchhelm.media._index import merged_away
-        from launchhelm.metrics._compact import compaction_grace
 
         prefix = media_index_prefix(run_id)
         doomed = merged_away(self.store.list_info(prefix), compaction_grace(), self.now)
@@ -430,7 +430,7 @@ def _table_cells(store: Store, run_id: str, tables: list[str]) -> set[str]:
 
 def _live_session(store: Store, run_id: str, state: RunState) -> bool:
     """Whether a session of the run that has not ended is alive (its process, or a fresh heartbeat)."""
-    from launchhelm.runlog._sessions import liveness
+    from launchhelm._runlog._sessions import liveness
 
     return any(liveness(store, run_id, s).alive for s in state.sessions if s.ended_at is None)
 

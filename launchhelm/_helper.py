@@ -4,7 +4,7 @@
 own session, so that a signal to the training process's group (torchrun's
 SIGTERM, a notebook kernel's restart) does not reach it. What it does today:
 
-- it watches for hangs when ``hang_timeout`` is set (``launchhelm.runlog._watchdog``);
+- it watches for hangs when ``hang_timeout`` is set (``launchhelm._runlog._watchdog``);
 - when the training process dies without ending its session (any signal, the
   OOM killer), it uploads what the spool holds with ``launchhelm recover``'s
   machinery, ends the session as ``crashed`` (the signal, where it can read it
@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from launchhelm.console._capture import terminal_fds
-from launchhelm.runlog._sessions import PROCESS_DIED
-from launchhelm.runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
+from launchhelm._console._capture import terminal_fds
+from launchhelm._runlog._sessions import PROCESS_DIED
+from launchhelm._runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
 
 __all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "main"]
 
@@ -228,7 +228,7 @@ def _exit_status(pid: int) -> str | None:
 
 def _fenced(config: HelperConfig) -> bool:
     """Whether a newer attempt fenced the session: its points after the fence are not the run's."""
-    from launchhelm.runlog._events import EventLog
+    from launchhelm._runlog._events import EventLog
     from launchhelm.storage import open_store
 
     state = EventLog(open_store(config.store, config.storage_options), config.run_id).state()
@@ -237,10 +237,10 @@ def _fenced(config: HelperConfig) -> bool:
 
 def drain(config: HelperConfig, how: str) -> None:
     """The training process died: its spool to the store, its session ended as crashed."""
-    from launchhelm.metrics._spool import recover_run
-    from launchhelm.runlog._events import SESSION_ENDED, EventLog, SequenceTaken
-    from launchhelm.runlog._runinfo import furthest_step
-    from launchhelm.runlog._table import mark_row
+    from launchhelm._metrics._spool import recover_run
+    from launchhelm._runlog._events import SESSION_ENDED, EventLog, SequenceTaken
+    from launchhelm._runlog._runinfo import furthest_step
+    from launchhelm._runlog._table import mark_row
     from launchhelm.storage import open_store
 
     store = open_store(config.store, config.storage_options)

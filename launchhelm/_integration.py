@@ -20,10 +20,10 @@ from typing import Any, cast
 
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError
 from launchhelm._run import Run
+from launchhelm._runlog._checkpoints import DIRECTORY_FORMAT
+from launchhelm._runlog._events import RunState
+from launchhelm._runlog._records import CheckpointEvent
 from launchhelm._types import JSONValue, Rewind
-from launchhelm.runlog._checkpoints import DIRECTORY_FORMAT
-from launchhelm.runlog._events import RunState
-from launchhelm.runlog._records import CheckpointEvent
 from launchhelm.storage import Store
 from launchhelm.storage._checksum import file_checksums, mismatches, recorded, verifying_algorithms
 
@@ -188,7 +188,7 @@ def job_run_id(project: str | None, options: Mapping[str, Any]) -> str | None:
     collective needed); None without ``auto_resume`` or without a job identity."""
     if project is None or not options.get("auto_resume"):
         return None
-    from launchhelm.runlog._launch import auto_run_id, launch_identity
+    from launchhelm._runlog._launch import auto_run_id, launch_identity
 
     launch = launch_identity(explicit=options.get("run_id"))
     return auto_run_id(project, launch) if launch is not None else None
@@ -197,7 +197,7 @@ def job_run_id(project: str | None, options: Mapping[str, Any]) -> str | None:
 def existing_run(store: Store, run_id: str) -> bool:
     """Whether ``run_id`` exists yet (a job's first launch: rank 0 may still be creating it)."""
     from launchhelm._exceptions import RunNotFoundError
-    from launchhelm.runlog._runinfo import read_run_record
+    from launchhelm._runlog._runinfo import read_run_record
 
     try:
         read_run_record(store, run_id)

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from launchhelm._exceptions import InvalidArgumentError
-from launchhelm.runlog._events import validate_project
+from launchhelm._runlog._events import validate_project
 
 if TYPE_CHECKING:
     from launchhelm._api import Api
@@ -210,7 +210,7 @@ def _runs(api: Api, project: str, store: str | None) -> object:
             pass
         else:
             return RunsTable(project, store=store)
-    from launchhelm.views._runs import readable_runs
+    from launchhelm._views._runs import readable_runs
 
     return readable_runs(api.runs(project))
 

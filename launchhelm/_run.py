@@ -30,6 +30,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from launchhelm._console._writer import ConsoleWriter
+from launchhelm._evaluation._queue import on_checkpoint_published
 from launchhelm._exceptions import (
     InvalidArgumentError,
     InvalidMetricError,
@@ -41,18 +43,13 @@ from launchhelm._exceptions import (
     RunStopped,
 )
 from launchhelm._helper import MAX_REPLACED, Helper
-from launchhelm._types import Rewind
-from launchhelm.console._writer import ConsoleWriter
-from launchhelm.evaluation._queue import on_checkpoint_published
-from launchhelm.media._types import Prepared, prepare_media
-from launchhelm.media._writer import MediaWriter
-from launchhelm.metrics._flusher import MetricFlusher
-from launchhelm.metrics._pause import yield_on_wakeup
-from launchhelm.metrics._points import coerce_value, validate_key
-from launchhelm.metrics._system import SystemSampler
-from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
-from launchhelm.runlog._control_poller import ControlPoller
-from launchhelm.runlog._events import (
+from launchhelm._metrics._flusher import MetricFlusher
+from launchhelm._metrics._pause import yield_on_wakeup
+from launchhelm._metrics._points import coerce_value, validate_key
+from launchhelm._metrics._system import SystemSampler
+from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm._runlog._control_poller import ControlPoller
+from launchhelm._runlog._events import (
     CHECKPOINT,
     CONTROL_ACTION,
     CONTROL_APPLIED,
@@ -62,14 +59,17 @@ from launchhelm.runlog._events import (
     SESSION_ENDED,
     EventLog,
 )
-from launchhelm.runlog._live_sessions import add_live, discard_live
-from launchhelm.runlog._outage import OutageReporter
-from launchhelm.runlog._preempt import PREEMPT_ACTION, PreemptionListener, PreemptionSettings, requeue_slurm_job
-from launchhelm.runlog._sessions import env_seconds
-from launchhelm.runlog._summary_writer import SummaryWriter
-from launchhelm.runlog._table import mark_row
-from launchhelm.runlog._watchdog import STEP_SLOT as _STEP_SLOT
-from launchhelm.runlog._watchdog import Beacon
+from launchhelm._runlog._live_sessions import add_live, discard_live
+from launchhelm._runlog._outage import OutageReporter
+from launchhelm._runlog._preempt import PREEMPT_ACTION, PreemptionListener, PreemptionSettings, requeue_slurm_job
+from launchhelm._runlog._sessions import env_seconds
+from launchhelm._runlog._summary_writer import SummaryWriter
+from launchhelm._runlog._table import mark_row
+from launchhelm._runlog._watchdog import STEP_SLOT as _STEP_SLOT
+from launchhelm._runlog._watchdog import Beacon
+from launchhelm._types import Rewind
+from launchhelm.media._types import Prepared, prepare_media
+from launchhelm.media._writer import MediaWriter
 from launchhelm.storage import Store
 
 __all__ = ["Run"]
@@ -826,7 +826,7 @@ class Run:
             helper.stop()
         beacon.close()  # its done slot: a helper starting now exits at once
 
-    # -- preemption (see launchhelm.runlog._preempt) ---------------------------------
+    # -- preemption (see launchhelm._runlog._preempt) ---------------------------------
     def _listen_for_preemption(self, settings: PreemptionSettings | None) -> None:
         """Install the notice's handlers (``init``, right after the session started); None: preemption off."""
         if settings is None:
@@ -1185,5 +1185,5 @@ class Run:
 
 
 def _control_state(tunables: Mapping[str, object], control_seq: int, paused: bool) -> str:
-    """Tunables and control state as the log folds them (``launchhelm.runlog._control.in_force``), exactly."""
+    """Tunables and control state as the log folds them (``launchhelm._runlog._control.in_force``), exactly."""
     return json.dumps([dict(tunables), control_seq, paused], sort_keys=True)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from launchhelm._console import _capture as _console
 from launchhelm._exceptions import (
     AlreadyExistsError,
     InvalidArgumentError,
@@ -19,6 +20,10 @@ from launchhelm._exceptions import (
     RunInUseError,
     StorageError,
 )
+from launchhelm._metrics._compact import compaction_memory as compaction_memory_setting
+from launchhelm._metrics._flusher import warm_up_encoder
+from launchhelm._metrics._spool import recover_run
+from launchhelm._metrics._system import system_interval
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import (
     DEFAULT_CONTROL_INTERVAL,
@@ -26,13 +31,8 @@ from launchhelm._run import (
     Run,
     _check_flag,
 )
-from launchhelm.console import _capture as _console
-from launchhelm.metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm.metrics._flusher import warm_up_encoder
-from launchhelm.metrics._spool import recover_run
-from launchhelm.metrics._system import system_interval
-from launchhelm.runlog._control import check_plain, in_force
-from launchhelm.runlog._events import (
+from launchhelm._runlog._control import check_plain, in_force
+from launchhelm._runlog._events import (
     FENCE_REASON,
     RESTART_LOOP,
     SESSION_STARTED,
@@ -43,23 +43,23 @@ from launchhelm.runlog._events import (
     validate_project,
     validate_run_id,
 )
-from launchhelm.runlog._launch import EXPLICIT, Launch, auto_run_id, launch_identity, launch_script, newer_attempt
-from launchhelm.runlog._live_sessions import install_exit_hook
-from launchhelm.runlog._liveness import process_identity
-from launchhelm.runlog._names import default_name, new_run_id, new_session_id
-from launchhelm.runlog._preempt import preemption_settings
-from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, check_restart_loop, restart_limit
-from launchhelm.runlog._runinfo import furthest_step, read_run_record, session_watermark
-from launchhelm.runlog._sessions import (
+from launchhelm._runlog._launch import EXPLICIT, Launch, auto_run_id, launch_identity, launch_script, newer_attempt
+from launchhelm._runlog._live_sessions import install_exit_hook
+from launchhelm._runlog._liveness import process_identity
+from launchhelm._runlog._names import default_name, new_run_id, new_session_id
+from launchhelm._runlog._preempt import preemption_settings
+from launchhelm._runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, check_restart_loop, restart_limit
+from launchhelm._runlog._runinfo import furthest_step, read_run_record, session_watermark
+from launchhelm._runlog._sessions import (
     DEFAULT_HEARTBEAT_INTERVAL,
     DEFAULT_HEARTBEAT_TIMEOUT,
     env_seconds,
     liveness,
     summary_key,
 )
-from launchhelm.runlog._summary import parse_summary
-from launchhelm.runlog._table import mark_row
-from launchhelm.runlog._watchdog import AUTO, hang_setting
+from launchhelm._runlog._summary import parse_summary
+from launchhelm._runlog._table import mark_row
+from launchhelm._runlog._watchdog import AUTO, hang_setting
 from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import (
     console_prefix,

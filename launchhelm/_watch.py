@@ -30,13 +30,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Final, TypedDict
 
+from launchhelm._evaluation._queue import FAILED, RESULT
 from launchhelm._exceptions import AlreadyExistsError, InvalidArgumentError, LaunchHelmError, StorageError
-from launchhelm.evaluation._queue import FAILED, RESULT
-from launchhelm.runlog._events import RunState, SessionRecord, read_state
-from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
-from launchhelm.runlog._sessions import fresher_beat, heartbeat_key, liveness, parse_object, summary_key
-from launchhelm.runlog._summary import restart_loop_text
-from launchhelm.runlog._table import read_index
+from launchhelm._runlog._events import RunState, SessionRecord, read_state
+from launchhelm._runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
+from launchhelm._runlog._sessions import fresher_beat, heartbeat_key, liveness, parse_object, summary_key
+from launchhelm._runlog._summary import restart_loop_text
+from launchhelm._runlog._table import read_index
 from launchhelm.storage import Store
 from launchhelm.storage._keys import (
     evaluation_prefix,

@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 from launchhelm._compat import RECORD_INTERVAL, CompatSession, SessionOptions, compat_key, read_compat
 from launchhelm._exceptions import InvalidMediaError, InvalidTypeError, RunFinishedError
 from launchhelm._integration import plain_config, record_restore
+from launchhelm._runlog._events import validate_project
 from launchhelm._start import start_run
 from launchhelm.media import Histogram, Image
-from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 
 if TYPE_CHECKING:

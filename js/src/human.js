@@ -3,7 +3,7 @@
 // sends epoch seconds beside the text it formats for saved pictures (its own
 // local time); these replace that text wherever a widget draws live, and the
 // relative part keeps itself current. How long ago and durations follow
-// time.js (the twin of launchhelm/views/_humanize.py); only the short local
+// time.js (the twin of launchhelm/_views/_humanize.py); only the short local
 // time is this panel's own.
 import { ago, dateOf } from "./time.js";
 

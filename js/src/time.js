@@ -1,5 +1,5 @@
 // Times as a person reads them, in the browser's time zone: the twin of
-// launchhelm/views/_humanize.py (same rules, so the kernel's static tables and the
+// launchhelm/_views/_humanize.py (same rules, so the kernel's static tables and the
 // live widgets read alike; tests/widgets/test_humanize_js.py holds them to it).
 // Times are epoch seconds (numbers), as the kernel sends them; null or NaN
 // means "no time". Exact up to 2**53 seconds, as far as a JS number counts.

@@ -10,6 +10,6 @@
 from launchhelm._api._client import Api
 from launchhelm._api._handle import RunHandle, RunView
 from launchhelm._api._project import ProjectRun, read_project, settled_views
-from launchhelm.metrics._project import ProjectReader
+from launchhelm._metrics._project import ProjectReader
 
 __all__ = ["Api", "ProjectReader", "ProjectRun", "RunHandle", "RunView", "read_project", "settled_views"]

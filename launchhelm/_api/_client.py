@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING
 
 from launchhelm._api._handle import RunHandle, _in_parallel, _timestamps, check_history_keys, recover_points
 from launchhelm._api._project import _project_frame, read_project
+from launchhelm._evaluation._handles import EvaluationHandle, ProjectHandle
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm.evaluation._handles import EvaluationHandle, ProjectHandle
-from launchhelm.metrics._project import ProjectReader, project_frame
-from launchhelm.runlog._events import validate_project
-from launchhelm.runlog._table import project_rows
+from launchhelm._metrics._project import ProjectReader, project_frame
+from launchhelm._runlog._events import validate_project
+from launchhelm._runlog._table import project_rows
 from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import PROJECTS, parse_project_listing, project_runs_prefix
 

@@ -6,6 +6,8 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypedDict, TypeVar
 
+from launchhelm._console._read import ConsoleFollower, list_console, read_console, sessions_of
+from launchhelm._evaluation._queue import queue_for, queue_manual
 from launchhelm._exceptions import (
     CheckpointError,
     InvalidArgumentError,
@@ -13,18 +15,14 @@ from launchhelm._exceptions import (
     LaunchHelmError,
     RunClosedError,
 )
-from launchhelm._types import Attempt, Checkpoint, Evaluation, Rewind
-from launchhelm.console._read import ConsoleFollower, list_console, read_console, sessions_of
-from launchhelm.evaluation._queue import queue_for, queue_manual
-from launchhelm.media._read import MediaItem
-from launchhelm.metrics._points import abandoned_mask, history_frame
-from launchhelm.metrics._read import PointReader
-from launchhelm.metrics._segments import concat as concat_points
-from launchhelm.metrics._spool import recover_run, spool_root
-from launchhelm.metrics._system import STREAMS, default_points, system_frame
-from launchhelm.runlog._checkpoints import checkpoint_record
-from launchhelm.runlog._control import ACTIONS, check_tunable_changes, in_force
-from launchhelm.runlog._events import (
+from launchhelm._metrics._points import abandoned_mask, history_frame
+from launchhelm._metrics._read import PointReader
+from launchhelm._metrics._segments import concat as concat_points
+from launchhelm._metrics._spool import recover_run, spool_root
+from launchhelm._metrics._system import STREAMS, default_points, system_frame
+from launchhelm._runlog._checkpoints import checkpoint_record
+from launchhelm._runlog._control import ACTIONS, check_tunable_changes, in_force
+from launchhelm._runlog._events import (
     CONTROL_ACTION,
     CONTROL_TUNABLES,
     RESUME_CHOICE,
@@ -32,13 +30,15 @@ from launchhelm.runlog._events import (
     RunState,
     SequenceTaken,
 )
-from launchhelm.runlog._liveness import requester
-from launchhelm.runlog._records import Event, Json, Requester, RunRow
-from launchhelm.runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
-from launchhelm.runlog._runinfo import furthest_step, run_record
-from launchhelm.runlog._sessions import Liveness, liveness, read_beats, run_status
-from launchhelm.runlog._summary import run_rows
-from launchhelm.runlog._table import mark_row
+from launchhelm._runlog._liveness import requester
+from launchhelm._runlog._records import Event, Json, Requester, RunRow
+from launchhelm._runlog._restarts import DEFAULT_MAX_FAILED_RESTARTS, failed_attempts
+from launchhelm._runlog._runinfo import furthest_step, run_record
+from launchhelm._runlog._sessions import Liveness, liveness, read_beats, run_status
+from launchhelm._runlog._summary import run_rows
+from launchhelm._runlog._table import mark_row
+from launchhelm._types import Attempt, Checkpoint, Evaluation, Rewind
+from launchhelm.media._read import MediaItem
 from launchhelm.storage import Store
 
 if TYPE_CHECKING:

@@ -10,9 +10,8 @@ from typing import TYPE_CHECKING
 
 from launchhelm._api._handle import RunHandle, RunView, _in_parallel, recover_points
 from launchhelm._exceptions import RunNotFoundError
-from launchhelm._types import Rewind
-from launchhelm.metrics._points import abandoned_mask, history_frame
-from launchhelm.metrics._project import (
+from launchhelm._metrics._points import abandoned_mask, history_frame
+from launchhelm._metrics._project import (
     BUILD_AFTER,
     ProjectListing,
     ProjectReader,
@@ -23,10 +22,11 @@ from launchhelm.metrics._project import (
     list_project,
     publish,
 )
-from launchhelm.metrics._system import default_points
-from launchhelm.runlog._events import RunState
-from launchhelm.runlog._liveness import requester
-from launchhelm.runlog._sessions import PROCESS_DIED
+from launchhelm._metrics._system import default_points
+from launchhelm._runlog._events import RunState
+from launchhelm._runlog._liveness import requester
+from launchhelm._runlog._sessions import PROCESS_DIED
+from launchhelm._types import Rewind
 from launchhelm.storage import Store
 
 if TYPE_CHECKING:
@@ -130,10 +130,10 @@ def read_project(
 
     ``runs`` None: every run, newest first; else those ids, in that order.
     Four listings and the dataset's newest manifest and segments (when the
-    runs in it are still exact: see :mod:`launchhelm.metrics._project`), plus
+    runs in it are still exact: see :mod:`launchhelm._metrics._project`), plus
     each other run's own reads, concurrently. When ``build_after`` or more
     settled runs were read by themselves (default
-    :data:`~launchhelm.metrics._project.BUILD_AFTER`), publishes a new
+    :data:`~launchhelm._metrics._project.BUILD_AFTER`), publishes a new
     generation holding them, if the store lets this process write (best
     effort; a read-only credential just reads).
     """

@@ -39,14 +39,10 @@ from launchhelm._exceptions import (
     MissingExtraError,
     StorageError,
 )
-from launchhelm._types import JSONValue
-from launchhelm.media._index import IndexRow, encode_index
-from launchhelm.media._types import Prepared
-from launchhelm.media._writer import object_name, store_items
-from launchhelm.metrics._layout import Manifest, SegmentRef
-from launchhelm.metrics._points import RESERVED_KEYS, validate_key
-from launchhelm.metrics._segments import encode_segment
-from launchhelm.runlog._events import (
+from launchhelm._metrics._layout import Manifest, SegmentRef
+from launchhelm._metrics._points import RESERVED_KEYS, validate_key
+from launchhelm._metrics._segments import encode_segment
+from launchhelm._runlog._events import (
     REWIND,
     SESSION_ENDED,
     SESSION_STARTED,
@@ -54,9 +50,13 @@ from launchhelm.runlog._events import (
     validate_project,
     validate_run_id,
 )
-from launchhelm.runlog._sessions import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT
-from launchhelm.runlog._summary import encode_summary
-from launchhelm.runlog._table import mark_row
+from launchhelm._runlog._sessions import DEFAULT_HEARTBEAT_INTERVAL, DEFAULT_HEARTBEAT_TIMEOUT
+from launchhelm._runlog._summary import encode_summary
+from launchhelm._runlog._table import mark_row
+from launchhelm._types import JSONValue
+from launchhelm.media._index import IndexRow, encode_index
+from launchhelm.media._types import Prepared
+from launchhelm.media._writer import object_name, store_items
 from launchhelm.storage import Store, open_store
 from launchhelm.storage._keys import (
     event_key,

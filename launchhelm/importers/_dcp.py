@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from launchhelm._exceptions import MissingExtraError, SourceReadError
+from launchhelm._runlog._events import validate_project
 from launchhelm.importers._common import ImportedRun, ImportResult, derive_run_id
-from launchhelm.runlog._events import validate_project
 from launchhelm.storage import Store, open_store
 
 __all__ = ["import_dcp"]

@@ -313,7 +313,7 @@ class LaunchHelmLogger(Logger):
         base = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="launchhelm-lightning-"))
         if _rank() != 0:
             # other DDP ranks read the run without a session of their own: rank 0 holds it
-            from launchhelm.runlog._events import EventLog
+            from launchhelm._runlog._events import EventLog
 
             store = open_store(self._store_arg, self._init.get("storage_options"))
             run_id = self._resume or self._job_run_id()

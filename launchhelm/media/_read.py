@@ -260,7 +260,7 @@ def media_items(
     """The index rows as :class:`MediaItem` s, sorted by key, step, attempt and index."""
     import numpy as np
 
-    from launchhelm.metrics._points import abandoned_mask
+    from launchhelm._metrics._points import abandoned_mask
 
     columns = {name: table.column(name).to_pylist() for name in INDEX_COLUMNS}
     count = table.num_rows

@@ -25,11 +25,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import AlreadyExistsError
+from launchhelm._metrics._pause import pause, yield_on_wakeup
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._png import encode_png
 from launchhelm.media._spill import read_spilled, spill_name, write_spilled
 from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable, give_back
-from launchhelm.metrics._pause import pause, yield_on_wakeup
 from launchhelm.storage import Store
 from launchhelm.storage._keys import media_index_key, media_object_key
 
@@ -341,7 +341,7 @@ class MediaWriter:
             self._collect(None)  # what is past its grace period now; the rest is `launchhelm gc`'s
 
     def _collect(self, grace: float | None) -> None:
-        from launchhelm.metrics._compact import compaction_grace
+        from launchhelm._metrics._compact import compaction_grace
 
         grace = compaction_grace() if grace is None else grace
         now = time.time()

@@ -510,7 +510,7 @@ def parse_evaluation_tail(tail: str) -> re.Match[str] | None:
 def policy_patterns(project: str | None) -> dict[str, list[str]]:
     """The key patterns an evaluation worker needs, by operation (``*`` matches within and across folders).
 
-    The cloud IAM policies in :mod:`launchhelm.evaluation._policies` are
+    The cloud IAM policies in :mod:`launchhelm._evaluation._policies` are
     built from these, so they always cover exactly the keys a worker touches.
     """
     proj = project if project is not None else "*"

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import torch
 
 from launchhelm._exceptions import CheckpointError
-from launchhelm.runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
+from launchhelm._runlog._checkpoints import ChecksumWriter, artifact_prefix, checksum_algorithms, new_artifact_id
 from launchhelm.torch import _dist, _sharded
 from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE, PAYLOAD_SUFFIX
 from launchhelm.torch._loader import CheckpointLoader

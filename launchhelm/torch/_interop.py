@@ -614,7 +614,7 @@ def import_dcp_checkpoint(
     import launchhelm as lh
     from launchhelm._api import Api
     from launchhelm._exceptions import RunNotFoundError
-    from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+    from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id
 
     if step is not None and (type(step) is not int or step < 0):
         raise InvalidArgumentError(f"--step {step!r}: give the step as an integer >= 0")

@@ -18,7 +18,7 @@ import torch
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
-    from launchhelm.runlog._events import EventLog
+    from launchhelm._runlog._events import EventLog
     from launchhelm.storage import Store
     from launchhelm.torch._records import ControlState, Stateful
 

@@ -50,7 +50,7 @@ from launchhelm.torch._torch_private import fast_path_available
 if TYPE_CHECKING:
     from torch.serialization import MAP_LOCATION
 
-    from launchhelm.runlog._records import CheckpointEvent
+    from launchhelm._runlog._records import CheckpointEvent
     from launchhelm.torch._checkpointer import Checkpointer
     from launchhelm.torch._link import Watched
 

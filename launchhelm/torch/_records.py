@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from typing_extensions import NotRequired
 
-    from launchhelm.runlog._records import CheckpointFile, Json
+    from launchhelm._runlog._records import CheckpointFile, Json
 
 __all__ = [
     "Bundle",

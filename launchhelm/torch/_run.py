@@ -33,12 +33,12 @@ import torch
 from launchhelm._exceptions import CheckpointError, InvalidArgumentError, InvalidTypeError, LaunchHelmError
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
 from launchhelm._run import Run, _not_step_time
+from launchhelm._runlog._control import in_force
+from launchhelm._runlog._events import CONTROL_ACTION
+from launchhelm._runlog._preempt import PREEMPT_ACTION, preemption_settings
+from launchhelm._runlog._runinfo import read_run_record
+from launchhelm._runlog._watchdog import AUTO, hang_setting
 from launchhelm._start import start_run
-from launchhelm.runlog._control import in_force
-from launchhelm.runlog._events import CONTROL_ACTION
-from launchhelm.runlog._preempt import PREEMPT_ACTION, preemption_settings
-from launchhelm.runlog._runinfo import read_run_record
-from launchhelm.runlog._watchdog import AUTO, hang_setting
 from launchhelm.storage import Store, open_store
 from launchhelm.torch import _dist, _sharded
 from launchhelm.torch._checkpointer import Checkpointer
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from torch.utils.hooks import RemovableHandle
     from typing_extensions import Unpack
 
-    from launchhelm.runlog._events import EventLog
+    from launchhelm._runlog._events import EventLog
 
 _log = logging.getLogger("launchhelm")
 
@@ -91,7 +91,7 @@ class TorchRun(Run):
     @classmethod
     def _join(cls, store: Store, record: dict[str, Any], rank: int, world: int) -> TorchRun:
         """A rank > 0 view of rank 0's run: no session of its own, logs nothing."""
-        from launchhelm.runlog._events import EventLog
+        from launchhelm._runlog._events import EventLog
 
         run = cls(
             store=store,
@@ -256,7 +256,7 @@ class TorchRun(Run):
         finally:
             self._in_step_hook = False
 
-    # -- preemption (see launchhelm.runlog._preempt) ---------------------------------------
+    # -- preemption (see launchhelm._runlog._preempt) ---------------------------------------
     def _preempt(self, request_seq: int, signal_name: str) -> None:
         watched = self._checkpointer.watched
         if not self._in_step_hook or watched is None or self._deferred_preempt is not None:
@@ -301,7 +301,7 @@ class TorchRun(Run):
                 if control:
                     Run._step_boundary(self)
 
-    # -- tunables and control (see launchhelm.runlog._control) ---------------------
+    # -- tunables and control (see launchhelm._runlog._control) ---------------------
     @property
     def _records_events(self) -> bool:
         return self._rank == 0

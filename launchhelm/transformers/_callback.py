@@ -190,7 +190,7 @@ class LaunchHelmCallback(TrainerCallback):
         if _rank() != 0:
             # every process loads the folder (its own rng_state_<rank>.pth among it); the others read the
             # run without a session (process zero holds it), each into its own copy
-            from launchhelm.runlog._events import EventLog
+            from launchhelm._runlog._events import EventLog
 
             store = open_store(self._init.get("store"), self._init.get("storage_options"))
             if resume is None:  # auto_resume: the id every launch of the job computes

@@ -19,11 +19,11 @@ from launchhelm._compat import RECORD_INTERVAL, SessionOptions
 from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import compat_key as _compat_key
 from launchhelm._exceptions import InvalidArgumentError, InvalidMetricError, InvalidTypeError
+from launchhelm._metrics._points import coerce_value, validate_key
+from launchhelm._runlog._live_sessions import install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm._start import start_run
 from launchhelm._types import JSONValue
 from launchhelm.media import Media as LaunchHelmMedia
-from launchhelm.metrics._points import coerce_value, validate_key
-from launchhelm.runlog._live_sessions import install_exit_hook as _install_launchhelm_exit_hook
 from launchhelm.storage import Store
 from launchhelm.wandb._config import SUMMARY_MODES, Config, Metric, MetricRecord, Summary, _Aggregate
 from launchhelm.wandb._objects import Media, Settings, WandbUsageError, refuse

@@ -30,11 +30,11 @@ from launchhelm._compat import CompatSession as _Session
 from launchhelm._compat import SessionOptions, read_compat
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
 from launchhelm._integration import record_restore
+from launchhelm._runlog._events import validate_project
+from launchhelm._runlog._names import default_name as _default_name
+from launchhelm._runlog._names import new_run_id as _new_run_id
 from launchhelm._start import start_run
 from launchhelm._types import JSONValue
-from launchhelm.runlog._events import validate_project
-from launchhelm.runlog._names import default_name as _default_name
-from launchhelm.runlog._names import new_run_id as _new_run_id
 from launchhelm.storage import Store, open_store
 from launchhelm.wandb._config import Metric, MetricRecord, _as_mapping
 from launchhelm.wandb._liverun import COMPAT_FORMAT, Run, WandbRecord, _install_exit_hook, _set_current, current

@@ -24,9 +24,9 @@ import traitlets
 
 from launchhelm._api import Api, RunHandle
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm._metrics._system import SYSTEM_PREFIX
+from launchhelm._runlog._sessions import run_status
 from launchhelm._types import JSONValue, Rewind, RunLike
-from launchhelm.metrics._system import SYSTEM_PREFIX
-from launchhelm.runlog._sessions import run_status
 from launchhelm.widgets._base import LiveWidget, StoreArg, front_end, resolve_run, run_key
 from launchhelm.widgets._chart_data import (
     EVAL_PREFIX,

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, overload
 
+from launchhelm._metrics._system import SYSTEM_PREFIX
+from launchhelm._runlog._records import RewindEvent
 from launchhelm._types import Rewind
-from launchhelm.metrics._system import SYSTEM_PREFIX
-from launchhelm.runlog._records import RewindEvent
 from launchhelm.widgets._downsample import minmax_indices
 from launchhelm.widgets._messages import (
     ChartColumns,

@@ -37,9 +37,9 @@ import traitlets
 
 from launchhelm._api import Api, ProjectReader, RunHandle, RunView, settled_views
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError, RunNotFoundError
-from launchhelm.runlog._events import validate_project
-from launchhelm.views._humanize import duration, local_time
-from launchhelm.views._runs import ConfigDiff, _epoch, config_diff
+from launchhelm._runlog._events import validate_project
+from launchhelm._views._humanize import duration, local_time
+from launchhelm._views._runs import ConfigDiff, _epoch, config_diff
 from launchhelm.widgets._base import LiveWidget, StoreArg, front_end
 from launchhelm.widgets._compare_spec import (
     DEFAULT_MAX_POINTS,

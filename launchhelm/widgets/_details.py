@@ -17,10 +17,10 @@ from collections.abc import Mapping
 import traitlets
 
 from launchhelm._api import RunHandle
+from launchhelm._console._read import last_lines
 from launchhelm._exceptions import InvalidArgumentError
 from launchhelm._types import RunLike
-from launchhelm.console._read import last_lines
-from launchhelm.views._runs import row_detail
+from launchhelm._views._runs import row_detail
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import (
     MSG_APPEND,

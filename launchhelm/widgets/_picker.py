@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from launchhelm._api import RunHandle
 from launchhelm._types import Checkpoint, RunLike
-from launchhelm.views._runs import row_detail
+from launchhelm._views._runs import row_detail
 from launchhelm.widgets._base import RunWidget, StoreArg, format_time, time_labels
 from launchhelm.widgets._messages import PickerCheckpoint, PickerState, synced_dict
 from launchhelm.widgets._static import picker_html

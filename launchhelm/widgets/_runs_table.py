@@ -26,9 +26,9 @@ import traitlets
 
 from launchhelm._api import Api
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm.runlog._events import validate_project
-from launchhelm.views._humanize import ago, duration, local_time
-from launchhelm.views._runs import (
+from launchhelm._runlog._events import validate_project
+from launchhelm._views._humanize import ago, duration, local_time
+from launchhelm._views._runs import (
     DEFAULT_EXTRA_COLUMNS,
     STATUSES,
     cell_text,

@@ -17,7 +17,7 @@ import pytest
 from lhtest import make_store_url, run_python, spawn
 
 import launchhelm as lh
-from launchhelm.runlog._launch import auto_run_id, launch_identity
+from launchhelm._runlog._launch import auto_run_id, launch_identity
 
 SCHEDULER_VARS = (
     "LAUNCHHELM_RUN_ID",
@@ -285,8 +285,8 @@ def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(
 ) -> None:
     """The fence's objects: a chunk, console part or media index chunk past the watermark (an upload in flight while the
     relaunch listed, or `launchhelm recover` on the frozen host later) is never read, compacted or shown."""
+    from launchhelm._runlog._runinfo import session_watermark
     from launchhelm.media._index import encode_index, merge_tables
-    from launchhelm.runlog._runinfo import session_watermark
     from launchhelm.storage import open_store
     from launchhelm.storage._keys import (
         console_key,

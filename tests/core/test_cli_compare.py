@@ -17,7 +17,7 @@ import pytest
 from lhtest import child_env
 from rewound_runs import rewound_run
 
-from launchhelm.views._humanize import local_time
+from launchhelm._views._humanize import local_time
 
 pytest.importorskip("torch")
 

@@ -23,10 +23,10 @@ from http_proxy import RequestCounter
 from lhtest import BUCKET, child_env
 
 import launchhelm as lh
-from launchhelm.metrics._compact import FANOUT, Compactor, compact_run
-from launchhelm.metrics._layout import list_metrics, read_manifest
-from launchhelm.metrics._points import chunk_key, encode_chunk
-from launchhelm.metrics._read import PointReader, read_points
+from launchhelm._metrics._compact import FANOUT, Compactor, compact_run
+from launchhelm._metrics._layout import list_metrics, read_manifest
+from launchhelm._metrics._points import chunk_key, encode_chunk
+from launchhelm._metrics._read import PointReader, read_points
 from launchhelm.storage import open_store
 
 
@@ -242,7 +242,7 @@ def test_a_poll_reads_only_what_is_new_and_sees_every_point_once(store_url: str)
 _KILLED_COMPACTOR = textwrap.dedent(
     """
     import sys
-    from launchhelm.metrics._compact import Compactor
+    from launchhelm._metrics._compact import Compactor
     from launchhelm.storage import open_store
     store = open_store(sys.argv[1])
     c = Compactor(store, sys.argv[2], by="doomed")
@@ -389,7 +389,7 @@ def test_the_live_sessions_compaction_sends_two_requests_and_one_batched_delete(
         run_id, session, per, rounds = "live0001", _session(), 2, 20
         compactor = Compactor(store, run_id, by=session)
         clock = [1e9]
-        monkeypatch.setattr("launchhelm.metrics._compact.time.time", lambda: clock[0])
+        monkeypatch.setattr("launchhelm._metrics._compact.time.time", lambda: clock[0])
         costs, deleted = [], []
         number = 0
         for _round in range(rounds):

@@ -25,16 +25,16 @@ from http_proxy import RequestCounter
 from lhtest import BUCKET, ROOT, child_env, run_python, spawn
 
 import launchhelm as lh
+from launchhelm._console import _capture as _console
+from launchhelm._console._capture import ConsoleBuffer, capture_modes, capture_wanted
 from launchhelm._exceptions import InvalidArgumentError, InvalidTypeError
-from launchhelm.console import _capture as _console
-from launchhelm.console._capture import ConsoleBuffer, capture_modes, capture_wanted
 from launchhelm.storage import open_store
 from launchhelm.storage._keys import console_key
 
 SCRIPT = """
 import os, subprocess, sys
 import launchhelm as lh
-from launchhelm.console import _capture as _console
+from launchhelm._console import _capture as _console
 run = lh.init("console", store=sys.argv[1], flush_interval=0.2)
 print("modes", sorted(_console.capture_modes().items()))
 print("python print")
@@ -248,7 +248,7 @@ def test_finish_puts_this_process_streams_back_exactly_even_after_an_exception(s
 RESTORE = """
 import fcntl, os, sys
 import launchhelm as lh
-from launchhelm.console import _capture as _console
+from launchhelm._console import _capture as _console
 def state():
     return [(os.fstat(fd).st_ino, os.fstat(fd).st_dev, fcntl.fcntl(fd, fcntl.F_GETFD)) for fd in (1, 2)], (
         id(sys.stdout), id(sys.stderr), type(sys.stdout), vars(sys.stdout).get("write"))
@@ -301,7 +301,7 @@ RANKED = """
 import sys
 import threading
 import launchhelm as lh
-from launchhelm.console import _capture as _console
+from launchhelm._console import _capture as _console
 run = lh.init("console", store=sys.argv[1])
 print("modes", _console.capture_modes())
 run.finish()
@@ -558,7 +558,7 @@ def test_in_a_jupyter_kernel_cells_still_show_their_output_and_the_run_keeps_it(
     try:
         shown = _run_cell(
             client,
-            "import os, sys, time\nimport launchhelm as lh\nfrom launchhelm.console import _capture as _console\n"
+            "import os, sys, time\nimport launchhelm as lh\nfrom launchhelm._console import _capture as _console\n"
             "before = (sys.stdout, sys.stderr, type(sys.stdout))\n"
             f"run = lh.init('console', store={store!r}, flush_interval=0.2)\n"
             "print('modes', sorted(_console.capture_modes().items()))",
@@ -589,7 +589,7 @@ def test_in_a_jupyter_kernel_cells_still_show_their_output_and_the_run_keeps_it(
 def test_what_reaches_the_terminal_goes_in_whole_lines_of_atomic_writes(monkeypatch: pytest.MonkeyPatch) -> None:
     """A pipe write of up to PIPE_BUF bytes is atomic: no other rank's bytes inside, no half of it left by
     a SIGKILL. The reader forwards in such writes, each ending at a newline, so lines reach the terminal whole."""
-    from launchhelm.console import _capture as _console
+    from launchhelm._console import _capture as _console
 
     data = b"".join(f"saving {i}\n".encode() for i in range(5000)) + b"x" * 9000 + b"\nlast, no newline"
     writes: list[bytes] = []
@@ -688,7 +688,7 @@ def test_the_terminal_gets_a_line_written_in_pieces_whole_and_a_line_never_ended
     """An unbuffered ``print("saving", 12)`` is four writes: the reader passes the line on in one write once
     its newline came (a SIGKILL in between leaves no half line on the terminal); a progress bar that never
     ends its line is passed on after a moment all the same."""
-    from launchhelm.console import _capture as _console
+    from launchhelm._console import _capture as _console
 
     source_read, source_write = os.pipe()
     terminal_read, terminal_write = os.pipe()

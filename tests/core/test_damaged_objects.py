@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import launchhelm as lh
-from launchhelm.runlog._events import SessionRecord
-from launchhelm.runlog._sessions import liveness
+from launchhelm._runlog._events import SessionRecord
+from launchhelm._runlog._sessions import liveness
 
 
 def test_an_event_that_is_not_json_is_skipped_with_a_warning_naming_it(tmp_path: Path) -> None:

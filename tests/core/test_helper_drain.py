@@ -236,7 +236,7 @@ def test_a_reader_on_the_same_host_racing_the_helper_reads_every_point_once(
 
 
 def test_recoveries_of_one_spool_take_turns(tmp_path: Path) -> None:
-    from launchhelm.metrics._spool import claim_spool
+    from launchhelm._metrics._spool import claim_spool
 
     (tmp_path / "s1.state").write_bytes(bytes(48))
     holder = subprocess.Popen(
@@ -337,7 +337,7 @@ _CAPTURED = textwrap.dedent(
     """
     import json, os, sys, time
     import launchhelm as lh
-    from launchhelm.console._capture import capture_modes
+    from launchhelm._console._capture import capture_modes
     before = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (1, 2)}
     run = lh.init("captured", store=sys.argv[1], capture_console=True)
     deadline = time.monotonic() + 30

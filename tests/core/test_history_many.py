@@ -15,8 +15,8 @@ import pytest
 from lhtest import BUCKET
 
 import launchhelm as lh
-from launchhelm.metrics._compact import Compactor
-from launchhelm.metrics._layout import list_metrics, read_manifest
+from launchhelm._metrics._compact import Compactor
+from launchhelm._metrics._layout import list_metrics, read_manifest
 
 duckdb = pytest.importorskip("duckdb", reason="duckdb comes with the dev extras")
 

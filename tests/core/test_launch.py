@@ -12,7 +12,7 @@ import re
 import pytest
 
 from launchhelm._exceptions import InvalidArgumentError, LaunchHelmError
-from launchhelm.runlog._launch import Launch, auto_run_id, launch_identity, newer_attempt
+from launchhelm._runlog._launch import Launch, auto_run_id, launch_identity, newer_attempt
 
 SLURM = {"SLURM_JOB_ID": "4242", "SLURM_CLUSTER_NAME": "alpha", "SLURM_RESTART_COUNT": "0"}
 

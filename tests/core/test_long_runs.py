@@ -19,7 +19,7 @@ import pytest
 from lhtest import child_env
 
 import launchhelm as lh
-from launchhelm.metrics._layout import list_metrics, read_manifest
+from launchhelm._metrics._layout import list_metrics, read_manifest
 
 # Logs at full speed with a flush and the background compaction step every 2,000 steps (200 of them),
 # so segments merge through several levels; samples Arrow's allocations (after gc) while it runs,
@@ -29,9 +29,9 @@ _CHILD = textwrap.dedent(
     import gc, json, sys, time
     import pyarrow as pa
     import launchhelm as lh
-    import launchhelm.metrics._compact, launchhelm.metrics._flusher
+    import launchhelm._metrics._compact, launchhelm._metrics._flusher
     # compaction due after every flush: many merges in a few seconds
-    launchhelm.metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
+    launchhelm._metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm._metrics._compact.CHUNKS_PER_SEGMENT = 1
     store, steps, memory = sys.argv[1], int(sys.argv[2]), sys.argv[3]
     run = lh.init("long", store=store, system_metrics=False, capture_console=False,
                   flush_interval=3600, compaction_memory=memory)
@@ -125,8 +125,8 @@ def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path:
         """
         import sys
         import launchhelm as lh
-        import launchhelm.metrics._compact, launchhelm.metrics._flusher
-        launchhelm.metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 1
+        import launchhelm._metrics._compact, launchhelm._metrics._flusher
+        launchhelm._metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm._metrics._compact.CHUNKS_PER_SEGMENT = 1
         run = lh.init("lean", store=sys.argv[1], system_metrics=False, capture_console=False, flush_interval=3600)
         for step in range(2_000):
             run.log({"loss": 1.0 / (step + 1), "lr": 3e-4}, step=step)
@@ -199,8 +199,8 @@ def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
 _TRIM_CHILD = textwrap.dedent(
     """
     import sys, threading, time
-    from launchhelm.metrics._heap import give_back_free_heap
-    from launchhelm.metrics._pause import pause
+    from launchhelm._metrics._heap import give_back_free_heap
+    from launchhelm._metrics._pause import pause
 
     def anon_mib():
         with open("/proc/self/status") as f:

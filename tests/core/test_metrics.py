@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import launchhelm as lh
-from launchhelm.metrics._points import decode_chunks, encode_chunk, history_frame
+from launchhelm._metrics._points import decode_chunks, encode_chunk, history_frame
 
 
 def test_logged_points_come_back_as_a_wide_frame(store_url: str) -> None:
@@ -241,7 +241,7 @@ def _pivot_by_hand(rows: list[tuple[int, int, float, dict[str, float]]], duplica
 def test_the_pivot_agrees_with_its_definition_however_the_points_are_batched(
     duplicates: str, batch: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from launchhelm.metrics import _points
+    from launchhelm._metrics import _points
 
     monkeypatch.setattr(_points, "PIVOT_BATCH", batch)  # cells won across batches, not only within one
     rng = np.random.default_rng(7 + batch)
@@ -285,8 +285,8 @@ def test_the_pivot_of_a_long_run_needs_little_more_than_the_frame_it_returns(mon
 
     import pyarrow as pa
 
-    from launchhelm.metrics import _points
-    from launchhelm.metrics._segments import points_schema
+    from launchhelm._metrics import _points
+    from launchhelm._metrics._segments import points_schema
 
     monkeypatch.setattr(_points, "PIVOT_BATCH", 1 << 16)
     steps, keys = 400_000, ["loss", "lr", "grad_norm", "acc", "tput"]

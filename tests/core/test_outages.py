@@ -107,11 +107,11 @@ _TRAIN = textwrap.dedent(
     """
     import json, queue, sys, threading, time
     import torch
-    import launchhelm.metrics._compact, launchhelm.metrics._flusher
+    import launchhelm._metrics._compact, launchhelm._metrics._flusher
     import launchhelm.torch as lht
 
     # compaction due every few flushes, so merges run before, during and after the outage
-    launchhelm.metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm.metrics._compact.CHUNKS_PER_SEGMENT = 4
+    launchhelm._metrics._flusher.CHUNKS_PER_SEGMENT = launchhelm._metrics._compact.CHUNKS_PER_SEGMENT = 4
     store, endpoint, project = sys.argv[1:4]
     told = queue.Queue()
     threading.Thread(target=lambda: [told.put(line.strip()) for line in sys.stdin], daemon=True).start()
@@ -422,7 +422,7 @@ def test_a_compaction_that_loses_a_race_is_not_an_outage(
 ) -> None:
     # two compactions of one run (a racing session, or one from another thread) may both try to
     # publish the next manifest: the loser's AlreadyExistsError is an OSError, but no outage
-    from launchhelm.metrics._compact import Compactor
+    from launchhelm._metrics._compact import Compactor
 
     def lost(self: Compactor, only_if_due: bool = True) -> None:
         raise lh.AlreadyExistsError("manifest-00000000000000000013.json already exists", url="x")

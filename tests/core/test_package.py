@@ -55,3 +55,21 @@ def test_every_error_is_a_launchhelm_error_and_the_builtin_callers_catch(error: 
 
 def test_run_not_found_message_is_readable_not_a_repr() -> None:
     assert str(lh.RunNotFoundError("no run 'x'")) == "no run 'x'"
+
+
+def test_privacy_says_one_thing_every_package_without_an_underscore_is_public() -> None:
+    """CONTRIBUTING.md's rule: a package with nothing for users is named ``_pkg``; the others export a surface."""
+    import importlib
+    import pkgutil
+
+    import launchhelm
+
+    offenders = []
+    for info in pkgutil.iter_modules(launchhelm.__path__):
+        if not info.ispkg or info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"launchhelm.{info.name}")
+        doc = (module.__doc__ or "").lower()
+        if not getattr(module, "__all__", None) or "private" in doc.split("\n\n")[0]:
+            offenders.append(info.name)
+    assert offenders == [], f"packages that call themselves private but have no underscore: {offenders}"

@@ -21,9 +21,9 @@ from lhtest import BUCKET, make_store_url
 import launchhelm as lh
 from launchhelm._api._project import _project_frame, _publish, read_project
 from launchhelm._cli import main as cli_main
-from launchhelm.metrics import _project
-from launchhelm.metrics._points import encode_chunk
-from launchhelm.metrics._project import ProjectReader, list_project
+from launchhelm._metrics import _project
+from launchhelm._metrics._points import encode_chunk
+from launchhelm._metrics._project import ProjectReader, list_project
 from launchhelm.storage import open_store
 from launchhelm.storage._keys import (
     evaluation_prefix,
@@ -261,9 +261,9 @@ def test_many_runs_pivot_in_one_pass_exactly_as_run_by_run() -> None:
     import pyarrow as pa
 
     from launchhelm._api._project import ProjectRun
+    from launchhelm._metrics._project import project_frame
+    from launchhelm._metrics._segments import points_schema
     from launchhelm._types import Rewind
-    from launchhelm.metrics._project import project_frame
-    from launchhelm.metrics._segments import points_schema
 
     rng = np.random.default_rng(7)
     runs = []

@@ -19,7 +19,7 @@ import pytest
 from lhtest import run_python, spawn
 
 import launchhelm as lh
-from launchhelm.runlog import _liveness
+from launchhelm._runlog import _liveness
 
 TRAIN = """
 import sys, time, launchhelm as lh

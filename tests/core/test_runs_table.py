@@ -15,7 +15,7 @@ from http_proxy import RequestCounter
 from lhtest import BUCKET, spawn
 
 import launchhelm as lh
-from launchhelm.runlog._table import INDEX_AFTER, table_prefix
+from launchhelm._runlog._table import INDEX_AFTER, table_prefix
 from launchhelm.storage import open_store
 
 

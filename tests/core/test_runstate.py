@@ -18,7 +18,7 @@ from http_proxy import RequestCounter
 from lhtest import BUCKET, spawn
 
 import launchhelm as lh
-from launchhelm.runlog._events import (
+from launchhelm._runlog._events import (
     CONTROL_TUNABLES,
     REWIND,
     SESSION_ENDED,
@@ -31,8 +31,8 @@ from launchhelm.runlog._events import (
     read_state,
     snapshot_key,
 )
-from launchhelm.runlog._sessions import heartbeat_key, liveness, summary_key
-from launchhelm.runlog._table import mark_row
+from launchhelm._runlog._sessions import heartbeat_key, liveness, summary_key
+from launchhelm._runlog._table import mark_row
 from launchhelm.storage import Store, StoreAccessDeniedError, open_store
 from launchhelm.storage._local import LocalStore
 

@@ -20,7 +20,7 @@ import pytest
 from lhtest import child_env, kill_with_helper
 
 import launchhelm as lh
-from launchhelm.metrics._spool import spool_root
+from launchhelm._metrics._spool import spool_root
 from launchhelm.storage._keys import row_marker_key, run_record_key
 
 _TIGHT_LOOP = textwrap.dedent(
@@ -181,9 +181,9 @@ def test_a_resumed_torch_run_rewinds_from_the_last_step_logged_before_the_kill(
 def test_files_made_ready_by_the_flush_thread_keep_every_row_in_order(tmp_path: Path) -> None:
     """The flush thread makes the next spool file ready (log() only switches maps); rows of mixed layouts
     read back exactly across the switches, live and after the session died with a ready file unused."""
-    from launchhelm.metrics._buffer import read_spool
-    from launchhelm.metrics._points import decode_chunks
-    from launchhelm.metrics._spool import Spool, recover_session
+    from launchhelm._metrics._buffer import read_spool
+    from launchhelm._metrics._points import decode_chunks
+    from launchhelm._metrics._spool import Spool, recover_session
     from launchhelm.storage import open_store
 
     spool = Spool("run", "s", {}, directory=tmp_path / "spool")
@@ -227,7 +227,7 @@ def test_a_new_sessions_first_appends_find_their_pages_mapped(tmp_path: Path) ->
     waited on the file system holding the GIL (5 ms, once, measured by bench_log)."""
     import resource
 
-    from launchhelm.metrics._spool import PREFAULT_BYTES, Spool
+    from launchhelm._metrics._spool import PREFAULT_BYTES, Spool
 
     spool = Spool("run", "s", {}, directory=tmp_path / "spool")
     row = {"loss": 1.0, "lr": 3e-4, "grad_norm": 2.0}

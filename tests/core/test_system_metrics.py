@@ -12,7 +12,7 @@ import pytest
 from lhtest import run_python
 
 import launchhelm as lh
-from launchhelm.metrics._system import SystemSampler
+from launchhelm._metrics._system import SystemSampler
 
 
 @pytest.mark.slow

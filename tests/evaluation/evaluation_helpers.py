@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import launchhelm as lh
-from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
+from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
 from launchhelm.storage import open_store
 
 
@@ -48,7 +48,7 @@ def results_by_evaluation(store: str, project: str) -> dict[str, list[dict[str, 
 
 def raw_points(store: str, run_id: str) -> list[dict[str, Any]]:
     """Every stored metric point of the run, duplicates included (what history() folds)."""
-    from launchhelm.metrics._read import read_points
+    from launchhelm._metrics._read import read_points
 
     table = read_points(open_store(store), run_id)
     return [dict(row) for row in table.to_pylist()]

@@ -169,7 +169,7 @@ def test_policy_allows_every_write_a_worker_makes_and_nothing_of_the_runs(tmp_pa
     after = set(store.list(""))
     assert before <= after  # nothing a worker may not delete was deleted
     written = after - before
-    from launchhelm.evaluation._policies import worker_policy
+    from launchhelm._evaluation._policies import worker_policy
 
     policy = worker_policy("s3://bkt/root", project="evals")
     puts = _policy_keys(policy, "s3:PutObject", "root")

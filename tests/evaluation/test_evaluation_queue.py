@@ -15,7 +15,7 @@ from evaluation_helpers import checkpointed_run, objects, publish_without_queuei
 from lhtest import spawn
 
 import launchhelm as lh
-from launchhelm.evaluation._queue import EvaluationQueue
+from launchhelm._evaluation._queue import EvaluationQueue
 from launchhelm.storage import open_store
 
 
@@ -89,7 +89,7 @@ def test_racing_processes_queue_one_evaluation(shared_store_url: str, tmp_path: 
     code = """
         import os, sys, time
         import launchhelm as lh
-        from launchhelm.evaluation._queue import EvaluationQueue
+        from launchhelm._evaluation._queue import EvaluationQueue
         store, run_id, checkpoint, go = sys.argv[1:]
         api = lh.Api(store)
         event = api.run(run_id)._state().checkpoint(checkpoint)

@@ -16,7 +16,7 @@ from evaluation_helpers import checkpointed_run, raw_points, results_by_evaluati
 from lhtest import spawn
 
 import launchhelm as lh
-from launchhelm.evaluation._queue import EvaluationQueue
+from launchhelm._evaluation._queue import EvaluationQueue
 from launchhelm.storage import open_store
 
 

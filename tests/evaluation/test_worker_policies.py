@@ -28,7 +28,7 @@ from evaluation_helpers import checkpointed_run, publish_without_queueing
 from lhtest import ROOT, child_env
 
 import launchhelm as lh
-from launchhelm.evaluation._policies import AZURE_BLOCK_SEPARATOR, worker_policy
+from launchhelm._evaluation._policies import AZURE_BLOCK_SEPARATOR, worker_policy
 from launchhelm.storage import LocalStore, open_store
 
 ROOT_PREFIX = "team/lh"  # the store's folder inside the bucket or container

@@ -23,7 +23,7 @@ import launchhelm as lh
 from launchhelm import _gc
 from launchhelm._cli import main as cli
 from launchhelm._gc import collect_garbage, parse_duration
-from launchhelm.runlog._events import CHECKPOINT_DELETED, EventLog
+from launchhelm._runlog._events import CHECKPOINT_DELETED, EventLog
 from launchhelm.storage import ObjectStore, Store, open_store
 
 DAY = 24 * 3600.0

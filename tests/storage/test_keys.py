@@ -110,7 +110,7 @@ def _code_strings(tree: ast.AST) -> list[tuple[int, str]]:
 
 
 #: Strings that look like keys but are not store keys.
-NOT_KEYS = {("launchhelm/evaluation/_policies.py", "projects/_/buckets/")}  # a GCS IAM resource name
+NOT_KEYS = {("launchhelm/_evaluation/_policies.py", "projects/_/buckets/")}  # a GCS IAM resource name
 #: Modules that name files of other tools (an importer's source), never store keys.
 NOT_STORE_MODULES = {"launchhelm/importers/_neptune.py"}
 

@@ -531,7 +531,7 @@ def _publish_as_sha256_recorded(tr: lht.TorchRun, store_url: str, artifact: str)
     """Re-publish a payload with the record earlier versions wrote: the file's sha256, no CRC64NVME."""
     import hashlib
 
-    from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+    from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id
     from launchhelm.storage import open_store
 
     data = _payload_path(store_url, tr, artifact).read_bytes()
@@ -612,7 +612,7 @@ def test_the_checksum_writer_checksums_every_byte_across_write_out_windows(
     """Large writes cut into write-out windows on a local file (none on an upload): same bytes, same CRC."""
     import sys
 
-    from launchhelm.runlog import _checkpoints
+    from launchhelm._runlog import _checkpoints
     from launchhelm.storage import open_store
     from launchhelm.storage._checksum import CRC64NVME, crc64nvme
 
@@ -637,7 +637,7 @@ def test_the_checksum_writer_checksums_every_byte_across_write_out_windows(
 def test_the_write_out_finds_the_file_under_the_local_stores_wrappers(tmp_path: Path) -> None:
     import io
 
-    from launchhelm.runlog._checkpoints import _file_descriptor
+    from launchhelm._runlog._checkpoints import _file_descriptor
     from launchhelm.storage import open_store
 
     assert _file_descriptor(io.BytesIO()) is None  # in memory: nothing to write out

@@ -20,7 +20,7 @@ import pytest
 from lhtest import ROOT, child_env
 
 import launchhelm as lh
-from launchhelm.runlog._watchdog import (
+from launchhelm._runlog._watchdog import (
     AUTO,
     AUTO_FLOOR,
     DUMP_SIGNAL,
@@ -34,8 +34,8 @@ from launchhelm.runlog._watchdog import (
     stacks_file,
     summarize_dump,
 )
+from launchhelm._views._runs import table_rows
 from launchhelm.storage._keys import hang_key
-from launchhelm.views._runs import table_rows
 from launchhelm.widgets._picker import picker_state
 
 WORKER = Path(__file__).with_name("hang_worker.py")

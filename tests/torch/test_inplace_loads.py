@@ -26,7 +26,7 @@ from torch_helpers import build_model, payload_path, same_tensors, snapshot_stat
 
 import launchhelm as lh
 import launchhelm.torch as lht
-from launchhelm.runlog._sessions import summary_key
+from launchhelm._runlog._sessions import summary_key
 from launchhelm.torch import _inplace, _ranged
 from launchhelm.torch._inplace import _pagecache, _plan, _reads, _zip
 

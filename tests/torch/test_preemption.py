@@ -26,7 +26,7 @@ from http_proxy import RequestCounter
 from lhtest import BUCKET, ROOT, child_env
 
 import launchhelm as lh
-from launchhelm.runlog._preempt import DEFAULT_BUDGET, preemption_settings, slurm_requeue_command
+from launchhelm._runlog._preempt import DEFAULT_BUDGET, preemption_settings, slurm_requeue_command
 
 WORKER = Path(__file__).with_name("preempt_worker.py")
 TIMEOUT = 120.0

@@ -590,7 +590,7 @@ def test_a_hung_run_and_a_restart_loop_say_where_and_why_in_the_table_panel_and_
 
     from lhtest import ROOT, child_env
 
-    from launchhelm.runlog._events import EventLog
+    from launchhelm._runlog._events import EventLog
 
     store = str(tmp_path / "store")
     looping = lh.init("hangs", store=store, name="looping", system_metrics=False, capture_console=False)

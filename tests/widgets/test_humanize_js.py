@@ -1,6 +1,6 @@
 """The browser writes times by the kernel's rules: ``js/src/time.js`` (and
 ``human.js``, which takes its "how long ago" and durations from it) against
-``launchhelm/views/_humanize.py``, run by Node on the same grid of inputs and
+``launchhelm/_views/_humanize.py``, run by Node on the same grid of inputs and
 compared exactly: durations from nothing to centuries, negative, fractional
 and missing; "how long ago" into the past and the future; local times in
 several time zones (one with a half-hour daylight saving shift) across their
@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from launchhelm.views._humanize import ago, duration, local_time, status_sentence
+from launchhelm._views._humanize import ago, duration, local_time, status_sentence
 
 SRC = Path(__file__).resolve().parents[2] / "js" / "src"
 #: Reads ``[[function, [args...]], ...]`` on stdin, prints each result (JSON numbers can't be NaN: strings stand in).

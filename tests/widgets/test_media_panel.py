@@ -207,8 +207,8 @@ def test_a_live_run_shows_new_steps_at_the_next_refresh(tmp_path: Path) -> None:
 @pytest.fixture
 def long_run(tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, str]]:
     """10,000 steps x 4 image keys, built on a local store and copied to moto S3 under a fresh prefix."""
+    from launchhelm._metrics import _pause
     from launchhelm.media import _writer
-    from launchhelm.metrics import _pause
 
     # the fixture is about reading: write the 40,000 items without the media thread's pauses, and each
     # distinct picture once (the writer creates every item's object, which AlreadyExists after the first)
@@ -229,7 +229,7 @@ def long_run(tmp_path: Path, moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
         run.log({f"k{k}": lh.Image(pictures[(step + k) % 10]) for k in range(4)}, step=step)
     run.finish()
     # a busy machine may leave items finish() had no time for in the spool: store them before the copy
-    from launchhelm.metrics._spool import recover_run
+    from launchhelm._metrics._spool import recover_run
 
     recover_run(open_store(str(local)), run.id)
     prefix = f"media-{os.urandom(3).hex()}"

@@ -15,8 +15,8 @@ from rewound_runs import BACK_TO, REACHED, rewound_run
 from widget_runs import StoppedRun
 
 import launchhelm as lh
-from launchhelm.views._humanize import ago, duration, local_time, status_sentence
-from launchhelm.views._runs import filter_rows, readable_runs, sort_rows, table_rows
+from launchhelm._views._humanize import ago, duration, local_time, status_sentence
+from launchhelm._views._runs import filter_rows, readable_runs, sort_rows, table_rows
 from launchhelm.widgets import RunsTable
 
 pytest.importorskip("torch")
@@ -212,7 +212,7 @@ def test_the_tables_poll_reads_the_row_index_not_every_run(moto_endpoint: str) -
     from http_proxy import RequestCounter
     from lhtest import BUCKET
 
-    from launchhelm.runlog._table import INDEX_AFTER
+    from launchhelm._runlog._table import INDEX_AFTER
     from launchhelm.storage import open_store
 
     prefix = f"runs-widget-{os.urandom(3).hex()}"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 import torch
 
 from launchhelm._exceptions import CheckpointError
-from launchhelm.runlog._checkpoints import artifact_prefix, new_artifact_id
+from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id
 from launchhelm.storage._checksum import CRC64NVME, combine_crc64nvme, crc64nvme
 from launchhelm.torch import _dist
 from launchhelm.torch._manifest import (
