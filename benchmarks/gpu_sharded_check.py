@@ -188,7 +188,9 @@ def _check(args: argparse.Namespace) -> int:
         failures.append("the staging buffers of the CUDA shards are not pinned")
     if not reused:
         failures.append("the staging buffers were allocated again instead of reused")
-    if blocked > 1.5 * dcp_blocked["default stager"] + 0.05:
+    # a time is a target only on the GPU it is for: on --cpu (the suite's self-check, a shared machine) one
+    # sample of a 2 MB save says how the logic runs, not how fast
+    if cuda and blocked > 1.5 * dcp_blocked["default stager"] + 0.05:
         failures.append(f"the non-blocking save blocked {blocked:.4f} s, more than DCP async_save's")
 
     step()  # move every tensor and the RNG on

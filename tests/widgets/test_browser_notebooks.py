@@ -96,7 +96,10 @@ def run_notebook(page: Any, server: JupyterServer, name: str, app: str = "lab") 
 def screenshots(page: Any, folder: Path, name: str) -> list[Path]:
     """A PNG of every LaunchHelm widget on the page (for a person to look at)."""
     saved = []
-    widgets = page.locator(".launchhelm-panel, .launchhelm:not(.launchhelm-panel .launchhelm)")
+    # the roots only: a widget's own sections (CompareChart's media section) are in its picture
+    widgets = page.locator(
+        ".launchhelm-panel, .launchhelm:not(.launchhelm-panel .launchhelm):not(.launchhelm .launchhelm)"
+    )
     for i in range(widgets.count()):
         path = folder / f"{name}-{i}.png"
         widgets.nth(i).scroll_into_view_if_needed()
