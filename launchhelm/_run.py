@@ -90,6 +90,19 @@ DEFAULT_FINISH_TIMEOUT = 60.0
 _log = logging.getLogger("launchhelm")
 
 
+_requeue_registered = False
+
+
+def _requeue_at_exit() -> None:
+    """Ask SLURM to requeue this job (if it is requeueable) when the interpreter exits, once."""
+    global _requeue_registered
+    if not _requeue_registered:
+        import atexit
+
+        _requeue_registered = True
+        atexit.register(requeue_slurm_job)
+
+
 def _check_flag(name: str, value: object) -> None:
     # flags that destroy or take over something must be real bools: "no" is truthy
     if not isinstance(value, bool):
@@ -872,7 +885,9 @@ class Run:
         if listener is None or listener.begin_ending():
             self._end_preempted(detail)
         if self._records_events:
-            requeue_slurm_job()
+            # at exit, not now: SLURM's requeue signals the job's processes at once, and the script's own
+            # `except RunPreempted` and `finally` blocks must run before that
+            _requeue_at_exit()
         raise RunPreempted(
             f"run {self.id} was preempted by {signal_name} at step {step}: {outcome}; the session ended and "
             "the run is resumable: relaunch the same command (auto_resume=True) or "
