@@ -15,13 +15,11 @@ from typing import Any
 
 from launchhelm._exceptions import AlreadyExistsError
 from launchhelm.media._index import IndexRow, encode_index
-from launchhelm.media._spill import BATCH, RECOVERED_BASE, read_spilled, spill_paths
+from launchhelm.media._spill import _SUFFIX, BATCH, RECOVERED_BASE, read_spilled, spill_paths
 from launchhelm.media._writer import object_name, store_items
 from launchhelm.storage._keys import media_index_key, media_object_key
 
 __all__ = ["recover_media"]
-
-_SUFFIX = ".lhm"
 
 
 def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> int:
