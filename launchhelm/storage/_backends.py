@@ -421,10 +421,18 @@ class GCSPartUpload:
     def _put(
         self, offset: int, data: bytes | bytearray, total: str, extra: dict[str, str] | None = None
     ) -> tuple[object, bytes]:
+        from launchhelm.storage._transfer import BufferReader
+
         end = offset + len(data) - 1
-        headers = {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {offset}-{end}/{total}"}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Range": f"bytes {offset}-{end}/{total}",
+            # a file body has no length aiohttp can find: said here, or it would go chunked
+            "Content-Length": str(len(data)),
+        }
         headers.update(extra or {})
-        out: tuple[object, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
+        # streamed as a file, not copied twice more by aiohttp (BufferReader); gcsfs rewinds it to retry
+        out: tuple[object, bytes] = self.fs.call("PUT", self.location, headers=headers, data=BufferReader(data))
         return out
 
     def put_part(self, number: int, offset: int, data: bytes | bytearray) -> None:
@@ -552,10 +560,13 @@ class AzurePartUpload:
         block_id = self._block_id(number)
 
         async def stage() -> None:
+            from launchhelm.storage._transfer import BufferReader
+
             async with self.fs.service_client.get_blob_client(self.container, self.blob) as client:
-                # the SDK's content check takes bytes or a file, not a bytearray
-                body = data if isinstance(data, bytes) else bytes(data)
-                await client.stage_block(block_id=block_id, data=body, length=len(body), validate_content=True)
+                # a file, not bytes: the SDK's MD5 reads it in small pieces and rewinds it, and aiohttp
+                # streams it; bytes(bytearray) and aiohttp's join with the headers each copied the block
+                body = BufferReader(data)
+                await client.stage_block(block_id=block_id, data=body, length=len(data), validate_content=True)
 
         _sync(self.fs, stage)
         self.staged = True

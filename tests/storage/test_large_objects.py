@@ -254,12 +254,21 @@ def test_an_upload_sends_no_more_parts_at_once_than_it_was_allowed(moto_endpoint
 
 
 @pytest.mark.slow
-def test_an_s3_upload_holds_no_copy_of_a_part_beyond_the_parts_themselves(moto_endpoint: str, tmp_path: Path) -> None:
-    """Parts go to aiohttp as files: given bytes, it copied each part twice more while in flight."""
+def test_an_upload_holds_no_copy_of_a_part_beyond_the_parts_themselves(object_store_url: str, tmp_path: Path) -> None:
+    """Parts go to aiohttp as files: given bytes, it copied each part twice more while in flight.
+
+    On S3 through s3fs, on GCS through gcsfs's resumable PUTs, on Azure through the SDK's
+    ``stage_block`` (whose ``bytes(bytearray)`` made a third).
+    """
     import tracemalloc
 
-    store = open_store(f"s3://{BUCKET}/part-copies-{os.urandom(3).hex()}")
-    (tmp_path / "seg.parquet").write_bytes(os.urandom(6 * PART_SIZE + 1))
+    store = open_store(object_store_url)
+    assert isinstance(store, ObjectStore)
+    part = _part_bytes(store)
+    upload = store._part_upload("probe")
+    assert upload is not None
+    in_flight = min(2, upload.concurrency)
+    (tmp_path / "seg.parquet").write_bytes(os.urandom(6 * part + 1))
     store.upload("warm.bin", tmp_path / "seg.parquet", max_concurrency=2)  # imports and connections first
     tracemalloc.start()
     try:
@@ -267,8 +276,9 @@ def test_an_s3_upload_holds_no_copy_of_a_part_beyond_the_parts_themselves(moto_e
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    # two parts in flight, one waiting for a slot, one being filled: 4 parts; with the copies it was 7-8
-    assert peak < 5 * PART_SIZE, peak / PART_SIZE
+    # the parts in flight, one waiting for a slot, one being filled; with the copies it was
+    # 7-8 parts on S3 and Azure (2 in flight) and 4.9 on GCS (1 in flight)
+    assert peak < (in_flight + 3) * part, peak / part
     assert store.read("seg.bin") == (tmp_path / "seg.parquet").read_bytes()
 
 
