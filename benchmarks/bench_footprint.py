@@ -11,6 +11,9 @@ allocators start cold:
   mark, and which heavy modules were imported; once with no flush during the
   burst (what the buffer holds) and once with the default 2 s flushes
   (pyarrow's libraries, loaded by the first flush and compaction, count there);
+* the split (issue 40): after ``init``, 1,000 logs and a ``flush()``, the training process's RSS
+  beside its helper process's, the heavy modules the training process imported and its threads'
+  scheduling policies; W&B's Python process beside wandb-core the same way;
 * wandb offline (only if ``wandb`` is installed; never installed by this script):
   RSS after ``wandb.init(mode="offline")``, its service processes included,
   and the same burst.
@@ -57,6 +60,51 @@ CHILDREN = {
                           "after_finish": p.memory_info().rss,
                           "high_water": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                           "heavy": heavy}))
+    """,
+    # issue 40's split: the training process and its helper after init, 1,000 logs and a flush
+    "launchhelm-split": """
+        import json, os, sys, tempfile, time, psutil
+        import launchhelm as lh
+        p = psutil.Process()
+        run = lh.init("footprint", store=tempfile.mkdtemp() + "/store", system_metrics=False, capture_console=False)
+        for s in range(1000):
+            run.log({"loss": 1.0 / (s + 1), "lr": 3e-4, "grad_norm": float(s), "acc": 0.5, "tput": 1e3}, step=s)
+        run.flush()
+        deadline = time.monotonic() + 30  # the helper is started by the background thread: wait until it runs
+        while not p.children(recursive=True) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)  # its imports done
+        helpers = p.children(recursive=True)
+        policies = {}
+        for tid in os.listdir("/proc/self/task"):
+            try:
+                policies[tid] = os.sched_getscheduler(int(tid))
+            except OSError:
+                pass  # a thread that ended meanwhile
+        watched = ("pyarrow", "pandas", "s3fs", "gcsfs", "adlfs", "aiobotocore", "aiohttp")
+        print(json.dumps({
+            "trainer": p.memory_info().rss,
+            "helper": sum(h.memory_info().rss for h in helpers),
+            "helpers": len(helpers),
+            "imported": sorted(m for m in watched if m in sys.modules),
+            "threads": len(policies),
+            "not_other": sorted({v for v in policies.values() if v != os.SCHED_OTHER}),
+        }))
+        run.finish()
+    """,
+    "wandb-split": """
+        import json, os, sys, tempfile, time, psutil
+        os.environ.setdefault("WANDB_SILENT", "true")
+        import wandb
+        p = psutil.Process()
+        run = wandb.init(project="footprint", mode="offline", dir=tempfile.mkdtemp())
+        for s in range(1000):
+            run.log({"loss": 1.0 / (s + 1), "lr": 3e-4, "grad_norm": float(s), "acc": 0.5, "tput": 1e3}, step=s)
+        time.sleep(1.0)
+        core = p.children(recursive=True)
+        print(json.dumps({"trainer": p.memory_info().rss, "helper": sum(c.memory_info().rss for c in core),
+                          "helpers": len(core)}))
+        run.finish()
     """,
     "wandb": """
         import json, os, sys, tempfile, psutil
@@ -132,7 +180,39 @@ def main() -> int:
     ok_growth = med("launchhelm", "burst") / (args.values / 1e6) <= 16 * mb
     print(f"  RSS after init <= {what}: {'PASS' if ok_init else 'MISS'}")
     print(f"  growth (no flush during the burst) <= 16 MB per million values: {'PASS' if ok_growth else 'MISS'}")
+    split(args.repeat)
     return 0
+
+
+def split(repeat: int) -> None:
+    """The training process beside its helper, and W&B's Python process beside wandb-core (issue 40)."""
+    mib = 2**20
+    lh = [r for r in (child("launchhelm-split", 0) for _ in range(repeat)) if r is not None]
+    wb = [r for r in (child("wandb-split", 0) for _ in range(repeat)) if r is not None]
+
+    def med(rows: list[dict[str, object]], field: str) -> float:
+        return statistics.median(float(r[field]) for r in rows)  # type: ignore[arg-type]
+
+    print(f"\nafter init, 1,000 logs and a flush, median of {repeat}: MiB")
+    print(f"  {'':<12}{'training process':>18}{'helper':>10}{'total':>10}")
+    print(
+        f"  {'launchhelm':<12}{med(lh, 'trainer') / mib:>18.1f}{med(lh, 'helper') / mib:>10.1f}"
+        f"{(med(lh, 'trainer') + med(lh, 'helper')) / mib:>10.1f}   (helper processes: {lh[0]['helpers']})"
+    )
+    if wb:
+        print(
+            f"  {'wandb':<12}{med(wb, 'trainer') / mib:>18.1f}{med(wb, 'helper') / mib:>10.1f}"
+            f"{(med(wb, 'trainer') + med(wb, 'helper')) / mib:>10.1f}   (wandb-core and other children)"
+        )
+    imported = lh[0]["imported"]
+    print(f"  imported by the training process: {imported or 'none of those watched'}")
+    print(f"  threads of the training process: {lh[0]['threads']}, policies not SCHED_OTHER: {lh[0]['not_other']}")
+    print(f"  training process imports no pyarrow, pandas or object-store client: {'MISS' if imported else 'PASS'}")
+    print(f"  every thread under SCHED_OTHER: {'MISS' if lh[0]['not_other'] else 'PASS'}")
+    print(f"  training process RSS <= 64 MiB: {'PASS' if med(lh, 'trainer') <= 64 * mib else 'MISS'}")
+    if wb:
+        ok = med(lh, "trainer") + med(lh, "helper") <= med(wb, "trainer") + med(wb, "helper")
+        print(f"  total <= W&B's total: {'PASS' if ok else 'MISS'}")
 
 
 if __name__ == "__main__":
