@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
@@ -290,6 +290,22 @@ class Run:
             self._reached = step
         if self._control_flag:
             self._step_boundary()
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Time in here is an evaluation in the training loop: it makes no step and is no hang.
+
+        ``hang_timeout`` counts the time between steps; a validation pass of
+        ten minutes between two steps would otherwise look like one. Saves,
+        loads and pauses are left out the same way by themselves; the
+        Lightning and Transformers integrations wrap their evaluation loops
+        in this. Costs two stores into shared memory; nests.
+
+        >>> with run.evaluating():
+        ...     val_loss = evaluate(model, val_loader)
+        """
+        with self._beacon.not_counting():
+            yield
 
     @property
     def attempt(self) -> int:

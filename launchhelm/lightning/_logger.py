@@ -17,6 +17,7 @@ rewind when ``trainer.fit(ckpt_path=...)`` goes back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -350,6 +351,7 @@ class LaunchHelmCallback(Callback):
     def __init__(self, logger: LaunchHelmLogger | None = None) -> None:
         self._logger = logger
         self._loaded = False  # this fit restored a checkpoint
+        self._evaluating: contextlib.ExitStack | None = None  # a validation pass's section (no hang time)
 
     def _logger_of(self, trainer: pl.Trainer) -> LaunchHelmLogger | None:
         if self._logger is None:
@@ -418,6 +420,18 @@ class LaunchHelmCallback(Callback):
             return
         if trainer.global_step < logger._run.reached:
             logger._restored(int(trainer.global_step))  # a resumed run trained again from scratch: a rewind too
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # a validation pass makes no training step: its time is no hang (Run.evaluating)
+        logger = self._logger_of(trainer)
+        if logger is not None and trainer.is_global_zero and logger._run is not None and self._evaluating is None:
+            self._evaluating = contextlib.ExitStack()
+            self._evaluating.enter_context(logger._run.evaluating())
+
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        evaluating, self._evaluating = self._evaluating, None
+        if evaluating is not None:
+            evaluating.close()
 
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: object, batch_idx: int

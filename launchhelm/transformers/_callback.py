@@ -13,6 +13,7 @@ training begins from it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
@@ -111,6 +112,7 @@ class LaunchHelmCallback(TrainerCallback):
         self._pending: PendingRestore | None = None
         self._save_requested = False
         self._world = 1
+        self._evaluating: contextlib.ExitStack | None = None  # an evaluation's section (no hang time)
 
     # -- the run -------------------------------------------------------------
     @property
@@ -229,9 +231,34 @@ class LaunchHelmCallback(TrainerCallback):
         if pending is not None or step < run.reached:
             record_restore(run, step, pending, CAUSE)
 
+    def on_prediction_step(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
+        # an evaluation batch: the Trainer gives no hook before its first, so the section (Run.evaluating:
+        # no hang time) opens after it and closes with on_evaluate, on_predict or the next step
+        if state.is_world_process_zero and self._run is not None and self._evaluating is None:
+            self._evaluating = contextlib.ExitStack()
+            self._evaluating.enter_context(self._run.evaluating())
+
+    def _evaluated(self) -> None:
+        evaluating, self._evaluating = self._evaluating, None
+        if evaluating is not None:
+            evaluating.close()
+
+    def on_evaluate(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
+    ) -> None:
+        self._evaluated()
+
+    def on_predict(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, metrics: object, **kwargs: object
+    ) -> None:
+        self._evaluated()
+
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
+        self._evaluated()
         if not state.is_world_process_zero:
             return
         # a step boundary: tunables, pause, stop and "checkpoint now" from outside apply here
@@ -274,5 +301,6 @@ class LaunchHelmCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: object
     ) -> None:
+        self._evaluated()
         if state.is_world_process_zero and self._run is not None:
             self._run.flush()

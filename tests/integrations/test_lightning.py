@@ -86,6 +86,45 @@ def test_logger_records_hyperparameters_metrics_and_publishes_checkpoints_with_r
     assert checkpoints[1].size == local.stat().st_size
 
 
+class SlowValidation(Tiny):
+    """A validation pass longer than the run's hang timeout; it notes whether the hang clock was stopped."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock_stopped: list[bool] = []
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        time.sleep(1.0)
+        run = self.logger.experiment  # type: ignore[union-attr]
+        self.clock_stopped.append(run._beacon.counting_paused)
+
+
+def test_a_validation_pass_longer_than_the_hang_timeout_is_no_hang(tmp_path: Path) -> None:
+    store = str(tmp_path / "store")
+    logger = LaunchHelmLogger("pl", store=store, hang_timeout=2)
+    gen = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(16, 3, generator=gen), torch.randn(16, 1, generator=gen))
+    trainer = L.Trainer(
+        max_epochs=2,
+        logger=logger,
+        callbacks=[logger.callback],
+        default_root_dir=str(tmp_path / "root"),
+        accelerator="cpu",
+        num_sanity_val_steps=0,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    model = SlowValidation()
+    trainer.fit(model, DataLoader(data, 8), DataLoader(data, 4))  # 4 s of validation an epoch
+    assert model.clock_stopped == [True] * 8
+    assert not logger.run._beacon.counting_paused  # each pass's section closed
+    handle = lh.Api(store).run(logger.run.id)
+    assert handle.status != "hung"
+    assert not handle._store.list(f"runs/{logger.run.id}/hangs")
+    logger.run.finish()
+
+
 def test_hyperparameters_reach_config_only_through_the_callback(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     logger = LaunchHelmLogger("pl", store=store)

@@ -72,6 +72,37 @@ def test_callback_logs_records_config_and_publishes_each_checkpoint_folder(tmp_p
     assert "model.safetensors" in checkpoints[1].files and "optimizer.pt" in checkpoints[1].files
 
 
+class _SlowEvaluation(TrainerCallback):  # type: ignore[misc]
+    """Each evaluation batch takes a second; notes whether the run's hang clock was stopped then."""
+
+    def __init__(self, ours: LaunchHelmCallback) -> None:
+        self.ours = ours
+        self.clock_stopped: list[bool] = []
+
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: object) -> None:
+        time.sleep(1.0)
+        self.clock_stopped.append(self.ours.run._beacon.counting_paused)
+
+
+@pytest.mark.slow
+def test_an_evaluation_longer_than_the_hang_timeout_is_no_hang(tmp_path: Path) -> None:
+    model, data = _tiny()
+    callback = LaunchHelmCallback("hf", store=str(tmp_path / "store"), hang_timeout=2)
+    slow = _SlowEvaluation(callback)
+    args = _args(tmp_path / "out", 4, 100)
+    args.eval_strategy = "steps"
+    args.eval_steps = 2
+    args.per_device_eval_batch_size = 4
+    trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:12], callbacks=[callback, slow])
+    trainer.train()  # two evaluations of 3 s, at steps 2 and 4
+    assert slow.clock_stopped == [True] * 6
+    assert not callback.run._beacon.counting_paused  # each evaluation's section closed
+    handle = lh.Api(str(tmp_path / "store")).run(callback.run.id)
+    assert handle.status != "hung"
+    assert not handle._store.list(f"runs/{callback.run.id}/hangs")
+    callback.run.finish()
+
+
 @pytest.mark.slow
 def test_an_evaluation_worker_scores_a_published_checkpoint_folder(
     tmp_path: Path, request: pytest.FixtureRequest

@@ -356,6 +356,37 @@ def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
     assert handle.status == "closed"
 
 
+def test_an_evaluation_in_the_loop_is_no_hang_and_the_same_wait_outside_one_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHHELM_HANG_POLL", "0.1")
+    store = str(tmp_path / "store")
+    run = lh.init("hangs", store=store, hang_timeout=2, heartbeat_interval=0.5, flush_interval=0.3)
+    handle = lh.Api(store).run(run.id)
+    try:
+        for step in range(1, 6):
+            run.global_step = step
+            time.sleep(0.05)
+        deadline = time.monotonic() + 30
+        while run._helper is None and time.monotonic() < deadline:  # the watchdog runs in the helper
+            time.sleep(0.05)
+        assert run._helper is not None, "the helper (the hang watchdog) did not start"
+        with run.evaluating():  # three times the timeout in a validation pass, nested as an integration may
+            with run.evaluating():
+                time.sleep(3)
+            time.sleep(3)
+        assert not run._beacon.counting_paused
+        assert handle.status != "hung"
+        assert not handle._store.list(f"runs/{run.id}/hangs")
+        for step in range(6, 10):
+            run.global_step = step
+            time.sleep(0.05)
+        time.sleep(4)  # the positive control: the same wait, not in an evaluation
+        assert handle.status == "hung"
+    finally:
+        run.finish()
+
+
 def test_the_ranks_places_are_grouped_and_the_odd_one_out_comes_first() -> None:
     waiting = [Frame("graph.py", "_engine_run_backward", 979), Frame("train.py", "main", 60)]
     stuck = [Frame("train.py", "stuck_here", 40), Frame("train.py", "main", 58)]
