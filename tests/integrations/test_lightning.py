@@ -99,6 +99,7 @@ class SlowValidation(Tiny):
         self.clock_stopped.append(run._beacon.counting_paused)
 
 
+@pytest.mark.slow
 def test_a_validation_pass_longer_than_the_hang_timeout_is_no_hang(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     logger = LaunchHelmLogger("pl", store=store, hang_timeout=2)

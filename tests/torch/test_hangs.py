@@ -356,6 +356,7 @@ def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
     assert handle.status == "closed"
 
 
+@pytest.mark.slow
 def test_an_evaluation_in_the_loop_is_no_hang_and_the_same_wait_outside_one_is(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
