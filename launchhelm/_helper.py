@@ -24,17 +24,19 @@ import faulthandler
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from launchhelm._console._capture import terminal_fds
+from launchhelm._runlog._flightrec import RecorderRelay
 from launchhelm._runlog._sessions import PROCESS_DIED
 from launchhelm._runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
 
@@ -71,6 +73,7 @@ class Helper:
         self._dump_path = dump_path
         self._line = line  # its config: a replacement gets the same
         self.replaced = 0
+        self.relay: RecorderRelay | None = None  # torch's flight recorder, read at a hang (launchhelm.torch's)
 
     @classmethod
     def start(
@@ -88,8 +91,12 @@ class Helper:
         rank: int = 0,
         world: int = 1,
         end_hung: bool,
+        flight_recorder: Callable[[], bytes] | None = None,
     ) -> Helper | None:
-        """Start the helper; None (with one line saying why) where it cannot reach the store."""
+        """Start the helper; None (with one line saying why) where it cannot reach the store.
+
+        ``flight_recorder`` (``launchhelm.torch``'s, where torch records collectives) is called in a
+        thread of this process when the helper finds a hang (:mod:`launchhelm._runlog._flightrec`)."""
         try:
             options = json.loads(json.dumps(dict(storage_options or {})))
         except (TypeError, ValueError):
@@ -124,6 +131,7 @@ class Helper:
             session_seq=session_seq,
             drain_timeout=float(os.environ.get("LAUNCHHELM_DRAIN_TIMEOUT") or DRAIN_TIMEOUT),
         )
+        relay = _relay(flight_recorder, config) if timeout is not None else None
         line = json.dumps(config.__dict__).encode() + b"\n"
         try:
             process = _spawn(line)
@@ -131,10 +139,14 @@ class Helper:
             if dump is not None:
                 dump.close()
                 os.unlink(dump_path)
+            if relay is not None:
+                relay.close()
             raise
         if dump is not None:
             faulthandler.register(DUMP_SIGNAL, file=dump, all_threads=True, chain=False)
-        return cls(process, beacon, dump, dump_path, line)
+        helper = cls(process, beacon, dump, dump_path, line)
+        helper.relay = relay
+        return helper
 
     def replace_if_gone(self) -> tuple[int, int] | None:
         """If the helper process died while the session lives, start another with the same config.
@@ -163,6 +175,8 @@ class Helper:
             self._dump.close()
             with contextlib.suppress(OSError):
                 os.unlink(self._dump_path)
+        if self.relay is not None:
+            self.relay.close()
         self.beacon.close()  # its done slot: a clean end, not a death
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
@@ -172,6 +186,19 @@ class Helper:
         with _leaving_lock:
             _leaving.append(self.process)
         _reap()
+
+
+def _relay(flight_recorder: Callable[[], bytes] | None, config: HelperConfig) -> RecorderRelay | None:
+    """The thread that dumps torch's flight recorder at the helper's request; its folder in ``config``."""
+    if flight_recorder is None:
+        return None
+    try:
+        relay = RecorderRelay(flight_recorder, tempfile.gettempdir())
+    except OSError as exc:  # the hang's record goes without it
+        _log.warning("launchhelm: run %s: torch's flight recorder will not be read at a hang (%s)", config.run_id, exc)
+        return None
+    config.recorder = relay.directory
+    return relay
 
 
 def _spawn(line: bytes) -> subprocess.Popen[bytes]:
@@ -337,5 +364,7 @@ def main() -> int:
                 if path:
                     with contextlib.suppress(OSError):
                         os.unlink(path)
+            if config.recorder:
+                shutil.rmtree(config.recorder, ignore_errors=True)
     logging.shutdown()
     os._exit(code)  # a drain thread stuck on an unreachable store must not hold the exit

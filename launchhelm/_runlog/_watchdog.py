@@ -14,7 +14,8 @@ C handler writes every thread's stack to a file without the GIL. The
 helper stores that dump under ``runs/<id>/hangs/``, names the training
 thread's innermost function in a one-line summary (under DDP, rank 0's
 helper groups the ranks by their training thread's whole stack, the
-outliers first: :func:`group_stacks`) and, with
+outliers first: :func:`group_stacks`; where the process runs ``torch.distributed``,
+torch's flight recorder too: :mod:`launchhelm._runlog._flightrec`) and, with
 ``auto_resume``, ends the session as ``hung`` and SIGKILLs the process so
 the scheduler relaunches the job (the helper then uploads the spool's points,
 as after any kill). Without ``auto_resume`` it leaves the process alone and
@@ -44,6 +45,14 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from launchhelm._exceptions import InvalidArgumentError
+from launchhelm._runlog._flightrec import (
+    RecorderNote,
+    describe_collectives,
+    read_recorder_note,
+    recorder_line,
+    recorder_note,
+    request_recorder,
+)
 
 __all__ = [
     "AUTO",
@@ -266,9 +275,11 @@ def summarize_dump(dump: str, thread: int) -> str:
 _NO_FRAME = "no Python frame in the dump"
 
 
-def stacks_file(summary: str, thread: int, dump: str) -> str:
-    """A rank's ``rank-<r>.txt``: its one-line summary, whose stack the hang is, then faulthandler's dump."""
-    return f"{summary}\ntraining thread 0x{thread:016x}\n\n{dump}"
+def stacks_file(summary: str, thread: int, dump: str, recorder: RecorderNote | None = None) -> str:
+    """A rank's ``rank-<r>.txt``: its one-line summary, whose stack the hang is, its flight recorder's note
+    where it has one (:mod:`launchhelm._runlog._flightrec`), then faulthandler's dump."""
+    note = f"{recorder_line(recorder)}\n" if recorder is not None else ""
+    return f"{summary}\ntraining thread 0x{thread:016x}\n{note}\n{dump}"
 
 
 def read_stacks_file(text: str) -> list[Frame]:
@@ -335,9 +346,10 @@ def describe_groups(groups: Sequence[StackGroup], world: int) -> str:
     return "; ".join(parts)
 
 
-def grouped_record(detail: str, groups: Sequence[StackGroup], world: int) -> str:
+def grouped_record(detail: str, groups: Sequence[StackGroup], world: int, recorder: Sequence[str] = ()) -> str:
     """The hang's ``grouped.txt``: its one-line detail, then each distinct training-thread stack once, with
-    the ranks that stand in it (every thread of every rank is in the ranks' own files)."""
+    the ranks that stand in it (every thread of every rank is in the ranks' own files), then the flight
+    recorder's section where ranks have one (:func:`~launchhelm._runlog._flightrec.describe_collectives`)."""
     lines = [detail, ""]
     for group in groups:
         ranks = ", ".join(map(str, group.ranks))
@@ -346,6 +358,8 @@ def grouped_record(detail: str, groups: Sequence[StackGroup], world: int) -> str
         )
         lines += [f'  File "{f.path or f.file}", line {f.line} in {f.func}' for f in group.frames] or [f"  {_NO_FRAME}"]
         lines.append("")
+    if recorder:
+        lines += [*recorder, ""]
     return "\n".join(lines)
 
 
@@ -367,6 +381,7 @@ class WatchdogConfig:
     poll: float
     floor: float
     world: int = 1  # ranks of the job: rank 0's helper gathers every rank's stacks
+    recorder: str = ""  # the folder of the training process's RecorderRelay ("": torch's flight recorder not read)
 
 
 class ParentWatch:
@@ -499,17 +514,23 @@ def _on_hang(config: WatchdogConfig, clock: HangClock, idle: float, thread: int)
     _log.warning("launchhelm: run %s is hung: %s; stacks in %s", config.run_id, detail, key)
     try:
         store = open_store(config.store, config.storage_options)
-        store.put(key, stacks_file(detail, thread, dump).encode())
+        note = _store_recorder(store, config)  # before the stacks: rank 0 reads both once it sees the stacks
+        store.put(key, stacks_file(detail, thread, dump, note).encode())
         if config.rank != 0:
             _follower_done(config)  # rank 0 records the hang, with this rank's stacks
             return
         # every rank's helper stores its stacks; rank 0's groups the ranks by their whole stack, the
         # ranks not where the others are first, and keeps each distinct stack once
-        stacks = _gather(store, config, frames) if config.world > 1 else {0: frames}
+        notes = {config.rank: note} if note is not None else {}
+        stacks = _gather(store, config, frames, notes) if config.world > 1 else {0: frames}
         groups = group_stacks(stacks)
         detail = f"{stalled}; {describe_groups(groups, config.world)}"
+        behind, recorder = describe_collectives(notes) if notes else ("", [])
+        if behind:
+            detail += f"; flight recorder: {behind}"
         store.put(
-            hang_grouped_key(config.run_id, config.session), grouped_record(detail, groups, config.world).encode()
+            hang_grouped_key(config.run_id, config.session),
+            grouped_record(detail, groups, config.world, recorder).encode(),
         )
         if config.end_hung:
             EventLog(store, config.run_id).append(
@@ -543,8 +564,30 @@ GATHER_SECONDS = 20.0
 FOLLOWER_GRACE = 45.0
 
 
-def _gather(store: Any, config: WatchdogConfig, own: list[Frame]) -> dict[int, list[Frame]]:
-    """Every rank's training-thread stack, read from the stacks files the ranks' helpers store."""
+def _store_recorder(store: Any, config: WatchdogConfig) -> RecorderNote | None:
+    """This rank's flight recorder, asked for (a bounded wait) and stored beside its stacks; its note for the
+    stacks file. None where the training process has no relay (no recorder, or not torch.distributed)."""
+    from launchhelm.storage._keys import hang_recorder_key
+
+    if not config.recorder:
+        return None
+    dump, why = request_recorder(config.recorder)
+    key = hang_recorder_key(config.run_id, config.session, config.rank)
+    if dump is not None:
+        try:
+            store.put(key, dump)
+            return recorder_note(dump, key.rsplit("/", 1)[1])
+        except Exception as exc:  # the stacks are stored without it
+            why = f"could not store it: {type(exc).__name__}: {exc}"
+    _log.warning("launchhelm: run %s: torch's flight recorder is not in the hang's record: %s", config.run_id, why)
+    return {"error": why}
+
+
+def _gather(
+    store: Any, config: WatchdogConfig, own: list[Frame], notes: dict[int, RecorderNote] | None = None
+) -> dict[int, list[Frame]]:
+    """Every rank's training-thread stack, read from the stacks files the ranks' helpers store (and into
+    ``notes``, their flight recorders' notes where they have one)."""
     from launchhelm.storage._keys import hangs_prefix
 
     prefix = hangs_prefix(config.run_id, config.session)
@@ -555,7 +598,11 @@ def _gather(store: Any, config: WatchdogConfig, own: list[Frame]) -> dict[int, l
         wanted = [f"{prefix}/{n}" for n in names if int(n[5:-4]) not in found]
         for key, data in store.read_many(wanted).items():
             if data is not None:
-                found[int(key.rsplit("rank-", 1)[1][:-4])] = read_stacks_file(data.decode("utf-8", "replace"))
+                rank, text = int(key.rsplit("rank-", 1)[1][:-4]), data.decode("utf-8", "replace")
+                found[rank] = read_stacks_file(text)
+                note = read_recorder_note(text)
+                if notes is not None and note is not None:
+                    notes[rank] = note
         if len(found) >= config.world or time.monotonic() >= deadline:
             break
         time.sleep(1.0)

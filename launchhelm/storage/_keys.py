@@ -40,6 +40,7 @@ __all__ = [
     "fence_name",
     "hang_grouped_key",
     "hang_key",
+    "hang_recorder_key",
     "hang_stacks_key",
     "hangs_prefix",
     "heartbeat_key",
@@ -163,7 +164,8 @@ def run_prefix(run_id: str) -> str:
 
 
 def hangs_prefix(run_id: str, session_id: str) -> str:
-    """``runs/<run>/hangs/<session>``: a hung session's stacks (``rank-<r>.txt``, ``grouped.txt``) and its marker."""
+    """``runs/<run>/hangs/<session>``: a hung session's stacks (``rank-<r>.txt``, ``grouped.txt``), flight
+    recorders (``rank-<r>.fr.json``) and its marker."""
     return f"{run_prefix(run_id)}/hangs/{session_id}"
 
 
@@ -175,6 +177,11 @@ def hang_key(run_id: str, session_id: str) -> str:
 def hang_stacks_key(run_id: str, session_id: str, rank: int) -> str:
     """``runs/<run>/hangs/<session>/rank-<r>.txt``: a hung rank's summary line, then every thread's stack."""
     return f"{hangs_prefix(run_id, session_id)}/rank-{rank}.txt"
+
+
+def hang_recorder_key(run_id: str, session_id: str, rank: int) -> str:
+    """``runs/<run>/hangs/<session>/rank-<r>.fr.json``: a hung rank's torch flight recorder, as torch dumps it."""
+    return f"{hangs_prefix(run_id, session_id)}/rank-{rank}.fr.json"
 
 
 def hang_grouped_key(run_id: str, session_id: str) -> str:
@@ -534,6 +541,7 @@ ROWS: dict[str, Callable[[], str]] = {
     "runs/<run>/sessions/<session>.json": lambda: heartbeat_key("run", "session"),
     "runs/<run>/summary.json": lambda: summary_key("run"),
     "runs/<run>/hangs/<session>/rank-<r>.txt": lambda: hang_stacks_key("run", "session", 0),
+    "runs/<run>/hangs/<session>/rank-<r>.fr.json": lambda: hang_recorder_key("run", "session", 0),
     "runs/<run>/hangs/<session>/grouped.txt": lambda: hang_grouped_key("run", "session"),
     "runs/<run>/hangs/<session>/hung.json": lambda: hang_key("run", "session"),
     "projects/<p>/table/<run>.json": lambda: row_marker_key("p", "run"),

@@ -40,7 +40,7 @@ from launchhelm._runlog._runinfo import read_run_record
 from launchhelm._runlog._watchdog import AUTO, hang_setting
 from launchhelm._start import start_run
 from launchhelm.storage import Store, open_store
-from launchhelm.torch import _dist, _sharded
+from launchhelm.torch import _dist, _sharded, _torch_private
 from launchhelm.torch._checkpointer import Checkpointer
 from launchhelm.torch._formats import FORMAT_DISTRIBUTED, FORMAT_SINGLE
 from launchhelm.torch._link import Watched
@@ -107,6 +107,22 @@ class TorchRun(Run):
         )
         run._rank, run._world = rank, world
         return run
+
+    def _plan_helper(
+        self,
+        timeout: float | str | None,
+        storage_options: Mapping[str, Any] | None,
+        *,
+        end_hung: bool,
+        session: str | None = None,
+        rank: int = 0,
+        world: int | None = None,
+    ) -> None:
+        """:meth:`Run._plan_helper`, and where torch records collectives, its flight recorder for a hang's
+        record (read at the hang by a thread of this process; the recorder's settings stay the user's)."""
+        super()._plan_helper(timeout, storage_options, end_hung=end_hung, session=session, rank=rank, world=world)
+        if self._helper_plan is not None and timeout is not None and _torch_private.flight_recorder_on():
+            self._helper_plan["flight_recorder"] = _torch_private.flight_recorder_json
 
     def _follow_hangs(self) -> None:
         """A rank > 0 has no background worker: a short-lived thread starts its helper (the spawn stays off

@@ -9,7 +9,10 @@ how ``torch.nn.Module`` keeps its parameters, buffers and load hooks, and
 what ``Optimizer.load_state_dict`` does with saved state. Sharded checkpoints
 and ``launchhelm import dcp`` need a few more on every torch (a DTensor's local
 box, DCP's fsspec reader and the private globals of DCP's metadata pickle).
-They are used here and nowhere else in LaunchHelm (a test checks it).
+A hang's record reads torch's flight recorder
+(``torch._C._distributed_c10d._dump_fr_trace_json``: :func:`flight_recorder_json`,
+gated by :func:`flight_recorder_on`). They are used here and nowhere else in
+LaunchHelm (a test checks it).
 
 :func:`fast_path_available` is the one gate: True only on a torch release
 series in :data:`TESTED` that has every name this module needs. Anywhere
@@ -24,8 +27,9 @@ import collections
 import contextlib
 import functools
 import importlib
+import os
 import pickle
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,6 +47,9 @@ __all__ = [
     "dtensor_local_box",
     "fast_path_available",
     "file_reader",
+    "flight_recorder_json",
+    "flight_recorder_on",
+    "flight_recorder_size",
     "load_optimizer_in_place",
     "missing_names",
     "optimizer_state_pairs",
@@ -76,6 +83,38 @@ def fast_path_available() -> bool:
     and it has every name in :data:`REQUIRED`; else loads go through ``torch.load`` and
     ``load_state_dict``."""
     return _series(TORCH_VERSION) in TESTED and not missing_names() and _module_fields_present()
+
+
+#: The flight recorder's size, as torch 2.13 reads it: the first of these variables that is set, else
+#: its default (on: torch keeps the ring whatever LaunchHelm does; 0 turns it off).
+RECORDER_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
+RECORDER_DEFAULT_ENTRIES = 2000
+
+
+def flight_recorder_size(environ: Mapping[str, str]) -> int:
+    """The entries torch's flight recorder keeps, read from ``environ`` as torch 2.13 reads it."""
+    entries = RECORDER_DEFAULT_ENTRIES
+    for name in reversed(RECORDER_VARIABLES):  # as torch reads them: the first one set wins
+        with contextlib.suppress(KeyError, ValueError):  # a value torch cannot read leaves the one before
+            entries = int(environ[name])
+    return entries
+
+
+def flight_recorder_on() -> bool:
+    """Whether a hang's record can read torch's flight recorder here: ``torch.distributed`` is initialised
+    in this process, on a tested torch that has the dump, and the recorder's size leaves it on."""
+    import torch.distributed as dist
+
+    if _series(TORCH_VERSION) not in TESTED or not (dist.is_available() and dist.is_initialized()):
+        return False
+    if not hasattr(torch._C, "_distributed_c10d") or not hasattr(torch._C._distributed_c10d, "_dump_fr_trace_json"):
+        return False
+    return flight_recorder_size(os.environ) > 0
+
+
+def flight_recorder_json() -> bytes:
+    """torch's flight recorder of this process as JSON (every process group's last collectives)."""
+    return bytes(torch._C._distributed_c10d._dump_fr_trace_json())  # type: ignore[attr-defined]  # not in its stubs
 
 
 def _series(version: str) -> str:

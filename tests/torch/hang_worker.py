@@ -1,12 +1,13 @@
 """A training script that hangs, or crashes right after its load (``test_hangs.py``).
 
     python hang_worker.py --store URL --run-id ID [--stuck-at S --how py|gil|pause] [--crash-after-load]
-        [--no-auto-resume] [--hang-timeout T] [--steps N]
+        [--no-auto-resume] [--hang-timeout T] [--steps N] [--dist]
 
 ``--stuck-at S``: at step S the loop calls ``stuck_here()``, which blocks in ``time.sleep`` (``py``), in a C
-call that keeps the GIL (``gil``: ``ctypes.PyDLL(None).sleep``), or for ``--stuck-for`` seconds and then
-goes on (``pause``). Checkpoints every 10 steps (``launchhelm.torch``); ``load_checkpoint("resume")`` on every
+call that keeps the GIL (``gil``: a mutex locked twice through ``ctypes.PyDLL``), or for ``--stuck-for`` seconds
+and then goes on (``pause``). Checkpoints every 10 steps (``launchhelm.torch``); ``load_checkpoint("resume")`` on every
 launch; ``--crash-after-load`` exits 1 right after the load, as a bad checkpoint or environment would.
+``--dist``: a one-rank gloo process group, one ``all_reduce`` per step (torch's flight recorder records them).
 """
 
 from __future__ import annotations
@@ -14,17 +15,24 @@ from __future__ import annotations
 import argparse
 import ctypes
 import os
+import socket
 import sys
 import time
 
 import torch
+import torch.distributed as dist
 
 import launchhelm.torch as lht
 
 
 def stuck_here(how: str, seconds: float) -> None:
     if how == "gil":
-        ctypes.PyDLL(None).sleep(3600)  # PyDLL: the GIL stays held for the whole call
+        # PyDLL: the GIL stays held for the whole call. Not libc's sleep(): the watchdog's dump signal ends it
+        # early, and the thread then lets go of the GIL; a mutex locked twice waits through any signal.
+        libc = ctypes.PyDLL(None)
+        mutex = ctypes.create_string_buffer(64)  # zeroed: glibc's PTHREAD_MUTEX_INITIALIZER
+        libc.pthread_mutex_lock(mutex)
+        libc.pthread_mutex_lock(mutex)  # a deadlock in C that keeps the GIL
     time.sleep(seconds)
 
 
@@ -40,7 +48,13 @@ def main() -> int:
     parser.add_argument("--no-auto-resume", action="store_true")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--crash-after-load", action="store_true")
+    parser.add_argument("--dist", action="store_true")
     args = parser.parse_args()
+    if args.dist:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     timeout: float | str | None = args.hang_timeout
     if timeout not in ("auto", "none"):
         timeout = float(args.hang_timeout)
@@ -71,6 +85,8 @@ def main() -> int:
         loss = model(x).pow(2).mean()
         optimizer.zero_grad()
         loss.backward()
+        if args.dist:
+            dist.all_reduce(x)
         optimizer.step()  # advances run.global_step
         step = run.global_step
         run.log({"loss": float(loss)})

@@ -9,6 +9,7 @@ child process and the stuck call really blocks (with and without the GIL).
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ import pytest
 from lhtest import ROOT, child_env
 
 import launchhelm as lh
+from launchhelm._runlog._flightrec import RecorderNote, describe_collectives, read_recorder_note
 from launchhelm._runlog._watchdog import (
     AUTO,
     AUTO_FLOOR,
@@ -99,10 +101,15 @@ def _wait_line(proc: subprocess.Popen[str], text: str, lines: list[str], timeout
 @pytest.mark.serial  # it times the end of a hang to the second (under a minute): alone, as other timed tests
 @pytest.mark.parametrize("how", ["py", "gil"])
 def test_a_stuck_attempt_ends_hung_and_its_relaunch_finishes(tmp_path: Path, how: str) -> None:
+    """Both in a one-rank gloo group: ``py`` with torch's flight recorder turned off (no ``.fr.json``, no
+    recorder section), ``gil`` with it on (torch's default), where the stuck call keeps the GIL: the recorder
+    cannot be read, the record says so in one line, and the hang is ended within the same bound."""
     store, run_id, tag = str(tmp_path / "store"), f"hang{how}", uuid.uuid4().hex
-    proc = _launch(store, run_id, tag, "--stuck-at", "30", "--how", how, "--hang-timeout", "10")
+    recorder = {"TORCH_FR_BUFFER_SIZE": "0"} if how == "py" else {}
+    proc = _launch(store, run_id, tag, "--stuck-at", "30", "--how", how, "--hang-timeout", "10", "--dist", **recorder)
     lines: list[str] = []
-    stuck_at = _wait_line(proc, "step 30", lines)
+    # a thread that keeps the GIL also keeps the console capture's thread from passing on the last line
+    stuck_at = _wait_line(proc, "step 29" if how == "gil" else "step 30", lines)
     rest, _ = proc.communicate(timeout=90)
     waited = time.monotonic() - stuck_at
     assert proc.returncode != 0, rest
@@ -121,6 +128,11 @@ def test_a_stuck_attempt_ends_hung_and_its_relaunch_finishes(tmp_path: Path, how
     grouped = handle._store.read(f"runs/{run_id}/hangs/{attempt.session}/grouped.txt").decode()
     assert grouped.startswith(f"{attempt.detail}\n\nrank 0 (1 of 1), most recent call first:\n"), grouped
     assert grouped.count("in stuck_here") == 1, grouped
+    if how == "py":  # the recorder off: nothing of it in the record
+        assert "flight recorder" not in grouped and "flight recorder" not in dump, grouped
+    else:
+        assert "rank 0: not read: no answer within 5 s" in grouped, grouped
+        assert "flight recorder" not in (attempt.detail or "")
     # the relaunch (the scheduler's) resumes from the step-30 checkpoint and finishes
     again = _launch(store, run_id, tag)
     out, _ = again.communicate(timeout=120)
@@ -147,6 +159,7 @@ def test_without_auto_resume_the_run_shows_hung_until_it_steps(tmp_path: Path) -
         "4",
         "--steps",
         "20",
+        "--dist",  # one all_reduce per step: torch's flight recorder (on by default) goes into the record
     )
     lines: list[str] = []
     _wait_line(proc, "step 12", lines)
@@ -156,6 +169,13 @@ def test_without_auto_resume_the_run_shows_hung_until_it_steps(tmp_path: Path) -
         assert time.monotonic() < deadline, f"never hung: {handle.status}"
         time.sleep(0.3)
     assert "stuck_here" in handle.summary()["hang"]
+    hangs = f"runs/{run_id}/hangs/{handle.attempts()[0].session}"
+    trace = json.loads(handle._store.read(f"{hangs}/rank-0.fr.json"))  # as torch dumps it
+    reduces = [e for e in trace["entries"] if e["profiling_name"] == "gloo:all_reduce"]
+    assert len(reduces) >= 12 and max(e["collective_seq_id"] for e in reduces) >= 12, trace["entries"][-3:]
+    grouped = handle._store.read(f"{hangs}/grouped.txt").decode()
+    last = max(e["collective_seq_id"] for e in trace["entries"])
+    assert f"rank 0: #{last} gloo:all_reduce, state scheduled, retired" in grouped, grouped
     shown = _show(store, run_id)
     assert "status   hung" in shown and "stuck_here" in shown, shown
     row = next(r for r in table_rows(lh.Api(store).runs("hangs")) if r["id"] == run_id)
@@ -485,3 +505,48 @@ def test_ranks_are_grouped_by_their_whole_stack_in_real_dumps(tmp_path: Path) ->
     assert record.count("in stuck_here") == 3 and "ranks 0, 1 (2 of 4)" in record and "rank 2 (1 of 4)" in record
     assert record.count(f'"{tmp_path / "stuck.py"}", line {line_a} in stuck_here') == 2
     assert "threading.py" not in record
+
+
+def _note(*groups: tuple[str, int, bool], last: str = "0") -> RecorderNote:
+    return {
+        "stored": "rank-0.fr.json",
+        "last": last,
+        "groups": {pg: {"seq": seq, "name": "gloo:all_reduce", "state": "scheduled", "retired": retired}
+                   for pg, seq, retired in groups},
+    }  # fmt: skip
+
+
+def test_the_flight_recorders_name_the_rank_behind_in_collectives() -> None:
+    """Each rank's last collective; the ranks at a lower number than the others in a process group are
+    named behind; a rank whose recorder was not read says why; equal numbers name nobody."""
+    notes = {0: _note(("0", 9, False)), 1: _note(("0", 8, True)), 2: _note(("0", 9, False))}
+    behind, section = describe_collectives(notes)
+    assert behind == "rank 1 last entered collective #8 gloo:all_reduce, ranks 0, 2 at #9, waiting"
+    assert section[1:] == [
+        "  rank 0: #9 gloo:all_reduce, state scheduled, not retired (waiting)",
+        "  rank 1: #8 gloo:all_reduce, state scheduled, retired",
+        "  rank 2: #9 gloo:all_reduce, state scheduled, not retired (waiting)",
+    ]
+    unread: RecorderNote = {"error": "no answer within 5 s"}
+    behind, section = describe_collectives({0: _note(("0", 4, True)), 1: _note(("0", 4, True)), 2: unread})
+    assert behind == "" and section[-1] == "  rank 2: not read: no answer within 5 s"
+    # two process groups: compared within each, and named
+    notes = {0: _note(("0", 5, True), ("1", 3, False), last="1"), 1: _note(("0", 5, True), ("1", 2, True))}
+    behind, section = describe_collectives(notes)
+    assert behind == "rank 1 last entered collective #2 gloo:all_reduce, rank 0 at #3, waiting (process group 1)"
+    assert section[1] == "  rank 0: #3 gloo:all_reduce in process group 1, state scheduled, not retired (waiting)"
+    # a stacks file carries its rank's note; one without reads as none
+    text = stacks_file("no step for 10 s", 0xAB, "Thread 0x..\n", notes[0])
+    assert read_recorder_note(text) == notes[0] and read_stacks_file(text) == []
+    assert read_recorder_note(stacks_file("no step for 10 s", 0xAB, "Thread 0x..\n")) is None
+
+
+def test_the_flight_recorder_is_on_where_torch_keeps_it() -> None:
+    """torch 2.13 keeps its flight recorder by default; either variable at 0 turns it off, the first wins."""
+    from launchhelm.torch._torch_private import flight_recorder_size
+
+    assert flight_recorder_size({}) == 2000
+    assert flight_recorder_size({"TORCH_FR_BUFFER_SIZE": "0"}) == 0
+    assert flight_recorder_size({"TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}) == 0
+    assert flight_recorder_size({"TORCH_FR_BUFFER_SIZE": "100", "TORCH_NCCL_TRACE_BUFFER_SIZE": "0"}) == 100
+    assert flight_recorder_size({"TORCH_FR_BUFFER_SIZE": "many", "TORCH_NCCL_TRACE_BUFFER_SIZE": "5"}) == 5

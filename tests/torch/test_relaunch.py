@@ -41,6 +41,8 @@ def _torchrun(store: str, out: Path, *args: str, restarts: int = 2, timeout: flo
     env = child_env(OMP_NUM_THREADS="1")
     for name in ("LAUNCHHELM_RUN_ID", "SLURM_JOB_ID", "SKYPILOT_TASK_ID", "KUBERNETES_SERVICE_HOST"):
         env.pop(name, None)
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        env.pop(name, None)  # torch's flight recorder as torch keeps it by default (on)
     cmd = [
         sys.executable,
         "-m",
@@ -127,8 +129,9 @@ def test_torchrun_restarts_after_a_sigkill_resume_the_same_run_bitwise(layout: s
 @pytest.mark.timeout(900)
 def test_a_rank_stuck_under_torchrun_is_found_ended_relaunched_and_the_run_finishes_bitwise(tmp_path: Path) -> None:
     """Rank 1 blocks after step 12 (rank 0 then waits for it in a collective): the watchdogs of both ranks store
-    their stacks, rank 0's ends the attempt as hung naming rank 1's function and ends its process; torchrun
-    relaunches; the run resumes from step 10 and ends bitwise equal to an uninterrupted job."""
+    their stacks and torch's flight recorders, rank 0's ends the attempt as hung naming rank 1's function and
+    the rank behind in collectives, and ends its process; torchrun relaunches; the run resumes from step 10
+    and ends bitwise equal to an uninterrupted job."""
     store = str(tmp_path / "store")
     _torchrun(store, tmp_path / "plain", "--project", "plain", restarts=0)
     _torchrun(
@@ -155,6 +158,20 @@ def test_a_rank_stuck_under_torchrun_is_found_ended_relaunched_and_the_run_finis
     assert grouped.startswith(detail + "\n"), grouped
     assert grouped.index("rank 1 (1 of 2)") < grouped.index("rank 0 (1 of 2)"), grouped
     assert grouped.count("in stuck_here") == 1 and "relaunch_worker.py" in grouped, grouped
+    # torch's flight recorders (gloo's, on by default): stored as torch dumps them; rank 1 finished its last
+    # all_reduce and stopped, rank 0 entered the next one and waits in it
+    assert {"rank-0.fr.json", "rank-1.fr.json"} <= set(stacks), stacks
+    traces = [
+        json.loads(handle._store.read(f"runs/{handle.id}/hangs/{attempts[0].session}/rank-{r}.fr.json")) for r in (0, 1)
+    ]
+    last = [max(t["entries"], key=lambda e: e["collective_seq_id"]) for t in traces]
+    assert all(any(e["profiling_name"] == "gloo:all_reduce" for e in t["entries"]) for t in traces)
+    (seq0, name0), (seq1, name1) = ((e["collective_seq_id"], e["profiling_name"]) for e in last)
+    assert seq0 == seq1 + 1 and name0 == "gloo:all_reduce" and not last[0]["retired"] and last[1]["retired"], last
+    behind = f"flight recorder: rank 1 last entered collective #{seq1} {name1}, rank 0 at #{seq0}, waiting"
+    assert detail.endswith(behind), detail
+    assert f"  rank 1: #{seq1} {name1}, state scheduled, retired" in grouped, grouped
+    assert f"  rank 0: #{seq0} gloo:all_reduce, state scheduled, not retired (waiting)" in grouped, grouped
 
 
 POD_SCRIPT = """
