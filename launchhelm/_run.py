@@ -433,9 +433,17 @@ class Run:
         """
         more = self._flusher.flush(drain)
         if drain:
-            self._media.drain(env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT))
+            timeout = env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT)
+            began = time.monotonic()
+            self._media.drain(timeout)
+            # the files handed to the helper: stored and indexed by it (or here, where it is gone)
+            self._media.wait_handed(max(0.0, timeout - (time.monotonic() - began)), self._helper_alive)
         self._media.write_index()
         return more
+
+    def _helper_alive(self) -> bool:
+        helper = self._helper
+        return helper is not None and helper.process.poll() is None
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
@@ -780,6 +788,8 @@ class Run:
             "rank": rank,
             "world": world,
         }
+        if session is None:
+            self._media.handoff = True  # media go to the helper through the spool (launchhelm.media._handoff)
 
     def _start_helper(self) -> None:
         """Background thread: start the planned helper."""
@@ -792,8 +802,10 @@ class Run:
             helper = Helper.start(**plan, spool=str(spool.dir.parent) if spool is not None else None)
         except OSError as exc:  # training goes on without it
             _log.warning("launchhelm: run %s: could not start its helper process: %s", self.id, exc)
+            self._media.handoff = False
             return
         if helper is None:
+            self._media.handoff = False
             return
         with self._helper_lock:
             if not self._helper_over:
@@ -811,12 +823,14 @@ class Run:
                 return
             if helper.replaced >= MAX_REPLACED:
                 self._helper = None
+                self._media.handoff = False  # media encoded here again; the files handed over wait for finish()
                 replaced = None
             else:
                 try:
                     replaced = helper.replace_if_gone()
                 except OSError as exc:
                     self._helper, replaced = None, None
+                    self._media.handoff = False
                     _log.warning("launchhelm: run %s: could not start a new helper process: %s", self.id, exc)
                     return
         if replaced is None:
@@ -848,6 +862,7 @@ class Run:
             self._helper_over = True
             self._helper_plan = None
             helper, self._helper = self._helper, None
+            self._media.handoff = False
         beacon = self._beacon
         self._beacon = Beacon()  # a log() racing the end writes to a buffer that outlives the page
         self._progress = self._beacon.slots
@@ -1179,6 +1194,8 @@ class Run:
         try:
             self._media.write_index()  # the items stored while it closed
             self._media.seal()  # one index object for the whole session: readers' requests stay few
+            if not in_spool:
+                self._media.seal_handed()  # and one for what its helper stored
         except Exception as exc:
             _log.warning("launchhelm: run %s: could not index its last media: %s", self.id, exc)
         if in_spool:
