@@ -438,12 +438,19 @@ class Run:
             self._media.drain(timeout)
             # the files handed to the helper: stored and indexed by it (or here, where it is gone)
             self._media.wait_handed(max(0.0, timeout - (time.monotonic() - began)), self._helper_alive)
+        elif not self._media.handoff and self._media.handed_waiting() and not self._helper_alive():
+            self._media.store_handed_here()  # its helper could not start, or was given up on
         self._media.write_index()
         return more
 
     def _helper_alive(self) -> bool:
+        """Whether a helper stores the media handed over: it runs, or is being started or replaced."""
         helper = self._helper
-        return helper is not None and helper.process.poll() is None
+        if helper is not None and helper.process.poll() is None:
+            return True
+        # the background thread starts the planned one and replaces a dead one, until the session ends:
+        # storing the files here meanwhile would race the helper that comes
+        return self._worker.is_alive() and not self._stop.is_set() and (helper is not None or bool(self._helper_plan))
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""

@@ -283,7 +283,7 @@ class MediaWriter:
             if not waiting:
                 break
             if not helper_alive():
-                self._store_handed_here()
+                self.store_handed_here()
                 waiting = {seq: entry for seq, entry in waiting.items() if entry[0].exists()}
                 if waiting:
                     return False  # left in the spool: unreadable, or the store did not take them
@@ -295,7 +295,7 @@ class MediaWriter:
             self._handed = {seq: entry for seq, entry in self._handed.items() if entry[0].exists()}
         return True
 
-    def _store_handed_here(self) -> None:
+    def store_handed_here(self) -> None:
         if self.spool_dir is None:
             return
         from launchhelm.media._handoff import store_handoff
@@ -305,7 +305,8 @@ class MediaWriter:
     def handed_waiting(self) -> int:
         """Items in files handed to the helper that are still in the spool."""
         with self._cond:
-            return sum(count for path, count in self._handed.values() if path.exists())
+            self._handed = {seq: entry for seq, entry in self._handed.items() if entry[0].exists()}
+            return sum(count for _, count in self._handed.values())
 
     def seal_handed(self) -> None:
         """At the session's end, every handed file stored: the helper's index objects merged into one."""

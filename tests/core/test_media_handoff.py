@@ -195,3 +195,21 @@ def test_a_long_stream_of_handed_files_keeps_a_few_index_objects(tmp_path: Path)
 
     names = [f"01sess/{n.rsplit('/', 1)[1]}" for n in store.list(media_index_prefix("runhand3"))]
     assert [(first, last) for _, _, first, last in choose_index_objects(names)] == [(HANDOFF_BASE, HANDOFF_BASE + 63)]
+
+
+def test_a_fence_admits_what_the_helper_indexed_before_it_and_nothing_after(tmp_path: Path) -> None:
+    from launchhelm._runlog._runinfo import session_watermark
+    from launchhelm._start import _mark_fence
+
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    store = open_store(str(tmp_path / "store"))
+    storer = HandoffStorer(store, "runhand4", "01sess", directory)
+    _hand(directory, "01sess", range(3))
+    assert storer.step() == 3
+    # a relaunch fences the session (as _start does), then the zombie's helper stores two more
+    _mark_fence(store, "runhand4", "01sess", session_watermark(store, "runhand4", "01sess"))
+    _hand(directory, "01sess", range(3, 5))
+    assert storer.step() == 2
+    index = read_media_index(store, "runhand4").to_pylist()
+    assert sorted(row["step"] for row in index) == [0, 1, 2]
