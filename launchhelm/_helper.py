@@ -367,8 +367,11 @@ class MediaPickup:
         self._thread.join(timeout)
 
     def _run(self) -> None:
+        from launchhelm._metrics._pause import yield_on_wakeup
         from launchhelm.media._handoff import HandoffStorer
 
+        # this thread only, in the helper: on waking it never takes a core from the training thread at once
+        yield_on_wakeup()
         config = self.config
         directory = Path(config.spool or ".") / config.run_id
         storer: HandoffStorer | None = None

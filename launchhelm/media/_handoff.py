@@ -38,7 +38,7 @@ _log = logging.getLogger("launchhelm")
 #: Index chunk numbers of handed files start here (a session's own never get near it; recovered ones are above).
 HANDOFF_BASE = 20_000_000
 #: Files per index chunk at most: a backlog after an outage is indexed in pieces, each a commit.
-MAX_FILES = 256
+MAX_FILES = 32
 
 
 def handed_files(directory: Path, session_id: str) -> list[tuple[int, Path]]:

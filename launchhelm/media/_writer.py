@@ -206,6 +206,7 @@ class MediaWriter:
                 pending = self._queue[0]
             if pending.seq is not None:
                 self._hand_over(pending)
+                pause()
                 continue
             if pending.path is not None and not pending.items:
                 try:
