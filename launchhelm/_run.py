@@ -68,6 +68,7 @@ from launchhelm._runlog._table import mark_row
 from launchhelm._runlog._watchdog import STEP_SLOT as _STEP_SLOT
 from launchhelm._runlog._watchdog import Beacon
 from launchhelm._types import Rewind
+from launchhelm.media._handoff import seal_handed, store_handoff
 from launchhelm.media._types import Prepared, prepare_media
 from launchhelm.media._writer import MediaWriter
 from launchhelm.storage import Store
@@ -437,11 +438,18 @@ class Run:
             began = time.monotonic()
             self._media.drain(timeout)
             # the files handed to the helper: stored and indexed by it (or here, where it is gone)
-            self._media.wait_handed(max(0.0, timeout - (time.monotonic() - began)), self._helper_alive)
+            left = max(0.0, timeout - (time.monotonic() - began))
+            self._media.wait_handed(left, self._helper_alive, self._store_handed_here)
         elif not self._media.handoff and self._media.handed_waiting() and not self._helper_alive():
-            self._media.store_handed_here()  # its helper could not start, or was given up on
+            self._store_handed_here()  # its helper could not start, or was given up on
         self._media.write_index()
         return more
+
+    def _store_handed_here(self) -> None:
+        """The files handed to a helper that is gone: stored by this process, as the helper would."""
+        directory = self._media.spool_dir
+        if directory is not None:
+            self._media.stored += store_handoff(self._store, self.id, self.session_id, directory)
 
     def _helper_alive(self) -> bool:
         """Whether a helper stores the media handed over: it runs, or is being started or replaced."""
@@ -1201,8 +1209,8 @@ class Run:
         try:
             self._media.write_index()  # the items stored while it closed
             self._media.seal()  # one index object for the whole session: readers' requests stay few
-            if not in_spool:
-                self._media.seal_handed()  # and one for what its helper stored
+            if not in_spool and self._media.handed:
+                seal_handed(self._store, self.id, self.session_id)  # and one for what its helper stored
         except Exception as exc:
             _log.warning("launchhelm: run %s: could not index its last media: %s", self.id, exc)
         if in_spool:

@@ -271,22 +271,22 @@ class MediaWriter:
             self.stored += len(rows)
             self._cond.notify_all()
 
-    def wait_handed(self, timeout: float, helper_alive: Callable[[], bool]) -> bool:
+    def wait_handed(self, timeout: float, helper_alive: Callable[[], bool], store_here: Callable[[], object]) -> bool:
         """Wait until the helper stored every file handed to it so far (or ``timeout`` passed); True when done.
 
-        Where no helper lives (it died, or the session has none now), this process stores them itself.
+        Where no helper lives (it died, or the session has none now), ``store_here`` stores them in this process.
         """
         deadline = time.monotonic() + timeout
         with self._cond:
-            waiting = dict(self._handed)
+            waiting = deque(path for _, (path, _) in sorted(self._handed.items()))
         while waiting:
-            waiting = {seq: entry for seq, entry in waiting.items() if entry[0].exists()}
+            while waiting and not waiting[0].exists():  # the helper stores them in order: a stat a look
+                waiting.popleft()
             if not waiting:
                 break
             if not helper_alive():
-                self.store_handed_here()
-                waiting = {seq: entry for seq, entry in waiting.items() if entry[0].exists()}
-                if waiting:
+                store_here()
+                if any(path.exists() for path in waiting):
                     return False  # left in the spool: unreadable, or the store did not take them
                 break
             if time.monotonic() >= deadline:
@@ -296,25 +296,11 @@ class MediaWriter:
             self._handed = {seq: entry for seq, entry in self._handed.items() if entry[0].exists()}
         return True
 
-    def store_handed_here(self) -> None:
-        if self.spool_dir is None:
-            return
-        from launchhelm.media._handoff import store_handoff
-
-        self.stored += store_handoff(self.store, self.run_id, self.session_id, self.spool_dir)
-
     def handed_waiting(self) -> int:
         """Items in files handed to the helper that are still in the spool."""
         with self._cond:
             self._handed = {seq: entry for seq, entry in self._handed.items() if entry[0].exists()}
             return sum(count for _, count in self._handed.values())
-
-    def seal_handed(self) -> None:
-        """At the session's end, every handed file stored: the helper's index objects merged into one."""
-        if self.handed:
-            from launchhelm.media._handoff import seal_handed
-
-            seal_handed(self.store, self.run_id, self.session_id)
 
     _abandon = False
 
