@@ -39,6 +39,8 @@ _log = logging.getLogger("launchhelm")
 HANDOFF_BASE = 20_000_000
 #: Files per index chunk at most: a backlog after an outage is indexed in pieces, each a commit.
 MAX_FILES = 32
+#: Object names a storer remembers having stored (a bound on its memory, not a cache to tune).
+_CREATED_KEPT = 4096
 
 
 def handed_files(directory: Path, session_id: str) -> list[tuple[int, Path]]:
@@ -58,6 +60,7 @@ class HandoffStorer:
         self._stack: list[tuple[int, int, int, bytes | None]] = []  # (first, last, level, bytes) to merge
         self._garbage: list[tuple[float, list[str]]] = []
         self._bad: set[Path] = set()  # files that cannot be read: said once, left for a person
+        self._created: set[str] = set()  # objects this storer created or found: not sent again
         self.stored = 0
 
     def _load(self) -> list[tuple[int, int]]:
@@ -97,10 +100,15 @@ class HandoffStorer:
 
     def _put(self, data: bytes, extension: str) -> str:
         name = object_name(data, extension)
+        if name in self._created:
+            return name  # the same picture logged again: the object is there (and indexed, so gc keeps it)
         try:
             self.store.create(media_object_key(self.run_id, name), data)
         except AlreadyExistsError:
             pass  # the same content, logged (or stored by a helper killed mid-file) before
+        if len(self._created) >= _CREATED_KEPT:
+            self._created.clear()
+        self._created.add(name)
         return name
 
     def _store_run(self, run: list[tuple[int, Path]]) -> int:

@@ -67,6 +67,9 @@ def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> 
         for path in done:
             path.unlink(missing_ok=True)
         stored += len(rows)
-    from launchhelm.media._handoff import store_handoff
+    from launchhelm.media._handoff import seal_handed, store_handoff
 
-    return stored + store_handoff(store, run_id, session_id, directory)
+    handed = store_handoff(store, run_id, session_id, directory)
+    if handed:
+        seal_handed(store, run_id, session_id)  # the session is over: its helper's index in one object
+    return stored + handed
