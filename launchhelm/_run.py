@@ -838,7 +838,7 @@ class Run:
                 return
             if helper.replaced >= MAX_REPLACED:
                 self._helper = None
-                self._media.handoff = False  # media encoded here again; the files handed over wait for finish()
+                self._media.handoff = False  # media encoded here again; files handed over: stored at the next flush
                 replaced = None
             else:
                 try:
