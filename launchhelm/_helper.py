@@ -5,6 +5,8 @@ own session, so that a signal to the training process's group (torchrun's
 SIGTERM, a notebook kernel's restart) does not reach it. What it does today:
 
 - it watches for hangs when ``hang_timeout`` is set (``launchhelm._runlog._watchdog``);
+- it encodes, stores and indexes the media the training process hands over in
+  the spool (``launchhelm.media._handoff``), as they come;
 - when the training process dies without ending its session (any signal, the
   OOM killer), it uploads what the spool holds with ``launchhelm recover``'s
   machinery, ends the session as ``crashed`` (the signal, where it can read it
@@ -340,6 +342,60 @@ def _drain_bounded(config: HelperConfig, parent: ParentWatch) -> int:
     return 0
 
 
+class MediaPickup:
+    """A thread of the helper: stores the media files the training process hands over, as they come."""
+
+    #: Seconds between looks at the spool while nothing is there.
+    POLL = 0.05
+
+    def __init__(self, config: HelperConfig) -> None:
+        self.config = config
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="launchhelm-media", daemon=True)
+
+    @classmethod
+    def start(cls, config: HelperConfig) -> MediaPickup | None:
+        if not config.spool or config.rank != 0:
+            return None  # no spool, or a rank > 0's helper (it has no media of its own)
+        pickup = cls(config)
+        pickup._thread.start()
+        return pickup
+
+    def stop(self, timeout: float) -> None:
+        """Stop after the file in hand (a drain stores the rest, one storer at a time)."""
+        self._stop.set()
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        from launchhelm._metrics._pause import yield_on_wakeup
+        from launchhelm.media._handoff import HandoffStorer
+
+        # this thread only, in the helper: on waking it never takes a core from the training thread at once
+        yield_on_wakeup()
+        config = self.config
+        directory = Path(config.spool or ".") / config.run_id
+        storer: HandoffStorer | None = None
+        failing = False
+        while not self._stop.is_set():
+            try:
+                if storer is None:
+                    from launchhelm.storage import open_store
+
+                    storer = HandoffStorer(
+                        open_store(config.store, config.storage_options), config.run_id, config.session, directory
+                    )
+                stored = storer.step()
+            except Exception as exc:  # the store: try again; the files wait in the spool
+                if not failing:
+                    _log.warning("launchhelm: run %s: its helper could not store media yet: %s", config.run_id, exc)
+                failing = True
+                self._stop.wait(1.0)
+                continue
+            failing = False
+            if not stored:
+                self._stop.wait(self.POLL)
+
+
 def main() -> int:
     line = sys.stdin.buffer.readline()
     if not line:
@@ -353,8 +409,11 @@ def main() -> int:
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
     parent = ParentWatch(config.parent)
     code = 0
+    pickup = MediaPickup.start(config)
     try:
         watched = watch(config, parent)
+        if pickup is not None:
+            pickup.stop(10.0)
         if watched.died and config.rank == 0:  # a rank > 0 has no spool and no session of its own
             code = _drain_bounded(config, parent)
     finally:

@@ -68,6 +68,7 @@ from launchhelm._runlog._table import mark_row
 from launchhelm._runlog._watchdog import STEP_SLOT as _STEP_SLOT
 from launchhelm._runlog._watchdog import Beacon
 from launchhelm._types import Rewind
+from launchhelm.media._handoff import seal_handed, store_handoff
 from launchhelm.media._types import Prepared, prepare_media
 from launchhelm.media._writer import MediaWriter
 from launchhelm.storage import Store
@@ -433,9 +434,31 @@ class Run:
         """
         more = self._flusher.flush(drain)
         if drain:
-            self._media.drain(env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT))
+            timeout = env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT)
+            began = time.monotonic()
+            self._media.drain(timeout)
+            # the files handed to the helper: stored and indexed by it (or here, where it is gone)
+            left = max(0.0, timeout - (time.monotonic() - began))
+            self._media.wait_handed(left, self._helper_alive, self._store_handed_here)
+        elif not self._media.handoff and self._media.handed_waiting() and not self._helper_alive():
+            self._store_handed_here()  # its helper could not start, or was given up on
         self._media.write_index()
         return more
+
+    def _store_handed_here(self) -> None:
+        """The files handed to a helper that is gone: stored by this process, as the helper would."""
+        directory = self._media.spool_dir
+        if directory is not None:
+            self._media.stored += store_handoff(self._store, self.id, self.session_id, directory)
+
+    def _helper_alive(self) -> bool:
+        """Whether a helper stores the media handed over: it runs, or is being started or replaced."""
+        helper = self._helper
+        if helper is not None and helper.process.poll() is None:
+            return True
+        # the background thread starts the planned one and replaces a dead one, until the session ends:
+        # storing the files here meanwhile would race the helper that comes
+        return self._worker.is_alive() and not self._stop.is_set() and (helper is not None or bool(self._helper_plan))
 
     def _flush_console(self, final: bool = False) -> None:
         """Write what the process printed since the last flush as one console object (nothing: no request)."""
@@ -780,6 +803,8 @@ class Run:
             "rank": rank,
             "world": world,
         }
+        if session is None:
+            self._media.handoff = True  # media go to the helper through the spool (launchhelm.media._handoff)
 
     def _start_helper(self) -> None:
         """Background thread: start the planned helper."""
@@ -792,8 +817,10 @@ class Run:
             helper = Helper.start(**plan, spool=str(spool.dir.parent) if spool is not None else None)
         except OSError as exc:  # training goes on without it
             _log.warning("launchhelm: run %s: could not start its helper process: %s", self.id, exc)
+            self._media.handoff = False
             return
         if helper is None:
+            self._media.handoff = False
             return
         with self._helper_lock:
             if not self._helper_over:
@@ -811,12 +838,14 @@ class Run:
                 return
             if helper.replaced >= MAX_REPLACED:
                 self._helper = None
+                self._media.handoff = False  # media encoded here again; files handed over: stored at the next flush
                 replaced = None
             else:
                 try:
                     replaced = helper.replace_if_gone()
                 except OSError as exc:
                     self._helper, replaced = None, None
+                    self._media.handoff = False
                     _log.warning("launchhelm: run %s: could not start a new helper process: %s", self.id, exc)
                     return
         if replaced is None:
@@ -848,6 +877,7 @@ class Run:
             self._helper_over = True
             self._helper_plan = None
             helper, self._helper = self._helper, None
+            self._media.handoff = False
         beacon = self._beacon
         self._beacon = Beacon()  # a log() racing the end writes to a buffer that outlives the page
         self._progress = self._beacon.slots
@@ -1179,6 +1209,8 @@ class Run:
         try:
             self._media.write_index()  # the items stored while it closed
             self._media.seal()  # one index object for the whole session: readers' requests stay few
+            if not in_spool and self._media.handed:
+                seal_handed(self._store, self.id, self.session_id)  # and one for what its helper stored
         except Exception as exc:
             _log.warning("launchhelm: run %s: could not index its last media: %s", self.id, exc)
         if in_spool:

@@ -4,7 +4,9 @@ The helper's drain, ``launchhelm recover``, a reader or a relaunch on this
 host call it: one index chunk per :data:`BATCH` files, numbered from
 :data:`RECOVERED_BASE` plus the batch's first file number, so a recovery cut
 short and tried again finds its chunk already there instead of indexing the
-items twice.
+items twice. Files handed to the helper (``.media-h<n>.lhm``) are stored by
+:func:`launchhelm.media._handoff.store_handoff`, which skips those a helper
+indexed already.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 from launchhelm._exceptions import AlreadyExistsError
 from launchhelm.media._index import IndexRow, encode_index
-from launchhelm.media._spill import _SUFFIX, BATCH, RECOVERED_BASE, read_spilled, spill_paths
+from launchhelm.media._spill import _SUFFIX, BATCH, RECOVERED_BASE, is_handoff, read_spilled, spill_paths
 from launchhelm.media._writer import object_name, store_items
 from launchhelm.storage._keys import media_index_key, media_object_key
 
@@ -41,6 +43,8 @@ def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> 
         tmp.unlink(missing_ok=True)  # a write the kill cut short: never renamed, never counted
     batches: dict[int, list[tuple[int, Path]]] = {}
     for seq, path in spill_paths(directory, session_id):
+        if is_handoff(path):
+            continue  # below
         batches.setdefault(seq // BATCH, []).append((seq, path))
     stored = 0
     for batch, files in sorted(batches.items()):
@@ -63,4 +67,9 @@ def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> 
         for path in done:
             path.unlink(missing_ok=True)
         stored += len(rows)
-    return stored
+    from launchhelm.media._handoff import seal_handed, store_handoff
+
+    handed = store_handoff(store, run_id, session_id, directory)
+    if handed:
+        seal_handed(store, run_id, session_id)  # the session is over: its helper's index in one object
+    return stored + handed

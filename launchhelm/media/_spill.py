@@ -24,7 +24,16 @@ from typing import Any
 from launchhelm._exceptions import SourceReadError
 from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable
 
-__all__ = ["BATCH", "RECOVERED_BASE", "read_spilled", "spill_name", "spill_paths", "write_spilled"]
+__all__ = [
+    "BATCH",
+    "RECOVERED_BASE",
+    "handoff_name",
+    "is_handoff",
+    "read_spilled",
+    "spill_name",
+    "spill_paths",
+    "write_spilled",
+]
 
 _MAGIC = b"LHMEDIA1"
 _LEN = struct.Struct("<I")
@@ -35,16 +44,31 @@ BATCH = 1_000
 _SUFFIX = ".lhm"
 
 
+#: What tells a file handed to the helper (:mod:`launchhelm.media._handoff`) from one the training process
+#: reads back itself: ``<session>.media-h<seq>.lhm``. Both kinds share one sequence.
+_HANDOFF = "h"
+
+
 def spill_name(session_id: str, seq: int) -> str:
     return f"{session_id}.media-{seq:08d}{_SUFFIX}"
 
 
+def handoff_name(session_id: str, seq: int) -> str:
+    """A file the helper process encodes and stores (same format as a spilled one)."""
+    return f"{session_id}.media-{_HANDOFF}{seq:08d}{_SUFFIX}"
+
+
+def is_handoff(path: Path) -> bool:
+    return ".media-" + _HANDOFF in path.name
+
+
 def spill_paths(directory: Path, session_id: str) -> list[tuple[int, Path]]:
-    """A session's spilled files, oldest first, as ``(seq, path)``."""
+    """A session's media files in the spool (spilled and handed to the helper), oldest first, as ``(seq, path)``."""
     found = []
     for path in directory.glob(f"{session_id}.media-*{_SUFFIX}"):
+        number = path.name[len(session_id) + 7 : -len(_SUFFIX)].removeprefix(_HANDOFF)
         try:
-            found.append((int(path.name[len(session_id) + 7 : -len(_SUFFIX)]), path))
+            found.append((int(number), path))
         except ValueError:
             continue
     return sorted(found)

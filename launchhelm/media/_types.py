@@ -161,12 +161,26 @@ class Image(Media):
             if quality is not None:
                 raise InvalidMediaError(f"media {key!r}: quality is for 'jpeg' and 'webp'; PNG is lossless", key=key)
         else:
-            _require_pillow(f"media {key!r}: format={self.format!r}")
+            _check_pillow(f"media {key!r}: format={self.format!r}")
             if quality is None:
                 quality = 90
             if type(quality) is not int or not 1 <= quality <= 100:
                 raise InvalidMediaError(f"media {key!r}: quality={quality!r}: give an int from 1 to 100", key=key)
         return PreparedImage(image_pixels(key, self.data), caption, self.format, quality)
+
+
+_pillow_found: bool | None = None
+
+
+def _check_pillow(what: str) -> None:
+    """Refuse at ``log()`` where Pillow is missing, without importing it: the helper process encodes."""
+    global _pillow_found
+    if _pillow_found is None:
+        import importlib.util
+
+        _pillow_found = importlib.util.find_spec("PIL") is not None
+    if not _pillow_found:
+        _require_pillow(what)
 
 
 def _require_pillow(what: str) -> Any:

@@ -9,6 +9,10 @@ in bytes: past the bound a call's media go to the session's spool on local
 disk (:mod:`launchhelm.media._spill`) and the thread reads them back in turn;
 with no spool (a memory store), ``log()`` waits for the thread. None is
 dropped: what ``finish()`` could not store in its time stays in the spool.
+
+With a helper process (``handoff``), the thread only writes each call's
+items to the spool (:mod:`launchhelm.media._handoff`): the encoding, the
+uploads and the index are the helper's, outside this process's GIL.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from launchhelm._exceptions import AlreadyExistsError
 from launchhelm._metrics._pause import pause, yield_on_wakeup
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._png import encode_png
-from launchhelm.media._spill import read_spilled, spill_name, write_spilled
+from launchhelm.media._spill import handoff_name, read_spilled, spill_name, write_spilled
 from launchhelm.media._types import Prepared, PreparedHistogram, PreparedImage, PreparedTable, give_back
 from launchhelm.storage import Store
 from launchhelm.storage._keys import media_index_key, media_object_key
@@ -60,6 +64,7 @@ class _Pending:
     nbytes: int
     path: Path | None = None  # spilled: the items are in this file, read back when their turn comes
     count: int = 0  # a spilled call's items
+    seq: int | None = None  # handed to the helper: its file's number (the helper stores it)
 
 
 def prepared_bytes(items: list[Prepared]) -> int:
@@ -145,6 +150,10 @@ class MediaWriter:
         self._seq = 0  # the next spilled file's number
         self._files: list[Path] = []  # spilled files stored, deleted once their rows are in an index chunk
         self.spilled = 0  # items written to the spool (tests, the benchmark)
+        #: True while a helper process picks up the spool's media files (set by the run): calls are handed over
+        self.handoff = False
+        self._handed: dict[int, tuple[Path, int]] = {}  # files handed over: seq -> (path, items)
+        self.handed = 0  # items handed to the helper (tests)
 
     # -- the training thread ------------------------------------------------
     def add(self, step: int, attempt: int, now: float, media: list[tuple[str, list[Prepared]]]) -> None:
@@ -152,13 +161,16 @@ class MediaWriter:
         with self._cond:
             for key, items in media:
                 nbytes = prepared_bytes(items)
+                seq = None
+                if self.handoff and self.spool_dir is not None:
+                    seq, self._seq = self._seq, self._seq + 1  # numbered now: the helper stores in log() order
                 over = self._waiting_bytes and self._waiting_bytes + nbytes > self.max_bytes
                 if over and self.spool_dir is not None:  # the store is slower than the logging: to disk
-                    self._queue.append(self._spill(_Pending(step, attempt, now, key, items, nbytes)))
+                    self._queue.append(self._spill(_Pending(step, attempt, now, key, items, nbytes, seq=seq)))
                     continue
                 while self._waiting_bytes and self._waiting_bytes + nbytes > self.max_bytes:
                     self._cond.wait()  # no spool: back-pressure
-                self._queue.append(_Pending(step, attempt, now, key, items, nbytes))
+                self._queue.append(_Pending(step, attempt, now, key, items, nbytes, seq=seq))
                 self._waiting_bytes += nbytes
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name=f"launchhelm-media-{self.run_id}", daemon=True)
@@ -168,11 +180,19 @@ class MediaWriter:
     def _spill(self, pending: _Pending) -> _Pending:
         """``pending`` written to the spool (the caller holds the lock): what the queue keeps instead."""
         assert self.spool_dir is not None
-        path = self.spool_dir / spill_name(self.session_id, self._seq)
-        self._seq += 1
+        if pending.seq is not None:
+            path = self.spool_dir / handoff_name(self.session_id, pending.seq)
+        else:
+            path = self.spool_dir / spill_name(self.session_id, self._seq)
+            self._seq += 1
         write_spilled(path, pending.key, pending.step, pending.attempt, pending.time, pending.items)
         self.spilled += len(pending.items)
-        return _Pending(pending.step, pending.attempt, pending.time, pending.key, [], 0, path, len(pending.items))
+        if pending.seq is not None:
+            self._handed[pending.seq] = (path, len(pending.items))
+            self.handed += len(pending.items)
+        return _Pending(
+            pending.step, pending.attempt, pending.time, pending.key, [], 0, path, len(pending.items), pending.seq
+        )
 
     # -- the media thread ---------------------------------------------------
     def _work(self) -> None:
@@ -184,6 +204,10 @@ class MediaWriter:
                 if not self._queue or self._abandoned():
                     return  # closed: what is left goes to the spool (see close)
                 pending = self._queue[0]
+            if pending.seq is not None:
+                self._hand_over(pending)
+                pause()
+                continue
             if pending.path is not None and not pending.items:
                 try:
                     pending.items = read_spilled(pending.path)[4]
@@ -216,6 +240,67 @@ class MediaWriter:
                 self.stored += len(rows)
                 self._cond.notify_all()
             pause()  # the GIL back to the training thread between items
+
+    def _hand_over(self, pending: _Pending) -> None:
+        """Write ``pending`` to the spool for the helper (one large write: the GIL is free meanwhile)."""
+        rows: list[IndexRow] = []
+        written: tuple[Path, int] | None = None
+        if pending.path is None:
+            assert self.spool_dir is not None
+            path = self.spool_dir / handoff_name(self.session_id, pending.seq or 0)
+            try:
+                write_spilled(path, pending.key, pending.step, pending.attempt, pending.time, pending.items)
+                written = (path, len(pending.items))
+            except OSError as exc:  # a full disk: stored here instead, as without a helper
+                _log.warning("run %s: media could not be handed to the helper (%s); stored here", self.run_id, exc)
+                try:
+                    rows = self._store_call(pending)
+                except Exception as exc2:
+                    _log.warning(
+                        "run %s: media %r at step %d not stored: %s", self.run_id, pending.key, pending.step, exc2
+                    )
+        _recycle(pending.items)
+        with self._cond:
+            self._queue.popleft()
+            self._waiting_bytes -= pending.nbytes
+            if written is not None and pending.seq is not None:
+                self._handed[pending.seq] = written
+                self.spilled += written[1]
+                self.handed += written[1]
+            self._rows.extend(rows)
+            self.stored += len(rows)
+            self._cond.notify_all()
+
+    def wait_handed(self, timeout: float, helper_alive: Callable[[], bool], store_here: Callable[[], object]) -> bool:
+        """Wait until the helper stored every file handed to it so far (or ``timeout`` passed); True when done.
+
+        Where no helper lives (it died, or the session has none now), ``store_here`` stores them in this process.
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            waiting = deque(path for _, (path, _) in sorted(self._handed.items()))
+        while waiting:
+            while waiting and not waiting[0].exists():  # the helper stores them in order: a stat a look
+                waiting.popleft()
+            if not waiting:
+                break
+            if not helper_alive():
+                store_here()
+                if any(path.exists() for path in waiting):
+                    return False  # left in the spool: unreadable, or the store did not take them
+                break
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+        with self._cond:
+            self._handed = {seq: entry for seq, entry in self._handed.items() if entry[0].exists()}
+        return True
+
+    def handed_waiting(self) -> int:
+        """Items in files handed to the helper that are still in the spool."""
+        with self._cond:
+            self._handed = {seq: entry for seq, entry in self._handed.items() if entry[0].exists()}
+            return sum(count for _, count in self._handed.values())
 
     _abandon = False
 
@@ -368,17 +453,23 @@ class MediaWriter:
         in_spool = dropped = 0
         with self._cond:
             for pending in self._queue:
+                if pending.seq is not None and pending.seq in self._handed:
+                    continue  # a file handed to the helper: counted below
                 if pending.path is None and self.spool_dir is not None:
                     try:
                         pending = self._spill(pending)
                     except OSError as exc:
                         _log.warning("run %s: media could not be spilled to %s: %s", self.run_id, self.spool_dir, exc)
+                if pending.seq is not None and pending.seq in self._handed:
+                    continue
                 if pending.path is not None:
                     in_spool += pending.count
                 else:
                     dropped += len(pending.items)
             self._queue.clear()
             self._waiting_bytes = 0
+            if self.spool_dir is not None:
+                in_spool += sum(count for path, count in self._handed.values() if path.exists())
         return in_spool, dropped
 
 
