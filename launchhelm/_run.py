@@ -1210,7 +1210,8 @@ class Run:
             self._media.write_index()  # the items stored while it closed
             self._media.seal()  # one index object for the whole session: readers' requests stay few
             if not in_spool and self._media.handed:
-                seal_handed(self._store, self.id, self.session_id)  # and one for what its helper stored
+                # and one for what its helper stored (in turn with a storer still at work: bounded)
+                seal_handed(self._store, self.id, self.session_id, self._media.spool_dir, wait=5.0)
         except Exception as exc:
             _log.warning("launchhelm: run %s: could not index its last media: %s", self.id, exc)
         if in_spool:

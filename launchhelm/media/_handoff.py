@@ -20,8 +20,12 @@ so a live run's index stays a few objects per level.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +45,44 @@ HANDOFF_BASE = 20_000_000
 MAX_FILES = 32
 #: Object names a storer remembers having stored (a bound on its memory, not a cache to tune).
 _CREATED_KEPT = 4096
+
+
+#: Seconds a storer (or a seal) waits for another storer of the same session before leaving the work to it.
+STORER_WAIT = 60.0
+
+
+@contextlib.contextmanager
+def one_storer(directory: Path, session_id: str, wait: float = STORER_WAIT) -> Iterator[bool]:
+    """Hold the session's handed files for storing; yields False if another storer kept them ``wait`` s.
+
+    Two storers at once (the helper still at work after ``finish()`` gave up
+    waiting, and a ``launchhelm recover``; or a drain beside the pickup) would
+    each index the files they read before the other deleted them: chunks whose
+    spans overlap, and a seal whose span crosses a chunk still being written, so
+    readers would skip the rows in it. An ``flock`` on the run's spool folder
+    (which lives as long as the files; a few sessions of one run on one host
+    take turns, which costs nothing) keeps them in turn; the kernel lets go of
+    it when its holder dies.
+    """
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except (FileNotFoundError, NotADirectoryError):
+        yield False  # the spool is gone: nothing is left to store
+        return
+    try:
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(0.02)
+        yield True
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def handed_files(directory: Path, session_id: str) -> list[tuple[int, Path]]:
@@ -76,11 +118,21 @@ class HandoffStorer:
     def _is_covered(self, seq: int) -> bool:
         return any(first <= seq <= last for first, last in self._load())
 
-    def step(self) -> int:
+    def step(self, wait: float = STORER_WAIT) -> int:
         """Store the files there now (in runs of consecutive numbers); return the items stored."""
-        present = [(seq, path) for seq, path in handed_files(self.directory, self.session_id) if path not in self._bad]
-        if not present:
+        if not self._present():
             return 0
+        with one_storer(self.directory, self.session_id, wait) as mine:
+            if not mine:
+                return 0
+            self._covered = None  # another storer may have indexed files meanwhile: one listing
+            return self._step()
+
+    def _present(self) -> list[tuple[int, Path]]:
+        return [(seq, path) for seq, path in handed_files(self.directory, self.session_id) if path not in self._bad]
+
+    def _step(self) -> int:
+        present = self._present()
         todo: list[tuple[int, Path]] = []
         for seq, path in present:
             if self._is_covered(seq):
@@ -195,40 +247,52 @@ class HandoffStorer:
             self._garbage = [(when, keys) for when, keys in self._garbage if now - when < grace]
 
 
-def store_handoff(store: Any, run_id: str, session_id: str, directory: Path) -> int:
+def store_handoff(store: Any, run_id: str, session_id: str, directory: Path, wait: float = STORER_WAIT) -> int:
     """Store every handed file of a session in this process (recovery, or no helper to do it); the items stored."""
     storer = HandoffStorer(store, run_id, session_id, directory)
     total = 0
     while True:
-        stored = storer.step()
+        stored = storer.step(wait)
         total += stored
         if not stored:
             return total
 
 
-def seal_handed(store: Any, run_id: str, session_id: str) -> None:
+def seal_handed(
+    store: Any, run_id: str, session_id: str, directory: Path | None = None, wait: float = STORER_WAIT
+) -> None:
     """Merge a session's index objects of handed files into one (at its end, once none is left to store).
 
     The objects merged away are deleted by ``launchhelm gc`` after the grace period, as the seal's own.
     """
+    from launchhelm._metrics._compact import compaction_grace
     from launchhelm.media._index import choose_index_objects
 
-    prefix = media_index_prefix(run_id)
-    names = [f"{session_id}/{rest}" for rest in store.list(f"{prefix}/{session_id}")]
-    ours = [name for name in names if (p := parse_media_index_name(name)) and HANDOFF_BASE <= p[1] < RECOVERED_BASE]
-    chosen = choose_index_objects(ours)
-    if len(chosen) < 2:
-        return
-    keys = [f"{prefix}/{name}" for name, _, _, _ in chosen]
-    fetched = store.read_many(keys)
-    if any(fetched.get(key) is None for key in keys):
-        return  # one was deleted by hand: readers still find the others
-    merged = encode_index(merge_tables([fetched[key] for key in keys]))
-    try:
-        store.create(media_index_key(run_id, session_id, chosen[0][2], chosen[-1][3]), merged)
-    except AlreadyExistsError:
-        pass
-    from launchhelm._metrics._compact import compaction_grace
-
-    if compaction_grace() <= 0:  # as the session's own seal: what it merged away goes now, else `launchhelm gc`
-        store.delete_many(keys)
+    with one_storer(directory, session_id, wait) if directory is not None else contextlib.nullcontext(True) as mine:
+        if not mine:
+            return  # a storer is still at work: the index stays a few objects, read as they are
+        prefix = media_index_prefix(run_id)
+        names = [f"{session_id}/{rest}" for rest in store.list(f"{prefix}/{session_id}")]
+        ours = [n for n in names if (p := parse_media_index_name(n)) and HANDOFF_BASE <= p[1] < RECOVERED_BASE]
+        # a merged object's name claims every file of its span: only spans with no gap are merged (files
+        # not indexed yet, or stored elsewhere, must not be hidden behind one)
+        spans: list[list[tuple[str, str, int, int]]] = []
+        for chosen in choose_index_objects(ours):
+            if spans and chosen[2] == spans[-1][-1][3] + 1:
+                spans[-1].append(chosen)
+            else:
+                spans.append([chosen])
+        for span in spans:
+            if len(span) < 2:
+                continue
+            keys = [f"{prefix}/{name}" for name, _, _, _ in span]
+            fetched = store.read_many(keys)
+            if any(fetched.get(key) is None for key in keys):
+                continue  # one was deleted by hand: readers still find the others
+            merged = encode_index(merge_tables([fetched[key] for key in keys]))
+            try:
+                store.create(media_index_key(run_id, session_id, span[0][2], span[-1][3]), merged)
+            except AlreadyExistsError:
+                pass
+            if compaction_grace() <= 0:  # as the session's own seal: what it merged goes now, else `launchhelm gc`
+                store.delete_many(keys)

@@ -71,5 +71,5 @@ def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> 
 
     handed = store_handoff(store, run_id, session_id, directory)
     if handed:
-        seal_handed(store, run_id, session_id)  # the session is over: its helper's index in one object
+        seal_handed(store, run_id, session_id, directory)  # the session is over: its helper's index in one object
     return stored + handed

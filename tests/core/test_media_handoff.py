@@ -18,7 +18,14 @@ import pytest
 from lhtest import run_python
 
 import launchhelm as lh
-from launchhelm.media._handoff import HANDOFF_BASE, HandoffStorer, handed_files, store_handoff
+from launchhelm.media._handoff import (
+    HANDOFF_BASE,
+    HandoffStorer,
+    handed_files,
+    one_storer,
+    seal_handed,
+    store_handoff,
+)
 from launchhelm.media._read import read_media_index
 from launchhelm.media._recover import recover_media
 from launchhelm.media._spill import handoff_name, write_spilled
@@ -179,6 +186,36 @@ def test_handed_files_with_a_gap_are_indexed_in_spans_that_never_cover_a_missing
     assert names == [f"{b + f:08d}-{b + la:08d}.parquet" for f, la in ((0, 2), (3, 4), (5, 6))]
     index = read_media_index(store, "runhand2").to_pylist()
     assert sorted(row["step"] for row in index) == list(range(7))
+
+
+def test_a_seal_never_hides_files_indexed_after_it_behind_a_span_over_a_gap(tmp_path: Path) -> None:
+    """finish() gave up waiting and sealed while the helper still stored files 3-4: they must stay read."""
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    store = open_store(str(tmp_path / "store"))
+    _hand(directory, "01sess", range(3))
+    _hand(directory, "01sess", range(5, 7))
+    assert store_handoff(store, "runhand5", "01sess", directory) == 5
+    seal_handed(store, "runhand5", "01sess", directory)  # 3 and 4 not indexed yet: no span may cover them
+    _hand(directory, "01sess", range(3, 5))
+    assert store_handoff(store, "runhand5", "01sess", directory) == 2
+    index = read_media_index(store, "runhand5").to_pylist()
+    assert sorted(row["step"] for row in index) == list(range(7))
+    seal_handed(store, "runhand5", "01sess", directory)  # now without a gap: one object reads all
+    index = read_media_index(store, "runhand5").to_pylist()
+    assert sorted(row["step"] for row in index) == list(range(7))
+
+
+def test_two_storers_of_one_session_take_turns(tmp_path: Path) -> None:
+    directory = tmp_path / "spool"
+    directory.mkdir()
+    store = open_store(str(tmp_path / "store"))
+    _hand(directory, "01sess", range(4))
+    with one_storer(directory, "01sess") as mine:
+        assert mine
+        # a second storer (recover, beside a helper still at work) leaves the files to the holder
+        assert HandoffStorer(store, "runhand6", "01sess", directory).step(wait=0.2) == 0
+    assert HandoffStorer(store, "runhand6", "01sess", directory).step(wait=0.2) == 4
 
 
 def test_a_long_stream_of_handed_files_keeps_a_few_index_objects(tmp_path: Path) -> None:
