@@ -1,0 +1,143 @@
+"""A run whose session ended goes into its project's runs index and history dataset (issue 40, point 4).
+
+Without this, the first reader of a project pays for every run it finds
+outside the index and the dataset, one by one (and then builds them). The
+helper process of the session that ended (``launchhelm._helper``) calls
+:func:`settle_run` right after a clean end, and after ending a crashed
+session: the run's row goes into a new runs index
+(:func:`launchhelm._runlog._table.add_row`) and its points into a new
+generation of the dataset (:func:`add_to_history`), with the same
+create-only objects and the same races as the readers' builders. Every
+step is best effort: what it misses, the next reader reads from the run
+itself and builds as before, so a failure costs requests, never a point.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from launchhelm._exceptions import LaunchHelmError, StorageError
+from launchhelm._metrics._points import abandoned_mask
+from launchhelm._metrics._project import (
+    ProjectReader,
+    ReadRun,
+    SettledRewind,
+    SettledRun,
+    eval_dirs,
+    list_project,
+    publish,
+)
+from launchhelm._metrics._read import PointReader
+from launchhelm._metrics._system import default_points
+from launchhelm._runlog._events import EventLog
+from launchhelm._runlog._liveness import requester
+from launchhelm._runlog._runinfo import run_record
+from launchhelm._runlog._sessions import settled_status
+from launchhelm._runlog._table import add_row
+from launchhelm.storage import Store
+
+if TYPE_CHECKING:
+    from launchhelm._metrics._project import ProjectListing
+
+__all__ = ["SETTLE_TIMEOUT", "Settled", "add_to_history", "settle_run"]
+
+_log = logging.getLogger("launchhelm")
+
+#: Seconds the helper gives this work before it exits anyway (``LAUNCHHELM_SETTLE_TIMEOUT``; 0: skip it).
+SETTLE_TIMEOUT = 30.0
+#: Generations a helper tries to publish when other builders win the race.
+PUBLISH_TRIES = 3
+
+
+@dataclass(frozen=True)
+class Settled:
+    """What :func:`settle_run` did: the run's row indexed, its points in a generation."""
+
+    indexed: bool
+    in_history: bool
+
+
+def settle_run(store: Store, project: str, run_id: str) -> Settled:
+    """Add a run whose session ended to its project's runs index and history dataset. Best effort."""
+    indexed = in_history = False
+    try:
+        indexed = add_row(store, project, run_id)
+    except (StorageError, LaunchHelmError) as exc:
+        _log.debug("run %s: not added to the runs index: %s", run_id, exc)
+    if store.atomic_create:  # without put-if-absent two builders could clobber each other
+        try:
+            in_history = add_to_history(store, project, run_id)
+        except (StorageError, LaunchHelmError) as exc:
+            _log.debug("run %s: not added to the project's history dataset: %s", run_id, exc)
+    return Settled(indexed, in_history)
+
+
+def _read_settled(store: Store, listing: ProjectListing, run_id: str) -> ReadRun | None:
+    """The run as a generation records it, read as ``Api.history`` reads it; None while it is not settled."""
+    state = EventLog(store, run_id).state()
+    status = settled_status(state)
+    if status is None:
+        return None
+    record = run_record(store, run_id)
+    reader = PointReader(store, run_id)
+    points = default_points(reader.read())
+    rewinds = tuple(
+        SettledRewind(
+            to_step=int(e["to_step"]),
+            reached=int(e["reached"]),
+            cause=str(e.get("cause", "load_checkpoint")),
+            checkpoint=e.get("checkpoint"),
+            attempt=int(e.get("attempt", i + 1)),
+        )
+        for i, e in enumerate(state.rewinds)
+    )
+    mask = abandoned_mask(
+        points.column("step").to_numpy(), points.column("attempt").to_numpy(), _Rewinds(list(rewinds))
+    )
+    dirs = set(reader.cursor.max_seen) | listing.logged.get(run_id, set())
+    entry = SettledRun(
+        run_id=run_id,
+        segment="",
+        offset=0,
+        rows=points.num_rows,
+        marker=str(listing.markers[run_id]),
+        evals=tuple(sorted(eval_dirs(dirs))),
+        name=str(record["name"]),
+        created=float(record["created"]),
+        status=status,
+        sessions=len(state.sessions),
+        rewinds=rewinds,
+    )
+    return ReadRun(entry, points, mask)
+
+
+@dataclass(frozen=True)
+class _Rewinds:
+    rewinds: list[SettledRewind]
+
+
+def add_to_history(store: Store, project: str, run_id: str) -> bool:
+    """Publish a generation of the project's dataset that holds the run; whether one now vouches for it.
+
+    The listing is taken before the run is read, so its marker version is
+    the one the run was read under (a session started since changes it, and
+    readers then read the run itself). A lost race is tried again on the
+    winner's generation, :data:`PUBLISH_TRIES` times in all.
+    """
+    by = f"{requester().get('host', '')}:{os.getpid()} (helper)"
+    for _ in range(PUBLISH_TRIES):
+        listing = list_project(store, project)
+        if run_id not in listing.run_ids or listing.markers.get(run_id) is None:
+            return False  # no marker: the readers could not vouch for its rows
+        reader = ProjectReader(store, project)
+        if run_id in reader.vouched(listing):
+            return True  # a reader (or a racing helper) put it there already
+        read = _read_settled(store, listing, run_id)
+        if read is None:
+            return False
+        if publish(store, project, reader, listing, {run_id: read}, by=by) is not None:
+            return True
+    return False
