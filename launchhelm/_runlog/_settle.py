@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -48,8 +49,8 @@ _log = logging.getLogger("launchhelm")
 
 #: Seconds the helper gives this work before it exits anyway (``LAUNCHHELM_SETTLE_TIMEOUT``; 0: skip it).
 SETTLE_TIMEOUT = 30.0
-#: Generations a helper tries to publish when other builders win the race.
-PUBLISH_TRIES = 3
+#: Generations a helper tries to publish when other builders win the race (helpers of a sweep finish together).
+PUBLISH_TRIES = 12
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,15 @@ def add_to_history(store: Store, project: str, run_id: str) -> bool:
     The listing is taken before the run is read, so its marker version is
     the one the run was read under (a session started since changes it, and
     readers then read the run itself). A lost race is tried again on the
-    winner's generation, :data:`PUBLISH_TRIES` times in all.
+    winner's generation after a random pause (so that racing helpers spread
+    out), :data:`PUBLISH_TRIES` times in all: the helper's bound stops it first.
     """
+    import random
+
     by = f"{requester().get('host', '')}:{os.getpid()} (helper)"
-    for _ in range(PUBLISH_TRIES):
+    for attempt in range(PUBLISH_TRIES):
+        if attempt:
+            time.sleep(random.uniform(0.0, min(2.0, 0.1 * 2**attempt)))
         listing = list_project(store, project)
         if run_id not in listing.run_ids or listing.markers.get(run_id) is None:
             return False  # no marker: the readers could not vouch for its rows
