@@ -51,6 +51,8 @@ _log = logging.getLogger("launchhelm")
 SETTLE_TIMEOUT = 30.0
 #: Generations a helper tries to publish when other builders win the race (helpers of a sweep finish together).
 PUBLISH_TRIES = 12
+#: Other runs missing from the dataset a helper that lost a race reads and publishes with its own.
+HELP_OTHERS = 16
 
 
 @dataclass(frozen=True)
@@ -126,24 +128,55 @@ def add_to_history(store: Store, project: str, run_id: str) -> bool:
     The listing is taken before the run is read, so its marker version is
     the one the run was read under (a session started since changes it, and
     readers then read the run itself). A lost race is tried again on the
-    winner's generation after a random pause (so that racing helpers spread
-    out), :data:`PUBLISH_TRIES` times in all: the helper's bound stops it first.
+    winner's generation after a random pause, :data:`PUBLISH_TRIES` times in
+    all (the helper's bound stops it first). Helpers of a sweep finish
+    together and only one of them wins each generation, so one that lost also
+    takes in up to :data:`HELP_OTHERS` other runs the dataset lacks (read as
+    readers read them; those not settled are left out): the helpers that lose
+    then find their runs published by the winner.
     """
     import random
 
     by = f"{requester().get('host', '')}:{os.getpid()} (helper)"
+    read: ReadRun | None = None
     for attempt in range(PUBLISH_TRIES):
         if attempt:
             time.sleep(random.uniform(0.0, min(2.0, 0.1 * 2**attempt)))
         listing = list_project(store, project)
-        if run_id not in listing.run_ids or listing.markers.get(run_id) is None:
+        marker = listing.markers.get(run_id)
+        if run_id not in listing.run_ids or marker is None:
             return False  # no marker: the readers could not vouch for its rows
         reader = ProjectReader(store, project)
-        if run_id in reader.vouched(listing):
-            return True  # a reader (or a racing helper) put it there already
-        read = _read_settled(store, listing, run_id)
-        if read is None:
-            return False
-        if publish(store, project, reader, listing, {run_id: read}, by=by) is not None:
+        vouched = reader.vouched(listing)
+        if run_id in vouched:
+            return True  # a reader, or a racing helper, put it there already
+        if read is None or read.entry.marker != marker:
+            read = _read_settled(store, listing, run_id)
+            if read is None:
+                return False
+        added = {run_id: read}
+        if attempt:
+            added.update(_others(store, listing, set(vouched) | {run_id}))
+        if publish(store, project, reader, listing, added, by=by) is not None:
             return True
     return False
+
+
+def _others(store: Store, listing: ProjectListing, skip: set[str]) -> dict[str, ReadRun]:
+    """Up to :data:`HELP_OTHERS` settled runs the dataset lacks, read concurrently."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    wanted = [r for r in listing.run_ids if r not in skip and listing.markers.get(r) is not None][:HELP_OTHERS]
+    if not wanted:
+        return {}
+
+    def one(run_id: str) -> ReadRun | None:
+        try:
+            return _read_settled(store, listing, run_id)
+        except (StorageError, LaunchHelmError) as exc:  # deleted meanwhile, or damaged: its reader decides
+            _log.debug("run %s: not read for the project's dataset: %s", run_id, exc)
+            return None
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        reads = list(pool.map(one, wanted))
+    return {r: read for r, read in zip(wanted, reads, strict=True) if read is not None}
