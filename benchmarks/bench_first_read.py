@@ -155,9 +155,9 @@ def main() -> int:
         warm.runs("warm-up"), warm.history("warm-up")
         direct = open_store(url)
         from launchhelm._metrics._project import ProjectReader, list_project
-        from launchhelm._runlog._table import _listing, read_index
+        from launchhelm._runlog._table import read_index, table_listing
 
-        indexes = _listing(direct, PROJECT)[1]
+        indexes = table_listing(direct, PROJECT)[1]
         indexed = read_index(direct, PROJECT, indexes[-1] if indexes else None)
         vouched = ProjectReader(direct, PROJECT).vouched(list_project(direct, PROJECT))
         print(f"runs in the newest runs index: {len(indexed)}, in the newest history generation: {len(vouched)}")

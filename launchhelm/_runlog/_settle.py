@@ -37,7 +37,7 @@ from launchhelm._runlog._events import EventLog
 from launchhelm._runlog._liveness import requester
 from launchhelm._runlog._runinfo import run_record
 from launchhelm._runlog._sessions import settled_status
-from launchhelm._runlog._table import add_row
+from launchhelm._runlog._table import add_row, read_index, table_listing
 from launchhelm.storage import Store
 
 if TYPE_CHECKING:
@@ -130,15 +130,17 @@ def add_to_history(store: Store, project: str, run_id: str) -> bool:
     readers then read the run itself). A lost race is tried again on the
     winner's generation after a random pause, :data:`PUBLISH_TRIES` times in
     all (the helper's bound stops it first). Helpers of a sweep finish
-    together and only one of them wins each generation, so one that lost also
-    takes in up to :data:`HELP_OTHERS` other runs the dataset lacks (read as
-    readers read them; those not settled are left out): the helpers that lose
-    then find their runs published by the winner.
+    together and only one of them wins each generation, and a helper may run
+    out of time; so each also takes in up to :data:`HELP_OTHERS` other runs
+    the dataset lacks that the newest runs index holds as settled (under
+    their current marker: no live run is read), read as readers read them.
+    The helpers that lose then find their runs published by a winner.
     """
     import random
 
     by = f"{requester().get('host', '')}:{os.getpid()} (helper)"
     read: ReadRun | None = None
+    others: dict[str, ReadRun] = {}
     for attempt in range(PUBLISH_TRIES):
         if attempt:
             time.sleep(random.uniform(0.0, min(2.0, 0.1 * 2**attempt)))
@@ -154,21 +156,31 @@ def add_to_history(store: Store, project: str, run_id: str) -> bool:
             read = _read_settled(store, listing, run_id)
             if read is None:
                 return False
-        added = {run_id: read}
-        if attempt:
-            added.update(_others(store, listing, set(vouched) | {run_id}))
+        others = _others(store, project, listing, set(vouched) | {run_id}, others)
+        added = {**others, run_id: read}
         if publish(store, project, reader, listing, added, by=by) is not None:
             return True
     return False
 
 
-def _others(store: Store, listing: ProjectListing, skip: set[str]) -> dict[str, ReadRun]:
-    """Up to :data:`HELP_OTHERS` settled runs the dataset lacks, read concurrently."""
+def _others(
+    store: Store, project: str, listing: ProjectListing, skip: set[str], known: dict[str, ReadRun]
+) -> dict[str, ReadRun]:
+    """Up to :data:`HELP_OTHERS` runs the runs index holds as settled and the dataset lacks, read concurrently.
+
+    ``known``: what an earlier try read, kept while the run's marker is unchanged.
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    wanted = [r for r in listing.run_ids if r not in skip and listing.markers.get(r) is not None][:HELP_OTHERS]
-    if not wanted:
-        return {}
+    markers, indexes = table_listing(store, project)
+    index = read_index(store, project, indexes[-1] if indexes else None)
+    wanted = [
+        r
+        for r, entry in sorted(index.items())
+        if r not in skip and r in listing.markers and entry.get("marker") == markers.get(r) == listing.markers[r]
+    ][:HELP_OTHERS]
+    reuse = {r: known[r] for r in wanted if r in known and known[r].entry.marker == listing.markers[r]}
+    fresh = [r for r in wanted if r not in reuse]
 
     def one(run_id: str) -> ReadRun | None:
         try:
@@ -177,6 +189,8 @@ def _others(store: Store, listing: ProjectListing, skip: set[str]) -> dict[str, 
             _log.debug("run %s: not read for the project's dataset: %s", run_id, exc)
             return None
 
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        reads = list(pool.map(one, wanted))
-    return {r: read for r, read in zip(wanted, reads, strict=True) if read is not None}
+    if fresh:
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            reads = list(pool.map(one, fresh))
+        reuse.update({r: read for r, read in zip(fresh, reads, strict=True) if read is not None})
+    return reuse

@@ -46,7 +46,7 @@ from launchhelm.storage._keys import (
     table_prefix,
 )
 
-__all__ = ["add_row", "mark_row", "project_rows", "read_index", "read_indexes", "row_marker_key"]
+__all__ = ["add_row", "mark_row", "project_rows", "read_index", "read_indexes", "row_marker_key", "table_listing"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -70,7 +70,8 @@ def mark_row(store: Store, project: str, run_id: str, session_id: str, state: st
         _log.debug("run %s: could not put its row marker: %s", run_id, exc)
 
 
-def _listing(store: Store, project: str) -> tuple[dict[str, str | None], list[str]]:
+def table_listing(store: Store, project: str) -> tuple[dict[str, str | None], list[str]]:
+    """The row markers (run -> version) and the indexes (oldest first) under the project's table."""
     markers: dict[str, str | None] = {}
     indexes = []
     for info in store.list_info(table_prefix(project)):
@@ -119,7 +120,7 @@ def project_rows(store: Store, project: str, run_ids: list[str]) -> list[RunRow]
     """The rows of ``run_ids`` (in order): index rows where still exact, the rest from summaries and logs."""
     from launchhelm._runlog._summary import run_rows
 
-    markers, indexes = _listing(store, project)
+    markers, indexes = table_listing(store, project)
     index = read_index(store, project, indexes[-1] if indexes else None)
     rows: dict[str, RunRow] = {}
     fresh = []
@@ -192,7 +193,7 @@ def add_row(store: Store, project: str, run_id: str) -> bool:
     """
     from launchhelm._runlog._summary import run_rows
 
-    markers, indexes = _listing(store, project)
+    markers, indexes = table_listing(store, project)
     version = markers.get(run_id)
     if version is None:
         return False  # no marker: its row could not be vouched for
@@ -210,7 +211,7 @@ def add_row(store: Store, project: str, run_id: str) -> bool:
         if mine is None:
             return False
         merged.add(mine)
-        markers, indexes = _listing(store, project)
+        markers, indexes = table_listing(store, project)
         beside = [n for n in indexes if n not in merged and n > base]
         if not beside:
             break

@@ -25,7 +25,7 @@ from lhtest import BUCKET, ROOT, child_env
 import launchhelm as lh
 from launchhelm._metrics._project import ProjectReader, list_project
 from launchhelm._runlog._summary import run_rows
-from launchhelm._runlog._table import _listing, read_index
+from launchhelm._runlog._table import read_index, table_listing
 from launchhelm.storage import Store, open_store
 
 PROJECT = "settle"
@@ -127,7 +127,7 @@ def _slow_rows(store: Store, ids: list[str]) -> pd.DataFrame:
 
 def _fell_out(store: Store, ids: list[str]) -> tuple[set[str], set[str]]:
     """Runs missing from the newest runs index, and from the newest history generation."""
-    _markers, indexes = _listing(store, PROJECT)
+    _markers, indexes = table_listing(store, PROJECT)
     index = read_index(store, PROJECT, indexes[-1] if indexes else None)
     vouched = ProjectReader(store, PROJECT).vouched(list_project(store, PROJECT))
     return set(ids) - set(index), set(ids) - set(vouched)
