@@ -12,11 +12,16 @@ SIGTERM, a notebook kernel's restart) does not reach it. What it does today:
   machinery, ends the session as ``crashed`` (the signal, where it can read it
   before the process is reaped) and exits: the points reach the store without
   anyone reopening the run on this host. A fenced session's spool is
-  deleted, not uploaded; a clean ``finish()`` leaves it nothing to do.
+  deleted, not uploaded;
+- once the session ended (cleanly, or by its drain), it adds the run to the
+  project's runs index and history dataset (``launchhelm._runlog._settle``),
+  so the first reader of the project pays no more than the second; within
+  ``LAUNCHHELM_SETTLE_TIMEOUT`` (30 s), past which it exits anyway.
 
 The drain has a bounded time (``LAUNCHHELM_DRAIN_TIMEOUT``, 60 s): past it the
 helper exits and the spool stays for ``launchhelm recover``. It never outlives
-that: it exits when the training process ends, cleanly or not.
+that: it exits when the training process ends, cleanly or not, after at most
+the drain's and the settling's bounds.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from typing import IO, Any
 from launchhelm._console._capture import terminal_fds
 from launchhelm._runlog._flightrec import RecorderRelay
 from launchhelm._runlog._sessions import PROCESS_DIED
+from launchhelm._runlog._settle import SETTLE_TIMEOUT
 from launchhelm._runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
 
 __all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "main"]
@@ -61,6 +67,7 @@ class HelperConfig(WatchdogConfig):
     spool: str | None = None  # the spool root the training process writes (None: no spool)
     session_seq: int = 0  # the session's start event: its fence check (EventLog.guard)
     drain_timeout: float = DRAIN_TIMEOUT
+    settle_timeout: float = SETTLE_TIMEOUT  # 0: the first reader settles the run, as before the helper did
 
 
 class Helper:
@@ -132,6 +139,7 @@ class Helper:
             spool=spool,
             session_seq=session_seq,
             drain_timeout=float(os.environ.get("LAUNCHHELM_DRAIN_TIMEOUT") or DRAIN_TIMEOUT),
+            settle_timeout=float(os.environ.get("LAUNCHHELM_SETTLE_TIMEOUT") or SETTLE_TIMEOUT),
         )
         relay = _relay(flight_recorder, config) if timeout is not None else None
         line = json.dumps(config.__dict__).encode() + b"\n"
@@ -396,6 +404,29 @@ class MediaPickup:
                 self._stop.wait(self.POLL)
 
 
+def _settle_bounded(config: HelperConfig) -> None:
+    """The ended session's run into its project's runs index and history, within ``config.settle_timeout``.
+
+    Past it the helper exits anyway (the caller's ``os._exit``): the run is
+    then read by itself and built by the first reader, as without a helper.
+    """
+    if config.settle_timeout <= 0 or config.rank != 0:
+        return
+
+    def run() -> None:
+        from launchhelm._runlog._settle import settle_run
+        from launchhelm.storage import open_store
+
+        try:
+            settle_run(open_store(config.store, config.storage_options), config.project, config.run_id)
+        except Exception as exc:  # best effort: a reader does the same work
+            _log.debug("run %s: not settled by its helper: %s", config.run_id, exc)
+
+    worker = threading.Thread(target=run, name="launchhelm-settle", daemon=True)
+    worker.start()
+    worker.join(config.settle_timeout)
+
+
 def main() -> int:
     line = sys.stdin.buffer.readline()
     if not line:
@@ -416,6 +447,8 @@ def main() -> int:
             pickup.stop(10.0)
         if watched.died and config.rank == 0:  # a rank > 0 has no spool and no session of its own
             code = _drain_bounded(config, parent)
+        if code == 0:
+            _settle_bounded(config)
     finally:
         # a killed training process cannot remove the page and the dump: the helper outlives it briefly
         if parent.gone():

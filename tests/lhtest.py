@@ -388,3 +388,17 @@ def kill_with_helper(proc: subprocess.Popen[str], timeout: float = 30.0) -> None
     for helper in helpers:
         os.kill(helper, signal.SIGKILL)
     proc.send_signal(signal.SIGKILL)
+
+
+def wait_for_helpers(timeout: float = 60.0) -> None:
+    """Wait (bounded) until the helpers of this process's ended sessions exited.
+
+    A helper lives on briefly after ``finish()``: it adds the run to its
+    project's runs index and history dataset (``launchhelm._runlog._settle``).
+    A test that counts a reader's requests waits for that first."""
+    from launchhelm._helper import _leaving, _leaving_lock
+
+    with _leaving_lock:
+        leaving = list(_leaving)
+    for process in leaving:
+        process.wait(timeout)

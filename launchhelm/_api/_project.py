@@ -23,9 +23,8 @@ from launchhelm._metrics._project import (
     publish,
 )
 from launchhelm._metrics._system import default_points
-from launchhelm._runlog._events import RunState
 from launchhelm._runlog._liveness import requester
-from launchhelm._runlog._sessions import PROCESS_DIED
+from launchhelm._runlog._sessions import settled_status as _settled_status
 from launchhelm._types import Rewind
 from launchhelm.storage import Store
 
@@ -64,16 +63,6 @@ class ProjectRun:
         frame = history_frame(self.points, keys=keys, duplicates=duplicates)
         frame.insert(3, "abandoned", abandoned_mask(frame["step"].to_numpy(), frame["attempt"].to_numpy(), state))
         return frame
-
-
-def _settled_status(state: RunState) -> str | None:
-    """ "closed", or "resumable" (its last session ended), else None: as :func:`run_status` says them."""
-    if state.closed:
-        return "closed"
-    last = state.last_session
-    if last is None or last.ended_at is None or last.end_reason == PROCESS_DIED:
-        return None  # running, or stopped (a crash its helper ended): read afresh
-    return "resumable"
 
 
 def _read_one(handle: RunHandle) -> ProjectRun:

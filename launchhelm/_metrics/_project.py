@@ -437,8 +437,13 @@ def publish(
     for entry in base.runs.values() if base is not None else ():
         by_segment.setdefault(entry.segment, []).append(entry)
     whole = [s for s in segments if s in by_segment and all(e.run_id in kept_entries for e in by_segment[s])]
+    # a binary counter: the newest segments merge with what comes in once they hold no more runs than it,
+    # so runs added one at a time (each by its helper) leave about log2(runs) segments, not one a run
+    incoming = len(added) + sum(1 for e in kept_entries.values() if e.segment not in whole)
+    while whole and _small(by_segment[whole[-1]]) and len(by_segment[whole[-1]]) <= incoming:
+        incoming += len(by_segment[whole.pop()])
     if len(whole) + 1 > MAX_SEGMENTS:
-        whole = [s for s in whole if sum(e.rows for e in by_segment[s]) >= SEGMENT_ROWS // 2]
+        whole = [s for s in whole if not _small(by_segment[s])]
     moved = [e for e in kept_entries.values() if e.segment not in whole]
     try:
         if moved:
@@ -486,6 +491,10 @@ def publish(
     reader.generation, reader._tables = generation, {k: v for k, v in reader.tables().items() if k in named}
     collect(store, project, listing, generation)
     return generation
+
+
+def _small(entries: list[SettledRun]) -> bool:
+    return sum(e.rows for e in entries) < SEGMENT_ROWS // 2
 
 
 def _placed(entry: SettledRun, segment: str, offset: int, rows: int) -> SettledRun:

@@ -37,6 +37,7 @@ __all__ = [
     "parse_object",
     "read_beats",
     "run_status",
+    "settled_status",
     "summary_key",
 ]
 
@@ -198,3 +199,17 @@ def run_status(state: RunState, last: Liveness | None, *, hung: bool = False) ->
     if not last.alive:
         return STOPPED
     return HUNG if hung else RUNNING
+
+
+def settled_status(state: RunState) -> str | None:
+    """ "closed", or "resumable" (its last session ended), else None: the statuses a run keeps until a new session.
+
+    As :func:`run_status` says them; a session its helper ended after a crash
+    (``stopped``) is None too: read afresh, as it may still be recovered.
+    """
+    if state.closed:
+        return CLOSED
+    last = state.last_session
+    if last is None or last.ended_at is None or last.end_reason == PROCESS_DIED:
+        return None
+    return RESUMABLE

@@ -36,6 +36,13 @@ from launchhelm.storage._keys import (
 PROJECT = "sweep"
 
 
+@pytest.fixture(autouse=True)
+def _readers_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the readers' builds (what a store without helpers relies on): the helpers
+    leave each ended run to them (``tests/core/test_settle.py`` tests the helpers' own)."""
+    monkeypatch.setenv("LAUNCHHELM_SETTLE_TIMEOUT", "0")
+
+
 def _per_run(
     api: lh.Api, project: str, keys: object = None, duplicates: str = "all", runs: object = None
 ) -> pd.DataFrame:

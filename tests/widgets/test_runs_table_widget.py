@@ -210,7 +210,7 @@ def test_the_tables_poll_reads_the_row_index_not_every_run(moto_endpoint: str) -
     import os
 
     from http_proxy import RequestCounter
-    from lhtest import BUCKET
+    from lhtest import BUCKET, wait_for_helpers
 
     from launchhelm._runlog._table import INDEX_AFTER
     from launchhelm.storage import open_store
@@ -221,10 +221,11 @@ def test_the_tables_poll_reads_the_row_index_not_every_run(moto_endpoint: str) -
         run = lh.init("big", store=direct, config={"seed": i}, tunables={"lr": 0.1}, flush_interval=3600)
         run.log({"loss": 1.0 / (i + 1)})
         run.finish(close_run=bool(i % 2))
+    wait_for_helpers()  # each adds its run to the index: the poll below counts requests
     proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
     store = open_store(f"s3://{BUCKET}/{prefix}", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
     try:
-        table = RunsTable("big", store=store)  # the first read writes the index of settled rows
+        table = RunsTable("big", store=store)  # the helpers wrote the index of settled rows (or this read does)
         try:
             assert len(table.rows()) == INDEX_AFTER + 1
             proxy.reset()
