@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from evaluation_helpers import checkpointed_run, publish_without_queueing
-from lhtest import ROOT, child_env
+from lhtest import ROOT, child_env, wait_for_helpers
 
 import launchhelm as lh
 from launchhelm.storage import open_store
@@ -153,6 +153,7 @@ def test_policy_allows_every_write_a_worker_makes_and_nothing_of_the_runs(tmp_pa
     orphan_path.write_text("40")
     orphan = publish_without_queueing(run, orphan_path, 40)
     run.finish()
+    wait_for_helpers()  # the run's helper adds it to the project's runs index and history: training's writes
     before = set(store.list(""))
     renewals: list[str] = []
 
