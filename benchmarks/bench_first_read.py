@@ -119,8 +119,7 @@ def main() -> int:
         options = {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}}
         os.environ.setdefault("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")  # the checks' direct reads
         env = dict(os.environ, PYTHONPATH=str(ROOT), LAUNCHHELM_SPOOL=tempfile.mkdtemp(prefix="bench-first-read-"))
-        if args.no_settle:
-            env["LAUNCHHELM_SETTLE_TIMEOUT"] = "0"
+        env["LAUNCHHELM_SETTLE_TIMEOUT"] = "0" if args.no_settle else "30"  # on: off by default
         import json
 
         share = -(-args.runs // args.workers)

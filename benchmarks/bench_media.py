@@ -154,8 +154,14 @@ def bench_flood(store: str, spool: str, seconds: float) -> dict[str, float]:
         del os.environ["LAUNCHHELM_FINISH_TIMEOUT"]
     from launchhelm.media._read import read_media_index
 
-    stored = read_media_index(open_store(store), run.id).num_rows
-    waiting = len(spill_paths(Path(spool) / run.id, run.session_id))
+    # the helper stores on after finish() gave up waiting: a count taken while it commits a batch would
+    # see it in neither place, so the files are counted on both sides of the index's read until they agree
+    for _ in range(150):
+        waiting = len(spill_paths(Path(spool) / run.id, run.session_id))
+        stored = read_media_index(open_store(store), run.id).num_rows
+        if len(spill_paths(Path(spool) / run.id, run.session_id)) == waiting:
+            break
+        time.sleep(0.2)
     return {
         "calls": float(len(calls)),
         "spilled": float(spilled),

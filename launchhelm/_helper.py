@@ -16,7 +16,7 @@ SIGTERM, a notebook kernel's restart) does not reach it. What it does today:
 - once the session ended (cleanly, or by its drain), it adds the run to the
   project's runs index and history dataset (``launchhelm._runlog._settle``),
   so the first reader of the project pays no more than the second; within
-  ``LAUNCHHELM_SETTLE_TIMEOUT`` (30 s), past which it exits anyway.
+  ``LAUNCHHELM_SETTLE_TIMEOUT`` seconds (off by default: 0), past which it exits anyway.
 
 The drain has a bounded time (``LAUNCHHELM_DRAIN_TIMEOUT``, 60 s): past it the
 helper exits and the spool stays for ``launchhelm recover``. It never outlives

@@ -48,7 +48,7 @@ __all__ = ["SETTLE_TIMEOUT", "Settled", "add_to_history", "settle_run"]
 _log = logging.getLogger("launchhelm")
 
 #: Seconds the helper gives this work before it exits anyway (``LAUNCHHELM_SETTLE_TIMEOUT``; 0: skip it).
-SETTLE_TIMEOUT = 30.0
+SETTLE_TIMEOUT = 0.0  # off until a lingering helper's cost on a busy host is measured: set 30 to turn it on
 #: Generations a helper tries to publish when other builders win the race (helpers of a sweep finish together).
 PUBLISH_TRIES = 12
 #: Other runs missing from the dataset a helper that lost a race reads and publishes with its own.

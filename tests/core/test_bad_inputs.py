@@ -27,6 +27,7 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lhtest import wait_for_helpers
 
 import launchhelm as lh
 import launchhelm.torch as lht
@@ -114,6 +115,7 @@ def assert_refused(
     names: str | None,
 ) -> lh.LaunchHelmError:
     """``call`` raises a LaunchHelmError that is also ``builtin``, naming ``names``; the store is unchanged."""
+    wait_for_helpers()  # a finished run's helper adds it to the runs index: not this call's doing
     before = snapshot(world.root)
     with pytest.raises(lh.LaunchHelmError) as info:
         call()
@@ -375,6 +377,7 @@ def _cli_cases(w: World) -> list[tuple[list[str], str]]:
 
 
 def test_the_command_line_reports_bad_inputs_in_one_line(world: World, capsys: pytest.CaptureFixture[str]) -> None:
+    wait_for_helpers()
     for argv, names in _cli_cases(world):
         before = snapshot(world.root)
         code = cli_main(["--store", world.store, *argv])

@@ -28,6 +28,13 @@ from launchhelm._runlog._summary import run_rows
 from launchhelm._runlog._table import read_index, table_listing
 from launchhelm.storage import Store, open_store
 
+
+@pytest.fixture(autouse=True)
+def _settling_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Settling by the helper is off by default (``LAUNCHHELM_SETTLE_TIMEOUT``): these tests turn it on."""
+    monkeypatch.setenv("LAUNCHHELM_SETTLE_TIMEOUT", "30")
+
+
 PROJECT = "settle"
 
 #: A training process: init, a few points, the helper's pid, then finish() when told (all at once).
