@@ -263,5 +263,10 @@ def test_the_guides_sbatch_script_resumes_its_torchrun_job_after_a_preemption(
     # the notice's checkpoint was saved at the step reached, and the requeued job resumed from it: 0 steps redone
     assert preempted_at in [c.step for c in handle.checkpoints()], handle.checkpoints()
     assert all(r.to_step == r.reached for r in handle.rewinds()), handle.rewinds()
-    assert list(handle.history(duplicates="last")["step"]) == list(range(1, GUIDE_STEPS + 1))
+    history = handle.history(duplicates="all")
+    assert list(handle.history(duplicates="last")["step"]) == list(range(1, GUIDE_STEPS + 1)), (
+        [(a.ending, a.first_step, a.last_step, a.detail) for a in attempts],
+        list(zip(history["step"], history["attempt"], strict=True)),
+        diagnosis(),
+    )
     print(f"\n{how}: attempts {[(a.ending, a.first_step, a.last_step, a.detail) for a in attempts]}")
