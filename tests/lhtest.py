@@ -254,11 +254,13 @@ class FaultyS3Proxy:
             if (self._header(lines, b"expect") or b"").lower() == b"100-continue":
                 client.sendall(b"HTTP/1.1 100 Continue\r\n\r\n")  # type: ignore[attr-defined]
             length = int(self._header(lines, b"content-length") or 0)
-            while len(body) < length:
+            received = bytearray(body)  # not bytes +=: a part streamed in small writes made that quadratic
+            while len(received) < length:
                 chunk = client.recv(65536)  # type: ignore[attr-defined]
                 if not chunk:
                     return
-                body += chunk
+                received += chunk
+            body = bytes(received)
             self._record(method, path, lines, body)
             if method == "PUT" and self.match in path and body:
                 with self._lock:

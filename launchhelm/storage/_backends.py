@@ -421,12 +421,18 @@ class GCSPartUpload:
     def _put(
         self, offset: int, data: bytes | bytearray, total: str, extra: dict[str, str] | None = None
     ) -> tuple[object, bytes]:
+        from launchhelm.storage._transfer import BufferReader
+
         end = offset + len(data) - 1
-        headers = {"Content-Type": "application/octet-stream", "Content-Range": f"bytes {offset}-{end}/{total}"}
+        headers = {
+            "Content-Type": "application/octet-stream",
+            "Content-Range": f"bytes {offset}-{end}/{total}",
+            # a file body has no length aiohttp can find: said here, or it would go chunked
+            "Content-Length": str(len(data)),
+        }
         headers.update(extra or {})
-        # given as bytes, aiohttp copies the chunk twice more while it is sent; streamed as a file
-        # (BufferReader) it hung behind an HTTP proxy (tests/storage/test_large_objects.py's CRC32C check)
-        out: tuple[object, bytes] = self.fs.call("PUT", self.location, headers=headers, data=data)
+        # streamed as a file, not copied twice more by aiohttp (BufferReader); gcsfs rewinds it to retry
+        out: tuple[object, bytes] = self.fs.call("PUT", self.location, headers=headers, data=BufferReader(data))
         return out
 
     def put_part(self, number: int, offset: int, data: bytes | bytearray) -> None:
