@@ -32,17 +32,17 @@ dead process's helper draining it, and a relaunch or a reader opening the run.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import logging
 import mmap
 import os
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from launchhelm._locks import flock_within
 
 __all__ = ["Spool", "claim_spool", "recover_run", "recover_runs", "spool_root"]
 
@@ -437,17 +437,10 @@ def claim_spool(directory: Path, session_id: str, wait: float = CLAIM_WAIT) -> I
         yield False
         return
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    _log.debug("spool of session %s is held by another recovery: left to it", session_id)
-                    yield False
-                    return
-                time.sleep(0.05)
+        if not flock_within(fd, wait, 0.05):
+            _log.debug("spool of session %s is held by another recovery: left to it", session_id)
+            yield False
+            return
         yield os.fstat(fd).st_nlink > 0  # unlinked: the holder before us recovered it
     finally:
         os.close(fd)  # releases the lock

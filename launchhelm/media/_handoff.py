@@ -21,7 +21,6 @@ so a live run's index stays a few objects per level.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import time
@@ -30,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from launchhelm._exceptions import AlreadyExistsError
+from launchhelm._locks import flock_within
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._spill import RECOVERED_BASE, is_handoff, read_spilled, spill_paths
 from launchhelm.media._writer import object_name, store_items
@@ -70,17 +70,7 @@ def one_storer(directory: Path, session_id: str, wait: float = STORER_WAIT) -> I
         yield False  # the spool is gone: nothing is left to store
         return
     try:
-        deadline = time.monotonic() + wait
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(0.02)
-        yield True
+        yield flock_within(fd, wait, 0.02)
     finally:
         os.close(fd)  # releases the lock
 
