@@ -16,12 +16,13 @@ Stalls with images
     ``--stall-seconds`` each (default 5): without images, then with one 512x512x3 image in the
     first call of every 10th batch (an image every ~60 ms, within the media thread's pace).
     Per-batch wall p50, p99 and max in ms, of every batch (the media thread works during the
-    batches without an image too), and the ratio images / numbers: both variants run in the same
-    process one after the other, so the machine's noise is the baseline. Target: ratio <= 1.0 at
-    p99 and max (batches with images stall no more than those without; printed with a 10%
-    allowance for noise under ``--check``). With a helper process (a local store with a spool, the
-    default) the images are encoded and stored there; the script says which. bench_log's absolute
-    targets for a batch (p99.9 <= 1 ms, max <= 2 ms) are printed beside, as information.
+    batches without an image too), beside the same without images: both variants run in the same
+    process one after the other, so the machine's noise is the baseline. Target (the issue's): the
+    run with images meets bench_log's targets for a batch, p99.9 <= 1 ms and max <= 2 ms, its max
+    being that of the batches holding an image; printed on the wall clock and, as bench_log does,
+    less the time the kernel kept the thread waiting for a CPU (other processes' noise on a shared
+    machine; a wait for the GIL is kept). With a helper process (a local store with a spool, the
+    default) the images are encoded and stored there; the script says which.
 
 Opening a long run's media
     A run of ``--steps`` steps (default 200; ``--full``: 10,000) x 4 image keys, a flush after
@@ -74,9 +75,9 @@ KEYS = ("samples/a", "samples/b", "samples/c", "samples/d")
 TARGET_EXTRA_US = 20.0
 TARGET_REQUESTS = 20
 TARGET_BYTES_RATIO = 1.05
-#: Batches with an image vs without, at p99 and max: no more (the check allows this much noise).
-TARGET_STALL_RATIO = 1.0
-STALL_NOISE = 1.10
+#: bench_log's targets for a batch of 100 ``log()`` calls, which a batch with an image must meet too.
+STALL_P999_MS = 1.0
+STALL_MAX_MS = 2.0
 
 
 def picture(seed: int = 0) -> np.ndarray:
@@ -172,22 +173,32 @@ def bench_flood(store: str, spool: str, seconds: float) -> dict[str, float]:
     }
 
 
-def _batches(seconds: float, log: Callable[[int, int, dict[str, Any]], None]) -> list[int]:
-    """Wall ns of each batch of 100 ``log`` calls, then a 5 ms sleep, for ``seconds``."""
+def _batches(seconds: float, log: Callable[[int, int, dict[str, Any]], None]) -> tuple[list[int], list[int]]:
+    """Per batch of 100 ``log`` calls (then a 5 ms sleep), for ``seconds``: its wall ns, and its wall ns
+    less the time the kernel kept the thread waiting for a CPU (bench_log's "less CPU waits": other
+    processes' noise on a busy machine; a wait for the GIL is kept)."""
+    from _gilwatch import RunDelay
+
+    queued = RunDelay()
     pc = time.perf_counter_ns
     walls: list[int] = []
+    own: list[int] = []
     step = 0
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
         batch = len(walls)
+        q0 = queued()
         t0 = pc()
         for i in range(100):
             x = float(step)
             log(batch, i, {"loss": 1.0 / (x + 1.0), "lr": 3e-4, "grad_norm": x})
             step += 1
-        walls.append(pc() - t0)
+        wall = pc() - t0
+        walls.append(wall)
+        own.append(max(0, wall - int((queued() - q0) * 1e9)))
         time.sleep(0.005)
-    return walls
+    queued.close()
+    return walls, own
 
 
 def bench_stalls(store: str, seconds: float) -> dict[str, list[int]]:
@@ -202,7 +213,7 @@ def bench_stalls(store: str, seconds: float) -> dict[str, list[int]]:
                 d["img"] = lh.Image(a)
             run.log(d)
 
-        out[name] = _batches(seconds, log)
+        out[name], out[f"{name}_own"] = _batches(seconds, log)
         if with_image:
             out["handed"] = [run._media.handed]  # items the helper process stored (0: encoded in this process)
         run.finish()
@@ -405,25 +416,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         for q, label in ((99, "p99"), (100, "max")):
             ratio = us(stalls["images"], q) / us(stalls["numbers"], q)
-            rows.append(
-                (
-                    f"  ratio images / none, {label}",
-                    ratio,
-                    math.nan,
-                    f"<= {TARGET_STALL_RATIO:.1f}",
-                    ratio <= TARGET_STALL_RATIO * STALL_NOISE,
+            rows.append((f"  ratio images / none, {label}", ratio, math.nan, "", None))
+        # the issue's target: batches with images within bench_log's (p99.9 <= 1 ms, max <= 2 ms); the
+        # batches without images, beside, are this machine's own tail
+        for suffix, how in (("", "wall"), ("_own", "less CPU waits")):
+            for pct, label, limit in ((99.9, "p99.9", STALL_P999_MS), (100.0, "max", STALL_MAX_MS)):
+                images = us(stalls[f"images{suffix}"], pct) / 1000
+                numbers = us(stalls[f"numbers{suffix}"], pct) / 1000
+                rows.append(
+                    (
+                        f"  per batch, an image per 10, {label} ms ({how}; vs none)",
+                        images,
+                        numbers,
+                        f"<= {limit:g}",
+                        images <= limit,
+                    )
                 )
-            )
-        for name in ("numbers", "images"):
-            rows.append(
-                (
-                    f"  bench_log's targets, {name}: p99.9 / max ms",
-                    us(stalls[name], 99.9) / 1000,
-                    us(stalls[name], 100) / 1000,
-                    "<= 1 / <= 2 (info)",
-                    None,
-                )
-            )
     full = steps >= 10_000
     where = "memory" if args.memory else "local"
     rows.append(
