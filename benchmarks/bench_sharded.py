@@ -21,9 +21,10 @@ adding 20 ms to every request, an in-region S3 round trip), a smaller model of `
 (moto holds every object in its memory and runs on the same two cores): ``save_checkpoint()`` on
 an ``s3://`` store beside ``dcp.save`` with torch's fsspec writer (``FsspecWriter``) at its
 defaults, and beside the store's ceiling: each rank writing the same bytes with one plain s3fs
-``pipe_file`` (multipart, parts in parallel). ``--s3-size-mb 0`` skips it. moto shares the
-machine's cores with the ranks: where the ceiling and both writers meet, the machine, not the
-writers, sets the figure; it says most where moto has cores to spare.
+``pipe_file``, the same transfer done by the client directly (one PUT under 50 MiB, s3fs's own
+multipart threshold; above it parts of the store's size, as many in parallel). ``--s3-size-mb 0``
+skips it. moto shares the machine's cores with the ranks: where the ceiling and both writers
+meet, the machine, not the writers, sets the figure; it says most where moto has cores to spare.
 
 Method: a time is the slowest rank's (every timed section starts after a barrier and ends with
 one). Memory pages freed a moment ago are fast to fill and memory left free for a few seconds is
@@ -278,9 +279,18 @@ def worker(args: argparse.Namespace) -> None:
 
         model, optimizer = build(args.s3_size_mb)
         _locals, s3_gb = shard_bytes(model, optimizer)
-        # the ceiling: this rank's shard bytes in one plain s3fs write (multipart, concurrent parts)
+        # the ceiling: the same transfer done by the client directly, one plain s3fs write of this rank's
+        # shard bytes: one PUT under the store's single-PUT threshold (s3fs's own multipart threshold),
+        # else parts of the store's size, as many in flight (s3fs's pipe_file alone would send up to
+        # 100 MiB as one PUT: another transfer)
+        from launchhelm.storage._backends import S3PartUpload
+
         blob = b"".join(memoryview(t.contiguous().view(-1).view(torch.uint8).numpy()) for t in _locals)
         del _locals
+        if len(blob) < S3PartUpload.whole_bytes:
+            direct: dict[str, int] = {}
+        else:
+            direct = {"chunksize": S3PartUpload.part_bytes, "max_concurrency": S3PartUpload.concurrency}
         prefix = f"{BUCKET}/w{world}"
         tr = lht.init("bench-s3", store=f"s3://{prefix}/store")
         tr.watch(model, optimizer)
@@ -293,7 +303,7 @@ def worker(args: argparse.Namespace) -> None:
                     record(name, timed(lambda: tr.save_checkpoint()), round_)
                 elif name == "s3_raw":
                     path = f"{prefix}/raw-r{round_}/rank{rank}"
-                    record(name, timed(lambda path=path: fs.pipe_file(path, blob)), round_)
+                    record(name, timed(lambda path=path: fs.pipe_file(path, blob, **direct)), round_)
                 else:
                     s = state(model, optimizer)
                     writer = FsspecWriter(f"s3://{prefix}/dcp-r{round_}")
