@@ -89,8 +89,9 @@ def test_killed_restarted_and_stalled_workers_log_every_score_exactly_once(
     chaos_until = time.monotonic() + 25
 
     def chaos(now: float) -> bool:
-        # a loaded machine starts workers slowly: the chaos goes on (a while) until it killed enough
-        return now < chaos_until or (kills < 8 and now < chaos_until + 60)
+        # a loaded machine starts workers slowly: the chaos goes on (a while) until it killed enough, and
+        # enough of them mid-evaluation
+        return now < chaos_until or ((kills < 8 or mid_evaluation < 3) and now < chaos_until + 60)
 
     next_kill = time.monotonic() + rng.uniform(0.5, 1.0)
     next_check = next_publish = 0.0
@@ -107,7 +108,9 @@ def test_killed_restarted_and_stalled_workers_log_every_score_exactly_once(
                 tails = [_lines(log)[offsets[i] :] for i, log in enumerate(logs)]  # this incarnation's lines
                 serving = [i for i, tail in enumerate(tails) if workers[i].poll() is None and "ready" in tail]
                 busy = [i for i in serving if tails[i][-1].startswith("evaluating")]
-                if busy or (serving and rng.random() < 0.3):  # mostly mid-evaluation, sometimes idle
+                # mostly mid-evaluation, sometimes idle: idle ones only once three died mid-evaluation (on a
+                # loaded machine an idle kill's slow restart leaves fewer evaluations to kill in)
+                if busy or (serving and mid_evaluation >= 3 and rng.random() < 0.3):
                     victim = rng.choice(busy or serving)
                     mid_evaluation += bool(busy)
                     workers[victim].kill()  # SIGKILL: no clean-up runs
