@@ -384,9 +384,15 @@ class MediaPickup:
         directory = Path(config.spool or ".") / config.run_id
         storer: HandoffStorer | None = None
         failing = False
+        from launchhelm._exceptions import StoreUnreachableError
+        from launchhelm.media._handoff import handed_files
+
         while not self._stop.is_set():
             try:
                 if storer is None:
+                    if not handed_files(directory, config.session):
+                        self._stop.wait(self.POLL)
+                        continue  # nothing handed over yet: no store to open (an outage stays unseen here)
                     from launchhelm.storage import open_store
 
                     storer = HandoffStorer(
@@ -395,7 +401,9 @@ class MediaPickup:
                 stored = storer.step()
             except Exception as exc:  # the store: try again; the files wait in the spool
                 if not failing:
-                    _log.warning("launchhelm: run %s: its helper could not store media yet: %s", config.run_id, exc)
+                    # an unreachable store is said once, by the training process's outage notice
+                    level = logging.DEBUG if isinstance(exc, StoreUnreachableError) else logging.WARNING
+                    _log.log(level, "launchhelm: run %s: its helper could not store media yet: %s", config.run_id, exc)
                 failing = True
                 self._stop.wait(1.0)
                 continue
