@@ -46,7 +46,9 @@ def _objects(store: str, run_id: str) -> set[str]:
     return {i.key for i in open_store(store).list_info(media_objects_prefix(run_id))}
 
 
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize(
+    "backend", ["local", pytest.param("s3", marks=pytest.mark.slow)]
+)  # the object stores: not in --quick
 def test_gc_deletes_media_a_killed_session_stored_and_never_indexed(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:

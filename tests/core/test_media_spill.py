@@ -45,6 +45,7 @@ def _check_all_back(store: str, run_id: str, count: int) -> None:
         assert np.array_equal(item.load(), _picture(item.step)), item.step
 
 
+@pytest.mark.slow
 def test_media_past_the_memory_bound_go_to_the_spool_and_every_one_reaches_the_store(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -64,6 +65,7 @@ def test_media_past_the_memory_bound_go_to_the_spool_and_every_one_reaches_the_s
     assert not (spool / run.id).exists() or not spill_paths(spool / run.id, run.session_id)
 
 
+@pytest.mark.slow
 def test_what_finish_cannot_store_in_its_time_waits_in_the_spool_and_recover_stores_it_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -145,6 +145,7 @@ def read_and_never_write(api: lh.Api) -> pd.DataFrame:
     return _project_frame([(r.run_id, r.frame(None, "all")) for r in runs])
 
 
+@pytest.mark.slow
 def test_a_damaged_or_missing_manifest_or_segment_falls_back_to_each_runs_own_reads(tmp_path: Path) -> None:
     store = str(tmp_path / "store")
     settled = [_settled_run(store, i) for i in range(8)]
@@ -192,6 +193,7 @@ def test_racing_builders_never_clobber_each_other(tmp_path: Path) -> None:
     pd.testing.assert_frame_equal(lh.Api(store).history(PROJECT), _per_run(lh.Api(store), PROJECT))
 
 
+@pytest.mark.slow
 def test_the_compare_chart_reads_settled_runs_from_the_dataset(tmp_path: Path) -> None:
     from launchhelm.widgets import CompareChart
 
@@ -263,6 +265,7 @@ def test_compact_project_builds_the_dataset_from_the_command_line(
     assert _project.BUILD_AFTER > 2  # so the read above would not have built it by itself
 
 
+@pytest.mark.slow
 def test_many_runs_pivot_in_one_pass_exactly_as_run_by_run() -> None:
     import numpy as np
     import pyarrow as pa

@@ -142,6 +142,7 @@ def test_a_stuck_attempt_ends_hung_and_its_relaunch_finishes(tmp_path: Path, how
     _no_survivor(tag)
 
 
+@pytest.mark.slow
 def test_without_auto_resume_the_run_shows_hung_until_it_steps(tmp_path: Path) -> None:
     store, run_id, tag = str(tmp_path / "store"), "hangmark", uuid.uuid4().hex
     proc = _launch(
@@ -192,6 +193,7 @@ def test_without_auto_resume_the_run_shows_hung_until_it_steps(tmp_path: Path) -
     _no_survivor(tag)
 
 
+@pytest.mark.slow
 def test_a_restart_loop_is_refused_and_a_choice_clears_it(tmp_path: Path) -> None:
     store, run_id, tag = str(tmp_path / "store"), "loop", uuid.uuid4().hex
     first = _launch(store, run_id, tag, "--steps", "30", "--hang-timeout", "none")
@@ -235,6 +237,7 @@ def test_a_restart_loop_is_refused_and_a_choice_clears_it(tmp_path: Path) -> Non
     _no_survivor(tag)
 
 
+@pytest.mark.slow
 def test_without_auto_resume_nothing_is_refused(tmp_path: Path) -> None:
     store, run_id, tag = str(tmp_path / "store"), "noloop", uuid.uuid4().hex
     base = ("--no-auto-resume", "--hang-timeout", "none")
@@ -323,6 +326,7 @@ def test_summary_names_the_training_thread() -> None:
     assert summarize_dump(dump, 0xAA) == "`wait` (threading.py:331)"
 
 
+@pytest.mark.slow
 def test_auto_in_a_real_process_ignores_a_slow_first_step_and_a_pause(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -447,6 +447,7 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("notice_after", [11, 9], ids=["between-saves", "before-the-loops-own-save"])
 def test_a_notice_mid_loop_resumes_bitwise_with_a_scheduler_stepped_after_the_optimizer(
     tmp_path: Path, notice_after: int

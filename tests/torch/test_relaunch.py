@@ -290,7 +290,7 @@ def _differences(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
     ]
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1300)
 def test_ray_train_restarts_its_workers_after_a_sigkill_into_the_same_run_bitwise(tmp_path: Path) -> None:
     """The relaunch guide's Ray Train script (``TorchTrainer``, ``FailureConfig(max_failures=2)``) on a local Ray
     cluster: one worker killed, the group restarted, one run, its last checkpoint bitwise equal to an
@@ -323,9 +323,10 @@ def test_ray_train_restarts_its_workers_after_a_sigkill_into_the_same_run_bitwis
     )
     for name in ("LAUNCHHELM_RUN_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "SKYPILOT_TASK_ID"):
         env.pop(name, None)
+    # 426 s on a quiet CI machine and 787 s beside other load: Ray's start and its two trainings
     done = subprocess.run(
         [sys.executable, str(Path(__file__).with_name("ray_job.py")), str(script), "plain:-1", "crash:8"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=780,
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=1200,
     )  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
     api = lh.Api(store)
