@@ -402,7 +402,9 @@ class MediaPickup:
             except Exception as exc:  # the store: try again; the files wait in the spool
                 if not failing:
                     # an unreachable store is said once, by the training process's outage notice
-                    level = logging.DEBUG if isinstance(exc, StoreUnreachableError) else logging.WARNING
+                    # (and a spool folder its training process removed at a clean end has nothing left to store)
+                    quiet = isinstance(exc, StoreUnreachableError) or not directory.is_dir()
+                    level = logging.DEBUG if quiet else logging.WARNING
                     _log.log(level, "launchhelm: run %s: its helper could not store media yet: %s", config.run_id, exc)
                 failing = True
                 self._stop.wait(1.0)

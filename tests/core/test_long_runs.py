@@ -274,6 +274,7 @@ def test_without_a_trim_the_heaps_keep_their_free_holes() -> None:
 _OUTAGE_CHILD = textwrap.dedent(
     """
     import socket, sys, threading, time
+    import numpy as np
     import launchhelm as lh
 
     upstream = int(sys.argv[2])
@@ -332,6 +333,7 @@ _OUTAGE_CHILD = textwrap.dedent(
     run = lh.init("outage", store=sys.argv[1], storage_options=opts, system_metrics=False,
                   capture_console=False, flush_interval=0.2, heartbeat_interval=0.5, heartbeat_timeout=30)
     step = 0
+    images = len(sys.argv) > 5 and sys.argv[5] == "images"
     def log_for(seconds):
         global step
         end = time.monotonic() + seconds
@@ -339,6 +341,8 @@ _OUTAGE_CHILD = textwrap.dedent(
             for _ in range(100):
                 run.log({"x": float(step)}, step=step)
                 step += 1
+            if images:  # media handed to the helper, which meets the outage too
+                run.log({"img": lh.Image(np.full((8, 8, 3), step % 256, dtype=np.uint8))}, step=step - 1)
             time.sleep(0.005)
     log_for(1.5)
     gate.close()       # refuses connections now
@@ -353,15 +357,19 @@ _OUTAGE_CHILD = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_an_outage_is_said_in_one_line_and_its_end_in_another(moto_endpoint: str, tmp_path: Path) -> None:
-    """S3 refusing connections mid-run: nothing lost, one warning line, one recovery line, no traceback."""
+@pytest.mark.parametrize("media", ["numbers", "images"])
+def test_an_outage_is_said_in_one_line_and_its_end_in_another(moto_endpoint: str, tmp_path: Path, media: str) -> None:
+    """S3 refusing connections mid-run: nothing lost, one warning line, one recovery line, no traceback.
+
+    With images, the helper storing them meets the outage too, and says nothing of its own.
+    """
     import secrets
 
     from lhtest import BUCKET
 
     store = f"s3://{BUCKET}/{secrets.token_hex(6)}"
     out = subprocess.run(
-        [sys.executable, "-c", _OUTAGE_CHILD, store, moto_endpoint.rsplit(":", 1)[1], "6", "comes-back"],
+        [sys.executable, "-c", _OUTAGE_CHILD, store, moto_endpoint.rsplit(":", 1)[1], "6", "comes-back", media],
         env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
         capture_output=True,
         text=True,
@@ -378,6 +386,10 @@ def test_an_outage_is_said_in_one_line_and_its_end_in_another(moto_endpoint: str
     opened = lh.storage.open_store(store, {"client_kwargs": {"endpoint_url": moto_endpoint}})
     frame = lh.Api(opened).run(run_id).history()
     assert frame["x"].tolist() == [float(s) for s in range(int(steps))]
+    if media == "images":  # every picture, the ones logged while the store was down included
+        items = lh.Api(opened).run(run_id).media("img")
+        assert [item.step for item in items] == list(range(99, int(steps), 100))
+        assert all(int(item.load()[0, 0, 0]) == (item.step + 1) % 256 for item in items)
 
 
 @pytest.mark.slow
