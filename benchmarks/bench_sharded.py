@@ -94,12 +94,55 @@ def _start_moto(work: Path) -> tuple[subprocess.Popen[bytes], Any]:
     return proc, proxy
 
 
+def _serve_counts(proxy: Any) -> str:
+    """A local HTTP endpoint answering the proxy's request counts so far (JSON), for ``--verbose``."""
+    import http.server
+    import json
+    import threading
+
+    class Counts(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if self.path.endswith("trace"):
+                body = json.dumps(proxy.trace).encode()
+            else:
+                body = json.dumps(dict(proxy.snapshot())).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Counts)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}/"
+
+
+def _request_counts() -> dict[str, int]:
+    import json
+
+    with urllib.request.urlopen(os.environ["BENCH_COUNTS_URL"], timeout=10) as answer:
+        counts: dict[str, int] = json.loads(answer.read())
+    return counts
+
+
+def _request_trace(since: float) -> list[tuple[float, str]]:
+    """The proxy's requests after ``since`` (its monotonic clock: the same machine's)."""
+    import json
+
+    with urllib.request.urlopen(os.environ["BENCH_COUNTS_URL"] + "trace", timeout=10) as answer:
+        return [(t, what) for t, what in json.loads(answer.read()) if t >= since]
+
+
 def launch(args: argparse.Namespace) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-sharded-", dir=args.dir))
     moto: subprocess.Popen[bytes] | None = None
     try:
         if args.s3_size_mb > 0:
-            moto, _proxy = _start_moto(work)
+            moto, proxy = _start_moto(work)
+            if args.verbose:  # rank 0 prints the requests each S3 save sent, read from the proxy here
+                os.environ["BENCH_COUNTS_URL"] = _serve_counts(proxy)
         for nproc in args.ranks:
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}"]
             cmd += [__file__, "--worker", "--work", str(work), "--size-mb", str(args.size_mb)]
@@ -299,6 +342,9 @@ def worker(args: argparse.Namespace) -> None:
             order = ["s3_lh", "s3_dcp", "s3_raw"]
             order = order[round_ % 3 :] + order[: round_ % 3]
             for name in order:
+                counting = rank == 0 and "BENCH_COUNTS_URL" in os.environ
+                before = _request_counts() if counting else {}
+                began = time.monotonic()
                 if name == "s3_lh":
                     record(name, timed(lambda: tr.save_checkpoint()), round_)
                 elif name == "s3_raw":
@@ -308,6 +354,16 @@ def worker(args: argparse.Namespace) -> None:
                     s = state(model, optimizer)
                     writer = FsspecWriter(f"s3://{prefix}/dcp-r{round_}")
                     record(name, timed(lambda s=s, w=writer: dcp.save(s, storage_writer=w)), round_)
+                if counting:
+                    after = _request_counts()
+                    sent = {k: v - before.get(k, 0) for k, v in after.items() if v != before.get(k, 0)}
+                    kinds: dict[str, int] = {}
+                    for k, v in sent.items():  # "METHOD /bucket/prefix": by method and the key's second folder
+                        kinds[k.split(" ")[0]] = kinds.get(k.split(" ")[0], 0) + v
+                    print(f"  {name}: {sum(sent.values())} requests, all ranks: {kinds}", flush=True)
+                    if os.environ.get("BENCH_TRACE"):  # each request, ms after the section began
+                        for t, what in _request_trace(began):
+                            print(f"    {1000 * (t - began):7.0f} ms  {what[:140]}", flush=True)
             dist.barrier()
             if rank == 0:  # keep moto's memory bounded
                 fs.invalidate_cache()

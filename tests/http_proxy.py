@@ -52,10 +52,15 @@ class RequestCounter:
     again, on the same port.
     """
 
+    #: Entries kept in :attr:`trace`.
+    TRACE_KEPT = 10_000
+
     def __init__(self, upstream_port: int, latency: float = 0.0) -> None:
         self.upstream_port = upstream_port
         self.latency = latency
         self.requests: Counter[str] = Counter()
+        #: the last requests in order, (monotonic time, "METHOD target"): which ones, and which ran in series
+        self.trace: list[tuple[float, str]] = []
         #: the most requests held at once (in their latency wait): > 1 means the client sent them concurrently
         self.peak_in_flight = 0
         self._in_flight = 0
@@ -202,6 +207,8 @@ class RequestCounter:
                     return
                 with self._lock:
                     self.requests[f"{method} {'/'.join(path.split('/')[:3])}"] += 1
+                    self.trace.append((time.monotonic(), f"{method} {target}"))
+                    del self.trace[: -self.TRACE_KEPT]
                 if self.latency:
                     with self._lock:
                         self._in_flight += 1
