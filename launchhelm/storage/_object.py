@@ -396,8 +396,12 @@ class ObjectStore(Store):
 
     @contextmanager
     def _writer(self, key: str, progress: Progress, size: int | None = None) -> Iterator[BinaryIO]:
-        self._refuse_taken(key)
-        if self._part_upload(key) is None:
+        upload = self._part_upload(key)
+        if not (upload is not None and size is not None and size <= upload.whole_bytes):
+            # an object sent whole is its own check (one conditional PUT): asking first would cost a
+            # sharded save two round trips per rank (s3fs's info: a HEAD, then a listing) for nothing
+            self._refuse_taken(key)
+        if upload is None:
             with self._fallback_writer(key, progress) as f:
                 yield f
             return

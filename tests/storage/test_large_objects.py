@@ -610,6 +610,10 @@ def test_an_object_of_a_known_size_under_50_mib_goes_to_s3_as_one_put_with_its_c
                 f.write(data[start : start + (1 << 20)])
         methods = {request.split()[0] for request in proxy.snapshot()}
         assert "POST" not in methods and proxy.snapshot()[f"PUT /{BUCKET}/{prefix}"] == 1, proxy.snapshot()
+        assert proxy.total == 1, proxy.snapshot()  # no look first: the conditional PUT is the check
+        with pytest.raises(AlreadyExistsError, match=r"known\.bin"), store.writer("known.bin", size=3) as f:
+            f.write(b"new")  # the key is taken: refused by the PUT, the object kept
+        assert store.read("known.bin") == data
         head = boto3.client("s3", endpoint_url=moto_endpoint).head_object(
             Bucket=BUCKET, Key=f"{prefix}/known.bin", ChecksumMode="ENABLED"
         )
