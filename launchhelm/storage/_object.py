@@ -8,7 +8,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, BinaryIO, TypeVar, cast
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar, cast
 
 from launchhelm._exceptions import (
     AlreadyExistsError,
@@ -313,8 +313,18 @@ class ObjectStore(Store):
         from launchhelm.storage._backends import to_epoch
 
         base = self._path(prefix) if prefix else self.root
+
+        def find() -> dict[str, dict[str, Any]]:
+            if prefix and self.protocol in ("s3", "s3a"):
+                # one listing: asked for "<base>" alone, s3fs follows an empty answer with a HEAD and a
+                # second listing (is it a file? a folder?); asked for "<parent>" with the prefix "<leaf>/",
+                # it lists only. An empty prefix is the common answer (no rule set, no evaluation yet).
+                parent, _, leaf = base.rpartition("/")
+                return cast("dict[str, dict[str, Any]]", self.fs.find(parent, detail=True, prefix=leaf + "/"))
+            return cast("dict[str, dict[str, Any]]", self.fs.find(base, detail=True))
+
         try:
-            found = self._retrying(lambda: self.fs.find(base, detail=True), prefix or None, "listing")
+            found = self._retrying(find, prefix or None, "listing")
         except ObjectNotFoundError:
             found = {}
         strip = self.fs._strip_protocol(base).rstrip("/")

@@ -638,3 +638,23 @@ def test_an_object_of_a_known_size_under_50_mib_goes_to_s3_as_one_put_with_its_c
         assert _multipart_uploads(store) == []
     finally:
         proxy.close()
+
+
+def test_listing_a_prefix_on_s3_is_one_request_empty_or_not(moto_endpoint: str) -> None:
+    """s3fs alone follows an empty listing with a HEAD and a second listing; a store lists once."""
+    from http_proxy import RequestCounter
+
+    prefix = f"list-{os.urandom(3).hex()}"
+    proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
+    store = open_store(f"s3://{BUCKET}/{prefix}", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
+    try:
+        store.create("rules/a/1.json", b"{}")
+        store.create("rules/ab", b"not under rules/a/")
+        store.create("rules/a", b"an object named as the prefix: not listed under it")
+        assert store.list("warm-up") == []  # the store's first empty answer also checks the bucket, once
+        for listed, expected in (("rules/none", []), ("rules/a", ["1.json"])):
+            proxy.reset()
+            assert store.list(listed) == expected
+            assert proxy.total == 1, (listed, proxy.snapshot())
+    finally:
+        proxy.close()
