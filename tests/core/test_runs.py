@@ -169,8 +169,12 @@ def test_a_sigkilled_run_reads_stopped_and_resumes_at_once(shared_store_url: str
     assert time.monotonic() - started < 10
     proc.wait()
     assert resumed.global_step == 40
-    start_event = [e for e in handle.events() if e["type"] == "session_started"][-1]
-    assert start_event["replaces"]["reason"] == "process gone"
+    events = handle.events()
+    first, start_event = [e for e in events if e["type"] == "session_started"][-2:]
+    ended = [e for e in events if e["type"] == "session_ended" and e.get("session") == first["session"]]
+    # the killed session is replaced as gone, or its helper (which drains a killed process at once) ended
+    # it first: on a slow store the resume can come second
+    assert (start_event["replaces"] or {}).get("reason") == "process gone" or ended, events
     assert handle.history()["loss"].tolist() == pytest.approx([1.0 / s for s in range(1, 41)])
     resumed.finish(close_run=False)
     assert handle.status == "resumable"
