@@ -152,6 +152,7 @@ class PreemptionListener:
         self._describe = describe
         self._previous: dict[signal.Signals, Any] = {}
         self._wake_r = self._wake_w = -1
+        self._wakeup_owned = False  # the interpreter's wakeup fd is our pipe (see install)
         self._thread: threading.Thread | None = None
         self._ending = threading.Lock()  # held by whoever ends the session: the training thread or the budget
         self._ended = threading.Event()
@@ -170,6 +171,18 @@ class PreemptionListener:
         os.set_blocking(self._wake_w, False)
         for number in self.settings.signals:
             self._previous[number] = signal.signal(number, self._handle)
+        # Python runs ``_handle`` in the main thread between bytecodes: never while that thread waits in
+        # C (a collective whose peer is gone). The interpreter's own C handler writes each signal's number
+        # to the wakeup fd at once, so the watcher sees the notice anyway. Taken only where nobody holds it
+        # (an asyncio loop's), and given back at the session's end.
+        try:
+            held = signal.set_wakeup_fd(self._wake_w, warn_on_full_buffer=False)
+        except (ValueError, OSError):
+            held = -2
+        if held == -1:
+            self._wakeup_owned = True
+        elif held >= 0:
+            signal.set_wakeup_fd(held)  # someone else's: left as it was
         self._thread = threading.Thread(target=self._watch, name="launchhelm-preemption", daemon=True)
         self._thread.start()
         return True
@@ -207,10 +220,22 @@ class PreemptionListener:
 
     # -- the watcher ---------------------------------------------------------------
     def _watch(self) -> None:
-        try:
-            byte = os.read(self._wake_r, 1)
-        except OSError:
-            return
+        notices = {int(number) for number in self.settings.signals}
+        while True:
+            try:
+                byte = os.read(self._wake_r, 1)
+            except OSError:
+                return
+            if not byte or byte in (b"n", b"a"):
+                break
+            if byte[0] in notices:  # the C handler's byte: ``_handle`` may not run for as long as C holds on
+                if self.signum is None:
+                    self._noticed_at = time.monotonic()
+                    self.signum = byte[0]
+                    self._raise_flag()
+                byte = b"n"
+                break
+            # another signal's number (SIGINT...): not a notice
         if byte not in (b"n", b"a") or self.signum is None:
             return  # closed: the session ended without a notice
         name = signal.Signals(self.signum).name
@@ -263,7 +288,7 @@ class PreemptionListener:
     def close(self) -> None:
         """The session ended without a notice: put the handlers back and stop the watcher."""
         self._restore()
-        if self.signum is None and self._wake_w >= 0:
+        if self.signum is None and self._wake_w >= 0 and not self._wakeup_owned:
             os.close(self._wake_w)  # the watcher's read returns b""
             self._wake_w = -1
             if self._thread is not None and self._thread is not threading.current_thread():
@@ -272,8 +297,15 @@ class PreemptionListener:
             self._wake_r = -1
 
     def _restore(self) -> None:
-        if not self._previous or threading.current_thread() is not threading.main_thread():
+        if threading.current_thread() is not threading.main_thread():
             return  # signal.signal works on the main thread only; the process is on its way out
+        if self._wakeup_owned:
+            held = signal.set_wakeup_fd(-1)
+            if held != self._wake_w:
+                signal.set_wakeup_fd(held)  # taken over since: theirs now
+            self._wakeup_owned = False  # (until then the pipe stays open: its number is never reused)
+        if not self._previous:
+            return
         previous, self._previous = self._previous, {}
         for number, handler in previous.items():
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)

@@ -219,6 +219,8 @@ def test_a_rank_stuck_in_a_collective_still_exits_by_the_budget_and_latest_stays
         _wait_step(out, 2, 6, procs)
         r0 = _record(out, 0)
         procs[1].send_signal(signal.SIGSTOP)  # the peer is gone: rank 0's next allreduce never returns
+        # the notice comes once rank 0 waits in that allreduce, in C: Python's handler cannot run there
+        time.sleep(2.0)
         noticed = time.monotonic()
         procs[0].send_signal(signal.SIGTERM)
         output, _ = procs[0].communicate(timeout=TIMEOUT)
