@@ -4,7 +4,9 @@ A scheduler warns before it kills (Kubernetes, GCP and torchrun's agent send
 SIGTERM, SLURM's ``--signal`` SIGUSR1). With ``preemption`` on, ``init``
 installs :class:`PreemptionListener`: its signal handler only remembers the
 signal, raises the run's control flag (the one the step hook already reads,
-so listening costs nothing per step) and writes a byte to a pipe. The run
+so listening costs nothing per step) and writes a byte to a pipe; the same
+pipe is the interpreter's wakeup fd where nobody else holds it, so the
+notice reaches the watcher even while the main thread waits in C. The run
 acts at its next step boundary (``Run._preempt``); the listener's watcher
 thread, woken by that byte, keeps the budget: if the process has not exited
 ``budget`` seconds after the notice (a rank stuck in a collective with a dead
