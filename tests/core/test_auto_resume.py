@@ -177,15 +177,16 @@ def test_an_identity_reused_by_another_script_is_refused_not_merged(
         lh.init("p", store=store, auto_resume=True, **_quiet())  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "local",
-        pytest.param("s3", marks=pytest.mark.slow),
-        pytest.param("gcs", marks=pytest.mark.slow),
-        pytest.param("azure", marks=pytest.mark.slow),
-    ],
-)  # the object stores: not in --quick
+#: Every backend; the object stores' cases are slow ones (the full suite's, not --quick's).
+BACKENDS = [
+    "local",
+    pytest.param("s3", marks=pytest.mark.slow),
+    pytest.param("gcs", marks=pytest.mark.slow),
+    pytest.param("azure", marks=pytest.mark.slow),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_newer_attempt_takes_over_a_live_looking_session_at_once_and_fences_it(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -242,15 +243,7 @@ except lh.RunFencedError as exc:
 """
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "local",
-        pytest.param("s3", marks=pytest.mark.slow),
-        pytest.param("gcs", marks=pytest.mark.slow),
-        pytest.param("azure", marks=pytest.mark.slow),
-    ],
-)  # the object stores: not in --quick
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_a_frozen_session_resumed_after_its_relaunch_adds_nothing_and_exits_fenced(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -295,15 +288,7 @@ def test_a_frozen_session_resumed_after_its_relaunch_adds_nothing_and_exits_fenc
     assert json.loads(json.dumps([a.launcher for a in handle.attempts()]))[1]["restart"] == [1, 0]
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "local",
-        pytest.param("s3", marks=pytest.mark.slow),
-        pytest.param("gcs", marks=pytest.mark.slow),
-        pytest.param("azure", marks=pytest.mark.slow),
-    ],
-)  # the object stores: not in --quick
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_readers_drop_what_a_fenced_session_stored_past_its_watermark(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
