@@ -9,7 +9,8 @@ What is measured (one process, fresh temporary local stores):
     than the media thread stores them makes ``log()`` wait, by design), one ``perf_counter_ns``
     pair around each call; the baseline is
     ``a.copy()`` of the same array timed in the same loop, just before each ``log()``. p50, p99
-    and max in µs. Target: ``log()`` p99 <= copy p99 + 20 µs.
+    and max in µs. Target: ``log()`` p99 <= copy p99 + 20 µs. For scale (info): a ``log()`` of
+    one float and an empty Python call, each after its own 100 ms sleep in the same loop.
 
 Stalls with images
     Batches of 100 ``log()`` calls of 3 scalars then a 5 ms sleep (bench_log's shape), for
@@ -105,6 +106,10 @@ def media_thread_ms(rounds: int = 5) -> float:
     return statistics.median(times)
 
 
+def _empty() -> None:
+    """A Python call that does nothing, timed cold as the others are."""
+
+
 def bench_log_latency(store: str, images: int) -> dict[str, list[int]]:
     """ns per ``log()`` of an image and per ``copy()`` of the same array, alternating in one loop."""
     a = picture()
@@ -113,7 +118,7 @@ def bench_log_latency(store: str, images: int) -> dict[str, list[int]]:
         run.log({"img": lh.Image(a)}, step=step)
     run.flush()
     pc = time.perf_counter_ns
-    out: dict[str, list[int]] = {"log": [], "copy": []}
+    out: dict[str, list[int]] = {"log": [], "copy": [], "scalar": [], "empty": []}
     for step in range(20, 20 + images):
         t0 = pc()
         a.copy()
@@ -122,6 +127,18 @@ def bench_log_latency(store: str, images: int) -> dict[str, list[int]]:
         t2 = pc()
         out["copy"].append(t1 - t0)
         out["log"].append(t2 - t1)
+        time.sleep(0.1)
+        # the scale of the cold path: a log() of one number and an empty call, each after the same
+        # 100 ms step (what any Python costs once the step evicted the caches; info, no target)
+        t0 = pc()
+        run.log({"loss": 0.5}, step=step)
+        t1 = pc()
+        out["scalar"].append(t1 - t0)
+        time.sleep(0.1)
+        t0 = pc()
+        _empty()
+        t1 = pc()
+        out["empty"].append(t1 - t0)
         time.sleep(0.1)
     run.finish()
     return out
@@ -402,6 +419,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             us(lat["log"], 99) <= copy99 + TARGET_EXTRA_US,
         ),
         ("log() 512x512x3 max µs (vs copy)", us(lat["log"], 100), us(lat["copy"], 100), "", None),
+        ("  log() of one float p50 µs (vs an empty call)", us(lat["scalar"], 50), us(lat["empty"], 50), "", None),
+        ("  log() of one float p99 µs (vs an empty call)", us(lat["scalar"], 99), us(lat["empty"], 99), "", None),
     ]
     if stalls is not None:
         for q, label in ((50, "p50"), (99, "p99"), (100, "max")):
