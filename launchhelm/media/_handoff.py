@@ -35,7 +35,7 @@ from launchhelm.media._spill import RECOVERED_BASE, is_handoff, read_spilled, sp
 from launchhelm.media._writer import object_name, store_items
 from launchhelm.storage._keys import media_index_key, media_index_prefix, media_object_key, parse_media_index_name
 
-__all__ = ["HANDOFF_BASE", "MAX_FILES", "HandoffStorer", "handed_files", "store_handoff"]
+__all__ = ["HANDOFF_BASE", "MAX_FILES", "HandoffStorer", "handed_files", "merge_spans", "store_handoff"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -255,34 +255,39 @@ def seal_handed(
 
     The objects merged away are deleted by ``launchhelm gc`` after the grace period, as the seal's own.
     """
-    from launchhelm._metrics._compact import compaction_grace
-    from launchhelm.media._index import choose_index_objects
-
     with one_storer(directory, session_id, wait) if directory is not None else contextlib.nullcontext(True) as mine:
         if not mine:
             return  # a storer is still at work: the index stays a few objects, read as they are
-        prefix = media_index_prefix(run_id)
-        names = [f"{session_id}/{rest}" for rest in store.list(f"{prefix}/{session_id}")]
-        ours = [n for n in names if (p := parse_media_index_name(n)) and HANDOFF_BASE <= p[1] < RECOVERED_BASE]
-        # a merged object's name claims every file of its span: only spans with no gap are merged (files
-        # not indexed yet, or stored elsewhere, must not be hidden behind one)
-        spans: list[list[tuple[str, str, int, int]]] = []
-        for chosen in choose_index_objects(ours):
-            if spans and chosen[2] == spans[-1][-1][3] + 1:
-                spans[-1].append(chosen)
-            else:
-                spans.append([chosen])
-        for span in spans:
-            if len(span) < 2:
-                continue
-            keys = [f"{prefix}/{name}" for name, _, _, _ in span]
-            fetched = store.read_many(keys)
-            if any(fetched.get(key) is None for key in keys):
-                continue  # one was deleted by hand: readers still find the others
-            merged = encode_index(merge_tables([fetched[key] for key in keys]))
-            try:
-                store.create(media_index_key(run_id, session_id, span[0][2], span[-1][3]), merged)
-            except AlreadyExistsError:
-                pass
-            if compaction_grace() <= 0:  # as the session's own seal: what it merged goes now, else `launchhelm gc`
-                store.delete_many(keys)
+        merge_spans(store, run_id, session_id, HANDOFF_BASE, RECOVERED_BASE)
+
+
+def merge_spans(store: Any, run_id: str, session_id: str, low: int, high: int) -> None:
+    """Merge the session's index objects numbered in ``[low, high)`` into one per run of adjacent spans."""
+    from launchhelm._metrics._compact import compaction_grace
+    from launchhelm.media._index import choose_index_objects
+
+    prefix = media_index_prefix(run_id)
+    names = [f"{session_id}/{rest}" for rest in store.list(f"{prefix}/{session_id}")]
+    ours = [n for n in names if (p := parse_media_index_name(n)) and low <= p[1] < high]
+    # a merged object's name claims every file of its span: only spans with no gap are merged (files
+    # not indexed yet, or stored elsewhere, must not be hidden behind one)
+    spans: list[list[tuple[str, str, int, int]]] = []
+    for chosen in choose_index_objects(ours):
+        if spans and chosen[2] == spans[-1][-1][3] + 1:
+            spans[-1].append(chosen)
+        else:
+            spans.append([chosen])
+    for span in spans:
+        if len(span) < 2:
+            continue
+        keys = [f"{prefix}/{name}" for name, _, _, _ in span]
+        fetched = store.read_many(keys)
+        if any(fetched.get(key) is None for key in keys):
+            continue  # one was deleted by hand: readers still find the others
+        merged = encode_index(merge_tables([fetched[key] for key in keys]))
+        try:
+            store.create(media_index_key(run_id, session_id, span[0][2], span[-1][3]), merged)
+        except AlreadyExistsError:
+            pass
+        if compaction_grace() <= 0:  # as the session's own seal: what it merged goes now, else `launchhelm gc`
+            store.delete_many(keys)

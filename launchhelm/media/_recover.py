@@ -4,7 +4,10 @@ The helper's drain, ``launchhelm recover``, a reader or a relaunch on this
 host call it: one index chunk per :data:`BATCH` files, numbered from
 :data:`RECOVERED_BASE` plus the batch's first file number, so a recovery cut
 short and tried again finds its chunk already there instead of indexing the
-items twice. Files handed to the helper (``.media-h<n>.lhm``) are stored by
+items twice. Each chunk is named for its batch's whole span of file numbers
+(``first-last``, last = first + 999; before 2026-12 ``first-first``, which
+still reads), so a recovery's chunks are adjacent and it merges them into
+one object at its end. Files handed to the helper (``.media-h<n>.lhm``) are stored by
 :func:`launchhelm.media._handoff.store_handoff`, which skips those a helper
 indexed already.
 """
@@ -59,16 +62,20 @@ def recover_media(store: Any, run_id: str, session_id: str, directory: Path) -> 
             rows += store_items(put, key, step, attempt, when, items)
             done.append(path)
         if rows:
+            # the chunk claims its batch's whole span of file numbers, so that consecutive batches are
+            # adjacent spans, merged into one object below (a retry's chunk has the same name)
             number = RECOVERED_BASE + batch * BATCH
             try:
-                store.create(media_index_key(run_id, session_id, number, number), encode_index(rows))
+                store.create(media_index_key(run_id, session_id, number, number + BATCH - 1), encode_index(rows))
             except AlreadyExistsError:
                 pass  # an earlier recovery stored this batch's chunk and was cut short before deleting
         for path in done:
             path.unlink(missing_ok=True)
         stored += len(rows)
-    from launchhelm.media._handoff import seal_handed, store_handoff
+    from launchhelm.media._handoff import merge_spans, seal_handed, store_handoff
 
+    if batches:  # a reader then fetches one object for them all (an earlier try's too), not one per 1,000 calls
+        merge_spans(store, run_id, session_id, RECOVERED_BASE, RECOVERED_BASE * 2)
     handed = store_handoff(store, run_id, session_id, directory)
     if handed:
         seal_handed(store, run_id, session_id, directory)  # the session is over: its helper's index in one object

@@ -17,17 +17,20 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 from lhtest import child_env, helper_pids
 
 import launchhelm as lh
-from launchhelm.media._read import read_media_index
+from launchhelm.media._index import IndexRow, choose_index_objects, encode_index
+from launchhelm.media._read import decode_image, read_media_index
 from launchhelm.media._recover import recover_media
-from launchhelm.media._spill import read_spilled, spill_paths, write_spilled
+from launchhelm.media._spill import RECOVERED_BASE, read_spilled, spill_paths, write_spilled
 from launchhelm.media._types import PreparedHistogram, PreparedImage, PreparedTable
 from launchhelm.storage import open_store
+from launchhelm.storage._keys import media_index_key, media_index_prefix, media_object_key
 
 ITEMS = 600
 
@@ -125,6 +128,66 @@ def test_a_recovery_cut_short_before_it_deleted_its_files_indexes_nothing_twice(
     assert recover_media(store, run_id, "01sess", directory) == 5
     index = read_media_index(store, run_id).to_pylist()
     assert sorted((row["step"], row["caption"]) for row in index) == [(s, f"s{s}") for s in range(5)]
+
+
+def _spill_tiny(directory: Path, count: int) -> None:
+    """``count`` spilled calls of one 4x4 picture each, step = file number, each picture its own."""
+    directory.mkdir(exist_ok=True)
+    for seq in range(count):
+        pixels = np.zeros((4, 4, 3), dtype=np.uint8)
+        pixels.reshape(-1)[:3] = (seq & 255, (seq >> 8) & 255, 7)
+        write_spilled(
+            directory / f"01sess.media-{seq:08d}.lhm", "sample", seq, 0, 1.0, [PreparedImage(pixels, None, "png", None)]
+        )
+
+
+def _chosen_index_objects(store: Any, run_id: str) -> list[tuple[str, str, int, int]]:
+    prefix = media_index_prefix(run_id)
+    return choose_index_objects(store.list(prefix))
+
+
+def test_a_long_recovery_leaves_one_index_object_that_a_reader_fetches_alone(tmp_path: Path) -> None:
+    # 2,500 spilled calls are three batches of 1,000: before, three index objects, one GET each per reader
+    directory = tmp_path / "spool"
+    _spill_tiny(directory, 2_500)
+    store = open_store(str(tmp_path / "store"))
+    assert recover_media(store, "runspill3", "01sess", directory) == 2_500
+    chosen = _chosen_index_objects(store, "runspill3")
+    assert [(first, last) for _, _, first, last in chosen] == [(RECOVERED_BASE, RECOVERED_BASE + 2_999)], chosen
+    rows = read_media_index(store, "runspill3").to_pylist()
+    assert sorted(row["step"] for row in rows) == list(range(2_500))  # each call once: none lost or doubled
+    row = next(row for row in rows if row["step"] == 1_234)
+    pixels = decode_image(store.read(media_object_key("runspill3", row["object"])))
+    assert tuple(pixels[0, 0]) == (1_234 & 255, 1_234 >> 8, 7)
+
+
+def test_a_recovery_by_the_earlier_naming_reads_and_a_retry_over_it_indexes_nothing_twice(tmp_path: Path) -> None:
+    # a store where a recovery of the earlier version (chunks named first-first) stored batch 0 and was
+    # killed before deleting its files: this version's retry writes its own names, and each call reads once
+    directory = tmp_path / "spool"
+    _spill_tiny(directory, 1_500)
+    kept = tmp_path / "kept"
+    shutil.copytree(directory, kept)
+    store = open_store(str(tmp_path / "store"))
+    assert recover_media(store, "runspill4", "01sess", directory) == 1_500
+    rows = read_media_index(store, "runspill4").to_pylist()
+    first_batch = [row for row in rows if row["step"] < 1_000]
+    prefix = media_index_prefix("runspill4")
+    for name in store.list(prefix):
+        store.delete(f"{prefix}/{name}")
+    store.create(
+        media_index_key("runspill4", "01sess", RECOVERED_BASE, RECOVERED_BASE),
+        encode_index([IndexRow(**row) for row in first_batch]),
+    )
+    assert sorted(row["step"] for row in read_media_index(store, "runspill4").to_pylist()) == list(range(1_000))
+    for path in kept.iterdir():  # the killed recovery's files, all still there
+        shutil.copy(path, directory / path.name)
+    assert recover_media(store, "runspill4", "01sess", directory) == 1_500
+    steps = sorted(row["step"] for row in read_media_index(store, "runspill4").to_pylist())
+    assert steps == list(range(1_500))
+    assert [(f, last) for _, _, f, last in _chosen_index_objects(store, "runspill4")] == [
+        (RECOVERED_BASE, RECOVERED_BASE + 1_999)
+    ]
 
 
 def test_a_spilled_file_reads_back_every_kind_and_a_foreign_file_is_refused_not_run(tmp_path: Path) -> None:
