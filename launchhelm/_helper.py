@@ -68,6 +68,7 @@ class HelperConfig(WatchdogConfig):
     session_seq: int = 0  # the session's start event: its fence check (EventLog.guard)
     drain_timeout: float = DRAIN_TIMEOUT
     settle_timeout: float = SETTLE_TIMEOUT  # 0: the first reader settles the run, as before the helper did
+    flush: bool = False  # it writes the session's chunks (LAUNCHHELM_HELPER_FLUSH; launchhelm._metrics._pickup)
 
 
 class Helper:
@@ -101,6 +102,7 @@ class Helper:
         world: int = 1,
         end_hung: bool,
         flight_recorder: Callable[[], bytes] | None = None,
+        flush: bool = False,
     ) -> Helper | None:
         """Start the helper; None (with one line saying why) where it cannot reach the store.
 
@@ -140,6 +142,7 @@ class Helper:
             session_seq=session_seq,
             drain_timeout=float(os.environ.get("LAUNCHHELM_DRAIN_TIMEOUT") or DRAIN_TIMEOUT),
             settle_timeout=float(os.environ.get("LAUNCHHELM_SETTLE_TIMEOUT") or SETTLE_TIMEOUT),
+            flush=flush,
         )
         relay = _relay(flight_recorder, config) if timeout is not None else None
         line = json.dumps(config.__dict__).encode() + b"\n"
@@ -175,6 +178,18 @@ class Helper:
         self.process = _spawn(self._line)
         self.replaced += 1
         return old.pid, code
+
+    def send(self, line: bytes) -> bool:
+        """One line to the helper's stdin (a flush request); False where the helper is gone."""
+        pipe = self.process.stdin
+        if pipe is None or self.process.poll() is not None:
+            return False
+        try:
+            pipe.write(line)
+            pipe.flush()
+        except (OSError, ValueError):  # a broken pipe, or closed by stop()
+            return False
+        return True
 
     def stop(self) -> None:
         """The session ends cleanly: the helper exits without draining, faulthandler lets go of the signal."""
@@ -437,8 +452,21 @@ def _settle_bounded(config: HelperConfig) -> None:
     worker.join(config.settle_timeout)
 
 
+def _first_line(fd: int) -> tuple[bytes, bytes]:
+    """The config line from stdin, and what came after it (flush requests): read unbuffered, so the pipe's
+    later lines are seen by ``select`` on the descriptor, not hidden in a Python buffer."""
+    data = b""
+    while b"\n" not in data:
+        more = os.read(fd, 65536)
+        if not more:
+            return data, b""
+        data += more
+    line, rest = data.split(b"\n", 1)
+    return line, rest
+
+
 def main() -> int:
-    line = sys.stdin.buffer.readline()
+    line, rest = _first_line(sys.stdin.fileno())
     if not line:
         return 0
     config = HelperConfig(**json.loads(line))
@@ -448,13 +476,18 @@ def main() -> int:
     # and must live through a preemption's grace period to drain a trainer killed at its end
     for name in _NOTICES.split():
         signal.signal(getattr(signal, f"SIG{name}"), signal.SIG_IGN)
-    parent = ParentWatch(config.parent)
+    from launchhelm._metrics._pickup import PointPickup
+
+    points = PointPickup.start(config)
+    parent = ParentWatch(config.parent, points.offer if points is not None else None, rest)
     code = 0
     pickup = MediaPickup.start(config)
     try:
         watched = watch(config, parent)
         if pickup is not None:
             pickup.stop(10.0)
+        if points is not None:
+            points.stop(10.0 if watched.died else 0.0)  # a drain takes the state file's lock after its chunk
         if watched.died and config.rank == 0:  # a rank > 0 has no spool and no session of its own
             code = _drain_bounded(config, parent)
         if code == 0:

@@ -45,6 +45,7 @@ from launchhelm._exceptions import (
 from launchhelm._helper import MAX_REPLACED, Helper
 from launchhelm._metrics._flusher import MetricFlusher
 from launchhelm._metrics._pause import yield_on_wakeup
+from launchhelm._metrics._pickup import helper_flushes, wait_acknowledged
 from launchhelm._metrics._points import coerce_value, validate_key
 from launchhelm._metrics._system import SystemSampler
 from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path
@@ -202,6 +203,7 @@ class Run:
         self._helper_plan: dict[str, Any] | None = None  # the helper the background thread starts
         self._helper_lock = threading.Lock()  # its start (background thread) against the session's end
         self._helper_over = False  # the session ended: a helper started now is stopped at once
+        self._points_to_helper = False  # its helper writes the chunks (LAUNCHHELM_HELPER_FLUSH)
         self._attempt = attempt
         self._lock = threading.Lock()  # log()'s appends, the control requests handed over
         # points not yet stored: buffered, spooled, written as chunks, compacted (see MetricFlusher)
@@ -805,6 +807,7 @@ class Run:
         }
         if session is None:
             self._media.handoff = True  # media go to the helper through the spool (launchhelm.media._handoff)
+            self._helper_plan["flush"] = helper_flushes()  # and, opted in, the points (launchhelm._metrics._pickup)
 
     def _start_helper(self) -> None:
         """Background thread: start the planned helper."""
@@ -813,6 +816,7 @@ class Run:
         if plan is None:
             return
         spool = self._flusher.spool  # opened by now (_start)
+        plan["flush"] = bool(plan.get("flush")) and spool is not None
         try:
             helper = Helper.start(**plan, spool=str(spool.dir.parent) if spool is not None else None)
         except OSError as exc:  # training goes on without it
@@ -825,14 +829,41 @@ class Run:
         with self._helper_lock:
             if not self._helper_over:
                 self._helper = helper
+                if plan["flush"]:
+                    self._points_to_helper = True
+                    self._hand_points_over()
                 return
         helper.stop()  # the session ended while it started: a clean end
+
+    def _hand_points_over(self) -> None:
+        """The helper writes the session's chunks from now on (``LAUNCHHELM_HELPER_FLUSH``)."""
+        self._flusher.on_latest = self._summary_writer.note_values
+        self._flusher.hand_over(self._send_to_helper, self._helper_stored)
+
+    def _send_to_helper(self, line: bytes) -> object | None:
+        """A flush request to the helper; the process it went to, or None where there is none."""
+        helper = self._helper
+        if helper is None or not helper.send(line):
+            return None
+        return helper.process
+
+    def _helper_stored(self, seq: int, timeout: float, token: object) -> str:
+        """Wait for the helper ``token`` to acknowledge request ``seq``: "stored", "gone" or "late"."""
+        poll = getattr(token, "poll")  # the helper's Popen  # noqa: B009
+
+        def alive() -> bool:
+            return poll() is None
+
+        if wait_acknowledged(self._beacon.slots, seq, alive, time.monotonic() + timeout):
+            return "stored"
+        return "late" if alive() else "gone"
 
     def _check_helper(self) -> None:
         """Background thread: a helper that died (killed, OOM) is replaced; training goes on meanwhile."""
         helper = self._helper
         if helper is None or helper.process.poll() is None:
             return
+        failed = False
         with self._helper_lock:
             if self._helper_over or self._helper is not helper:
                 return
@@ -844,10 +875,16 @@ class Run:
                 try:
                     replaced = helper.replace_if_gone()
                 except OSError as exc:
-                    self._helper, replaced = None, None
+                    self._helper, replaced, failed = None, None, True
                     self._media.handoff = False
                     _log.warning("launchhelm: run %s: could not start a new helper process: %s", self.id, exc)
-                    return
+        if self._points_to_helper:
+            if self._helper is None:
+                self._flusher.take_back()  # the points are written here again, from the spool's state file
+            else:
+                self._hand_points_over()  # the new helper goes on from the spool's state file
+        if failed:
+            return
         if replaced is None:
             _log.warning(
                 "launchhelm: run %s: its helper process died %d times; training goes on without one (a killed "
@@ -1185,6 +1222,7 @@ class Run:
             _log.warning("run %s: could not store its last console output: %s", self.id, exc)
         # an unreachable store gets a bounded time to come back (LAUNCHHELM_FINISH_TIMEOUT)
         deadline = time.monotonic() + env_seconds("LAUNCHHELM_FINISH_TIMEOUT", DEFAULT_FINISH_TIMEOUT)
+        self._flusher.ending, self._flusher.deadline = True, deadline  # a helper that flushes: its final round
         while True:
             try:
                 # a segment's worth at a time, compacted between: the chunk bytes kept for the

@@ -132,14 +132,27 @@ class MetricFlusher:
         self.spool: Spool | None = None  # points on local disk until the store has them
         self.compactor: Compactor | None = None
         self.answers = 0  # chunks the store took: a flush that wrote one shows the store answers
+        # the helper process writes the chunks (LAUNCHHELM_HELPER_FLUSH; see hand_over): how to reach it
+        self.handing = False
+        self._send: Callable[[bytes], object | None] | None = None
+        self._acknowledged: Callable[[int, float, object], str] | None = None
+        self.ending = False  # the session's end: its last request asks the helper for the final compaction
+        self.deadline: float | None = None  # monotonic: how long the end waits for the helper
+        self._requests = 0  # flush requests sent to the helper
+        self.latest: dict[str, float] = {}  # while handing: each key's last value since the last request
+        self.on_latest: Callable[[dict[str, float]], None] | None = None
+        self.final_acknowledged = False  # the helper also did the end's compaction
 
     def append(self, step: int, attempt: int, now: float, row: dict[str, float]) -> None:
         """``log()``'s append: to the spool, and to memory unless it let go of points."""
         with self.lock:
             if self.spool is not None:
                 self.spool.append(step, attempt, now, row)
-            if not self.spilled and self.buffer.append(step, attempt, now, row):
-                self.cut()
+            if not self.spilled:
+                if self.buffer.append(step, attempt, now, row):
+                    self.cut()
+            elif self.handing:
+                self.latest.update(row)  # the summary's latest values: the chunks are the helper's
 
     def set_memory(self, compaction_memory: int) -> None:
         """Size the buffers from the ``compaction_memory`` setting (see docs/long-runs.md)."""
@@ -183,6 +196,8 @@ class MetricFlusher:
         it: memory), and returns True: more is left for the next round, after
         the compaction.
         """
+        if self.handing:
+            return self._hand(drain)
         with self.io_lock:
             while True:
                 spool = self.spool
@@ -220,6 +235,85 @@ class MetricFlusher:
                         return False
                 if not drain:
                     return True
+
+    # -- the helper writes the chunks (launchhelm._metrics._pickup) -------------------------------
+    def hand_over(
+        self, send: Callable[[bytes], object | None], acknowledged: Callable[[int, float, object], str]
+    ) -> None:
+        """From now on the helper writes the chunks: memory lets go of the points (the spool has them all).
+
+        ``send`` writes a line to the helper and returns a token for it (None: it is gone);
+        ``acknowledged(seq, timeout, token)`` waits for the helper to have stored request ``seq``:
+        ``"stored"``, ``"gone"`` (that helper died), or ``"late"``.
+        """
+        if self.spool is None:
+            return
+        with self.io_lock, self.lock:
+            for buffer in [*self.sealed, self.buffer]:
+                self.latest.update(buffer.latest())
+            self.sealed, self.held, self.spilled = [], 0, True
+            self.buffer = PointBuffer(self.keys, self.chunk_values)
+            self._send, self._acknowledged = send, acknowledged
+            self.handing = True
+
+    def take_back(self) -> None:
+        """The helper is gone for good: this process writes the chunks again, from the spool's state file."""
+        from launchhelm._metrics._spool import chunk_lookup
+
+        with self.io_lock:
+            spool = self.spool
+            if not self.handing or spool is None:
+                return
+            warm_up_encoder()
+            next_number, pending, pending_end, flushed = spool.state()
+            if pending >= 0:  # a helper killed between the pending mark and the flushed one
+                if chunk_lookup(self.store, self.run_id, self.session_id)(pending):
+                    flushed, next_number = pending_end, max(next_number, pending + 1)
+                else:
+                    next_number = pending
+            self.chunk_number, self.flushed_end = next_number, flushed
+            self.handing = False  # still spilled: the next flush reads the spool from ``flushed``
+
+    def _hand(self, drain: bool) -> bool:
+        """A flush request to the helper; with ``drain``, wait until it stored it (and compacted, at the end)."""
+        from launchhelm._exceptions import StoreUnreachableError
+        from launchhelm._metrics._pickup import flush_line
+
+        with self.io_lock:
+            spool, send, acknowledged = self.spool, self._send, self._acknowledged
+            handing = self.handing and spool is not None and send is not None and acknowledged is not None
+            if handing:
+                assert spool is not None and send is not None
+                with self.lock:
+                    end, names = spool.position(), spool.key_names()
+                    latest, self.latest = self.latest, {}
+                if latest and self.on_latest is not None:
+                    self.on_latest(latest)
+                self._requests += 1
+                seq = self._requests
+                final = drain and self.ending
+                token = send(flush_line(seq, end, names, final=final))
+        if not handing:
+            return self.flush(drain) if not self.handing else False  # taken back meanwhile
+        assert spool is not None and acknowledged is not None
+        if not drain:
+            return False  # not sent: the helper is gone, and the points wait in the spool for the next one
+        if self.deadline is not None:
+            timeout = max(0.0, self.deadline - time.monotonic())
+        else:
+            timeout = float(os.environ.get("LAUNCHHELM_FINISH_TIMEOUT") or 120.0)
+        outcome = acknowledged(seq, timeout, token) if token is not None else "gone"
+        if outcome == "stored":
+            self.flushed_end = end
+            self.final_acknowledged = final
+            return False
+        if outcome == "late":  # alive, and the store did not take the points in time: they stay in the spool
+            raise StoreUnreachableError(
+                f"run {self.run_id}: its helper process did not store the points within {timeout:.0f} s; "
+                f"they are in the spool at {spool.dir}"
+            )
+        self.take_back()  # that helper died: this process writes them (a replacement is handed over again)
+        return self.flush(drain)
 
     def put_back(self, buffers: list[PointBuffer]) -> None:
         with self.lock:
@@ -262,6 +356,8 @@ class MetricFlusher:
         Never fatal: the chunks stay readable as they are, and the next
         session or ``launchhelm compact`` finishes the work.
         """
+        if self.final_acknowledged:
+            return  # the helper compacted at the session's end
         with self.io_lock:  # a consistent view of what flush has written
             known = self.unsealed
             if only_if_due and len(known) < CHUNKS_PER_SEGMENT and sum(map(len, known.values())) < BYTES_PER_SEGMENT:

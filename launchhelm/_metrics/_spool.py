@@ -56,6 +56,7 @@ _PAIR = struct.Struct("<Id")
 _KEY_HEAD = struct.Struct("<BI")  # type K, id
 # state: next chunk number, pending chunk number (-1: none), pending end (file, offset), flushed (file, offset)
 _STATE = struct.Struct("<qqqqqq")
+STATE = _STATE  # the helper process writes it too, when it flushes (launchhelm._metrics._pickup)
 _ROW, _KEY = 2, 1
 #: Bytes of the spool faulted in ahead of the writer by the flush thread (see Spool.prepare).
 PREFAULT_BYTES = 2**20
@@ -286,6 +287,10 @@ class Spool:
                 pass
         self._removed = max(self._removed, end[0])
 
+    def state(self) -> tuple[int, int, tuple[int, int], tuple[int, int]]:
+        """The state file as it stands: next chunk number, pending chunk (-1: none) and its end, flushed end."""
+        return state_of(self._state)
+
     def close(self, *, remove: bool, keep_media: bool = False) -> None:
         """End of the session: with ``remove`` (every point is in the store), delete the spool.
 
@@ -352,6 +357,15 @@ def _records(path: Path, start: int) -> tuple[list[tuple[int, int, float, dict[i
     return rows, keys
 
 
+def state_of(page: Any) -> tuple[int, int, tuple[int, int], tuple[int, int]]:
+    """A state file's fields from its mapped page: next chunk number, pending chunk and its end, flushed end.
+
+    The flushed end is a record's position: a fresh state's (0, 0) is the first file's first record.
+    """
+    next_number, pending, pf, po, ff, fo = _STATE.unpack_from(page, 0)
+    return next_number, pending, (pf, max(po, len(_HEADER))), (ff, max(fo, len(_HEADER)))
+
+
 def _read_state(path: Path) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
     try:
         raw = path.read_bytes()
@@ -401,7 +415,7 @@ def recover_session(
     return recovered
 
 
-def _chunk_lookup(store: Any, run_id: str, session_id: str) -> Callable[[int], bool]:
+def chunk_lookup(store: Any, run_id: str, session_id: str) -> Callable[[int], bool]:
     """Whether the session's chunk ``n`` landed: listed, or covered by the newest manifest (compacted, collected)."""
     from launchhelm._metrics._layout import list_metrics, read_manifest
 
@@ -480,7 +494,7 @@ def recover_run(store: Any, run_id: str, directory: Path | None = None) -> int:
         with claim_spool(base, session_id) as claimed:
             if not claimed:
                 continue  # recovered by whoever held it (a helper draining it), or still being recovered
-            exists = _chunk_lookup(store, run_id, session_id)
+            exists = chunk_lookup(store, run_id, session_id)
             try:
                 total += recover_session(store, run_id, session_id, base, exists)
                 total += recover_media(store, run_id, session_id, base)

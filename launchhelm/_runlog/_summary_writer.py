@@ -100,6 +100,11 @@ class SummaryWriter:
         with self._latest_lock:
             self.latest.update(latest)
 
+    def note_values(self, latest: dict[str, float]) -> None:
+        """The latest value of each metric handed to the helper process to store (it writes the chunks)."""
+        with self._latest_lock:
+            self.latest.update(latest)
+
     def put(self) -> None:
         """Put the run's summary: the heartbeat plus its runs-table row (single writer: this session)."""
         run = self._run

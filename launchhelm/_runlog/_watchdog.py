@@ -40,7 +40,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
 
@@ -93,7 +93,10 @@ RECENT_STEPS = 32
 # the page: int64 slots
 _MAGIC, _STEP, _NOT_COUNTING, _THREAD, _DONE, _START = 0, 1, 2, 3, 4, 5
 STEP_SLOT = _STEP
+#: The last flush request the helper stored, acknowledged (launchhelm._metrics._pickup).
+FLUSHED_SLOT = 6
 _SLOTS = 8
+SLOTS = _SLOTS
 _MAGIC_VALUE = 0x4C48_4841_4E47_0001  # "LHHANG" v1
 
 
@@ -388,9 +391,15 @@ class ParentWatch:
     """The helper's view of the training process: gone once its pid exits (a pidfd where Linux has one),
     its stdin pipe hits EOF, or the helper has another parent."""
 
-    def __init__(self, parent: int) -> None:
+    def __init__(
+        self, parent: int, on_message: Callable[[dict[str, Any]], None] | None = None, pending: bytes = b""
+    ) -> None:
         self.parent = parent
         self._eof = False
+        # lines the training process sends after the config (flush requests): handed to ``on_message``
+        self._on_message = on_message
+        self._partial = b""
+        self._take(pending)
         self._pidfd = -1
         with contextlib.suppress(AttributeError, OSError):  # Linux 5.3+, Python 3.9+
             self._pidfd = os.pidfd_open(parent)
@@ -407,10 +416,26 @@ class ParentWatch:
             return True
         if self._pidfd >= 0 and select.select([self._pidfd], [], [], 0)[0]:
             return True  # it exited; it may not be reaped yet
-        if not self._eof:
+        while not self._eof:
             ready, _, _ = select.select([sys.stdin.buffer], [], [], 0)
-            self._eof = bool(ready) and not os.read(sys.stdin.fileno(), 1024)
+            if not ready:
+                break
+            data = os.read(sys.stdin.fileno(), 65536)
+            self._eof = not data
+            self._take(data)
         return self._eof
+
+    def _take(self, data: bytes) -> None:
+        if not data or self._on_message is None:
+            return
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        for line in lines:
+            try:
+                message = json.loads(line)
+            except ValueError:
+                continue  # not ours
+            if isinstance(message, dict):
+                self._on_message(message)
 
     def exited(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for the process to have exited (closing its pipe comes first)."""

@@ -97,13 +97,15 @@ def _steps(store: str, run_id: str) -> list[int]:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("flushing", ["trainer", "helper"])  # who writes the live session's chunks
 @pytest.mark.parametrize("backend", ["local", "s3"])
 def test_a_killed_process_s_points_are_readable_elsewhere_without_reopen_or_recover(
-    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+    backend: str, flushing: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     store = make_store_url(backend, tmp_path, request)
     spool = tmp_path / "trainer-spool"  # not this process's spool root: reading here recovers nothing
-    proc, run_id, helper = _start_trainer(store, spool)
+    env = {"LAUNCHHELM_HELPER_FLUSH": "1"} if flushing == "helper" else {}
+    proc, run_id, helper = _start_trainer(store, spool, **env)
     try:
         assert _steps(store, run_id) == [], "the points were flushed before the kill: the test shows nothing"
         assert (spool / run_id).is_dir()

@@ -1,0 +1,183 @@
+"""With ``LAUNCHHELM_HELPER_FLUSH=1`` the helper process writes the session's chunks (issue 40, first slice).
+
+If these fail, the training process still holds its points in memory and
+imports pyarrow to encode them, a point is stored twice or lost when the
+helper dies and another takes over, or ``finish()`` ends with points only in
+the spool although it could have stored them itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from lhtest import child_env, make_store_url
+
+import launchhelm as lh
+from launchhelm._helper import _first_line
+from launchhelm._runlog._watchdog import ParentWatch
+
+_TRAINER = textwrap.dedent(
+    """
+    import json, sys, time
+    import launchhelm as lh
+    store, n = sys.argv[1], int(sys.argv[2])
+    run = lh.init("hflush", store=store, flush_interval=float(sys.argv[3]), capture_console=False,
+                  system_metrics=False)
+    deadline = time.monotonic() + 60
+    while not run._flusher.handing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for i in range(n):
+        run.log({"loss": 1.0 / (i + 1), "acc": i / n}, step=i)
+    run.flush()
+    heavy = [m for m in ("pyarrow", "pandas", "s3fs", "gcsfs", "adlfs", "aiobotocore") if m in sys.modules]
+    held = len(run._flusher.buffer) + run._flusher.held
+    print(json.dumps({"id": run.id, "handing": run._flusher.handing, "held": held, "heavy": heavy,
+                      "helper": run._helper.process.pid if run._helper else -1}), flush=True)
+    sys.stdin.readline()  # the test looks, or kills the helper, then says go
+    for i in range(n, 2 * n):
+        run.log({"loss": 1.0 / (i + 1)}, step=i)
+        if i % 250 == 0:
+            time.sleep(0.1)  # flush ticks pass: a new helper gets requests mid-run
+    print("handing" if run._flusher.handing else "taken back", flush=True)
+    run.finish()
+    print("finished", flush=True)
+    """
+)
+
+
+def _running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
+
+
+def _start(store: str, spool: Path, n: int, interval: float) -> tuple[subprocess.Popen[str], dict[str, object]]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _TRAINER, store, str(n), str(interval)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=child_env(LAUNCHHELM_SPOOL=str(spool), LAUNCHHELM_HELPER_FLUSH="1"),
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(30)
+        raise AssertionError(f"the trainer did not start: {proc.stderr.read() if proc.stderr else ''}")
+    return proc, json.loads(line)
+
+
+def _go(proc: subprocess.Popen[str]) -> str:
+    """Let the trainer log its second half and finish; its stderr."""
+    out, err = proc.communicate("go\n", timeout=180)
+    assert proc.returncode == 0, err
+    assert out.split() == ["handing", "finished"], (out, err)  # a helper wrote the chunks to the end
+    return err
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.slow)])
+def test_the_helper_writes_the_chunks_and_the_trainer_holds_no_point_and_no_pyarrow(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    store = make_store_url(backend, tmp_path, request)
+    spool = tmp_path / "spool"
+    n = 5_000
+    proc, seen = _start(store, spool, n, 1.0)
+    try:
+        assert seen["handing"] is True, seen
+        assert seen["held"] == 0, "the training process kept points in memory"
+        # it encodes no chunk, so the encoder's modules never load; the store's own client does on S3
+        assert not {"pyarrow", "pandas"} & set(seen["heavy"]), seen  # type: ignore[arg-type]
+        if backend == "local":
+            assert seen["heavy"] == [], seen
+        handle = lh.Api(store).run(str(seen["id"]))
+        assert handle.history()["step"].tolist() == list(range(n))  # flush() returned once they were stored
+        _go(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    frame = lh.Api(store).run(str(seen["id"])).history()
+    assert frame["step"].tolist() == list(range(2 * n))  # each point once
+    assert frame["loss"].tolist() == [1.0 / (i + 1) for i in range(2 * n)]
+    assert int(frame["acc"].count()) == n
+    assert lh.Api(store).run(str(seen["id"])).summary()["metric.loss"] == 1.0 / (2 * n)  # the latest, summed up
+    assert not (spool / str(seen["id"])).exists(), "the spool was left behind"
+    deadline = time.monotonic() + 10
+    while _running(int(seen["helper"])):  # type: ignore[call-overload]
+        assert time.monotonic() < deadline, "the helper outlived its session"
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_killed_helper_s_replacement_goes_on_from_the_spool_s_state_and_nothing_is_stored_twice(
+    tmp_path: Path,
+) -> None:
+    store = str(tmp_path / "store")
+    spool = tmp_path / "spool"
+    n = 4_000
+    proc, seen = _start(store, spool, n, 0.3)
+    try:
+        helper = int(seen["helper"])  # type: ignore[call-overload]
+        os.kill(helper, signal.SIGKILL)
+        err = _go(proc)
+    finally:
+        proc.kill()
+        proc.wait()
+    frame = lh.Api(store).run(str(seen["id"])).history()
+    assert frame["step"].tolist() == list(range(2 * n))  # none lost, none stored twice
+    lines = [line for line in err.splitlines() if "helper process" in line]
+    assert len(lines) == 1 and f"(pid {helper}) was killed by SIGKILL" in lines[0], err
+    assert "takes over" in lines[0]
+
+
+def test_finish_stores_the_points_itself_when_its_helper_died_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "1")
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
+    store = str(tmp_path / "store")
+    run = lh.init("hflush", store=store, flush_interval=3600, capture_console=False, system_metrics=False)
+    deadline = time.monotonic() + 60
+    while not run._flusher.handing:
+        assert time.monotonic() < deadline, "the helper never took the points"
+        time.sleep(0.01)
+    for i in range(1_000):
+        run.log({"x": float(i)}, step=i)
+    run.flush()  # stored by the helper: the state file says so, and the next write starts after them
+    for i in range(1_000, 3_000):
+        run.log({"x": float(i)}, step=i)
+    assert run._helper is not None
+    helper = run._helper.process
+    helper.kill()
+    helper.wait(30)
+    run.finish()  # its background thread is stopped first: no replacement comes, so it writes them here
+    frame = lh.Api(store).run(run.id).history()
+    assert frame["step"].tolist() == list(range(3_000))
+    assert frame["x"].tolist() == [float(i) for i in range(3_000)]
+
+
+def test_requests_that_came_with_the_config_in_one_read_are_kept_in_order() -> None:
+    read, write = os.pipe()
+    try:
+        os.write(write, b'{"config": 1}\n{"flush": [0, 8], "seq": 1}\n{"flush": [1, 40], "se')
+        line, rest = _first_line(read)
+    finally:
+        os.close(read)
+        os.close(write)
+    assert json.loads(line) == {"config": 1}
+    got: list[dict[str, object]] = []
+    watch = ParentWatch(os.getpid(), got.append, rest)
+    assert got == [{"flush": [0, 8], "seq": 1}]
+    watch._take(b'q": 2}\nnot json\n')
+    assert got == [{"flush": [0, 8], "seq": 1}, {"flush": [1, 40], "seq": 2}]
