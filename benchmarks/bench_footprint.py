@@ -125,14 +125,14 @@ CHILDREN = {
 }
 
 
-def child(kind: str, values: int, *extra: str) -> dict[str, object] | None:
+def child(kind: str, values: int, *extra: str, env: dict[str, str] | None = None) -> dict[str, object] | None:
     with tempfile.TemporaryDirectory() as spool:
         done = subprocess.run(
             [sys.executable, "-c", textwrap.dedent(CHILDREN[kind]), str(values), *extra],
             capture_output=True,
             text=True,
             timeout=600,
-            env={**__import__("os").environ, "LAUNCHHELM_SPOOL": spool},
+            env={**__import__("os").environ, "LAUNCHHELM_SPOOL": spool, **(env or {})},
         )
     if done.returncode != 0:
         if kind == "wandb" and "No module named 'wandb'" in done.stderr:
@@ -146,7 +146,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3, help="children per kind; medians are printed (default 3)")
     parser.add_argument("--values", type=int, default=2_000_000, help="values in the burst (default 2,000,000)")
+    parser.add_argument("--split-only", action="store_true", help="only the training process beside its helper")
     args = parser.parse_args()
+    if args.split_only:
+        split(args.repeat)
+        return 0
     mb = 1e6
     results: dict[str, list[dict[str, object]]] = {}
     for label, kind, extra in (
@@ -188,6 +192,12 @@ def split(repeat: int) -> None:
     """The training process beside its helper, and W&B's Python process beside wandb-core (issue 40)."""
     mib = 2**20
     lh = [r for r in (child("launchhelm-split", 0) for _ in range(repeat)) if r is not None]
+    # the preview where the helper writes the chunks too (docs/storage.md, "Flushing in the helper")
+    hf = [
+        r
+        for r in (child("launchhelm-split", 0, env={"LAUNCHHELM_HELPER_FLUSH": "1"}) for _ in range(repeat))
+        if r is not None
+    ]
     wb = [r for r in (child("wandb-split", 0) for _ in range(repeat)) if r is not None]
 
     def med(rows: list[dict[str, object]], field: str) -> float:
@@ -198,6 +208,10 @@ def split(repeat: int) -> None:
     print(
         f"  {'launchhelm':<12}{med(lh, 'trainer') / mib:>18.1f}{med(lh, 'helper') / mib:>10.1f}"
         f"{(med(lh, 'trainer') + med(lh, 'helper')) / mib:>10.1f}   (helper processes: {lh[0]['helpers']})"
+    )
+    print(
+        f"  {'lh, helper':<12}{med(hf, 'trainer') / mib:>18.1f}{med(hf, 'helper') / mib:>10.1f}"
+        f"{(med(hf, 'trainer') + med(hf, 'helper')) / mib:>10.1f}   (LAUNCHHELM_HELPER_FLUSH=1: it writes the chunks)"
     )
     if wb:
         print(
@@ -213,6 +227,13 @@ def split(repeat: int) -> None:
     if wb:
         ok = med(lh, "trainer") + med(lh, "helper") <= med(wb, "trainer") + med(wb, "helper")
         print(f"  total <= W&B's total: {'PASS' if ok else 'MISS'}")
+    print("  with LAUNCHHELM_HELPER_FLUSH=1:")
+    print(f"    imported by the training process: {hf[0]['imported'] or 'none of those watched'}")
+    print(f"    threads: {hf[0]['threads']}, policies not SCHED_OTHER: {hf[0]['not_other']}")
+    print(f"    training process RSS <= 64 MiB: {'PASS' if med(hf, 'trainer') <= 64 * mib else 'MISS'}")
+    if wb:
+        ok = med(hf, "trainer") + med(hf, "helper") <= med(wb, "trainer") + med(wb, "helper")
+        print(f"    total <= W&B's total: {'PASS' if ok else 'MISS'}")
 
 
 if __name__ == "__main__":

@@ -774,7 +774,7 @@ class Run:
         The background thread starts it, so ``init`` does not wait for the spawn, and the child's
         imports overlap training. A ``memory://`` store has no helper: no other process sees it.
         """
-        if self._store.url.startswith("memory://"):
+        if "memory" in self._store.protocol.split("::"):  # memory://, or chained onto one (dir::memory://)
             return
         if session is None and not self._records_events:
             return
@@ -1063,7 +1063,8 @@ class Run:
         self._worker.start()
 
     def _work(self) -> None:
-        yield_on_wakeup()
+        if not helper_flushes():  # opted in, this thread only waits on the store: the default policy
+            yield_on_wakeup()
         self._start_helper()
         now = time.monotonic()
         next_flush = now + self._flush_interval

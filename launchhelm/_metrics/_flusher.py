@@ -22,7 +22,7 @@ from launchhelm._metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, re
 from launchhelm._metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm._metrics._compact import compaction_memory as compaction_memory_setting
 from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap, prepare_trims
-from launchhelm._metrics._pause import pause
+from launchhelm._metrics._pause import leave_heap_alone, pause
 from launchhelm._metrics._points import chunk_key, encode_buffer
 from launchhelm._metrics._spool import Spool
 from launchhelm._runlog._liveness import process_identity
@@ -255,6 +255,7 @@ class MetricFlusher:
             self.buffer = PointBuffer(self.keys, self.chunk_values)
             self._send, self._acknowledged = send, acknowledged
             self.handing = True
+        leave_heap_alone()
 
     def take_back(self) -> None:
         """The helper is gone for good: this process writes the chunks again, from the spool's state file."""
@@ -434,7 +435,8 @@ class MetricFlusher:
 
 def _open_spool(store: Store, run_id: str, session_id: str, project: str, flush_interval: float) -> Spool | None:
     """The session's spool, unless the store dies with the process anyway or ``LAUNCHHELM_SPOOL=off``."""
-    if store.protocol == "memory" or os.environ.get("LAUNCHHELM_SPOOL", "").lower() in ("0", "off", "false"):
+    in_process = "memory" in store.protocol.split("::")  # memory://, or chained onto one (dir::memory://)
+    if in_process or os.environ.get("LAUNCHHELM_SPOOL", "").lower() in ("0", "off", "false"):
         return None
     meta = {
         "run": run_id,

@@ -8,10 +8,17 @@ import time
 
 from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap
 
-__all__ = ["PAUSE_SECONDS", "pause", "yield_on_wakeup"]
+__all__ = ["PAUSE_SECONDS", "leave_heap_alone", "pause", "yield_on_wakeup"]
 
 #: Seconds of a pause: long enough for a training thread waiting for the GIL to wake and take it.
 PAUSE_SECONDS = 0.0002
+_trims = True  # off once the helper writes the chunks: the training process's heap is left to itself
+
+
+def leave_heap_alone() -> None:
+    """No more ``malloc_trim`` from this process's pauses: its helper process encodes the chunks now."""
+    global _trims
+    _trims = False
 
 
 def pause() -> None:
@@ -25,7 +32,8 @@ def pause() -> None:
     if threading.current_thread() is not threading.main_thread():
         time.sleep(PAUSE_SECONDS)
         # between pieces of work is also where the heaps' free pages go back (see metrics._heap)
-        give_back_free_heap(grown=TRIM_AFTER_GROWTH)
+        if _trims:
+            give_back_free_heap(grown=TRIM_AFTER_GROWTH)
 
 
 def yield_on_wakeup() -> bool:

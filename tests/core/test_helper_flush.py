@@ -26,7 +26,7 @@ from launchhelm._runlog._watchdog import ParentWatch
 
 _TRAINER = textwrap.dedent(
     """
-    import json, sys, time
+    import json, os, sys, time
     import launchhelm as lh
     store, n = sys.argv[1], int(sys.argv[2])
     run = lh.init("hflush", store=store, flush_interval=float(sys.argv[3]), capture_console=False,
@@ -39,8 +39,15 @@ _TRAINER = textwrap.dedent(
     run.flush()
     heavy = [m for m in ("pyarrow", "pandas", "s3fs", "gcsfs", "adlfs", "aiobotocore") if m in sys.modules]
     held = len(run._flusher.buffer) + run._flusher.held
+    policies = set()
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            policies.add(os.sched_getscheduler(int(tid)))
+        except OSError:
+            pass  # a thread that ended meanwhile
     print(json.dumps({"id": run.id, "handing": run._flusher.handing, "held": held, "heavy": heavy,
-                      "helper": run._helper.process.pid if run._helper else -1}), flush=True)
+                      "helper": run._helper.process.pid if run._helper else -1,
+                      "not_other": sorted(policies - {os.SCHED_OTHER})}), flush=True)
     sys.stdin.readline()  # the test looks, or kills the helper, then says go
     for i in range(n, 2 * n):
         run.log({"loss": 1.0 / (i + 1)}, step=i)
@@ -101,6 +108,7 @@ def test_the_helper_writes_the_chunks_and_the_trainer_holds_no_point_and_no_pyar
         assert not {"pyarrow", "pandas"} & set(seen["heavy"]), seen  # type: ignore[arg-type]
         if backend == "local":
             assert seen["heavy"] == [], seen
+        assert seen["not_other"] == [], "a thread of the training process left the default scheduling policy"
         handle = lh.Api(store).run(str(seen["id"]))
         assert handle.history()["step"].tolist() == list(range(n))  # flush() returned once they were stored
         _go(proc)
