@@ -808,9 +808,19 @@ class Run:
         if session is None:
             self._media.handoff = True  # media go to the helper through the spool (launchhelm.media._handoff)
             self._helper_plan["flush"] = helper_flushes()  # and, opted in, the points (launchhelm._metrics._pickup)
+            if self._helper_plan["flush"]:
+                self._flusher.helper_started = threading.Event()  # a flush() before it waits for it
 
     def _start_helper(self) -> None:
         """Background thread: start the planned helper."""
+        try:
+            self._start_planned_helper()
+        finally:
+            started = self._flusher.helper_started
+            if started is not None:
+                started.set()  # it runs and has the points, or this process writes them
+
+    def _start_planned_helper(self) -> None:
         with self._helper_lock:
             plan, self._helper_plan = self._helper_plan, None
         if plan is None:
@@ -910,6 +920,9 @@ class Run:
 
     def _stop_helper(self) -> None:
         """The session ends (or was fenced): the helper exits without draining."""
+        started = self._flusher.helper_started
+        if started is not None:
+            started.set()  # none will start now
         with self._helper_lock:
             self._helper_over = True
             self._helper_plan = None

@@ -33,6 +33,8 @@ __all__ = ["MetricFlusher", "warm_up_encoder"]
 _log = logging.getLogger("launchhelm")
 
 _warmed_up = False
+#: Seconds a flush() waits for the helper that is to write the chunks to start (a spawn: milliseconds).
+HELPER_START_WAIT = 30.0
 
 
 def prefer_returning_pool() -> None:
@@ -142,6 +144,8 @@ class MetricFlusher:
         self.latest: dict[str, float] = {}  # while handing: each key's last value since the last request
         self.on_latest: Callable[[dict[str, float]], None] | None = None
         self.final_acknowledged = False  # the helper also did the end's compaction
+        # set once the helper that is to write the chunks started, or could not: a flush() before waits
+        self.helper_started: threading.Event | None = None
 
     def append(self, step: int, attempt: int, now: float, row: dict[str, float]) -> None:
         """``log()``'s append: to the spool, and to memory unless it let go of points."""
@@ -196,6 +200,11 @@ class MetricFlusher:
         it: memory), and returns True: more is left for the next round, after
         the compaction.
         """
+        started = self.helper_started
+        if started is not None and not started.is_set():
+            if not drain:
+                return False  # the points wait for the helper that is starting (in the spool, and memory)
+            started.wait(HELPER_START_WAIT)
         if self.handing:
             return self._hand(drain)
         with self.io_lock:

@@ -127,6 +127,35 @@ def test_the_helper_writes_the_chunks_and_the_trainer_holds_no_point_and_no_pyar
         time.sleep(0.05)
 
 
+def test_a_flush_right_after_init_waits_for_the_helper_instead_of_writing_here(tmp_path: Path) -> None:
+    # init returns before its helper runs: the first flush() must not load the encoder in this process
+    script = textwrap.dedent(
+        """
+        import json, sys
+        import launchhelm as lh
+        run = lh.init("hflush", store=sys.argv[1], capture_console=False, system_metrics=False)
+        for i in range(1000):
+            run.log({"loss": float(i)}, step=i)
+        run.flush()
+        heavy = [m for m in ("pyarrow", "pandas") if m in sys.modules]
+        print(json.dumps({"id": run.id, "heavy": heavy, "handing": run._flusher.handing}))
+        run.finish()
+        """
+    )
+    store = str(tmp_path / "store")
+    done = subprocess.run(
+        [sys.executable, "-c", script, store],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool"), LAUNCHHELM_HELPER_FLUSH="1"),
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["handing"] is True and seen["heavy"] == [], seen
+    assert lh.Api(store).run(seen["id"]).history()["loss"].tolist() == [float(i) for i in range(1000)]
+
+
 @pytest.mark.slow
 def test_a_killed_helper_s_replacement_goes_on_from_the_spool_s_state_and_nothing_is_stored_twice(
     tmp_path: Path,
