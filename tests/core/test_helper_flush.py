@@ -157,10 +157,11 @@ def test_a_flush_right_after_init_waits_for_the_helper_instead_of_writing_here(t
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["local", "s3"])
 def test_a_killed_helper_s_replacement_goes_on_from_the_spool_s_state_and_nothing_is_stored_twice(
-    tmp_path: Path,
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    store = str(tmp_path / "store")
+    store = make_store_url(backend, tmp_path, request)
     spool = tmp_path / "spool"
     n = 4_000
     proc, seen = _start(store, spool, n, 0.3)
