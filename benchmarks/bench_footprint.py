@@ -218,17 +218,19 @@ def split(repeat: int) -> None:
             f"  {'wandb':<12}{med(wb, 'trainer') / mib:>18.1f}{med(wb, 'helper') / mib:>10.1f}"
             f"{(med(wb, 'trainer') + med(wb, 'helper')) / mib:>10.1f}   (wandb-core and other children)"
         )
-    for title, rows in (("the default (the training process writes the chunks)", lh), ("LAUNCHHELM_HELPER_FLUSH=1", hf)):
+    modes = (("the default (the training process writes the chunks)", lh), ("LAUNCHHELM_HELPER_FLUSH=1", hf))
+    for title, rows in modes:
         imported = rows[0]["imported"]
         print(f"  {title}:")
         print(f"    imported by the training process: {imported or 'none of those watched'}")
         print(f"    threads of the training process: {rows[0]['threads']}, not SCHED_OTHER: {rows[0]['not_other']}")
-        print(f"    training process imports no pyarrow, pandas or object-store client: {'MISS' if imported else 'PASS'}")
+        print(f"    imports no pyarrow, pandas or object-store client: {'MISS' if imported else 'PASS'}")
         print(f"    every thread under SCHED_OTHER: {'MISS' if rows[0]['not_other'] else 'PASS'}")
         print(f"    training process RSS <= 64 MiB: {'PASS' if med(rows, 'trainer') <= 64 * mib else 'MISS'}")
         if wb:
             ok = med(rows, "trainer") + med(rows, "helper") <= med(wb, "trainer") + med(wb, "helper")
             print(f"    total <= W&B's total: {'PASS' if ok else 'MISS'}")
+
 
 if __name__ == "__main__":
     sys.exit(main())
