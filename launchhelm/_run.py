@@ -44,8 +44,8 @@ from launchhelm._exceptions import (
 )
 from launchhelm._helper import MAX_REPLACED, Helper
 from launchhelm._metrics._flusher import MetricFlusher
-from launchhelm._metrics._pause import yield_on_wakeup
-from launchhelm._metrics._pickup import helper_flushes, wait_acknowledged
+from launchhelm._metrics._pause import helper_flushes, yield_on_wakeup
+from launchhelm._metrics._pickup import wait_acknowledged
 from launchhelm._metrics._points import coerce_value, validate_key
 from launchhelm._metrics._system import SystemSampler
 from launchhelm._runlog._checkpoints import artifact_prefix, new_artifact_id, upload_path

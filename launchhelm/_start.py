@@ -22,7 +22,7 @@ from launchhelm._exceptions import (
 )
 from launchhelm._metrics._compact import compaction_memory as compaction_memory_setting
 from launchhelm._metrics._flusher import warm_up_encoder
-from launchhelm._metrics._pickup import helper_flushes
+from launchhelm._metrics._pause import helper_flushes
 from launchhelm._metrics._spool import recover_run
 from launchhelm._metrics._system import system_interval
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options

@@ -10,6 +10,7 @@ back from the spool.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import threading
@@ -28,7 +29,7 @@ from launchhelm._metrics._spool import Spool
 from launchhelm._runlog._liveness import process_identity
 from launchhelm.storage import Store
 
-__all__ = ["MetricFlusher", "warm_up_encoder"]
+__all__ = ["MetricFlusher", "flush_line", "warm_up_encoder"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -287,7 +288,6 @@ class MetricFlusher:
     def _hand(self, drain: bool) -> bool:
         """A flush request to the helper; with ``drain``, wait until it stored it (and compacted, at the end)."""
         from launchhelm._exceptions import StoreUnreachableError
-        from launchhelm._metrics._pickup import flush_line
 
         with self.io_lock:
             spool, send, acknowledged = self.spool, self._send, self._acknowledged
@@ -440,6 +440,12 @@ class MetricFlusher:
         if spilled:
             return f"points are held {where}"
         return f"{held:,} values are held in memory" + (f" and {where}" if self.spool is not None else "")
+
+
+def flush_line(seq: int, end: tuple[int, int], names: dict[int, str], final: bool) -> bytes:
+    """One flush request for the helper's stdin (launchhelm._metrics._pickup reads it)."""
+    message = {"flush": list(end), "keys": {str(k): v for k, v in names.items()}, "seq": seq, "final": final}
+    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 def _open_spool(store: Store, run_id: str, session_id: str, project: str, flush_interval: float) -> Spool | None:

@@ -8,7 +8,19 @@ import time
 
 from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap
 
-__all__ = ["PAUSE_SECONDS", "leave_heap_alone", "pause", "yield_on_wakeup"]
+__all__ = ["HELPER_FLUSH_ENV", "PAUSE_SECONDS", "helper_flushes", "leave_heap_alone", "pause", "yield_on_wakeup"]
+
+#: The opt-in: the helper process writes the session's chunks (docs/storage.md, "Flushing in the helper").
+HELPER_FLUSH_ENV = "LAUNCHHELM_HELPER_FLUSH"
+
+
+def helper_flushes() -> bool:
+    """Whether this process asked for its helper to write its chunks (``LAUNCHHELM_HELPER_FLUSH=1``).
+
+    Here, beside the settings it turns off: a training process that does not encode leaves the
+    scheduler's policy and the heap to themselves."""
+    return os.environ.get(HELPER_FLUSH_ENV, "").lower() in ("1", "on", "true", "yes")
+
 
 #: Seconds of a pause: long enough for a training thread waiting for the GIL to wake and take it.
 PAUSE_SECONDS = 0.0002

@@ -24,7 +24,6 @@ work back (its helper was given up on, or died at ``finish()``).
 
 from __future__ import annotations
 
-import json
 import logging
 import mmap
 import os
@@ -39,25 +38,12 @@ from launchhelm._runlog._watchdog import FLUSHED_SLOT, SLOTS
 if TYPE_CHECKING:
     from launchhelm._helper import HelperConfig
 
-__all__ = ["ENV", "PointPickup", "flush_line", "helper_flushes"]
+__all__ = ["PointPickup", "wait_acknowledged"]
 
 _log = logging.getLogger("launchhelm")
 
-#: The opt-in: the helper process writes the session's chunks (docs/storage.md, "Flushing in the helper").
-ENV = "LAUNCHHELM_HELPER_FLUSH"
 #: Bytes of spool read per chunk: as the training process's own flushes read a spool back.
 READ_BYTES = 12 * (1 << 20)
-
-
-def helper_flushes() -> bool:
-    """Whether this process asked for its helper to write its chunks (``LAUNCHHELM_HELPER_FLUSH=1``)."""
-    return os.environ.get(ENV, "").lower() in ("1", "on", "true", "yes")
-
-
-def flush_line(seq: int, end: tuple[int, int], names: dict[int, str], final: bool) -> bytes:
-    """One flush request for the helper's stdin."""
-    message = {"flush": list(end), "keys": {str(k): v for k, v in names.items()}, "seq": seq, "final": final}
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
 class PointPickup:

@@ -29,8 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import AlreadyExistsError
-from launchhelm._metrics._pause import pause, yield_on_wakeup
-from launchhelm._metrics._pickup import helper_flushes
+from launchhelm._metrics._pause import helper_flushes, pause, yield_on_wakeup
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._png import encode_png
 from launchhelm.media._spill import handoff_name, read_spilled, spill_name, write_spilled
