@@ -146,32 +146,50 @@ def _chosen_index_objects(store: Any, run_id: str) -> list[tuple[str, str, int, 
     return choose_index_objects(store.list(prefix))
 
 
-def test_a_long_recovery_leaves_one_index_object_that_a_reader_fetches_alone(tmp_path: Path) -> None:
-    # 2,500 spilled calls are three batches of 1,000: before, three index objects, one GET each per reader
+#: Spilled files per recovered index chunk in the two tests below: the product's 1,000, scaled down so that
+#: three batches take 25 files, not 2,500 (the naming and the merge do not depend on the size)
+SMALL_BATCH = 10
+
+
+@pytest.fixture
+def small_batches(monkeypatch: pytest.MonkeyPatch) -> int:
+    import launchhelm.media._recover
+
+    monkeypatch.setattr(launchhelm.media._recover, "BATCH", SMALL_BATCH)
+    return SMALL_BATCH
+
+
+def test_a_long_recovery_leaves_one_index_object_that_a_reader_fetches_alone(
+    tmp_path: Path, small_batches: int
+) -> None:
+    # 25 spilled calls are three batches: before, three index objects, one GET each for every reader
     directory = tmp_path / "spool"
-    _spill_tiny(directory, 2_500)
+    _spill_tiny(directory, 25)
     store = open_store(str(tmp_path / "store"))
-    assert recover_media(store, "runspill3", "01sess", directory) == 2_500
+    assert recover_media(store, "runspill3", "01sess", directory) == 25
     chosen = _chosen_index_objects(store, "runspill3")
-    assert [(first, last) for _, _, first, last in chosen] == [(RECOVERED_BASE, RECOVERED_BASE + 2_999)], chosen
+    spans = [(first, last) for _, _, first, last in chosen]
+    assert spans == [(RECOVERED_BASE, RECOVERED_BASE + 3 * small_batches - 1)], chosen
     rows = read_media_index(store, "runspill3").to_pylist()
-    assert sorted(row["step"] for row in rows) == list(range(2_500))  # each call once: none lost or doubled
-    row = next(row for row in rows if row["step"] == 1_234)
+    assert sorted(row["step"] for row in rows) == list(range(25))  # each call once: none lost or doubled
+    row = next(row for row in rows if row["step"] == 17)
     pixels = decode_image(store.read(media_object_key("runspill3", row["object"])))
-    assert tuple(pixels[0, 0]) == (1_234 & 255, 1_234 >> 8, 7)
+    assert tuple(pixels[0, 0]) == (17, 0, 7)
 
 
-def test_a_recovery_by_the_earlier_naming_reads_and_a_retry_over_it_indexes_nothing_twice(tmp_path: Path) -> None:
+def test_a_recovery_by_the_earlier_naming_reads_and_a_retry_over_it_indexes_nothing_twice(
+    tmp_path: Path, small_batches: int
+) -> None:
     # a store where a recovery of the earlier version (chunks named first-first) stored batch 0 and was
     # killed before deleting its files: this version's retry writes its own names, and each call reads once
     directory = tmp_path / "spool"
-    _spill_tiny(directory, 1_500)
+    _spill_tiny(directory, 15)
     kept = tmp_path / "kept"
     shutil.copytree(directory, kept)
     store = open_store(str(tmp_path / "store"))
-    assert recover_media(store, "runspill4", "01sess", directory) == 1_500
+    assert recover_media(store, "runspill4", "01sess", directory) == 15
     rows = read_media_index(store, "runspill4").to_pylist()
-    first_batch = [row for row in rows if row["step"] < 1_000]
+    first_batch = [row for row in rows if row["step"] < small_batches]
     prefix = media_index_prefix("runspill4")
     for name in store.list(prefix):
         store.delete(f"{prefix}/{name}")
@@ -179,14 +197,15 @@ def test_a_recovery_by_the_earlier_naming_reads_and_a_retry_over_it_indexes_noth
         media_index_key("runspill4", "01sess", RECOVERED_BASE, RECOVERED_BASE),
         encode_index([IndexRow(**row) for row in first_batch]),
     )
-    assert sorted(row["step"] for row in read_media_index(store, "runspill4").to_pylist()) == list(range(1_000))
+    steps = sorted(row["step"] for row in read_media_index(store, "runspill4").to_pylist())
+    assert steps == list(range(small_batches))  # the earlier naming reads
     for path in kept.iterdir():  # the killed recovery's files, all still there
         shutil.copy(path, directory / path.name)
-    assert recover_media(store, "runspill4", "01sess", directory) == 1_500
+    assert recover_media(store, "runspill4", "01sess", directory) == 15
     steps = sorted(row["step"] for row in read_media_index(store, "runspill4").to_pylist())
-    assert steps == list(range(1_500))
+    assert steps == list(range(15))
     assert [(f, last) for _, _, f, last in _chosen_index_objects(store, "runspill4")] == [
-        (RECOVERED_BASE, RECOVERED_BASE + 1_999)
+        (RECOVERED_BASE, RECOVERED_BASE + 2 * small_batches - 1)
     ]
 
 
