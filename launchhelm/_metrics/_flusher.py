@@ -269,19 +269,14 @@ class MetricFlusher:
 
     def take_back(self) -> None:
         """The helper is gone for good: this process writes the chunks again, from the spool's state file."""
-        from launchhelm._metrics._spool import chunk_lookup
+        from launchhelm._metrics._spool import resume_point
 
         with self.io_lock:
             spool = self.spool
             if not self.handing or spool is None:
                 return
             warm_up_encoder()
-            next_number, pending, pending_end, flushed = spool.state()
-            if pending >= 0:  # a helper killed between the pending mark and the flushed one
-                if chunk_lookup(self.store, self.run_id, self.session_id)(pending):
-                    flushed, next_number = pending_end, max(next_number, pending + 1)
-                else:
-                    next_number = pending
+            next_number, flushed = resume_point(self.store, self.run_id, self.session_id, spool.state())
             self.chunk_number, self.flushed_end = next_number, flushed
             self.handing = False  # still spilled: the next flush reads the spool from ``flushed``
 

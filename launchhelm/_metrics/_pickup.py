@@ -159,25 +159,17 @@ class PointPickup:
                 self._write(page, want)
         finally:
             os.close(fd)  # releases the lock
-        if want.get("final"):
-            self._compact(final=True)
-        else:
-            self._compact(final=False)
+        self._compact(final=bool(want.get("final")))
 
     def _write(self, page: mmap.mmap, want: dict[str, Any]) -> None:
         from launchhelm._exceptions import AlreadyExistsError
         from launchhelm._metrics._buffer import read_spool
         from launchhelm._metrics._points import chunk_key, encode_buffer
-        from launchhelm._metrics._spool import STATE, chunk_lookup, state_of
+        from launchhelm._metrics._spool import STATE, resume_point, state_of
 
         config = self.config
         store = self._open()
-        next_number, pending, pending_end, flushed = state_of(page)
-        if pending >= 0:  # a round cut short between the pending mark and the flushed one
-            if chunk_lookup(store, config.run_id, config.session)(pending):
-                flushed, next_number = pending_end, max(next_number, pending + 1)
-            else:
-                next_number = pending
+        next_number, flushed = resume_point(store, config.run_id, config.session, state_of(page))
         end = (int(want["flush"][0]), int(want["flush"][1]))
         names = {int(k): str(v) for k, v in dict(want.get("keys") or {}).items()}
         if flushed >= end:

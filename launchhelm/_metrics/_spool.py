@@ -366,6 +366,22 @@ def state_of(page: Any) -> tuple[int, int, tuple[int, int], tuple[int, int]]:
     return next_number, pending, (pf, max(po, len(_HEADER))), (ff, max(fo, len(_HEADER)))
 
 
+def resume_point(
+    store: Any, run_id: str, session_id: str, state: tuple[int, int, tuple[int, int], tuple[int, int]]
+) -> tuple[int, tuple[int, int]]:
+    """Where a writer taking a live spool over goes on: the next chunk number and the flushed end.
+
+    A pending chunk (a writer killed between its pending mark and its flushed one) is looked up:
+    if it landed, its points are stored; if not, its number is free again.
+    """
+    next_number, pending, pending_end, flushed = state
+    if pending >= 0:
+        if chunk_lookup(store, run_id, session_id)(pending):
+            return max(next_number, pending + 1), pending_end
+        return pending, flushed
+    return next_number, flushed
+
+
 def _read_state(path: Path) -> tuple[int, int, tuple[int, int], tuple[int, int]] | None:
     try:
         raw = path.read_bytes()
