@@ -32,7 +32,11 @@ def score(ctx: lh.EvaluationContext) -> dict[str, float]:
         while not os.path.exists(go_file):
             time.sleep(0.05)
         return {"value": -1.0, "stalled": 1.0}
+    # the test kills workers whose last line is "scoring": inside this function, before any result is
+    # published (a worker past "scored" may already have published, and then nobody takes it over)
+    print(f"scoring {ctx.checkpoint_id}", flush=True)
     time.sleep(random.uniform(0.2, 0.8))  # long enough for kills to land mid-evaluation
+    print(f"scored {ctx.checkpoint_id}", flush=True)
     return {"value": value, "double": 2 * value}
 
 

@@ -107,7 +107,8 @@ def test_killed_restarted_and_stalled_workers_log_every_score_exactly_once(
             if chaos(now) and now >= next_kill:
                 tails = [_lines(log)[offsets[i] :] for i, log in enumerate(logs)]  # this incarnation's lines
                 serving = [i for i, tail in enumerate(tails) if workers[i].poll() is None and "ready" in tail]
-                busy = [i for i in serving if tails[i][-1].startswith("evaluating")]
+                # inside the score function: its result is not published yet, so another worker takes it over
+                busy = [i for i in serving if tails[i][-1].startswith("scoring")]
                 # mostly mid-evaluation, sometimes idle: idle ones only once three died mid-evaluation (on a
                 # loaded machine an idle kill's slow restart leaves fewer evaluations to kill in)
                 if busy or (serving and mid_evaluation >= 3 and rng.random() < 0.3):
