@@ -157,7 +157,9 @@ def time_labels(*stamps: float | None) -> dict[str, float]:
 
 
 _registry: dict[tuple[Hashable, ...], Reusable[object]] = {}
-_registry_lock = threading.Lock()
+# reentrant: an allocation under it (``__new__``) may collect a dropped widget, whose ``__del__`` closes it
+# and forgets it here in the same thread (a plain lock deadlocked the kernel's thread there)
+_registry_lock = threading.RLock()
 
 
 #: What a widget's :meth:`Reusable._reuse_key` resolved from its arguments (an :class:`Api`, a run...).

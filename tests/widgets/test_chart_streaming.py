@@ -142,6 +142,27 @@ def test_rerunning_a_cell_reuses_the_chart_and_its_single_poller(live_run: lh.Ru
     assert RunChart(live_run.id, store=live_run.store) is not first  # a closed one is not reused
 
 
+def test_a_chart_collected_while_another_is_made_closes_without_deadlocking(live_run: lh.Run) -> None:
+    # the garbage collector may run a dropped chart's __del__ (which closes it) inside the allocation that
+    # makes another, in the same thread and under the registry's lock: that close must not wait for it
+    import threading
+
+    from launchhelm.widgets import _base
+
+    dropped = RunChart(live_run.id, store=live_run.store, interval=3600)
+    closed = threading.Event()
+
+    def collected_while_making() -> None:
+        with _base._registry_lock:  # where __new__ allocates
+            dropped.close()  # what its __del__ does
+        closed.set()
+
+    thread = threading.Thread(target=collected_while_making, daemon=True)
+    thread.start()
+    assert closed.wait(10), "closing a chart under the registry's lock deadlocked its thread"
+    assert RunChart(live_run.id, store=live_run.store) is not dropped  # it was forgotten: not reused
+
+
 def test_a_new_metric_adds_a_panel_and_waits_for_the_browser_to_embed_it(live_run: lh.Run) -> None:
     chart = RunChart(live_run.id, store=live_run.store, interval=3600)
     assert chart.spec["mark"]["type"] == "text"  # "No metrics logged yet"
