@@ -66,8 +66,8 @@ from launchhelm._runlog._preempt import PREEMPT_ACTION, PreemptionListener, Pree
 from launchhelm._runlog._sessions import env_seconds
 from launchhelm._runlog._summary_writer import SummaryWriter
 from launchhelm._runlog._table import mark_row
+from launchhelm._runlog._watchdog import READY_SLOT, Beacon
 from launchhelm._runlog._watchdog import STEP_SLOT as _STEP_SLOT
-from launchhelm._runlog._watchdog import Beacon
 from launchhelm._types import Rewind
 from launchhelm.media._handoff import seal_handed, store_handoff
 from launchhelm.media._types import Prepared, prepare_media
@@ -848,7 +848,11 @@ class Run:
     def _hand_points_over(self) -> None:
         """The helper writes the session's chunks from now on (``LAUNCHHELM_HELPER_FLUSH``)."""
         self._flusher.on_latest = self._summary_writer.note_values
-        self._flusher.hand_over(self._send_to_helper, self._helper_stored)
+        self._flusher.hand_over(self._send_to_helper, self._helper_stored, self._helper_ready)
+
+    def _helper_ready(self) -> bool:
+        """Whether the helper's flush thread loaded its encoder (it says so in the shared page)."""
+        return bool(self._beacon.slots[READY_SLOT])
 
     def _send_to_helper(self, line: bytes) -> object | None:
         """A flush request to the helper; the process it went to, or None where there is none."""

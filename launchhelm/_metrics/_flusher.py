@@ -139,6 +139,7 @@ class MetricFlusher:
         self.handing = False
         self._send: Callable[[bytes], object | None] | None = None
         self._acknowledged: Callable[[int, float, object], str] | None = None
+        self._ready: Callable[[], bool] | None = None
         self.ending = False  # the session's end: its last request asks the helper for the final compaction
         self.deadline: float | None = None  # monotonic: how long the end waits for the helper
         self._requests = 0  # flush requests sent to the helper
@@ -248,13 +249,17 @@ class MetricFlusher:
 
     # -- the helper writes the chunks (launchhelm._metrics._pickup) -------------------------------
     def hand_over(
-        self, send: Callable[[bytes], object | None], acknowledged: Callable[[int, float, object], str]
+        self,
+        send: Callable[[bytes], object | None],
+        acknowledged: Callable[[int, float, object], str],
+        ready: Callable[[], bool] | None = None,
     ) -> None:
         """From now on the helper writes the chunks: memory lets go of the points (the spool has them all).
 
         ``send`` writes a line to the helper and returns a token for it (None: it is gone);
         ``acknowledged(seq, timeout, token)`` waits for the helper to have stored request ``seq``:
-        ``"stored"``, ``"gone"`` (that helper died), or ``"late"``.
+        ``"stored"``, ``"gone"`` (that helper died), or ``"late"``; ``ready()``: whether the helper
+        loaded its encoder (a session ending before that, with no request sent, writes its points here).
         """
         if self.spool is None:
             return
@@ -263,30 +268,41 @@ class MetricFlusher:
                 self.latest.update(buffer.latest())
             self.sealed, self.held, self.spilled = [], 0, True
             self.buffer = PointBuffer(self.keys, self.chunk_values)
-            self._send, self._acknowledged = send, acknowledged
+            self._send, self._acknowledged, self._ready = send, acknowledged, ready
             self.handing = True
         leave_heap_alone()
 
     def take_back(self) -> None:
         """The helper is gone for good: this process writes the chunks again, from the spool's state file."""
+        with self.io_lock:
+            self._take_back(warm=True)
+
+    def _take_back(self, *, warm: bool) -> None:
+        """(under ``io_lock``) ``warm``: load the encoder now, as ``init`` did for a long run (and its pool)."""
         from launchhelm._metrics._spool import resume_point
 
-        with self.io_lock:
-            spool = self.spool
-            if not self.handing or spool is None:
-                return
+        spool = self.spool
+        if not self.handing or spool is None:
+            return
+        if warm:
             warm_up_encoder()
-            next_number, flushed = resume_point(self.store, self.run_id, self.session_id, spool.state())
-            self.chunk_number, self.flushed_end = next_number, flushed
-            self.handing = False  # still spilled: the next flush reads the spool from ``flushed``
+        next_number, flushed = resume_point(self.store, self.run_id, self.session_id, spool.state())
+        self.chunk_number, self.flushed_end = next_number, flushed
+        self.handing = False  # still spilled: the next flush reads the spool from ``flushed``
 
     def _hand(self, drain: bool) -> bool:
         """A flush request to the helper; with ``drain``, wait until it stored it (and compacted, at the end)."""
         from launchhelm._exceptions import StoreUnreachableError
 
         with self.io_lock:
-            spool, send, acknowledged = self.spool, self._send, self._acknowledged
+            spool, send, acknowledged, ready = self.spool, self._send, self._acknowledged, self._ready
             handing = self.handing and spool is not None and send is not None and acknowledged is not None
+            if handing and self.ending and not self._requests and ready is not None and not ready():
+                # a session ending before its helper loaded the encoder, with nothing sent: the helper
+                # never writes (it writes only what it is asked), and this process stores the points
+                # sooner than it would wait for that import (a short script, a test)
+                self._take_back(warm=False)
+                handing = False
             if handing:
                 assert spool is not None and send is not None
                 with self.lock:

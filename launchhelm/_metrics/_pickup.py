@@ -1,6 +1,6 @@
 """Flushing in the helper process (issue 40; the protocol is docs/storage.md's "Flushing in the helper").
 
-Opt-in for now (``LAUNCHHELM_HELPER_FLUSH=1``). The training process then
+The default (``LAUNCHHELM_HELPER_FLUSH=0`` turns it off). The training process
 keeps no point in memory for the store: ``log()`` writes the spool only, and
 at each flush tick the session's background thread sends the helper one line
 on its stdin, ``{"flush": [file, offset], "keys": {id: name}, "seq": n,
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from launchhelm._runlog._watchdog import FLUSHED_SLOT, SLOTS
+from launchhelm._runlog._watchdog import FLUSHED_SLOT, READY_SLOT, SLOTS
 
 if TYPE_CHECKING:
     from launchhelm._helper import HelperConfig
@@ -92,6 +92,7 @@ class PointPickup:
         from launchhelm._metrics._flusher import warm_up_encoder
 
         warm_up_encoder()  # the encoder's and compactor's lazy imports now, not in the first request's wait
+        self._mark(READY_SLOT, 1)  # a session ending before this writes its points itself (MetricFlusher._hand)
         want: dict[str, Any] | None = None
         failing = False
         while not self._stop.is_set():
@@ -128,17 +129,18 @@ class PointPickup:
                 self._stop.wait(self.RETRY)
                 continue
             failing = False
-            self._acknowledge(int(want.get("seq", 0)))
+            self._mark(FLUSHED_SLOT, int(want.get("seq", 0)))
             want = None
 
-    def _acknowledge(self, seq: int) -> None:
+    def _mark(self, slot: int, value: int) -> None:
+        """Write a slot of the session's shared page: an acknowledgement, or that this thread is ready."""
         if self._page is None:
             try:
                 with open(self.config.beacon, "r+b") as file:
                     self._page = mmap.mmap(file.fileno(), 8 * SLOTS)
             except (FileNotFoundError, ValueError, OSError):
                 return  # the session ended: nobody waits
-        memoryview(self._page).cast("q")[FLUSHED_SLOT] = seq
+        memoryview(self._page).cast("q")[slot] = value
 
     def _round(self, want: dict[str, Any]) -> None:
         """Chunks of the records up to ``want``'s position, under the state file's lock."""

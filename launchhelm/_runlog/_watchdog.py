@@ -57,6 +57,7 @@ from launchhelm._runlog._flightrec import (
 __all__ = [
     "AUTO",
     "DUMP_SIGNAL",
+    "READY_SLOT",
     "STEP_SLOT",
     "Beacon",
     "Frame",
@@ -95,6 +96,8 @@ _MAGIC, _STEP, _NOT_COUNTING, _THREAD, _DONE, _START = 0, 1, 2, 3, 4, 5
 STEP_SLOT = _STEP
 #: The last flush request the helper stored, acknowledged (launchhelm._metrics._pickup).
 FLUSHED_SLOT = 6
+#: Non-zero once the helper's flush thread loaded the encoder: it stores a request without an import first.
+READY_SLOT = 7
 _SLOTS = 8
 SLOTS = _SLOTS
 _MAGIC_VALUE = 0x4C48_4841_4E47_0001  # "LHHANG" v1

@@ -136,8 +136,11 @@ def test_garbage_goes_only_after_the_grace_period(tmp_path: Path, monkeypatch: p
 
 
 @pytest.mark.slow
-def test_a_store_written_before_compaction_reads_and_is_compacted_by_the_command(shared_store_url: str) -> None:
+def test_a_store_written_before_compaction_reads_and_is_compacted_by_the_command(
+    shared_store_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # layout 1: chunks only, no manifest (what every earlier version wrote)
+    _session_that_never_compacts(monkeypatch)
     store_url = shared_store_url
     store = open_store(store_url)
     run = lh.init("compaction", store=store, flush_interval=3600)
@@ -288,6 +291,12 @@ def test_sigkill_at_random_moments_of_compaction_loses_nothing(shared_store_url:
     assert np.all(np.diff(_values(store, run_id)) == 1)
 
 
+def _session_that_never_compacts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tests below play a session that ended without compacting (an older version, a killed one) by
+    stubbing ``run._compact``: that stub only holds where the training process writes its chunks."""
+    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "0")
+
+
 def _counted(moto_endpoint: str, prefix: str) -> tuple[RequestCounter, lh.storage.Store]:
     proxy = RequestCounter(int(moto_endpoint.rsplit(":", 1)[1]))
     store = open_store(f"s3://{BUCKET}/{prefix}", {"client_kwargs": {"endpoint_url": f"http://127.0.0.1:{proxy.port}"}})
@@ -295,7 +304,10 @@ def _counted(moto_endpoint: str, prefix: str) -> tuple[RequestCounter, lh.storag
 
 
 @pytest.mark.slow
-def test_a_long_runs_history_and_live_poll_cost_a_few_requests_on_s3(moto_endpoint: str) -> None:
+def test_a_long_runs_history_and_live_poll_cost_a_few_requests_on_s3(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _session_that_never_compacts(monkeypatch)
     prefix = f"reqs-{os.urandom(3).hex()}"
     direct = open_store(f"s3://{BUCKET}/{prefix}")
     run = lh.init("compaction", store=direct, flush_interval=3600)
@@ -332,9 +344,10 @@ def test_a_long_runs_history_and_live_poll_cost_a_few_requests_on_s3(moto_endpoi
         proxy.close()
 
 
-def test_gc_compacts_what_a_dead_session_left_and_says_so(tmp_path: Path) -> None:
+def test_gc_compacts_what_a_dead_session_left_and_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from launchhelm._gc import collect_garbage
 
+    _session_that_never_compacts(monkeypatch)
     store = open_store(tmp_path / "store")
     run = lh.init("compaction", store=store, flush_interval=3600)
     for step in range(1, 13):
@@ -354,7 +367,10 @@ def test_gc_compacts_what_a_dead_session_left_and_says_so(tmp_path: Path) -> Non
     assert collect_garbage(store).compacted == []  # nothing left to do
 
 
-def test_a_damaged_chunk_or_a_foreign_file_is_skipped_with_a_warning_not_fatal(tmp_path: Path) -> None:
+def test_a_damaged_chunk_or_a_foreign_file_is_skipped_with_a_warning_not_fatal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _session_that_never_compacts(monkeypatch)
     store = open_store(tmp_path / "store")
     run = lh.init("compaction", store=store, flush_interval=3600)
     for step in range(1, 4):

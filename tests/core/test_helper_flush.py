@@ -1,4 +1,4 @@
-"""With ``LAUNCHHELM_HELPER_FLUSH=1`` the helper process writes the session's chunks (issue 40, first slice).
+"""The helper process writes the session's chunks (the default; ``LAUNCHHELM_HELPER_FLUSH=1`` says so here).
 
 If these fail, the training process still holds its points in memory and
 imports pyarrow to encode them, a point is stored twice or lost when the
@@ -203,6 +203,68 @@ def test_finish_stores_the_points_itself_when_its_helper_died_at_the_end(
     frame = lh.Api(store).run(run.id).history()
     assert frame["step"].tolist() == list(range(3_000))
     assert frame["x"].tolist() == [float(i) for i in range(3_000)]
+
+
+def test_a_session_ending_before_its_helper_is_ready_stores_its_points_itself_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # a short script: waiting for the helper's imports would cost more than the encoding here
+    from launchhelm._runlog._watchdog import READY_SLOT
+
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
+    store = str(tmp_path / "store")
+    run = lh.init("hflush", store=store, flush_interval=3600, capture_console=False, system_metrics=False)
+    deadline = time.monotonic() + 60
+    while not run._flusher.handing:
+        assert time.monotonic() < deadline, "the helper never took the points"
+        time.sleep(0.01)
+    assert run._helper is not None
+    helper = run._helper.process
+    os.kill(helper.pid, signal.SIGSTOP)  # a helper still importing: it reads nothing meanwhile
+    try:
+        run._beacon.slots[READY_SLOT] = 0  # where it was quicker than this test: not ready, as at its start
+        for i in range(2_000):
+            run.log({"x": float(i)}, step=i)
+        run.finish()
+        assert run._flusher.handing is False  # taken back: this process wrote them
+    finally:
+        os.kill(helper.pid, signal.SIGCONT)
+    helper.wait(30)  # it sees the clean end and exits without a request to store
+    frame = lh.Api(store).run(run.id).history()
+    assert frame["step"].tolist() == list(range(2_000))  # each point once
+    assert frame["x"].tolist() == [float(i) for i in range(2_000)]
+
+
+def test_finish_with_a_ready_helper_and_nothing_sent_yet_loads_no_encoder_here(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import json, sys, time
+        import launchhelm as lh
+        from launchhelm._runlog._watchdog import READY_SLOT
+        run = lh.init("hflush", store=sys.argv[1], flush_interval=3600, capture_console=False,
+                      system_metrics=False)
+        deadline = time.monotonic() + 60
+        while not run._beacon.slots[READY_SLOT] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for i in range(1000):
+            run.log({"loss": float(i)}, step=i)
+        run.finish()
+        heavy = [m for m in ("pyarrow", "pandas") if m in sys.modules]
+        print(json.dumps({"id": run.id, "heavy": heavy, "handing": run._flusher.handing}))
+        """
+    )
+    store = str(tmp_path / "store")
+    done = subprocess.run(
+        [sys.executable, "-c", script, store],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["handing"] is True and seen["heavy"] == [], seen
+    assert lh.Api(store).run(seen["id"]).history()["loss"].tolist() == [float(i) for i in range(1000)]
 
 
 def test_requests_that_came_with_the_config_in_one_read_are_kept_in_order() -> None:

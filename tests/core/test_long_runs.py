@@ -171,18 +171,23 @@ _POOL_CHILD = textwrap.dedent(
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        ({}, "jemalloc"),  # mimalloc keeps what the flush thread's tables freed resident: see prefer_returning_pool
-        ({"ARROW_DEFAULT_MEMORY_POOL": "system"}, "system"),  # the user's choice stands
-        ({"LAUNCHHELM_ARROW_POOL": "keep"}, "mimalloc"),
+        # the helper writes the chunks (the default): the training process's pool is the user's
+        ({}, "mimalloc"),
+        # the training process writes them: mimalloc keeps what the flush thread's tables freed resident
+        # (see prefer_returning_pool), so jemalloc, unless the user chose
+        ({"LAUNCHHELM_HELPER_FLUSH": "0"}, "jemalloc"),
+        ({"LAUNCHHELM_HELPER_FLUSH": "0", "ARROW_DEFAULT_MEMORY_POOL": "system"}, "system"),
+        ({"LAUNCHHELM_HELPER_FLUSH": "0", "LAUNCHHELM_ARROW_POOL": "keep"}, "mimalloc"),
     ],
 )
-def test_init_makes_jemalloc_pyarrows_pool_unless_the_user_chose_one(
+def test_init_switches_pyarrows_pool_only_where_it_encodes_and_the_user_did_not_choose(
     tmp_path: Path, env: dict[str, str], expected: str
 ) -> None:
     pa = pytest.importorskip("pyarrow")
     if "jemalloc" not in pa.supported_memory_backends():
         pytest.skip("this pyarrow is built without jemalloc")
-    base = {k: v for k, v in child_env().items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "LAUNCHHELM_ARROW_POOL")}
+    chosen = ("ARROW_DEFAULT_MEMORY_POOL", "LAUNCHHELM_ARROW_POOL", "LAUNCHHELM_HELPER_FLUSH")
+    base = {k: v for k, v in child_env().items() if k not in chosen}
     out = subprocess.run(
         [sys.executable, "-c", _POOL_CHILD, str(tmp_path / "store")],
         env={**base, "LAUNCHHELM_SPOOL": str(tmp_path / "spool"), **env},
@@ -230,16 +235,29 @@ _TRIM_CHILD = textwrap.dedent(
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
-def test_the_background_thread_never_takes_the_cpu_from_the_training_thread_on_waking(tmp_path: Path) -> None:
-    """Under the default policy the waking flush thread preempted log() 79 times a minute (bench_log)."""
+@pytest.mark.parametrize("flushing", ["helper", "trainer"])
+def test_only_a_background_thread_that_encodes_gives_up_the_cpu_on_waking(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flushing: str
+) -> None:
+    """Under the default policy the waking flush thread preempted log() 79 times a minute (bench_log), so one
+    that encodes runs under SCHED_BATCH; where the helper encodes (the default), the thread only waits on the
+    store, and the training process's scheduling is left alone (issue 40)."""
+    if flushing == "trainer":
+        monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "0")
     run = lh.init("policy", store=str(tmp_path / "store"), system_metrics=False, capture_console=False)
     try:
         worker = run._worker
         assert worker.is_alive() and worker.native_id is not None
-        deadline = time.monotonic() + 10  # the thread sets its policy as it starts
-        while os.sched_getscheduler(worker.native_id) != os.SCHED_BATCH and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert os.sched_getscheduler(worker.native_id) == os.SCHED_BATCH
+        if flushing == "trainer":
+            deadline = time.monotonic() + 10  # the thread sets its policy as it starts
+            while os.sched_getscheduler(worker.native_id) != os.SCHED_BATCH and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert os.sched_getscheduler(worker.native_id) == os.SCHED_BATCH
+        else:
+            started = run._flusher.helper_started
+            assert started is not None and started.wait(30)  # the thread is past where it would set a policy
+            assert run._points_to_helper
+            assert os.sched_getscheduler(worker.native_id) == os.SCHED_OTHER
         assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own policy is left alone
     finally:
         run.finish()
