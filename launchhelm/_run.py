@@ -1080,8 +1080,8 @@ class Run:
         self._worker.start()
 
     def _work(self) -> None:
-        if not helper_flushes():  # opted in, this thread only waits on the store: the default policy
-            yield_on_wakeup()
+        if self._flusher.spool is None or not helper_flushes():  # it encodes here: it gives the CPU up on waking
+            yield_on_wakeup()  # (where the helper encodes, this thread only waits on the store: the default policy)
         self._start_helper()
         now = time.monotonic()
         next_flush = now + self._flush_interval

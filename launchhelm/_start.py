@@ -21,8 +21,7 @@ from launchhelm._exceptions import (
     StorageError,
 )
 from launchhelm._metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm._metrics._flusher import warm_up_encoder
-from launchhelm._metrics._pause import helper_flushes
+from launchhelm._metrics._flusher import encodes_here, warm_up_encoder
 from launchhelm._metrics._spool import recover_run
 from launchhelm._metrics._system import system_interval
 from launchhelm._options import RUN_PARAMETERS, RunOptions, check_options
@@ -235,11 +234,11 @@ def start_run(
     preemption = preemption_settings(options)  # checked before any I/O; installed once the session started
     hang_timeout = hang_setting(options.get("hang_timeout", AUTO))
     max_failed = restart_limit(options.get("max_failed_restarts", DEFAULT_MAX_FAILED_RESTARTS))
-    if not helper_flushes():  # opted in, the helper encodes the chunks: pyarrow stays out of this process
-        warm_up_encoder()
     install_exit_hook()
 
     st = open_store(store, options.get("storage_options"))
+    if encodes_here(st):  # where the helper encodes the chunks (the default), pyarrow stays out of this process
+        warm_up_encoder()
     session_id = new_session_id()
     session_payload = {
         "session": session_id,

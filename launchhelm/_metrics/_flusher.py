@@ -23,13 +23,13 @@ from launchhelm._metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, re
 from launchhelm._metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm._metrics._compact import compaction_memory as compaction_memory_setting
 from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap, prepare_trims
-from launchhelm._metrics._pause import leave_heap_alone, pause
+from launchhelm._metrics._pause import helper_flushes, leave_heap_alone, pause
 from launchhelm._metrics._points import chunk_key, encode_buffer
 from launchhelm._metrics._spool import Spool
 from launchhelm._runlog._liveness import process_identity
 from launchhelm.storage import Store
 
-__all__ = ["MetricFlusher", "flush_line", "warm_up_encoder"]
+__all__ = ["MetricFlusher", "encodes_here", "flush_line", "warm_up_encoder"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -459,10 +459,22 @@ def flush_line(seq: int, end: tuple[int, int], names: dict[int, str], final: boo
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
+def _spooled(store: Store) -> bool:
+    """Whether a session on ``store`` has a spool: not where the store dies with the process anyway, nor
+    with ``LAUNCHHELM_SPOOL=off``."""
+    in_process = "memory" in store.protocol.split("::")  # memory://, or chained onto one (dir::memory://)
+    return not in_process and os.environ.get("LAUNCHHELM_SPOOL", "").lower() not in ("0", "off", "false")
+
+
+def encodes_here(store: Store) -> bool:
+    """Whether this process will encode its chunks on ``store``: it has no spool for a helper to read,
+    or ``LAUNCHHELM_HELPER_FLUSH=0``. Then ``init`` loads the encoder and the flush thread yields."""
+    return not helper_flushes() or not _spooled(store)
+
+
 def _open_spool(store: Store, run_id: str, session_id: str, project: str, flush_interval: float) -> Spool | None:
     """The session's spool, unless the store dies with the process anyway or ``LAUNCHHELM_SPOOL=off``."""
-    in_process = "memory" in store.protocol.split("::")  # memory://, or chained onto one (dir::memory://)
-    if in_process or os.environ.get("LAUNCHHELM_SPOOL", "").lower() in ("0", "off", "false"):
+    if not _spooled(store):
         return None
     meta = {
         "run": run_id,
