@@ -51,6 +51,8 @@ class PointPickup:
 
     #: Seconds between tries while the store does not answer.
     RETRY = 1.0
+    #: Seconds after its start that the thread loads the encoder, unless a request comes first.
+    WARM_AFTER = 2.0
 
     def __init__(self, config: HelperConfig) -> None:
         self.config = config
@@ -91,15 +93,26 @@ class PointPickup:
         yield_on_wakeup()  # this thread only, in the helper: on waking it never takes a core at once
         from launchhelm._metrics._flusher import warm_up_encoder
 
-        warm_up_encoder()  # the encoder's and compactor's lazy imports now, not in the first request's wait
-        self._mark(READY_SLOT, 1)  # a session ending before this writes its points itself (MetricFlusher._hand)
+        # the encoder's and compactor's imports, once asked or after WARM_AFTER: a session that ends sooner
+        # (a short script, a test) writes its points itself (MetricFlusher._hand) and costs no second import
+        try:
+            early: dict[str, Any] | None = self._inbox.get(timeout=self.WARM_AFTER)
+        except queue.Empty:
+            early = None
+        if self._stop.is_set():
+            return
+        warm_up_encoder()
+        self._mark(READY_SLOT, 1)
         want: dict[str, Any] | None = None
         failing = False
         while not self._stop.is_set():
-            try:
-                got = self._inbox.get(timeout=None if want is None else self.RETRY)
-            except queue.Empty:
-                got = None
+            if early is not None:
+                got, early = early, None
+            else:
+                try:
+                    got = self._inbox.get(timeout=None if want is None else self.RETRY)
+                except queue.Empty:
+                    got = None
             # positions are absolute: the newest request covers the ones before it (a final one stays final)
             while got is not None:
                 if got:

@@ -59,7 +59,8 @@ def test_compaction_through_several_levels_holds_arrow_memory_under_its_bound(tm
     store, steps, bound = str(tmp_path / "store"), 400_000, 8 * 2**20
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, store, str(steps), "8MiB"],
-        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
+        # the encoder and compactor in the child itself (the same code its helper runs by default)
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool"), LAUNCHHELM_HELPER_FLUSH="0"),
         capture_output=True,
         text=True,
         timeout=300,
@@ -140,7 +141,8 @@ def test_a_session_that_logs_flushes_and_compacts_never_imports_pandas(tmp_path:
     store = str(tmp_path / "store")
     out = subprocess.run(
         [sys.executable, "-c", child, store],
-        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
+        # the encoder and compactor in the child itself (the same code its helper runs by default)
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool"), LAUNCHHELM_HELPER_FLUSH="0"),
         capture_output=True,
         text=True,
         timeout=120,
