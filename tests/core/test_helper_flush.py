@@ -127,6 +127,23 @@ def test_the_helper_writes_the_chunks_and_the_trainer_holds_no_point_and_no_pyar
         time.sleep(0.05)
 
 
+def _leaves_the_encoder_to_the_helper(script: str, tmp_path: Path, **env: str) -> None:
+    """Run ``script`` (it logs losses 0..999 and prints what it imported): its helper stored them all,
+    and it loaded neither pyarrow nor pandas."""
+    store = str(tmp_path / "store")
+    done = subprocess.run(
+        [sys.executable, "-c", script, store],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool"), **env),
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["handing"] is True and seen["heavy"] == [], seen
+    assert lh.Api(store).run(seen["id"]).history()["loss"].tolist() == [float(i) for i in range(1000)]
+
+
 def test_a_flush_right_after_init_waits_for_the_helper_instead_of_writing_here(tmp_path: Path) -> None:
     # init returns before its helper runs: the first flush() must not load the encoder in this process
     script = textwrap.dedent(
@@ -142,18 +159,7 @@ def test_a_flush_right_after_init_waits_for_the_helper_instead_of_writing_here(t
         run.finish()
         """
     )
-    store = str(tmp_path / "store")
-    done = subprocess.run(
-        [sys.executable, "-c", script, store],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool"), LAUNCHHELM_HELPER_FLUSH="1"),
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["handing"] is True and seen["heavy"] == [], seen
-    assert lh.Api(store).run(seen["id"]).history()["loss"].tolist() == [float(i) for i in range(1000)]
+    _leaves_the_encoder_to_the_helper(script, tmp_path, LAUNCHHELM_HELPER_FLUSH="1")
 
 
 @pytest.mark.slow
@@ -179,17 +185,23 @@ def test_a_killed_helper_s_replacement_goes_on_from_the_spool_s_state_and_nothin
     assert "takes over" in lines[0]
 
 
-def test_finish_stores_the_points_itself_when_its_helper_died_at_the_end(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "1")
+def _handing(store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> lh.Run:
+    """A run in this process whose helper took the points (flushes only when asked)."""
     monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
-    store = str(tmp_path / "store")
     run = lh.init("hflush", store=store, flush_interval=3600, capture_console=False, system_metrics=False)
     deadline = time.monotonic() + 60
     while not run._flusher.handing:
         assert time.monotonic() < deadline, "the helper never took the points"
         time.sleep(0.01)
+    return run
+
+
+def test_finish_stores_the_points_itself_when_its_helper_died_at_the_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "1")
+    store = str(tmp_path / "store")
+    run = _handing(store, tmp_path, monkeypatch)
     for i in range(1_000):
         run.log({"x": float(i)}, step=i)
     run.flush()  # stored by the helper: the state file says so, and the next write starts after them
@@ -211,13 +223,8 @@ def test_a_session_ending_before_its_helper_is_ready_stores_its_points_itself_on
     # a short script: waiting for the helper's imports would cost more than the encoding here
     from launchhelm._runlog._watchdog import READY_SLOT
 
-    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
     store = str(tmp_path / "store")
-    run = lh.init("hflush", store=store, flush_interval=3600, capture_console=False, system_metrics=False)
-    deadline = time.monotonic() + 60
-    while not run._flusher.handing:
-        assert time.monotonic() < deadline, "the helper never took the points"
-        time.sleep(0.01)
+    run = _handing(store, tmp_path, monkeypatch)
     assert run._helper is not None
     helper = run._helper.process
     os.kill(helper.pid, signal.SIGSTOP)  # a helper still importing: it reads nothing meanwhile
@@ -253,18 +260,7 @@ def test_finish_with_a_ready_helper_and_nothing_sent_yet_loads_no_encoder_here(t
         print(json.dumps({"id": run.id, "heavy": heavy, "handing": run._flusher.handing}))
         """
     )
-    store = str(tmp_path / "store")
-    done = subprocess.run(
-        [sys.executable, "-c", script, store],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=child_env(LAUNCHHELM_SPOOL=str(tmp_path / "spool")),
-    )
-    assert done.returncode == 0, done.stderr
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
-    assert seen["handing"] is True and seen["heavy"] == [], seen
-    assert lh.Api(store).run(seen["id"]).history()["loss"].tolist() == [float(i) for i in range(1000)]
+    _leaves_the_encoder_to_the_helper(script, tmp_path)
 
 
 def test_requests_that_came_with_the_config_in_one_read_are_kept_in_order() -> None:
