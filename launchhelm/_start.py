@@ -237,7 +237,7 @@ def start_run(
     install_exit_hook()
 
     st = open_store(store, options.get("storage_options"))
-    if encodes_here(st):  # where the helper encodes the chunks (the default), pyarrow stays out of this process
+    if encodes_here(st):  # where the helper encodes the chunks (opted in), pyarrow stays out of this process
         warm_up_encoder()
     session_id = new_session_id()
     session_payload = {

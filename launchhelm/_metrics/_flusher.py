@@ -468,7 +468,8 @@ def _spooled(store: Store) -> bool:
 
 def encodes_here(store: Store) -> bool:
     """Whether this process will encode its chunks on ``store``: it has no spool for a helper to read,
-    or ``LAUNCHHELM_HELPER_FLUSH=0``. Then ``init`` loads the encoder and the flush thread yields."""
+    or its helper does not flush (no ``LAUNCHHELM_HELPER_FLUSH=1``). Then ``init`` loads the encoder and
+    the flush thread yields."""
     return not helper_flushes() or not _spooled(store)
 
 
