@@ -339,7 +339,9 @@ def drain(config: HelperConfig, how: str) -> None:
 def _drain_bounded(config: HelperConfig, parent: ParentWatch) -> int:
     """:func:`drain` within ``config.drain_timeout``; past it the spool stays for ``launchhelm recover``."""
     parent.exited(5.0)  # its pipe closes before it exits: recovery takes only a dead process's spool
-    how = _exit_status(config.parent) or "ended without finishing (its exit status was not seen)"
+    # the status is readable only until its parent reaps it (a shell or a test waiting on it wins the race):
+    # then the words are the watcher's for a pid found gone
+    how = _exit_status(config.parent) or "died without a notice (its exit status was reaped before it was seen)"
     failed: list[BaseException] = []
 
     def run() -> None:

@@ -17,9 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from lhtest import child_env, kill_with_helper
 
 import launchhelm as lh
+from launchhelm._metrics._buffer import KeyIds, PointBuffer
 from launchhelm._metrics._spool import spool_root
 from launchhelm.storage._keys import row_marker_key, run_record_key
 
@@ -242,3 +245,19 @@ def test_a_new_sessions_first_appends_find_their_pages_mapped(tmp_path: Path) ->
     # unmapped, each of these pages would fault once: 255 here
     assert after.ru_minflt - before.ru_minflt < pages // 8, (after.ru_minflt - before.ru_minflt, step)
     assert after.ru_majflt == before.ru_majflt
+
+
+@given(
+    st.lists(
+        st.dictionaries(st.sampled_from(["loss", "lr", "acc", "grad", "tok"]), st.floats(allow_nan=False), min_size=1),
+        max_size=60,
+    )
+)
+def test_a_buffers_latest_values_are_each_keys_last_logged(rows: list[dict[str, float]]) -> None:
+    # the summary's "latest" of a buffer, worked out without numpy (a training process need not load it)
+    buffer = PointBuffer(KeyIds(), 1 << 20)
+    expected: dict[str, float] = {}
+    for step, row in enumerate(rows):
+        buffer.append(step, 0, 0.0, row)
+        expected.update(row)
+    assert buffer.latest() == expected

@@ -267,9 +267,8 @@ def test_two_watchers_tell_a_crash_a_hang_and_a_finish_once_each(
     assert hung["step"] == 4 and hung["name"] == "hanging" and hung["project"] == PROJECT
     crash = by_event[(crashed_id, "crashed")]
     # at once: the watcher saw the pid gone on this host, or the trainer's helper ended its session first
-    assert any(
-        said in str(crash["detail"]) for said in ("died without a notice (process gone)", "was killed by SIGKILL")
-    ), crash
+    # (with the signal, when it read the zombie's status before this test reaped it)
+    assert any(said in str(crash["detail"]) for said in ("died without a notice (", "was killed by SIGKILL")), crash
     assert set(crash) == {"event", "project", "run", "name", "step", "time", "detail", "id"}
     assert crash["id"] == f"{crashed_id}/{str(crash['id']).split('/')[1]}/crashed"
     if proxy is not None:
