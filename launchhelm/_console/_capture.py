@@ -363,17 +363,22 @@ class _StreamCapture:
         """
         forward = True
         held = b""  # the start of a line, not yet passed on to the terminal
+        # one buffer for every read: os.read allocates the most and shrinks it to what came, and a
+        # flood's thousands of those a second leave holes in the heap that RSS keeps
+        chunk = bytearray(_READ_BYTES)
+        view = memoryview(chunk)
         try:
             while True:
                 if held and not select.select([read_end], [], [], _HOLD_WAIT)[0]:
                     forward = self._pass_on(out, held, forward)
                     held = b""
                 try:
-                    data = os.read(read_end, _READ_BYTES)
+                    got = os.readv(read_end, [chunk])
                 except OSError:
                     break
-                if not data:
+                if not got:
                     break
+                data = bytes(view[:got])
                 if self._recording:
                     for sink in self._owner.sinks:
                         sink.feed(data, self.name)
