@@ -191,14 +191,14 @@ def main() -> int:
 def split(repeat: int) -> None:
     """The training process beside its helper, and W&B's Python process beside wandb-core (issue 40)."""
     mib = 2**20
-    # the opt-in where the helper writes the chunks too (docs/storage.md, "Flushing in the helper")
-    hf = [
+    # the default: the helper writes the chunks too (docs/storage.md, "Flushing in the helper")
+    hf = [r for r in (child("launchhelm-split", 0) for _ in range(repeat)) if r is not None]
+    # and its opt-out, where the training process writes them (as before)
+    lh = [
         r
-        for r in (child("launchhelm-split", 0, env={"LAUNCHHELM_HELPER_FLUSH": "1"}) for _ in range(repeat))
+        for r in (child("launchhelm-split", 0, env={"LAUNCHHELM_HELPER_FLUSH": "0"}) for _ in range(repeat))
         if r is not None
     ]
-    # and the default, where the training process writes them
-    lh = [r for r in (child("launchhelm-split", 0) for _ in range(repeat)) if r is not None]
     wb = [r for r in (child("wandb-split", 0) for _ in range(repeat)) if r is not None]
 
     def med(rows: list[dict[str, object]], field: str) -> float:
@@ -207,19 +207,19 @@ def split(repeat: int) -> None:
     print(f"\nafter init, 1,000 logs and a flush, median of {repeat}: MiB")
     print(f"  {'':<12}{'training process':>18}{'helper':>10}{'total':>10}")
     print(
-        f"  {'lh, =1':<12}{med(hf, 'trainer') / mib:>18.1f}{med(hf, 'helper') / mib:>10.1f}"
-        f"{(med(hf, 'trainer') + med(hf, 'helper')) / mib:>10.1f}   (LAUNCHHELM_HELPER_FLUSH=1: the helper writes)"
+        f"  {'launchhelm':<12}{med(hf, 'trainer') / mib:>18.1f}{med(hf, 'helper') / mib:>10.1f}"
+        f"{(med(hf, 'trainer') + med(hf, 'helper')) / mib:>10.1f}   (helper processes: {hf[0]['helpers']})"
     )
     print(
-        f"  {'launchhelm':<12}{med(lh, 'trainer') / mib:>18.1f}{med(lh, 'helper') / mib:>10.1f}"
-        f"{(med(lh, 'trainer') + med(lh, 'helper')) / mib:>10.1f}   (the default: the trainer writes)"
+        f"  {'lh, =0':<12}{med(lh, 'trainer') / mib:>18.1f}{med(lh, 'helper') / mib:>10.1f}"
+        f"{(med(lh, 'trainer') + med(lh, 'helper')) / mib:>10.1f}   (LAUNCHHELM_HELPER_FLUSH=0: the trainer writes)"
     )
     if wb:
         print(
             f"  {'wandb':<12}{med(wb, 'trainer') / mib:>18.1f}{med(wb, 'helper') / mib:>10.1f}"
             f"{(med(wb, 'trainer') + med(wb, 'helper')) / mib:>10.1f}   (wandb-core and other children)"
         )
-    modes = (("LAUNCHHELM_HELPER_FLUSH=1 (its helper writes the chunks)", hf), ("the default (the trainer writes)", lh))
+    modes = (("the default (its helper writes the chunks)", hf), ("LAUNCHHELM_HELPER_FLUSH=0 (the trainer writes)", lh))
     for title, rows in modes:
         imported = rows[0]["imported"]
         print(f"  {title}:")

@@ -10,17 +10,17 @@ from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap
 
 __all__ = ["HELPER_FLUSH_ENV", "PAUSE_SECONDS", "helper_flushes", "leave_heap_alone", "pause", "yield_on_wakeup"]
 
-#: The opt-in (=1): the helper process writes the session's chunks (docs/storage.md, "Flushing in the helper").
+#: The helper process writes the session's chunks unless this is 0 (docs/storage.md, "Flushing in the helper").
 HELPER_FLUSH_ENV = "LAUNCHHELM_HELPER_FLUSH"
 
 
 def helper_flushes() -> bool:
-    """Whether this process asked for its helper to write its chunks (``LAUNCHHELM_HELPER_FLUSH=1``; off by
-    default until the whole suite passes with it on: docs/storage.md, "Flushing in the helper").
+    """Whether this process's helper writes its chunks: the default; ``LAUNCHHELM_HELPER_FLUSH=0`` keeps
+    the writing in the training process (as before).
 
     Here, beside the settings it turns off: a training process that does not encode leaves the
     scheduler's policy and the heap to themselves."""
-    return os.environ.get(HELPER_FLUSH_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+    return os.environ.get(HELPER_FLUSH_ENV, "").strip().lower() not in ("0", "off", "false", "no")
 
 
 #: Seconds of a pause: long enough for a training thread waiting for the GIL to wake and take it.

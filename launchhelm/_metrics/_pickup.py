@@ -1,6 +1,6 @@
 """Flushing in the helper process (issue 40; the protocol is docs/storage.md's "Flushing in the helper").
 
-Opt-in for now (``LAUNCHHELM_HELPER_FLUSH=1``). The training process
+The default (``LAUNCHHELM_HELPER_FLUSH=0`` turns it off). The training process
 keeps no point in memory for the store: ``log()`` writes the spool only, and
 at each flush tick the session's background thread sends the helper one line
 on its stdin, ``{"flush": [file, offset], "keys": {id: name}, "seq": n,

@@ -104,7 +104,7 @@ def test_a_killed_process_s_points_are_readable_elsewhere_without_reopen_or_reco
 ) -> None:
     store = make_store_url(backend, tmp_path, request)
     spool = tmp_path / "trainer-spool"  # not this process's spool root: reading here recovers nothing
-    env = {"LAUNCHHELM_HELPER_FLUSH": "0" if flushing == "trainer" else "1"}
+    env = {"LAUNCHHELM_HELPER_FLUSH": "0"} if flushing == "trainer" else {}  # the helper: the default
     proc, run_id, helper = _start_trainer(store, spool, **env)
     try:
         assert _steps(store, run_id) == [], "the points were flushed before the kill: the test shows nothing"

@@ -1,4 +1,4 @@
-"""With ``LAUNCHHELM_HELPER_FLUSH=1`` the helper process writes the session's chunks (issue 40).
+"""The helper process writes the session's chunks (the default; ``LAUNCHHELM_HELPER_FLUSH=1`` says so here).
 
 If these fail, the training process still holds its points in memory and
 imports pyarrow to encode them, a point is stored twice or lost when the
@@ -188,7 +188,6 @@ def test_a_killed_helper_s_replacement_goes_on_from_the_spool_s_state_and_nothin
 
 def _handing(store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> lh.Run:
     """A run in this process whose helper took the points (flushes only when asked)."""
-    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "1")
     monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
     run = lh.init("hflush", store=store, flush_interval=3600, capture_console=False, system_metrics=False)
     deadline = time.monotonic() + 60
@@ -201,6 +200,7 @@ def _handing(store: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> lh.
 def test_finish_stores_the_points_itself_when_its_helper_died_at_the_end(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "1")
     store = str(tmp_path / "store")
     run = _handing(store, tmp_path, monkeypatch)
     for i in range(1_000):
@@ -261,7 +261,7 @@ def test_finish_with_a_ready_helper_and_nothing_sent_yet_loads_no_encoder_here(t
         print(json.dumps({"id": run.id, "heavy": heavy, "handing": run._flusher.handing}))
         """
     )
-    _leaves_the_encoder_to_the_helper(script, tmp_path, LAUNCHHELM_HELPER_FLUSH="1")
+    _leaves_the_encoder_to_the_helper(script, tmp_path)
 
 
 def test_requests_that_came_with_the_config_in_one_read_are_kept_in_order() -> None:

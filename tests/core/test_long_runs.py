@@ -173,11 +173,11 @@ _POOL_CHILD = textwrap.dedent(
 @pytest.mark.parametrize(
     ("env", "expected"),
     [
-        # the helper writes the chunks (LAUNCHHELM_HELPER_FLUSH=1): the training process's pool is the user's
-        ({"LAUNCHHELM_HELPER_FLUSH": "1"}, "mimalloc"),
-        # the training process writes them (the default): mimalloc keeps what the flush thread's tables
-        # freed resident (see prefer_returning_pool), so jemalloc, unless the user chose
-        ({}, "jemalloc"),
+        # the helper writes the chunks (the default): the training process's pool is the user's
+        ({}, "mimalloc"),
+        # the training process writes them: mimalloc keeps what the flush thread's tables freed resident
+        # (see prefer_returning_pool), so jemalloc, unless the user chose
+        ({"LAUNCHHELM_HELPER_FLUSH": "0"}, "jemalloc"),
         ({"LAUNCHHELM_HELPER_FLUSH": "0", "ARROW_DEFAULT_MEMORY_POOL": "system"}, "system"),
         ({"LAUNCHHELM_HELPER_FLUSH": "0", "LAUNCHHELM_ARROW_POOL": "keep"}, "mimalloc"),
     ],
@@ -242,12 +242,13 @@ def test_only_a_background_thread_that_encodes_gives_up_the_cpu_on_waking(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flushing: str
 ) -> None:
     """Under the default policy the waking flush thread preempted log() 79 times a minute (bench_log), so one
-    that encodes runs under SCHED_BATCH; where the helper encodes (opted in), the thread only waits on the
+    that encodes runs under SCHED_BATCH; where the helper encodes (the default), the thread only waits on the
     store, and the training process's scheduling is left alone (issue 40). Without a spool (a memory store)
     no helper can read the points: this process encodes them."""
     store = str(tmp_path / "store")
-    monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "0" if flushing == "trainer" else "1")
-    if flushing == "no spool":
+    if flushing == "trainer":
+        monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "0")
+    elif flushing == "no spool":
         store = f"memory://policy-{os.getpid()}-{time.monotonic_ns()}"
     run = lh.init("policy", store=store, system_metrics=False, capture_console=False)
     try:
