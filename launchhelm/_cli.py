@@ -85,6 +85,11 @@ def _cmd_show(args: argparse.Namespace) -> int:
         print("tunables " + ", ".join(f"{k}={v!r}" for k, v in tunables.items()))
     if status == "running":
         print(f"control  {run.control_state}")
+    attempts = run.attempts()
+    live = attempts[-1] if attempts and attempts[-1].ending == "running" else None
+    if live is not None and live.helper is not None:
+        # what `ps` on that host shows beside the training process
+        print(f"helper   pid {live.helper}" + (f" on {live.host}" if live.host else ""))
     changes = run.control_changes()
     if changes:
         print("control changes:")
@@ -95,7 +100,6 @@ def _cmd_show(args: argparse.Namespace) -> int:
             done = change["applied_at_step"]
             outcome = f"applied at step {done}" if done is not None else "pending"
             print(f"  {change['seq']:>4}  {_fmt_time(change['time'])}  {what:<28} {outcome}")
-    attempts = run.attempts()
     if len(attempts) > 1 or any(a.launcher for a in attempts):
         print("attempts:")
         for i, attempt in enumerate(attempts):

@@ -453,6 +453,11 @@ class Run:
         if directory is not None:
             self._media.stored += store_handoff(self._store, self.id, self.session_id, directory)
 
+    def _helper_pid(self) -> int | None:
+        """The pid of this session's helper while it runs (the heartbeat says it: `launchhelm show`)."""
+        helper = self._helper
+        return helper.process.pid if helper is not None and helper.process.poll() is None else None
+
     def _helper_alive(self) -> bool:
         """Whether a helper stores the media handed over: it runs, or is being started or replaced."""
         helper = self._helper

@@ -58,6 +58,9 @@ class Attempt:
         notice), ``"hung"`` or ``"fenced"`` (a newer attempt of its job took over).
     detail:
         What ended it, in words (the signal, the exception, who replaced it).
+    helper:
+        While it runs: the pid of its helper process on ``host``, as its last heartbeat
+        says (None: no helper, or a store written before this field).
     """
 
     session: str
@@ -69,6 +72,7 @@ class Attempt:
     last_step: int
     ending: str
     detail: str | None = None
+    helper: int | None = None
 
     def describe(self, after: Attempt | None = None) -> str:
         """One line, e.g. "preempted at step 4,812 (SIGTERM at step 4812, checkpoint ... saved); relaunched
@@ -84,6 +88,8 @@ class Attempt:
         where = f" on {self.host}" if self.host else ""
         if self.ending == "running":
             line = f"running since step {self.first_step:,}, now at {self.last_step:,}"
+            if self.helper is not None:
+                line += f"; its helper process is pid {self.helper}"
         else:
             line = f"{self.ending} at step {self.last_step:,}"
             if self.detail and self.detail not in ("finish", "exit"):

@@ -212,9 +212,12 @@ class RunHandle:
             live = liveness(self._store, self.id, session, beat=beats.get(session.id))
             last = max(session.start_step, session.end_step or 0, live.step)
             ending, detail, ended_at = session.ending, session.detail, session.ended_at
+            helper = None
             if session.ended_at is None and ending is None:
                 if i == len(state.sessions) - 1 and live.alive:
                     ending, detail = "running", None
+                    beat = beats.get(session.id)
+                    helper = beat.get("helper") if beat is not None else None
                 else:
                     ending, detail = "crashed", detail or f"died without a notice ({live.reason})"
             if ended_at is None and ending != "running":
@@ -231,6 +234,7 @@ class RunHandle:
                     last_step=last,
                     ending=ending or "finished",
                     detail=detail,
+                    helper=int(helper) if helper is not None else None,
                 )
             )
         return out

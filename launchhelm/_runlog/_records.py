@@ -331,6 +331,8 @@ class Heartbeat(TypedDict):
     time: float
     step: int
     interval: NotRequired[float]
+    #: the pid of the session's helper process when it beat (absent: none ran, or written before this field)
+    helper: NotRequired[int]
 
 
 class SessionRecordDict(TypedDict):
@@ -381,6 +383,8 @@ class Summary(TypedDict):
     restarts: NotRequired[int]
     #: the log's unresolved ``restart_loop`` event, if any
     restart_loop: NotRequired[RestartLoopEvent | None]
+    #: the live session's helper process (its pid), as its heartbeat says
+    helper: NotRequired[int]
 
 
 class IndexEntry(TypedDict):

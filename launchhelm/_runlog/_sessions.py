@@ -92,6 +92,8 @@ def fresher_beat(
         return beat
     try:
         from_summary: Heartbeat = {"time": float(summary["time"]), "step": int(summary["step"])}
+        if "helper" in summary:
+            from_summary["helper"] = int(summary["helper"])
     except (KeyError, TypeError, ValueError):
         return beat
     if beat is None or float(beat.get("time", 0.0)) < from_summary["time"]:
@@ -115,8 +117,10 @@ def read_beats(
     return {s: fresher_beat(parse_object(got.get(k)), summary, s) for s, k in zip(session_ids, keys, strict=True)}
 
 
-def encode_heartbeat(step: int, interval: float) -> bytes:
+def encode_heartbeat(step: int, interval: float, helper: int | None = None) -> bytes:
     beat: Heartbeat = {"time": time.time(), "step": step, "interval": interval}
+    if helper is not None:
+        beat["helper"] = helper
     return json.dumps(beat).encode()
 
 

@@ -59,6 +59,7 @@ def encode_summary(
     step: int,
     interval: float,
     metrics: Mapping[str, float],
+    helper: int | None = None,
 ) -> bytes:
     """The summary the live session ``session_id`` puts: its heartbeat plus the run's row."""
     last = state.last_session
@@ -86,6 +87,8 @@ def encode_summary(
     }
     if state.restart_loop is not None:
         body["restart_loop"] = state.restart_loop
+    if helper is not None:
+        body["helper"] = helper
     return json.dumps(body, separators=(",", ":")).encode()  # NaN metrics stay NaN
 
 

@@ -50,6 +50,7 @@ class SummarySubject(Protocol):
     def reached(self) -> int: ...
     @property
     def _records_events(self) -> bool: ...
+    def _helper_pid(self) -> int | None: ...
 
     _last_error: BaseException | None
 
@@ -83,7 +84,7 @@ class SummaryWriter:
         run = self._run
         self._store.put(
             heartbeat_key(run.id, run.session_id),
-            encode_heartbeat(run.reached, self._heartbeat_interval),
+            encode_heartbeat(run.reached, self._heartbeat_interval, run._helper_pid()),
         )
 
     def heartbeat(self) -> None:
@@ -126,6 +127,7 @@ class SummaryWriter:
                 step=run.reached,
                 interval=self._heartbeat_interval,
                 metrics=metrics,
+                helper=run._helper_pid(),
             )
             self._store.put(summary_key(run.id), body)
 

@@ -67,3 +67,29 @@ def test_cli_errors_are_one_clear_line(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "invalid project name" in bad.stderr
     steps = _cli("--store", store, "demo", "--steps", "10")
     assert steps.returncode == 2 and "steps=10" in steps.stderr
+
+
+def test_show_names_a_running_sessions_helper_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
+    store = str(tmp_path / "store")
+    run = lh.init("seen", store=store, heartbeat_interval=0.2, capture_console=False, system_metrics=False)
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # the helper starts beside init, and the next heartbeat names it
+            pid = run._helper_pid()
+            attempt = lh.Api(store).run(run.id).attempts()[-1]
+            if pid is not None and attempt.helper == pid:
+                break
+            assert time.monotonic() < deadline, (pid, attempt)
+            time.sleep(0.1)
+        assert attempt.ending == "running"
+        assert "launchhelm._helper" in Path(f"/proc/{pid}/cmdline").read_bytes().decode()  # that pid is it
+        shown = _cli("--store", store, "show", run.id)
+        assert shown.returncode == 0, shown.stderr
+        assert f"\nhelper   pid {pid} on {attempt.host}\n" in shown.stdout
+        assert f"running since step 0, now at 0; its helper process is pid {pid}" in attempt.describe()
+    finally:
+        run.finish()
+    assert lh.Api(store).run(run.id).attempts()[-1].helper is None  # an ended session has none
