@@ -126,6 +126,10 @@ class Meter:
         self._t0 = time.perf_counter()
         self._before = usage(self.pid) if self.pid is not None else None
 
+    def before_rss_mib(self) -> float | None:
+        """The helper's RSS when :meth:`start` was called (None: no helper)."""
+        return self._before.rss_mib if self._before is not None else None
+
     def stop(self) -> Spent | None:
         wall = time.perf_counter() - self._t0
         if self.pid is None or self._before is None or self.startup is None:

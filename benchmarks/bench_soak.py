@@ -211,6 +211,7 @@ def flood(store: Any, options: dict[str, Any] | None, seconds: float, on: bool) 
     parts: list[tuple[float, float]] = []
     step = 0
     meter.start()
+    helper_before = meter.before_rss_mib()  # the helper writes the points: the flood's bound is its too
     start = time.monotonic()
     next_mark = start + 2.0
     while True:
@@ -238,6 +239,7 @@ def flood(store: Any, options: dict[str, Any] | None, seconds: float, on: bool) 
         "finish_s": time.monotonic() - finish_s,
         "memory": run._flusher.compaction_memory / MIB,
         "store": run.store,
+        "helper_before": helper_before,
     }
 
 
@@ -410,6 +412,15 @@ def main() -> int:
             ),
             ("flood: history exact", exact(f["store"], f["run"], f["steps"])),
         ]
+        if f["spent"] is not None and f["helper_before"] is not None:
+            helper_bound = f["helper_before"] + f["memory"] * 1.5
+            checks.append(
+                (
+                    f"flood: the helper's peak RSS {f['spent'].hwm_mib:.0f} MiB <= {helper_bound:.0f} MiB "
+                    "(its RSS before the flood + 1.5 x compaction_memory)",
+                    f["spent"].hwm_mib <= helper_bound,
+                )
+            )
     print()
     for label, ok in checks:
         print(f"{'PASS' if ok else 'MISS'}  {label}", flush=True)

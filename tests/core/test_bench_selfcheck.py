@@ -54,6 +54,8 @@ def test_bench_soak_compares_the_watcher_on_and_off() -> None:
     assert "flood rate" in done.stdout and "day wall_p99.9" in done.stdout, done.stdout[-3000:]
     assert "day: the watcher (helper process): " in done.stdout, done.stdout[-3000:]
     assert "flood: the watcher (helper process): " in done.stdout, done.stdout[-3000:]
+    # the helper writes the points by default: the flood's memory bound is checked on it too
+    assert "  flood: the helper's peak RSS " in done.stdout, done.stdout[-3000:]
 
 
 @pytest.mark.slow
