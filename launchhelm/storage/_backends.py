@@ -472,11 +472,27 @@ class GCSPartUpload:
                 )
         except FileExistsError:
             raise
+        except FileNotFoundError:
+            # the session is gone: a last chunk sent again after its answer was lost finds the upload
+            # done. It is ours if the object has our size and CRC32C (the session made a fresh key)
+            if not self._landed(size):
+                raise
         except Exception as exc:
             if classify(exc).kind == EXISTS:
                 raise FileExistsError(f"{self.path} already exists") from exc
             raise
         self.location = None
+
+    def _landed(self, size: int) -> bool:
+        """Whether the object now at the key is this upload's: its size and CRC32C are what was sent."""
+        from launchhelm.storage._checksum import CRC32C, header_value
+
+        self.fs.invalidate_cache(self.path)
+        try:
+            info = self.fs.info(self.path)
+        except FileNotFoundError:
+            return False
+        return int(info.get("size", -1)) == size and info.get("crc32c") == header_value(CRC32C, self._crc32c)
 
     def abort(self) -> None:
         if self.location is None:

@@ -11,6 +11,7 @@ import hashlib
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from gcs_finalize_proxy import GcsFinalizeProxy
@@ -658,3 +659,52 @@ def test_listing_a_prefix_on_s3_is_one_request_empty_or_not(moto_endpoint: str) 
             assert proxy.total == 1, (listed, proxy.snapshot())
     finally:
         proxy.close()
+
+
+def _losing_the_last_answer(upload: Any, lost: list[str], removed: bool) -> Any:
+    """``upload._put`` whose last chunk reaches GCS but whose answer never comes back (``lost`` says it
+    was sent); with ``removed``, the object is gone again before the chunk is sent a second time."""
+    import aiohttp
+
+    real_put = upload._put
+
+    def put(offset: int, chunk: bytes, total: str, extra: dict[str, str] | None = None) -> object:
+        out = real_put(offset, chunk, total, extra)
+        if total != "*" and not lost:  # the last chunk: made the object; its answer never came
+            lost.append(total)
+            if removed:
+                upload.fs.rm(upload.path)
+            raise aiohttp.ServerDisconnectedError()
+        return out
+
+    return put
+
+
+def test_a_last_gcs_chunk_sent_again_after_its_answer_was_lost_ends_the_upload(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """The last chunk reached GCS and the object was made, but its answer was lost (a reset connection
+    under load): sent again, it finds the session gone (404). The upload is done, not failed, when the
+    object at the key has the bytes sent; when it has not (removed meanwhile), the upload fails."""
+    store = open_store(make_store_url("gcs", tmp_path, request))
+    assert isinstance(store, ObjectStore)
+    data = os.urandom(2 * _part_bytes(store) + 7)
+    (tmp_path / "seg.bin").write_bytes(data)
+    for key, removed in (("done.bin", False), ("gone.bin", True)):
+        upload = store._part_upload(key)
+        assert upload is not None
+        lost: list[str] = []
+        upload._put = _losing_the_last_answer(upload, lost, removed)  # type: ignore[attr-defined]
+        store._part_upload = lambda _key, upload=upload: upload  # type: ignore[method-assign]
+        try:
+            if removed:
+                with pytest.raises(StorageError):
+                    store.upload(key, tmp_path / "seg.bin")
+            else:
+                store.upload(key, tmp_path / "seg.bin")
+        finally:
+            del store._part_upload
+        assert lost == [str(len(data))], "the last chunk was not sent"
+        assert store.exists(key) is not removed
+        if not removed:
+            assert store.read(key) == data
