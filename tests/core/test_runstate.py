@@ -362,7 +362,9 @@ def test_the_runs_table_of_100_runs_reads_in_a_bounded_number_of_requests_on_s3(
         # PUT of the index of settled rows this first read writes. Never a log fold.
         assert counts[f"GET /{BUCKET}/{prefix}"] == 101 + 51 + 2, counts  # listings are GET /{BUCKET}
         assert sum(counts.values()) <= 101 + 51 + 2 + 3 * 2 + 1 + 1, counts
-        assert proxy.peak_in_flight > 4 and took < 10, (proxy.peak_in_flight, took)  # concurrent rounds, not series
+        # concurrent rounds, not series, counted rather than timed (a loaded CI machine took 6-10+ s where an
+        # idle one takes 1; bench_first_read.py measures the time)
+        assert proxy.peak_in_flight > 4, (proxy.peak_in_flight, took)
         assert len(frame) == 101
         rows = {r["id"]: r for r in frame.to_dict("records")}
         assert [rows[r]["status"] for r in ids[:2]] == ["closed", "resumable"] and rows[live.id]["status"] == "running"
