@@ -473,6 +473,11 @@ def main() -> int:
         return 0
     config = HelperConfig(**json.loads(line))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    # LaunchHelm's own process: its threads' policy, pyarrow's pool and glibc's heap may be tuned here
+    # (never in the training process, which is the user's)
+    from launchhelm._metrics._heap import own_this_process
+
+    own_this_process()
     # a Ctrl-C, and a scheduler's notices (SLURM signals every process of a job step; Kubernetes every
     # process of the container), are the training process's: the helper ends when that process ends,
     # and must live through a preemption's grace period to drain a trainer killed at its end

@@ -43,8 +43,8 @@ from launchhelm._exceptions import (
     RunStopped,
 )
 from launchhelm._helper import MAX_REPLACED, Helper
-from launchhelm._metrics._flusher import MetricFlusher, encodes_here
-from launchhelm._metrics._pause import helper_flushes, yield_on_wakeup
+from launchhelm._metrics._flusher import MetricFlusher
+from launchhelm._metrics._pause import helper_flushes
 from launchhelm._metrics._pickup import wait_acknowledged
 from launchhelm._metrics._points import coerce_value, validate_key
 from launchhelm._metrics._system import SystemSampler
@@ -1085,8 +1085,6 @@ class Run:
         self._worker.start()
 
     def _work(self) -> None:
-        if self._flusher.spool is None or encodes_here(self._store):  # it encodes here: it yields on waking
-            yield_on_wakeup()  # (where the helper encodes, this thread only waits on the store: the default policy)
         self._start_helper()
         now = time.monotonic()
         next_flush = now + self._flush_interval

@@ -22,8 +22,8 @@ from launchhelm._exceptions import AlreadyExistsError
 from launchhelm._metrics._buffer import BYTES_PER_VALUE, KeyIds, PointBuffer, read_spool
 from launchhelm._metrics._compact import BYTES_PER_SEGMENT, CHUNKS_PER_SEGMENT, Compactor
 from launchhelm._metrics._compact import compaction_memory as compaction_memory_setting
-from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap, prepare_trims
-from launchhelm._metrics._pause import helper_flushes, leave_heap_alone, pause
+from launchhelm._metrics._heap import TRIM_AFTER_GROWTH, give_back_free_heap, prepare_trims, process_is_ours
+from launchhelm._metrics._pause import helper_flushes, pause
 from launchhelm._metrics._points import chunk_key, encode_buffer
 from launchhelm._metrics._spool import Spool
 from launchhelm._runlog._liveness import process_identity
@@ -46,7 +46,10 @@ def prefer_returning_pool() -> None:
     mimalloc, keeps much of what they freed resident, jemalloc hands it back
     to the system within a second (docs/long-runs.md has the figures).
     Buffers allocated before the switch are still freed to their own pool.
+    Only in the helper process: a training process's pool is the user's.
     """
+    if not process_is_ours():
+        return
     if os.environ.get("ARROW_DEFAULT_MEMORY_POOL") or os.environ.get("LAUNCHHELM_ARROW_POOL", "").lower() == "keep":
         return
     import pyarrow as pa
@@ -270,7 +273,6 @@ class MetricFlusher:
             self.buffer = PointBuffer(self.keys, self.chunk_values)
             self._send, self._acknowledged, self._ready = send, acknowledged, ready
             self.handing = True
-        leave_heap_alone()
 
     def take_back(self) -> None:
         """The helper is gone for good: this process writes the chunks again, from the spool's state file."""

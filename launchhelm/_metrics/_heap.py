@@ -4,8 +4,9 @@ glibc gives back only the free top of a heap by itself. Once a large block it
 mapped is freed (a part upload, a segment's bytes), it raises its mmap
 threshold to that size, and later blocks up to that size come from its heaps:
 the holes they leave between live blocks stay resident (40-55 MiB in a flood on
-S3, bench_soak). LaunchHelm leaves glibc's settings alone (they are the whole
-process's) and trims instead, from the flush thread.
+S3, bench_soak). LaunchHelm leaves glibc's settings alone and trims instead,
+from the flush thread: only in a process of its own (the helper; see
+:func:`own_this_process`). A training process's heap is the user's.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import time
 from collections.abc import Callable
 
-__all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap", "prepare_trims"]
+__all__ = ["TRIM_AFTER_GROWTH", "give_back_free_heap", "own_this_process", "prepare_trims", "process_is_ours"]
 
 #: Growth of resident anonymous memory since the last trim past which the flush thread trims again.
 TRIM_AFTER_GROWTH = 8 * 2**20
@@ -27,8 +28,22 @@ TRIM_TIME_SHARE = 0.01
 #: And never more often than this (seconds).
 MIN_TRIM_INTERVAL = 0.05
 
+_ours = False  # set by the helper's main(): this process is LaunchHelm's, not the user's
 _after_last_trim = 0  # anonymous bytes resident after the last trim
 _next_trim_at = 0.0  # time.monotonic() before which growth asks for no trim
+
+
+def own_this_process() -> None:
+    """Say that this process is LaunchHelm's own (the helper's ``main()``): its heap, pyarrow's pool and
+    its threads' scheduling policy may be tuned. In any other process (the user's training process, a
+    notebook's kernel) they are left alone, whatever that costs LaunchHelm's own work there."""
+    global _ours
+    _ours = True
+
+
+def process_is_ours() -> bool:
+    """Whether :func:`own_this_process` was called in this process."""
+    return _ours
 
 
 @functools.cache
@@ -51,7 +66,8 @@ def _glibc() -> Callable[[int], int] | None:
 def prepare_trims() -> None:
     """Import ctypes and find ``malloc_trim`` now (at ``init``), not in the first trim: in the flush
     thread, the import would hold the GIL for milliseconds while the training loop runs."""
-    _glibc()
+    if _ours:
+        _glibc()
 
 
 def _anonymous_bytes() -> int | None:
@@ -71,9 +87,11 @@ def give_back_free_heap(grown: int = 0) -> bool:
     (read from ``/proc/self/statm``: microseconds), and long enough after it that trims take at
     most 1% of the time, so it can be asked after every chunk. What the
     heaps keep resident cannot be asked of glibc: ``mallinfo2`` counts trimmed pages as free too.
-    ctypes releases the GIL for the trim.
+    ctypes releases the GIL for the trim. Never in a process that is not LaunchHelm's own.
     """
     global _after_last_trim, _next_trim_at
+    if not _ours:
+        return False
     trim = _glibc()
     if trim is None:
         return False

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from launchhelm._exceptions import AlreadyExistsError
-from launchhelm._metrics._pause import helper_flushes, pause, yield_on_wakeup
+from launchhelm._metrics._pause import pause
 from launchhelm.media._index import FANOUT, IndexRow, encode_index, merge_tables
 from launchhelm.media._png import encode_png
 from launchhelm.media._spill import handoff_name, read_spilled, spill_name, write_spilled
@@ -196,8 +196,6 @@ class MediaWriter:
 
     # -- the media thread ---------------------------------------------------
     def _work(self) -> None:
-        if not helper_flushes():  # opted in, it only writes files for the helper: the default policy
-            yield_on_wakeup()  # as the flush thread: never preempt the training thread on waking
         while True:
             with self._cond:
                 while not self._queue and not self._closed:

@@ -175,14 +175,13 @@ _POOL_CHILD = textwrap.dedent(
     [
         # the helper writes the chunks (the default): the training process's pool is the user's
         ({}, "mimalloc"),
-        # the training process writes them: mimalloc keeps what the flush thread's tables freed resident
-        # (see prefer_returning_pool), so jemalloc, unless the user chose
-        ({"LAUNCHHELM_HELPER_FLUSH": "0"}, "jemalloc"),
+        # the training process writes them itself: its pool is still the user's (issue 40: nothing
+        # process-wide changes there), whatever mimalloc keeps resident
+        ({"LAUNCHHELM_HELPER_FLUSH": "0"}, "mimalloc"),
         ({"LAUNCHHELM_HELPER_FLUSH": "0", "ARROW_DEFAULT_MEMORY_POOL": "system"}, "system"),
-        ({"LAUNCHHELM_HELPER_FLUSH": "0", "LAUNCHHELM_ARROW_POOL": "keep"}, "mimalloc"),
     ],
 )
-def test_init_switches_pyarrows_pool_only_where_it_encodes_and_the_user_did_not_choose(
+def test_init_leaves_the_training_processs_pyarrow_pool_to_the_user(
     tmp_path: Path, env: dict[str, str], expected: str
 ) -> None:
     pa = pytest.importorskip("pyarrow")
@@ -203,11 +202,48 @@ def test_init_switches_pyarrows_pool_only_where_it_encodes_and_the_user_did_not_
     assert lh.Api(str(tmp_path / "store")).runs("pool")["id"].size == 1  # the session's points still landed
 
 
+_HELPER_POOL_CHILD = textwrap.dedent(
+    """
+    import pyarrow as pa
+    from launchhelm._metrics._flusher import warm_up_encoder
+    from launchhelm._metrics._heap import own_this_process
+    own_this_process()  # as the helper's main() does
+    warm_up_encoder()
+    print(pa.default_memory_pool().backend_name)
+    """
+)
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        # mimalloc keeps what the flush thread's tables freed resident (see prefer_returning_pool): the
+        # helper, LaunchHelm's own process, switches its own pool to jemalloc, unless the user chose
+        ({}, "jemalloc"),
+        ({"ARROW_DEFAULT_MEMORY_POOL": "system"}, "system"),
+        ({"LAUNCHHELM_ARROW_POOL": "keep"}, "mimalloc"),
+    ],
+)
+def test_the_helper_switches_its_own_pyarrow_pool_unless_the_user_chose(env: dict[str, str], expected: str) -> None:
+    pa = pytest.importorskip("pyarrow")
+    if "jemalloc" not in pa.supported_memory_backends():
+        pytest.skip("this pyarrow is built without jemalloc")
+    base = {k: v for k, v in child_env().items() if k not in ("ARROW_DEFAULT_MEMORY_POOL", "LAUNCHHELM_ARROW_POOL")}
+    out = subprocess.run(
+        [sys.executable, "-c", _HELPER_POOL_CHILD], env={**base, **env}, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == [expected]
+
+
 _TRIM_CHILD = textwrap.dedent(
     """
     import sys, threading, time
-    from launchhelm._metrics._heap import give_back_free_heap
+    from launchhelm._metrics._heap import give_back_free_heap, own_this_process
     from launchhelm._metrics._pause import pause
+
+    if sys.argv[2] == "helper":
+        own_this_process()  # as the helper's main() does
 
     def anon_mib():
         with open("/proc/self/status") as f:
@@ -236,15 +272,26 @@ _TRIM_CHILD = textwrap.dedent(
 )
 
 
+def _policies(pid: int) -> dict[int, int]:
+    """The scheduling policy of each thread of process ``pid`` (threads that exited meanwhile left out)."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found[int(task.name)] = os.sched_getscheduler(int(task.name))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="SCHED_BATCH is Linux's")
 @pytest.mark.parametrize("flushing", ["helper", "trainer", "no spool"])
-def test_only_a_background_thread_that_encodes_gives_up_the_cpu_on_waking(
+def test_every_thread_of_the_training_process_keeps_the_default_policy(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flushing: str
 ) -> None:
-    """Under the default policy the waking flush thread preempted log() 79 times a minute (bench_log), so one
-    that encodes runs under SCHED_BATCH; where the helper encodes (the default), the thread only waits on the
-    store, and the training process's scheduling is left alone (issue 40). Without a spool (a memory store)
-    no helper can read the points: this process encodes them."""
+    """Under the default policy the waking flush thread preempted log() 79 times a minute (bench_log), so the
+    helper's threads that encode run under SCHED_BATCH; the training process's scheduling is the user's and
+    left alone (issue 40), even where it encodes itself (LAUNCHHELM_HELPER_FLUSH=0, or a memory store, whose
+    points no helper can read)."""
     store = str(tmp_path / "store")
     if flushing == "trainer":
         monkeypatch.setenv("LAUNCHHELM_HELPER_FLUSH", "0")
@@ -254,17 +301,20 @@ def test_only_a_background_thread_that_encodes_gives_up_the_cpu_on_waking(
     try:
         worker = run._worker
         assert worker.is_alive() and worker.native_id is not None
-        if flushing != "helper":
-            deadline = time.monotonic() + 10  # the thread sets its policy as it starts
-            while os.sched_getscheduler(worker.native_id) != os.SCHED_BATCH and time.monotonic() < deadline:
-                time.sleep(0.01)
-            assert os.sched_getscheduler(worker.native_id) == os.SCHED_BATCH
-        else:
-            started = run._flusher.helper_started
-            assert started is not None and started.wait(30)  # the thread is past where it would set a policy
+        for step in range(2_000):
+            run.log({"loss": 1.0 / (step + 1)}, step=step)
+        run.flush()  # the chunks written, here or by the helper: every thread that encodes has started
+        if flushing == "helper":
             assert run._points_to_helper
-            assert os.sched_getscheduler(worker.native_id) == os.SCHED_OTHER
-        assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own policy is left alone
+            pid = run._helper_pid()
+            assert pid is not None
+            # the helper's own threads that encode give up the CPU on waking (a thread's policy is its own)
+            deadline = time.monotonic() + 30
+            while os.SCHED_BATCH not in _policies(pid).values() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert os.SCHED_BATCH in _policies(pid).values(), _policies(pid)
+        mine = _policies(os.getpid())
+        assert worker.native_id in mine and set(mine.values()) == {os.SCHED_OTHER}, mine
     finally:
         run.finish()
 
@@ -274,21 +324,23 @@ def test_only_a_background_thread_that_encodes_gives_up_the_cpu_on_waking(
     reason="malloc_trim is glibc's",
 )
 @pytest.mark.parametrize("how", ["trim", "pause"])
-def test_after_a_merge_the_heaps_free_holes_go_back_to_the_system(how: str) -> None:
+def test_after_a_merge_the_helpers_free_holes_go_back_to_the_system(how: str) -> None:
     # glibc keeps the free holes between live blocks resident; a day of merges leaves many (bench_soak),
-    # and a flood on S3 more; the flush thread's pauses trim once resident memory grew 8 MiB
+    # and a flood on S3 more; the helper's pauses trim once resident memory grew 8 MiB
     out = subprocess.run(
-        [sys.executable, "-c", _TRIM_CHILD, how], env=child_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _TRIM_CHILD, how, "helper"], env=child_env(), capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
     assert before - after >= 48, (before, after)
 
 
-def test_without_a_trim_the_heaps_keep_their_free_holes() -> None:
-    """The control: what the test above gives back is what glibc would have kept."""
+@pytest.mark.parametrize(("how", "process"), [("none", "helper"), ("trim", "trainer"), ("pause", "trainer")])
+def test_without_a_trim_the_heaps_keep_their_free_holes(how: str, process: str) -> None:
+    """The control: what the test above gives back is what glibc would have kept. And a training process
+    is the user's (issue 40): its heap is never trimmed, whoever asks."""
     out = subprocess.run(
-        [sys.executable, "-c", _TRIM_CHILD, "none"], env=child_env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", _TRIM_CHILD, how, process], env=child_env(), capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     before, after = map(int, out.stdout.split())
