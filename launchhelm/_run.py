@@ -1305,6 +1305,14 @@ class Run:
         discard_live(self)
         self._stop_helper()
         self._close_preemption()
+        self._close_store()
+
+    def _close_store(self) -> None:
+        """The store's own process (``LAUNCHHELM_HELPER_STORE=1``) ends with the session that started it."""
+        from launchhelm.storage._remote import HelperStore
+
+        if isinstance(self._store, HelperStore):
+            self._store.close()
 
 
 def _control_state(tunables: Mapping[str, object], control_seq: int, paused: bool) -> str:

@@ -236,7 +236,7 @@ def start_run(
     max_failed = restart_limit(options.get("max_failed_restarts", DEFAULT_MAX_FAILED_RESTARTS))
     install_exit_hook()
 
-    st = open_store(store, options.get("storage_options"))
+    st = _open_for_training(store, options.get("storage_options"))
     if encodes_here(st):  # where the helper encodes the chunks (opted in), pyarrow stays out of this process
         warm_up_encoder()
     session_id = new_session_id()
@@ -510,3 +510,27 @@ def _reopen_run(
         except SequenceTaken:
             continue
         return record, events, step, state, started
+
+
+def _open_for_training(store: str | os.PathLike[str] | Store | None, storage_options: Any) -> Store:
+    """The session's store: an object store through a process of its own with ``LAUNCHHELM_HELPER_STORE=1``
+    (the training process then imports no store client; docs/storage.md), else opened here."""
+    from launchhelm.storage import default_store_url
+    from launchhelm.storage._remote import HelperStore, helper_store_wanted
+
+    if not isinstance(store, (str, os.PathLike)) and store is not None:
+        return open_store(store, storage_options)  # a Store as is; anything else refused there, in its words
+    url = os.fspath(store) if store is not None else default_store_url()
+    if isinstance(url, str) and url and helper_store_wanted(url):
+        try:
+            remote = HelperStore.start(url, dict(storage_options or {}))
+        except StorageError:
+            raise  # the store's own answer (unreachable, no bucket, no access): as open_store says it
+        except (OSError, TypeError, ValueError) as exc:  # no process (or options that are not JSON): here
+            _log.warning("launchhelm: the store %s is opened in this process: its own could not start (%s)", url, exc)
+        else:
+            from launchhelm._metrics._spool import spool_root
+
+            remote.staging = str(spool_root()) if spool_root().is_dir() else None
+            return remote
+    return open_store(store, storage_options)

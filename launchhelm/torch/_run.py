@@ -173,6 +173,7 @@ class TorchRun(Run):
             self._finished = True
             self._stop_helper()
             self._close_preemption()
+            self._close_store()
         if failed is not None:
             raise failed
 

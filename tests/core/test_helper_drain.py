@@ -96,16 +96,34 @@ def _steps(store: str, run_id: str) -> list[int]:
     return [int(s) for s in frame["step"].tolist()]
 
 
+def _store_processes(pid: int) -> list[int]:
+    """The store's own processes (LAUNCHHELM_HELPER_STORE=1) among ``pid``'s children."""
+    found = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            if b"launchhelm.storage._remote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except OSError:
+            continue
+    return found
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("flushing", ["trainer", "helper"])  # who writes the live session's chunks
-@pytest.mark.parametrize("backend", ["local", "s3"])
+@pytest.mark.parametrize(
+    ("flushing", "backend"),  # who writes the live session's chunks; a local store has no store process
+    [(f, b) for f in ("trainer", "helper") for b in ("local", "s3")] + [("helper, store process", "s3")],
+)
 def test_a_killed_process_s_points_are_readable_elsewhere_without_reopen_or_recover(
     backend: str, flushing: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     store = make_store_url(backend, tmp_path, request)
     spool = tmp_path / "trainer-spool"  # not this process's spool root: reading here recovers nothing
     env = {"LAUNCHHELM_HELPER_FLUSH": "0"} if flushing == "trainer" else {}  # the helper: the default
+    if flushing == "helper, store process":
+        env["LAUNCHHELM_HELPER_STORE"] = "1"  # the training process holds no store client
     proc, run_id, helper = _start_trainer(store, spool, **env)
+    stores = _store_processes(proc.pid)
+    assert len(stores) == (1 if "LAUNCHHELM_HELPER_STORE" in env else 0), stores
     try:
         assert _steps(store, run_id) == [], "the points were flushed before the kill: the test shows nothing"
         assert (spool / run_id).is_dir()
@@ -127,6 +145,8 @@ def test_a_killed_process_s_points_are_readable_elsewhere_without_reopen_or_reco
         assert f"uploaded {POINTS} spooled point(s)" in (last.detail or ""), last.detail
         assert handle.step == POINTS - 1
         assert _steps(store, run_id) == list(range(POINTS))  # uploaded once, not again
+        for pid in stores:  # the store's process ends at its socket's end: the kill closed it
+            _wait(lambda pid=pid: not _running(pid), 10, "the store's process exited after the kill")
     finally:
         proc.kill()
         proc.wait()

@@ -47,6 +47,7 @@ _TRAINER = textwrap.dedent(
             pass  # a thread that ended meanwhile
     print(json.dumps({"id": run.id, "handing": run._flusher.handing, "held": held, "heavy": heavy,
                       "helper": run._helper.process.pid if run._helper else -1,
+                      "store_process": getattr(getattr(run._store, "process", None), "pid", -1),
                       "not_other": sorted(policies - {os.SCHED_OTHER})}), flush=True)
     sys.stdin.readline()  # the test looks, or kills the helper, then says go
     for i in range(n, 2 * n):
@@ -68,14 +69,16 @@ def _running(pid: int) -> bool:
     return stat[stat.rfind(")") + 2 :].split()[0] not in ("Z", "X")
 
 
-def _start(store: str, spool: Path, n: int, interval: float) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def _start(
+    store: str, spool: Path, n: int, interval: float, **env: str
+) -> tuple[subprocess.Popen[str], dict[str, object]]:
     proc = subprocess.Popen(
         [sys.executable, "-c", _TRAINER, store, str(n), str(interval)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=child_env(LAUNCHHELM_SPOOL=str(spool), LAUNCHHELM_HELPER_FLUSH="1"),
+        env=child_env(LAUNCHHELM_SPOOL=str(spool), LAUNCHHELM_HELPER_FLUSH="1", **env),
     )
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -93,21 +96,27 @@ def _go(proc: subprocess.Popen[str]) -> str:
     return err
 
 
-@pytest.mark.parametrize("backend", ["local", pytest.param("s3", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "backend",
+    ["local", pytest.param("s3", marks=pytest.mark.slow), pytest.param("s3-store-process", marks=pytest.mark.slow)],
+)
 def test_the_helper_writes_the_chunks_and_the_trainer_holds_no_point_and_no_pyarrow(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    store = make_store_url(backend, tmp_path, request)
+    store = make_store_url(backend.split("-")[0], tmp_path, request)
     spool = tmp_path / "spool"
     n = 5_000
-    proc, seen = _start(store, spool, n, 1.0)
+    # s3-store-process: the store's client in a process of its own (LAUNCHHELM_HELPER_STORE=1, docs/storage.md)
+    through = {"LAUNCHHELM_HELPER_STORE": "1"} if backend == "s3-store-process" else {}
+    proc, seen = _start(store, spool, n, 1.0, **through)
     try:
         assert seen["handing"] is True, seen
         assert seen["held"] == 0, "the training process kept points in memory"
         # it encodes no chunk, so the encoder's modules (numpy's 16 MiB too) never load; the store's own
-        # client does on S3
+        # client does on S3, unless a process of its own holds it
         assert not {"pyarrow", "pandas", "numpy"} & set(seen["heavy"]), seen  # type: ignore[arg-type]
-        if backend == "local":
+        assert (int(seen["store_process"]) > 0) == bool(through), seen  # type: ignore[call-overload]
+        if backend != "s3":
             assert seen["heavy"] == [], seen
         assert seen["not_other"] == [], "a thread of the training process left the default scheduling policy"
         handle = lh.Api(store).run(str(seen["id"]))
@@ -123,8 +132,8 @@ def test_the_helper_writes_the_chunks_and_the_trainer_holds_no_point_and_no_pyar
     assert lh.Api(store).run(str(seen["id"])).summary()["metric.loss"] == 1.0 / (2 * n)  # the latest, summed up
     assert not (spool / str(seen["id"])).exists(), "the spool was left behind"
     deadline = time.monotonic() + 10
-    while _running(int(seen["helper"])):  # type: ignore[call-overload]
-        assert time.monotonic() < deadline, "the helper outlived its session"
+    while _running(int(seen["helper"])) or _running(int(seen["store_process"])):  # type: ignore[call-overload]
+        assert time.monotonic() < deadline, "the helper or the store's process outlived its session"
         time.sleep(0.05)
 
 
