@@ -66,12 +66,14 @@ CHILDREN = {
         import json, os, sys, tempfile, time, psutil
         import launchhelm as lh
         p = psutil.Process()
-        run = lh.init("footprint", store=tempfile.mkdtemp() + "/store", system_metrics=False, capture_console=False)
+        store = os.environ.get("FOOTPRINT_STORE") or tempfile.mkdtemp() + "/store"
+        run = lh.init("footprint", store=store, system_metrics=False, capture_console=False)
         for s in range(1000):
             run.log({"loss": 1.0 / (s + 1), "lr": 3e-4, "grad_norm": float(s), "acc": 0.5, "tput": 1e3}, step=s)
         run.flush()
         deadline = time.monotonic() + 30  # the helper is started by the background thread: wait until it runs
-        while not p.children(recursive=True) and time.monotonic() < deadline:
+        expected = int(os.environ.get("FOOTPRINT_CHILDREN", "1"))  # 2 with the store's own process
+        while len(p.children(recursive=True)) < expected and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # its imports done
         helpers = p.children(recursive=True)
@@ -147,7 +149,27 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3, help="children per kind; medians are printed (default 3)")
     parser.add_argument("--values", type=int, default=2_000_000, help="values in the burst (default 2,000,000)")
     parser.add_argument("--split-only", action="store_true", help="only the training process beside its helper")
+    parser.add_argument(
+        "--s3",
+        action="store_true",
+        help="the split on a moto_server started here, with a row for LAUNCHHELM_HELPER_STORE=1 (implies --split-only)",
+    )
     args = parser.parse_args()
+    if args.s3:
+        import tempfile as tf
+        from pathlib import Path
+
+        sys.path.insert(0, str(Path(__file__).parent))
+        from bench_checkpoint import BUCKET, MotoServer
+
+        with tf.TemporaryDirectory() as tmp:
+            moto = MotoServer(Path(tmp) / "moto.log")
+            moto.start()
+            try:
+                split(args.repeat, s3=f"s3://{BUCKET}/footprint")
+            finally:
+                moto.stop()
+        return 0
     if args.split_only:
         split(args.repeat)
         return 0
@@ -188,17 +210,27 @@ def main() -> int:
     return 0
 
 
-def split(repeat: int) -> None:
-    """The training process beside its helper, and W&B's Python process beside wandb-core (issue 40)."""
+def split(repeat: int, s3: str | None = None) -> None:
+    """The training process beside its helper, and W&B's Python process beside wandb-core (issue 40).
+
+    ``s3``: the stores' URL prefix on moto (each child a prefix of its own), and a third LaunchHelm row
+    where the store's client is in a process of its own (``LAUNCHHELM_HELPER_STORE=1``)."""
     mib = 2**20
+    count = iter(range(1_000_000))
+
+    def where(**env: str) -> dict[str, str]:
+        return {**env, "FOOTPRINT_STORE": f"{s3}-{next(count)}"} if s3 else env
+
     # the default: the helper writes the chunks too (docs/storage.md, "Flushing in the helper")
-    hf = [r for r in (child("launchhelm-split", 0) for _ in range(repeat)) if r is not None]
+    hf = [r for r in (child("launchhelm-split", 0, env=where()) for _ in range(repeat)) if r is not None]
     # and its opt-out, where the training process writes them (as before)
     lh = [
         r
-        for r in (child("launchhelm-split", 0, env={"LAUNCHHELM_HELPER_FLUSH": "0"}) for _ in range(repeat))
+        for r in (child("launchhelm-split", 0, env=where(LAUNCHHELM_HELPER_FLUSH="0")) for _ in range(repeat))
         if r is not None
     ]
+    through = {"LAUNCHHELM_HELPER_STORE": "1", "FOOTPRINT_CHILDREN": "2"}
+    hs = [r for r in (child("launchhelm-split", 0, env=where(**through)) for _ in range(repeat)) if s3 and r]
     wb = [r for r in (child("wandb-split", 0) for _ in range(repeat)) if r is not None]
 
     def med(rows: list[dict[str, object]], field: str) -> float:
@@ -214,12 +246,22 @@ def split(repeat: int) -> None:
         f"  {'lh, =0':<12}{med(lh, 'trainer') / mib:>18.1f}{med(lh, 'helper') / mib:>10.1f}"
         f"{(med(lh, 'trainer') + med(lh, 'helper')) / mib:>10.1f}   (LAUNCHHELM_HELPER_FLUSH=0: the trainer writes)"
     )
+    if hs:
+        print(
+            f"  {'lh, store':<12}{med(hs, 'trainer') / mib:>18.1f}{med(hs, 'helper') / mib:>10.1f}"
+            f"{(med(hs, 'trainer') + med(hs, 'helper')) / mib:>10.1f}   (LAUNCHHELM_HELPER_STORE=1: "
+            f"{hs[0]['helpers']} processes beside it)"
+        )
     if wb:
         print(
             f"  {'wandb':<12}{med(wb, 'trainer') / mib:>18.1f}{med(wb, 'helper') / mib:>10.1f}"
             f"{(med(wb, 'trainer') + med(wb, 'helper')) / mib:>10.1f}   (wandb-core and other children)"
         )
-    modes = (("the default (its helper writes the chunks)", hf), ("LAUNCHHELM_HELPER_FLUSH=0 (the trainer writes)", lh))
+    modes = [("the default (its helper writes the chunks)", hf), ("LAUNCHHELM_HELPER_FLUSH=0 (the trainer writes)", lh)]
+    if hs:
+        modes.append(("LAUNCHHELM_HELPER_STORE=1 (the store's client in a process of its own)", hs))
+    if s3:
+        print(f"  on moto S3 ({s3}-N)")
     for title, rows in modes:
         imported = rows[0]["imported"]
         print(f"  {title}:")
