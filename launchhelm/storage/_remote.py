@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import json
+import logging
 import os
 import socket
 import struct
@@ -66,6 +67,8 @@ _ERRORS: dict[str, type[StorageError]] = {
 }
 #: Requests the server runs at once: a flush, a heartbeat and a checkpoint's upload never wait in line.
 SERVER_THREADS = 16
+
+_log = logging.getLogger("launchhelm")
 
 
 def helper_store_wanted(url: str) -> bool:
@@ -230,8 +233,11 @@ class _Pending:
 class HelperStore(Store):
     """A store whose requests another process makes (see the module's docstring).
 
-    Raises what the real store raises, as the same classes. A process that
-    is gone makes every request raise :class:`StoreUnreachableError`.
+    Raises what the real store raises, as the same classes. Once that process
+    is gone (killed, OOM), this process opens the store itself and makes the
+    requests from then on, those in flight included (one line says so): a
+    request is never lost, and a ``create`` whose first try landed before the
+    answer was lost is found to be ours, as a store's own retries find it.
     """
 
     def __init__(self, sock: socket.socket, hello: dict[str, Any], process: subprocess.Popen[bytes] | None) -> None:
@@ -251,6 +257,10 @@ class HelperStore(Store):
         self._pending: dict[int, _Pending] = {}
         self._next = 1
         self._closed = False
+        #: How to open the store here once the process is gone (url, storage options, progress).
+        self.reopen: tuple[str, dict[str, object], bool | None] = (self.url, {}, None)
+        self._here: Store | None = None
+        self._here_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read_answers, name="launchhelm-store-client", daemon=True)
         self._reader.start()
 
@@ -285,30 +295,75 @@ class HelperStore(Store):
             if frame is None:
                 raise StoreUnreachableError(f"cannot open store {url}: its process exited with {process.returncode}")
             _raise(frame[0])
-        return cls(ours, frame[0], process)
+        store = cls(ours, frame[0], process)
+        store.reopen = (url, dict(storage_options or {}), progress)
+        return store
 
     # -- requests -----------------------------------------------------------------------
     def _request(self, header: dict[str, Any], payload: bytes = b"") -> tuple[dict[str, Any], bytes]:
         waiting = _Pending()
         with self._lock:
-            if self._closed:
-                raise StoreUnreachableError(f"store {self.url}: its process is gone", url=self.url)
-            rid = self._next
-            self._next += 1
-            self._pending[rid] = waiting
+            closed = self._closed
+            if not closed:
+                rid = self._next
+                self._next += 1
+                self._pending[rid] = waiting
+        if closed:
+            return self._elsewhere(header, payload, ambiguous=False)
         try:
             _send(self._sock, self._send_lock, {**header, "id": rid}, payload)
-        except OSError as exc:
+        except OSError:
             with self._lock:
                 self._pending.pop(rid, None)
-            raise StoreUnreachableError(f"store {self.url}: its process is gone ({exc})", url=self.url) from None
+            return self._elsewhere(header, payload, ambiguous=True)  # part of it may have gone out
         waiting.event.wait()
         answer = waiting.header
-        if answer is None:
-            raise StoreUnreachableError(f"store {self.url}: its process is gone", url=self.url)
+        if answer is None:  # the process died with the request in hand: it may have been done
+            return self._elsewhere(header, payload, ambiguous=True)
         if "error" in answer:
             _raise(answer)
         return answer, waiting.payload
+
+    def _elsewhere(self, header: dict[str, Any], payload: bytes, *, ambiguous: bool) -> tuple[dict[str, Any], bytes]:
+        """The request made by this process, on the store opened here (once, at the first need)."""
+        here = self._open_here()
+        try:
+            return _answer(here, header, payload)
+        except AlreadyExistsError:
+            if ambiguous and self._landed(here, header, payload):
+                return {}, b""  # the dead process's try landed: it was this request's
+            raise
+
+    def _open_here(self) -> Store:
+        with self._here_lock:
+            if self._here is None:
+                from launchhelm.storage._open import open_store
+
+                url, options, progress = self.reopen
+                code = self.process.poll() if self.process is not None else None
+                _log.warning(
+                    "launchhelm: the store's process for %s is gone (exit status %s); this process reaches the "
+                    "store itself from now on",
+                    self.url,
+                    code,
+                )
+                self._here = open_store(url, options or None, progress=progress)
+            return self._here
+
+    @staticmethod
+    def _landed(store: Store, header: dict[str, Any], payload: bytes) -> bool:
+        """Whether the object at the key of an ambiguous ``create`` or ``upload`` is the one it sent."""
+        try:
+            if header["op"] == "create":
+                return store.read(header["key"]) == payload
+            if header["op"] == "upload":  # keys of uploads are new (ids): its size says it is this one
+                name = header["key"].rsplit("/", 1)[-1]
+                parent = header["key"][: -len(name)].rstrip("/")
+                sizes = {info.key: info.size for info in store.list_info(parent)}
+                return sizes.get(name) == os.path.getsize(header["path"])
+        except (StorageError, OSError):
+            return False
+        return False
 
     def _read_answers(self) -> None:
         while True:
