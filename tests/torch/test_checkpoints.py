@@ -675,3 +675,33 @@ def test_resume_with_nothing_saved_restores_nothing_and_a_relaunch_rewinds_to_st
     (rewind,) = lh.Api(store).run(again.id).rewinds()
     assert (rewind.to_step, rewind.reached, rewind.checkpoint) == (0, 3, None)
     again.finish()
+
+
+@pytest.mark.slow
+def test_save_then_load_through_the_stores_own_process(
+    moto_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``LAUNCHHELM_HELPER_STORE=1`` (docs/storage.md): the payload is staged and uploaded by the store's own
+    process, the load downloads through it, and what is restored is bitwise what was saved."""
+    from lhtest import BUCKET
+
+    from launchhelm.storage._remote import HelperStore
+
+    monkeypatch.setenv("LAUNCHHELM_HELPER_STORE", "1")
+    monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
+    model, optimizer, scheduler, scaler = _build()
+    tr = lht.init("ckpt", store=f"s3://{BUCKET}/through-{os.urandom(3).hex()}")
+    assert isinstance(tr._store, HelperStore)
+    process = tr._store.process
+    assert process is not None
+    tr.watch(model, optimizer, scheduler, scaler)
+    _train(tr, model, optimizer, scheduler, 5)
+    tr.save_checkpoint(extra={"epoch": 2})
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    _train(tr, model, optimizer, scheduler, 4)
+    assert tr.load_checkpoint("latest")["epoch"] == 2
+    assert tr.global_step == 5
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
+    tr.finish()
+    assert process.wait(10) == 0  # the store's process ended with the session
+    assert not list((tmp_path / "spool").rglob(".launchhelm-put-*"))  # no staged payload left behind
