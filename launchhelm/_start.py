@@ -237,67 +237,75 @@ def start_run(
     install_exit_hook()
 
     st = _open_for_training(store, options.get("storage_options"))
-    if encodes_here(st):  # where the helper encodes the chunks (opted in), pyarrow stays out of this process
-        warm_up_encoder()
-    session_id = new_session_id()
-    session_payload = {
-        "session": session_id,
-        "process": process_identity(),
-        "heartbeat_interval": beat_s,
-        "heartbeat_timeout": timeout_s,
-    }
-    if launch is not None:
-        session_payload["launcher"] = launch.as_record()
-        assert run_id is not None
-        try:
-            record, events = _create_run(st, project, name, config, tunables, run_id, job=_job_record(launch))
-        except AlreadyExistsError:
-            resume = run_id  # a relaunch (or a later launch) of the job: reopen the run it created
-    if resume is None:
-        if launch is None:
-            record, events = _create_run(st, project, name, config, tunables, run_id)
-        mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
-        started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
-        step, attempt, state = 0, 0, None
-    else:
-        record, events, step, state, started = _reopen_run(
-            st, project, resume, session_payload, takeover, launch=launch, max_failed=max_failed
+    try:
+        if encodes_here(st):  # where the helper encodes the chunks (opted in), pyarrow stays out of this process
+            warm_up_encoder()
+        session_id = new_session_id()
+        session_payload = {
+            "session": session_id,
+            "process": process_identity(),
+            "heartbeat_interval": beat_s,
+            "heartbeat_timeout": timeout_s,
+        }
+        if launch is not None:
+            session_payload["launcher"] = launch.as_record()
+            assert run_id is not None
+            try:
+                record, events = _create_run(st, project, name, config, tunables, run_id, job=_job_record(launch))
+            except AlreadyExistsError:
+                resume = run_id  # a relaunch (or a later launch) of the job: reopen the run it created
+        if resume is None:
+            if launch is None:
+                record, events = _create_run(st, project, name, config, tunables, run_id)
+            mark_row(st, project, record["id"], session_id, "started")  # before the event: see _runs_table
+            started = events.append(SESSION_STARTED, {**session_payload, "resumed": False, "step": 0})
+            step, attempt, state = 0, 0, None
+        else:
+            record, events, step, state, started = _reopen_run(
+                st, project, resume, session_payload, takeover, launch=launch, max_failed=max_failed
+            )
+            attempt = state.attempt
+        # a resumed session starts with the settings the last one had applied
+        # (not paused: a pause was aimed at that session); requests it never
+        # applied arrive through the poller at the first step boundary
+        in_force_tunables, control_seq, _ = in_force(record.get("tunables") or {}, state or fold([]))
+        run = run_class(
+            store=st,
+            record=record,
+            session_id=session_id,
+            events=events,
+            global_step=step,
+            attempt=attempt,
+            resumed=resume is not None,
+            flush_interval=flush_s,
+            heartbeat_interval=beat_s,
+            control_seq=control_seq,
+            control_interval=control_s,
+            tunables=in_force_tunables,
+            control_cursor=state.last_applied_request if state is not None else 0,
+            session_seq=int(started["seq"]),
         )
-        attempt = state.attempt
-    # a resumed session starts with the settings the last one had applied
-    # (not paused: a pause was aimed at that session); requests it never
-    # applied arrive through the poller at the first step boundary
-    in_force_tunables, control_seq, _ = in_force(record.get("tunables") or {}, state or fold([]))
-    run = run_class(
-        store=st,
-        record=record,
-        session_id=session_id,
-        events=events,
-        global_step=step,
-        attempt=attempt,
-        resumed=resume is not None,
-        flush_interval=flush_s,
-        heartbeat_interval=beat_s,
-        control_seq=control_seq,
-        control_interval=control_s,
-        tunables=in_force_tunables,
-        control_cursor=state.last_applied_request if state is not None else 0,
-        session_seq=int(started["seq"]),
-    )
-    if state is not None:
-        # a resumed session carries on the latest metric values the run's summary had
-        previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
-        run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
-    run._system_interval = system_s
-    run._set_memory(compaction_bytes)
-    run._capture_console = _console.capture_wanted(capture_console)
-    # the helper process beside this one (issue 40), started by the background thread: it uploads a killed
-    # process's spool and watches for hangs (issue 42); with auto_resume a hung attempt is ended
-    run._plan_helper(hang_timeout, options.get("storage_options"), end_hung=launch is not None)
-    run._start()
-    # preemption notices (issue 41): listened for once the session exists, on the thread that called init
-    run._listen_for_preemption(preemption)
-    return run
+        if state is not None:
+            # a resumed session carries on the latest metric values the run's summary had
+            previous = parse_summary(_read_or_none(st, summary_key(run.id)), run.id)
+            run._latest.update(dict(previous.get("metrics") or {}) if previous is not None else {})
+        run._system_interval = system_s
+        run._set_memory(compaction_bytes)
+        run._capture_console = _console.capture_wanted(capture_console)
+        # the helper process beside this one (issue 40), started by the background thread: it uploads a killed
+        # process's spool and watches for hangs (issue 42); with auto_resume a hung attempt is ended
+        run._plan_helper(hang_timeout, options.get("storage_options"), end_hung=launch is not None)
+        run._start()
+        # preemption notices (issue 41): listened for once the session exists, on the thread that called init
+        run._listen_for_preemption(preemption)
+        return run
+    except BaseException:
+        # the store's own process (LAUNCHHELM_HELPER_STORE=1) ends with the init that started it
+        from launchhelm.storage._remote import HelperStore
+
+        if isinstance(st, HelperStore) and st is not store:
+            st.close()
+        raise
 
 
 def _seconds(name: str, given: float | None, env: str, default: float) -> float:

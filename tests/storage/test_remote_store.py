@@ -14,6 +14,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -222,3 +223,28 @@ def test_only_object_stores_are_reached_through_a_process_and_only_when_asked(
     assert helper_store_wanted("s3://b/p") and helper_store_wanted("gs://b/p") and helper_store_wanted("az://c/p")
     assert not helper_store_wanted("/home/me/.launchhelm") and not helper_store_wanted("file:///x")
     assert not helper_store_wanted("memory://x")
+
+
+def test_an_init_that_fails_ends_the_stores_process(moto_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import launchhelm as lh
+
+    monkeypatch.setenv("LAUNCHHELM_HELPER_STORE", "1")
+    before = set(_children())
+    with pytest.raises(lh.RunNotFoundError):
+        lh.init("p", store=f"s3://{BUCKET}/failed-{os.urandom(3).hex()}", resume="nosuchrun0")
+    deadline = time.monotonic() + 10
+    while set(_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not set(_children()) - before, "the store's process outlived the init that failed"
+
+
+def _children() -> list[int]:
+    """This process's children that serve a store (launchhelm.storage._remote), zombies left out."""
+    found = []
+    for child in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
+        try:
+            if b"launchhelm.storage._remote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except OSError:
+            continue
+    return found
