@@ -404,3 +404,16 @@ def wait_for_helpers(timeout: float = 60.0) -> None:
         leaving = list(_leaving)
     for process in leaving:
         process.wait(timeout)
+
+
+def store_processes(pid: int) -> list[int]:
+    """The store's own processes (``LAUNCHHELM_HELPER_STORE=1``: launchhelm.storage._remote) among ``pid``'s
+    children."""
+    found = []
+    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
+        try:
+            if b"launchhelm.storage._remote" in Path(f"/proc/{child}/cmdline").read_bytes():
+                found.append(int(child))
+        except OSError:
+            continue
+    return found

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lhtest import child_env, helper_pids, make_store_url
+from lhtest import child_env, helper_pids, make_store_url, store_processes
 
 import launchhelm as lh
 
@@ -96,18 +96,6 @@ def _steps(store: str, run_id: str) -> list[int]:
     return [int(s) for s in frame["step"].tolist()]
 
 
-def _store_processes(pid: int) -> list[int]:
-    """The store's own processes (LAUNCHHELM_HELPER_STORE=1) among ``pid``'s children."""
-    found = []
-    for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split():
-        try:
-            if b"launchhelm.storage._remote" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found.append(int(child))
-        except OSError:
-            continue
-    return found
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(
     ("flushing", "backend"),  # who writes the live session's chunks; a local store has no store process
@@ -122,7 +110,7 @@ def test_a_killed_process_s_points_are_readable_elsewhere_without_reopen_or_reco
     if flushing == "helper, store process":
         env["LAUNCHHELM_HELPER_STORE"] = "1"  # the training process holds no store client
     proc, run_id, helper = _start_trainer(store, spool, **env)
-    stores = _store_processes(proc.pid)
+    stores = store_processes(proc.pid)
     assert len(stores) == (1 if "LAUNCHHELM_HELPER_STORE" in env else 0), stores
     try:
         assert _steps(store, run_id) == [], "the points were flushed before the kill: the test shows nothing"

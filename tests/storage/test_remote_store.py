@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lhtest import BUCKET, child_env, make_store_url
+from lhtest import BUCKET, child_env, make_store_url, store_processes
 
 from launchhelm import AlreadyExistsError, ObjectNotFoundError, StoreUnreachableError
 from launchhelm.storage import open_store
@@ -229,22 +229,10 @@ def test_an_init_that_fails_ends_the_stores_process(moto_endpoint: str, monkeypa
     import launchhelm as lh
 
     monkeypatch.setenv("LAUNCHHELM_HELPER_STORE", "1")
-    before = set(_children())
+    before = set(store_processes(os.getpid()))
     with pytest.raises(lh.RunNotFoundError):
         lh.init("p", store=f"s3://{BUCKET}/failed-{os.urandom(3).hex()}", resume="nosuchrun0")
     deadline = time.monotonic() + 10
-    while set(_children()) - before and time.monotonic() < deadline:
+    while set(store_processes(os.getpid())) - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not set(_children()) - before, "the store's process outlived the init that failed"
-
-
-def _children() -> list[int]:
-    """This process's children that serve a store (launchhelm.storage._remote), zombies left out."""
-    found = []
-    for child in Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").read_text().split():
-        try:
-            if b"launchhelm.storage._remote" in Path(f"/proc/{child}/cmdline").read_bytes():
-                found.append(int(child))
-        except OSError:
-            continue
-    return found
+    assert not set(store_processes(os.getpid())) - before, "the store's process outlived the init that failed"
