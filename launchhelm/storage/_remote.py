@@ -65,6 +65,8 @@ _ERRORS: dict[str, type[StorageError]] = {
         StoreUnreachableError,
     )
 }
+#: Signals the store's process ignores (as the session's helper does): it ends at its socket's end.
+NOTICES = "INT TERM USR1 USR2 HUP"
 #: Requests the server runs at once: a flush, a heartbeat and a checkpoint's upload never wait in line.
 SERVER_THREADS = 16
 
@@ -274,7 +276,10 @@ class HelperStore(Store):
         code = "from launchhelm.storage._remote import main; raise SystemExit(main())"
         try:
             process = subprocess.Popen(
-                [sys.executable, "-c", code],
+                # a Ctrl-C's and the schedulers' notices (SLURM signals every process of a job step) are the
+                # training process's, whose last requests (a preemption's checkpoint) this process makes: they
+                # are ignored from the exec on (an ignored signal stays so across exec), before any import
+                ["/bin/sh", "-c", f'trap "" {NOTICES}; exec "$0" -c "$1"', sys.executable, code],
                 stdin=subprocess.PIPE,
                 pass_fds=(theirs.fileno(),),
                 close_fds=True,

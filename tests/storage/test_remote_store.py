@@ -142,6 +142,20 @@ def test_a_server_that_is_gone_leaves_the_requests_to_this_process(
     store.close()
 
 
+def test_a_schedulers_notices_leave_the_store_process_serving(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """SLURM signals every process of a job step: the training process's preemption save still needs the store."""
+    store = HelperStore.start(str(tmp_path / "store"))
+    assert store.process is not None
+    for notice in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP):
+        os.kill(store.process.pid, notice)
+    time.sleep(0.5)
+    with caplog.at_level("WARNING", logger="launchhelm"):
+        store.create("after", b"notices")
+    assert store.process.poll() is None and not caplog.records, caplog.records  # served there, not here
+    store.close()
+    assert store.process.returncode == 0 and (tmp_path / "store" / "after").read_bytes() == b"notices"
+
+
 def test_a_request_the_dead_process_may_have_done_is_found_to_be_ours(tmp_path: Path) -> None:
     """A create in hand when the process died: its retry here finds the object; the same bytes are ours (as a
     store's own retries decide after a lost answer), other bytes are another writer's."""
