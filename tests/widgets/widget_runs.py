@@ -23,6 +23,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,4 +215,11 @@ def build_stopped_run(folder: Path) -> StoppedRun:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # the killed process's helper drains its spool and ends the session as crashed: waited for, so that
+    # every reader sees the one state (on a loaded machine a read could come before that end or after it)
+    handle = lh.Api(store).run(run_id)
+    deadline = time.monotonic() + 90  # the helper's drain has 60 s at most
+    while handle.attempts()[-1].ending is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert handle.attempts()[-1].ending == "crashed", handle.attempts()
     return StoppedRun(store=store, id=run_id)
