@@ -72,7 +72,7 @@ CHILDREN = {
             run.log({"loss": 1.0 / (s + 1), "lr": 3e-4, "grad_norm": float(s), "acc": 0.5, "tput": 1e3}, step=s)
         run.flush()
         deadline = time.monotonic() + 30  # the helper is started by the background thread: wait until it runs
-        expected = int(os.environ.get("FOOTPRINT_CHILDREN", "1"))  # 2 with the store's own process
+        expected = int(os.environ.get("FOOTPRINT_CHILDREN", "1"))  # the session's helper (it serves the store too)
         while len(p.children(recursive=True)) < expected and time.monotonic() < deadline:
             time.sleep(0.05)
         time.sleep(1.0)  # its imports done
@@ -229,7 +229,7 @@ def split(repeat: int, s3: str | None = None) -> None:
         for r in (child("launchhelm-split", 0, env=where(LAUNCHHELM_HELPER_FLUSH="0")) for _ in range(repeat))
         if r is not None
     ]
-    through = {"LAUNCHHELM_HELPER_STORE": "1", "FOOTPRINT_CHILDREN": "2"}
+    through = {"LAUNCHHELM_HELPER_STORE": "1"}  # one helper: the session's, serving the store too
     hs = [r for r in (child("launchhelm-split", 0, env=where(**through)) for _ in range(repeat)) if s3 and r]
     wb = [r for r in (child("wandb-split", 0) for _ in range(repeat)) if r is not None]
 

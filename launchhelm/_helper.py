@@ -40,13 +40,16 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from launchhelm._console._capture import terminal_fds
 from launchhelm._runlog._flightrec import RecorderRelay
 from launchhelm._runlog._sessions import PROCESS_DIED
 from launchhelm._runlog._settle import SETTLE_TIMEOUT
 from launchhelm._runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, WatchdogConfig, watch
+
+if TYPE_CHECKING:
+    from launchhelm.storage._remote import HelperStore
 
 __all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "main"]
 
@@ -103,6 +106,7 @@ class Helper:
         end_hung: bool,
         flight_recorder: Callable[[], bytes] | None = None,
         flush: bool = False,
+        process: subprocess.Popen[bytes] | None = None,
     ) -> Helper | None:
         """Start the helper; None (with one line saying why) where it cannot reach the store.
 
@@ -147,7 +151,9 @@ class Helper:
         relay = _relay(flight_recorder, config) if timeout is not None else None
         line = json.dumps(config.__dict__).encode() + b"\n"
         try:
-            process = _spawn(line)
+            # ``process``: the helper init started to serve the store (serve_store), given its session now
+            if process is None or not _tell(process, line):
+                process = _spawn(line)
         except BaseException:
             if dump is not None:
                 dump.close()
@@ -226,7 +232,33 @@ def _relay(flight_recorder: Callable[[], bytes] | None, config: HelperConfig) ->
     return relay
 
 
-def _spawn(line: bytes) -> subprocess.Popen[bytes]:
+def serve_store(url: str, storage_options: Mapping[str, Any] | None, progress: bool | None) -> HelperStore:
+    """Start the session's helper now, before the run exists, serving the store at ``url`` to this process
+    (``LAUNCHHELM_HELPER_STORE=1``; docs/storage.md, "The store's client in the helper"). The session's
+    configuration follows on its stdin when the run exists (:meth:`Helper.start` with ``process``).
+
+    Raises the store's own error where it cannot be opened; TypeError where ``storage_options`` are not
+    plain JSON (the helper could not be given them)."""
+    import socket
+
+    from launchhelm.storage._remote import HelperStore
+
+    options = json.loads(json.dumps(dict(storage_options or {})))
+    ours, theirs = socket.socketpair()
+    serve = {"url": url, "options": options, "progress": progress, "fd": theirs.fileno()}
+    try:
+        process = _spawn(json.dumps({"serve": serve}).encode() + b"\n", pass_fds=(theirs.fileno(),))
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    store = HelperStore.connect(ours, process, url, options, progress)
+    store.session_helper = True
+    return store
+
+
+def _spawn(line: bytes, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[bytes]:
     _reap()
     # its stdout and stderr are the ones from before the console capture: holding the capture's pipes, it
     # would make finish() wait out the capture's drain timeout for each stream
@@ -240,12 +272,25 @@ def _spawn(line: bytes) -> subprocess.Popen[bytes]:
             stdout=fds.get(1),
             stderr=fds.get(2),
             close_fds=True,
+            pass_fds=pass_fds,
             start_new_session=True,  # a signal to the training process's group must not end the drain
         )
     assert process.stdin is not None
     process.stdin.write(line)
     process.stdin.flush()  # stdin stays open: its EOF tells the helper that training is gone
     return process
+
+
+def _tell(process: subprocess.Popen[bytes], line: bytes) -> bool:
+    """``line`` to a running helper's stdin; False where it is gone."""
+    if process.stdin is None or process.poll() is not None:
+        return False
+    try:
+        process.stdin.write(line)
+        process.stdin.flush()
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 #: Helpers told to exit, not reaped yet (referenced, so that no Popen is collected while it runs).
@@ -454,10 +499,10 @@ def _settle_bounded(config: HelperConfig) -> None:
     worker.join(config.settle_timeout)
 
 
-def _first_line(fd: int) -> tuple[bytes, bytes]:
-    """The config line from stdin, and what came after it (flush requests): read unbuffered, so the pipe's
-    later lines are seen by ``select`` on the descriptor, not hidden in a Python buffer."""
-    data = b""
+def _first_line(fd: int, data: bytes = b"") -> tuple[bytes, bytes]:
+    """The config line from stdin (after ``data``, read before), and what came after it (flush requests):
+    read unbuffered, so the pipe's later lines are seen by ``select`` on the descriptor, not hidden in a
+    Python buffer."""
     while b"\n" not in data:
         more = os.read(fd, 65536)
         if not more:
@@ -471,7 +516,20 @@ def main() -> int:
     line, rest = _first_line(sys.stdin.fileno())
     if not line:
         return 0
-    config = HelperConfig(**json.loads(line))
+    first = json.loads(line)
+    if "serve" in first:
+        # started by init before the run existed: the store is served to the training process from now on,
+        # and the session's configuration comes when the run exists
+        from launchhelm.storage._remote import open_and_serve
+
+        server = threading.Thread(target=open_and_serve, args=(first["serve"],), name="launchhelm-serve", daemon=True)
+        server.start()
+        line, rest = _first_line(sys.stdin.fileno(), rest)
+        if not line:  # no session (init failed, or the process is gone): serve until the socket's end
+            server.join()
+            return 0
+        first = json.loads(line)
+    config = HelperConfig(**first)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # LaunchHelm's own process: its threads' policy, pyarrow's pool and glibc's heap may be tuned here
     # (never in the training process, which is the user's)

@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -833,7 +834,9 @@ class Run:
         spool = self._flusher.spool  # opened by now (_start)
         plan["flush"] = bool(plan.get("flush")) and spool is not None
         try:
-            helper = Helper.start(**plan, spool=str(spool.dir.parent) if spool is not None else None)
+            helper = Helper.start(
+                **plan, spool=str(spool.dir.parent) if spool is not None else None, process=self._early_helper()
+            )
         except OSError as exc:  # training goes on without it
             _log.warning("launchhelm: run %s: could not start its helper process: %s", self.id, exc)
             self._media.handoff = False
@@ -919,12 +922,17 @@ class Run:
                 how = f"was killed by {signal.Signals(-code).name}"
             except ValueError:
                 how = f"was killed by signal {-code}"
+        from launchhelm.storage._remote import HelperStore
+
+        store = self._store
+        served = isinstance(store, HelperStore) and store.process is not None and store.process.pid == pid
         _log.warning(
-            "launchhelm: run %s: its helper process (pid %d) %s; training goes on, and a new one (pid %d) takes over",
+            "launchhelm: run %s: its helper process (pid %d) %s; training goes on, and a new one (pid %d) takes over%s",
             self.id,
             pid,
             how,
             helper.process.pid,
+            " (this process reaches the store itself from now on)" if served else "",
         )
 
     def _stop_helper(self) -> None:
@@ -1306,6 +1314,17 @@ class Run:
         self._stop_helper()
         self._close_preemption()
         self._close_store()
+
+    def _early_helper(self) -> subprocess.Popen[bytes] | None:
+        """The helper ``init`` started to serve the store (``LAUNCHHELM_HELPER_STORE=1``), once: its session's
+        configuration goes to it rather than to a new process."""
+        from launchhelm.storage._remote import HelperStore
+
+        store = self._store
+        if not isinstance(store, HelperStore) or not store.session_helper or store.adopted:
+            return None
+        store.adopted = True
+        return store.process
 
     def _close_store(self) -> None:
         """The store's own process (``LAUNCHHELM_HELPER_STORE=1``) ends with the session that started it."""

@@ -521,8 +521,9 @@ def _reopen_run(
 
 
 def _open_for_training(store: str | os.PathLike[str] | Store | None, storage_options: Any) -> Store:
-    """The session's store: an object store through a process of its own with ``LAUNCHHELM_HELPER_STORE=1``
-    (the training process then imports no store client; docs/storage.md), else opened here."""
+    """The session's store: an object store served by the session's helper, started now, with
+    ``LAUNCHHELM_HELPER_STORE=1`` (the training process then imports no store client; docs/storage.md),
+    else opened here."""
     from launchhelm.storage import default_store_url
     from launchhelm.storage._remote import HelperStore, helper_store_wanted
 
@@ -530,8 +531,10 @@ def _open_for_training(store: str | os.PathLike[str] | Store | None, storage_opt
         return open_store(store, storage_options)  # a Store as is; anything else refused there, in its words
     url = os.fspath(store) if store is not None else default_store_url()
     if isinstance(url, str) and url and helper_store_wanted(url):
+        from launchhelm._helper import serve_store
+
         try:
-            remote = HelperStore.start(url, dict(storage_options or {}))
+            remote: HelperStore = serve_store(url, storage_options, None)
         except StorageError:
             raise  # the store's own answer (unreachable, no bucket, no access): as open_store says it
         except (OSError, TypeError, ValueError) as exc:  # no process (or options that are not JSON): here

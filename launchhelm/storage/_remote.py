@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from launchhelm.storage._backends import IncompleteUpload
     from launchhelm.storage._progress import Progress
 
-__all__ = ["HELPER_STORE_ENV", "HelperStore", "helper_store_wanted", "serve"]
+__all__ = ["HELPER_STORE_ENV", "HelperStore", "helper_store_wanted", "open_and_serve", "serve"]
 
 #: ``1`` makes ``init`` reach an object store through a process of its own (slice 1 of the design).
 HELPER_STORE_ENV = "LAUNCHHELM_HELPER_STORE"
@@ -198,8 +198,13 @@ def serve(store: Store, sock: socket.socket) -> None:
 
 
 def main() -> int:
-    """The store's process: open the store named on stdin, say hello on fd 3, serve until EOF."""
-    config = json.loads(sys.stdin.readline())
+    """The store's process: open the store named on stdin, say hello on its socket, serve until EOF."""
+    return open_and_serve(json.loads(sys.stdin.readline()))
+
+
+def open_and_serve(config: dict[str, Any]) -> int:
+    """Open the store ``config`` names (``url``, ``options``, ``progress``), say hello on the socket ``fd``,
+    and serve until its EOF; 1 where the store could not be opened (the hello said why)."""
     sock = socket.socket(fileno=int(config["fd"]))
     lock = threading.Lock()
     from launchhelm.storage._open import open_store
@@ -208,6 +213,7 @@ def main() -> int:
         store = open_store(config["url"], config.get("options") or None, progress=config.get("progress"))
     except Exception as exc:
         _send(sock, lock, {"id": 0, **_failure(exc)})
+        sock.close()
         return 1
     hello = {
         "id": 0,
@@ -259,6 +265,11 @@ class HelperStore(Store):
         self._pending: dict[int, _Pending] = {}
         self._next = 1
         self._closed = False
+        #: True where the process is the session's helper (``launchhelm._helper.serve_store``): once given its
+        #: session (``adopted``), it ends on its own at the session's end (after settling the run, where that
+        #: is on), not at this socket's.
+        self.session_helper = False
+        self.adopted = False  # the session's helper was given its configuration (it is ours no more to start)
         #: How to open the store here once the process is gone (url, storage options, progress).
         self.reopen: tuple[str, dict[str, object], bool | None] = (self.url, {}, None)
         self._here: Store | None = None
@@ -291,16 +302,31 @@ class HelperStore(Store):
         try:
             process.stdin.write(json.dumps(config).encode() + b"\n")
             process.stdin.close()  # its EOF is not its end: the socket's is
-            frame = _recv(ours)
+        except OSError:
+            pass  # it died at once: the hello below says so
+        return cls.connect(ours, process, url, storage_options, progress)
+
+    @classmethod
+    def connect(
+        cls,
+        sock: socket.socket,
+        process: subprocess.Popen[bytes],
+        url: str,
+        storage_options: dict[str, object] | None = None,
+        progress: bool | None = None,
+    ) -> HelperStore:
+        """Wait for the hello of ``process`` serving the store on ``sock`` (or its error, raised here)."""
+        try:
+            frame = _recv(sock)
         except OSError:
             frame = None
         if frame is None or "error" in frame[0]:
-            ours.close()
-            process.wait()
+            sock.close()
             if frame is None:
-                raise StoreUnreachableError(f"cannot open store {url}: its process exited with {process.returncode}")
+                code = process.wait()
+                raise StoreUnreachableError(f"cannot open store {url}: its process exited with {code}")
             _raise(frame[0])
-        store = cls(ours, frame[0], process)
+        store = cls(sock, frame[0], process)
         store.reopen = (url, dict(storage_options or {}), progress)
         return store
 
@@ -346,7 +372,9 @@ class HelperStore(Store):
 
                 url, options, progress = self.reopen
                 code = self.process.poll() if self.process is not None else None
-                _log.warning(
+                # the session's helper: the run's own line says it died and that this process goes on here
+                _log.log(
+                    logging.INFO if self.session_helper else logging.WARNING,
                     "launchhelm: the store's process for %s is gone (exit status %s); this process reaches the "
                     "store itself from now on",
                     self.url,
@@ -395,7 +423,10 @@ class HelperStore(Store):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._reader.join(10)
         self._sock.close()
-        if self.process is not None:
+        if self.process is not None and not self.adopted:  # an adopted helper is its session's to end and reap
+            if self.process.stdin is not None:  # a session's helper never given its session waits on it
+                with contextlib.suppress(OSError):
+                    self.process.stdin.close()
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lhtest import BUCKET, child_env, make_store_url, store_processes
+from lhtest import BUCKET, child_env, helper_pids, make_store_url, store_processes
 
 from launchhelm import AlreadyExistsError, ObjectNotFoundError, StoreUnreachableError
 from launchhelm.storage import open_store
@@ -243,10 +243,14 @@ def test_an_init_that_fails_ends_the_stores_process(moto_endpoint: str, monkeypa
     import launchhelm as lh
 
     monkeypatch.setenv("LAUNCHHELM_HELPER_STORE", "1")
-    before = set(store_processes(os.getpid()))
+
+    def serving() -> set[int]:  # a store's process, or (LAUNCHHELM_HELPER_STORE=1) the session's helper serving it
+        return set(store_processes(os.getpid())) | set(helper_pids(os.getpid()))
+
+    before = serving()
     with pytest.raises(lh.RunNotFoundError):
         lh.init("p", store=f"s3://{BUCKET}/failed-{os.urandom(3).hex()}", resume="nosuchrun0")
     deadline = time.monotonic() + 10
-    while set(store_processes(os.getpid())) - before and time.monotonic() < deadline:
+    while serving() - before and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not set(store_processes(os.getpid())) - before, "the store's process outlived the init that failed"
+    assert not serving() - before, "the store's process outlived the init that failed"

@@ -691,7 +691,7 @@ def test_save_then_load_through_the_stores_own_process(
     monkeypatch.setenv("LAUNCHHELM_SPOOL", str(tmp_path / "spool"))
     model, optimizer, scheduler, scaler = _build()
     tr = lht.init("ckpt", store=f"s3://{BUCKET}/through-{os.urandom(3).hex()}")
-    assert isinstance(tr._store, HelperStore)
+    assert isinstance(tr._store, HelperStore) and tr._store.session_helper
     process = tr._store.process
     assert process is not None
     tr.watch(model, optimizer, scheduler, scaler)
@@ -703,5 +703,6 @@ def test_save_then_load_through_the_stores_own_process(
     assert tr.global_step == 5
     assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
     tr.finish()
-    assert process.wait(10) == 0  # the store's process ended with the session
+    assert tr._store.adopted  # the helper init started for the store was given the session
+    assert process.wait(10) == 0  # and ended with it
     assert not list((tmp_path / "spool").rglob(".launchhelm-put-*"))  # no staged payload left behind
