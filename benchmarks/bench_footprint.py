@@ -67,7 +67,9 @@ CHILDREN = {
         import launchhelm as lh
         p = psutil.Process()
         store = os.environ.get("FOOTPRINT_STORE") or tempfile.mkdtemp() + "/store"
+        started = time.perf_counter()
         run = lh.init("footprint", store=store, system_metrics=False, capture_console=False)
+        init_s = time.perf_counter() - started
         for s in range(1000):
             run.log({"loss": 1.0 / (s + 1), "lr": 3e-4, "grad_norm": float(s), "acc": 0.5, "tput": 1e3}, step=s)
         run.flush()
@@ -91,8 +93,11 @@ CHILDREN = {
             "imported": sorted(m for m in watched if m in sys.modules),
             "threads": len(policies),
             "not_other": sorted({v for v in policies.values() if v != os.SCHED_OTHER}),
-        }))
+            "init_s": init_s,
+        }), flush=True)
+        started = time.perf_counter()
         run.finish()
+        print(json.dumps({"finish_s": time.perf_counter() - started}))
     """,
     "wandb-split": """
         import json, os, sys, tempfile, time, psutil
@@ -140,7 +145,10 @@ def child(kind: str, values: int, *extra: str, env: dict[str, str] | None = None
         if kind == "wandb" and "No module named 'wandb'" in done.stderr:
             return None
         raise SystemExit(f"{kind} child failed:\n{done.stderr[-2000:]}")
-    result: dict[str, object] = json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, object] = {}
+    for line in done.stdout.strip().splitlines():  # the split's child prints its finish() time on a line of its own
+        if line.startswith("{"):
+            result.update(json.loads(line))
     return result
 
 
@@ -262,6 +270,9 @@ def split(repeat: int, s3: str | None = None) -> None:
         modes.append(("LAUNCHHELM_HELPER_STORE=1 (the store's client in a process of its own)", hs))
     if s3:
         print(f"  on moto S3 ({s3}-N)")
+    timed = [("launchhelm", hf), ("lh, =0", lh)] + ([("lh, store", hs)] if hs else [])
+    times = (f"{k}: init {med(r, 'init_s'):.2f}, finish {med(r, 'finish_s'):.2f}" for k, r in timed)
+    print("  seconds, median: " + "; ".join(times))
     for title, rows in modes:
         imported = rows[0]["imported"]
         print(f"  {title}:")
