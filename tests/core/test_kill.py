@@ -3,11 +3,13 @@ and no half-written chunk ever breaks a read."""
 
 from __future__ import annotations
 
+import os
+import pathlib
 import signal
 import time
 
 import pytest
-from lhtest import CountingProxy, proc_io, spawn
+from lhtest import CountingProxy, helper_pids, make_store_url, proc_io, spawn
 
 import launchhelm as lh
 
@@ -101,12 +103,38 @@ def test_sigkill_while_a_big_chunk_is_being_written_leaves_no_partial_chunk(shar
     assert caught, "never managed to kill the writer mid-flush in 5 tries"
 
 
-def _kill_mid_write(shared_store_url: str, local: bool, proxy: CountingProxy | None, env: dict[str, str]) -> bool:
+@pytest.mark.slow
+def test_a_node_lost_mid_write_through_its_helper_leaves_no_partial_chunk(
+    tmp_path: pathlib.Path, request: pytest.FixtureRequest
+) -> None:
+    # LAUNCHHELM_HELPER_STORE=1: the session's helper makes the store's requests, so the training process's
+    # death alone never cuts a write (the helper finishes it); a node's loss kills both mid-write
+    from emulators import emulator_port, proxied_env
+
+    url = make_store_url("s3", tmp_path, request)
+    proxy = CountingProxy(emulator_port(url))
+    try:
+        env = {**proxied_env(url, proxy.port), "LAUNCHHELM_HELPER_STORE": "1"}
+        caught = _kill_mid_write(url, False, proxy, env, whole_node=True)
+    finally:
+        proxy.close()
+    assert caught, "never managed to kill the helper mid-write in 5 tries"
+
+
+def _kill_mid_write(
+    shared_store_url: str,
+    local: bool,
+    proxy: CountingProxy | None,
+    env: dict[str, str],
+    whole_node: bool = False,
+) -> bool:
     for _ in range(5):
         proc = spawn(BIG_FLUSH, shared_store_url, LAUNCHHELM_SPOOL="off", **env)  # the store's atomicity alone
         assert proc.stdout is not None
         run_id = proc.stdout.readline().strip()
         assert proc.stdout.readline().strip() == "flushing"
+        helpers = helper_pids(proc.pid) if whole_node else []
+        assert helpers or not whole_node, "no helper serves the store"
         try:
             pid = proc.pid
             written = (lambda: proxy.sent) if proxy else (lambda: _written(pid))  # noqa: B023
@@ -115,6 +143,8 @@ def _kill_mid_write(shared_store_url: str, local: bool, proxy: CountingProxy | N
             while time.monotonic() < deadline and written() - base < 2**20:
                 time.sleep(0.0005)
         finally:
+            for helper in helpers:  # the writer first: the training process must not take the write over
+                os.kill(helper, signal.SIGKILL)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         rest = proc.stdout.read()

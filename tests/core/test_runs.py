@@ -189,7 +189,9 @@ def test_a_session_on_another_host_is_dead_only_once_its_heartbeat_is_stale(shar
     probe = subprocess.run([*prefix, "true"], capture_output=True)
     if probe.returncode != 0:
         pytest.fail(f"unshare --pid does not work here: {probe.stderr!r}")
-    proc, run_id = _start_training(shared_store_url, beat=0.2, timeout=2.0, prefix=prefix)
+    # timeout: the resume below must read the heartbeat while it is fresh, after its own init's start
+    # (on an object store, a helper process that serves the store: about a second on a busy machine)
+    proc, run_id = _start_training(shared_store_url, beat=0.2, timeout=6.0, prefix=prefix)
     handle = lh.Api(shared_store_url).run(run_id)
     session = [e for e in handle.events() if e["type"] == "session_started"][-1]
     assert session["process"]["host_id"] != _liveness.host_id()
@@ -201,7 +203,7 @@ def test_a_session_on_another_host_is_dead_only_once_its_heartbeat_is_stale(shar
     with pytest.raises(lh.RunInUseError, match="heartbeat fresh"):
         lh.init("crash", resume=run_id, store=shared_store_url)
     assert handle.status == "running"
-    while time.time() - killed < 2.6:
+    while time.time() - killed < 6.6:
         time.sleep(0.1)
     assert handle.status == "stopped"
     resumed = lh.init("crash", resume=run_id, store=shared_store_url)

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from gcs_finalize_proxy import GcsFinalizeProxy
-from lhtest import BUCKET, make_store_url, proc_io, spawn
+from lhtest import BUCKET, helper_pids, make_store_url, proc_io, spawn
 
 import launchhelm as lh
 from launchhelm import _gc
@@ -233,25 +233,46 @@ def test_a_save_killed_mid_upload_leaves_no_checkpoint_and_gc_leaves_nothing(
             proxy.close()
 
 
+@pytest.mark.slow
+def test_a_node_lost_mid_upload_through_its_helper_leaves_no_checkpoint_and_gc_leaves_nothing(
+    tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    # LAUNCHHELM_HELPER_STORE=1: the session's helper uploads, so the training process's death alone never
+    # cuts an upload; a node's loss kills both mid-upload
+    payload = _file(tmp_path, "big.bin", 160 * 2**20)
+    url = make_store_url("s3", tmp_path, request)
+    _kill_mid_upload(url, payload, 160 * 2**20, {"LAUNCHHELM_HELPER_STORE": "1"}, None, whole_node=True)
+
+
 def _kill_mid_upload(
-    shared_store_url: str, payload: Path, size: int, env: dict[str, str], proxy: GcsFinalizeProxy | None
+    shared_store_url: str,
+    payload: Path,
+    size: int,
+    env: dict[str, str],
+    proxy: GcsFinalizeProxy | None,
+    whole_node: bool = False,
 ) -> None:
     for _ in range(5):
         proc = spawn(UPLOADER, shared_store_url, str(payload), **env)
         assert proc.stdout is not None
         run_id = proc.stdout.readline().strip()
         assert proc.stdout.readline().strip() == "uploading", proc.stderr.read() if proc.stderr else ""
+        helpers = helper_pids(proc.pid) if whole_node else []
+        assert helpers or not whole_node, "no helper serves the store"
+        pids = [proc.pid, *helpers]  # the node's reads: the hash and the upload, whichever process makes them
         try:
-            base = _read_so_far(proc.pid)
+            base = sum(_read_so_far(pid) for pid in pids)
             deadline = time.monotonic() + 60
             # hashed (size), then 64 MB read for upload: at least 24 MB sent, 96 MB to go
             while (
                 time.monotonic() < deadline
                 and proc.poll() is None
-                and _read_so_far(proc.pid) - base < size + 64 * 2**20
+                and sum(_read_so_far(pid) for pid in pids) - base < size + 64 * 2**20
             ):
                 time.sleep(0.001)
         finally:
+            for helper in helpers:  # the uploader first: the training process must not take the upload over
+                os.kill(helper, signal.SIGKILL)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
         if "published" in proc.stdout.read():
