@@ -215,11 +215,12 @@ def test_a_lapsed_lease_is_fenced_and_its_late_result_dropped(store_url: str, tm
     first, second = (stale.scan()[f"{run.id}-{c}"] for c in ids)
     outcome = {"state": "done", "step": 10, "run_attempt": 0, "point_time": time.time()}
 
-    # 1. the holder stalls past its lease: taken over, fenced, its late result refused
-    old = stale.try_claim(first, "stalled", lease_seconds=0.3)
+    # 1. the holder stalls past its lease: taken over, fenced, its late result refused (a lease of 2 s: the
+    # next scan and claim must come while it is live, a few requests away on a busy emulator)
+    old = stale.try_claim(first, "stalled", lease_seconds=2.0)
     assert old is not None
     assert fresh.try_claim(fresh.scan()[first.id], "new", 60) is None  # still live
-    time.sleep(0.5)
+    time.sleep(2.2)
     new = fresh.try_claim(fresh.scan()[first.id], "new", 60)
     assert new is not None and new.epoch == old.epoch + 1
     assert stale.is_fenced(old) and not fresh.is_fenced(new)
