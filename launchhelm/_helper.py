@@ -51,7 +51,7 @@ from launchhelm._runlog._watchdog import DUMP_SIGNAL, Beacon, ParentWatch, Watch
 if TYPE_CHECKING:
     from launchhelm.storage._remote import HelperStore
 
-__all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "main"]
+__all__ = ["DRAIN_TIMEOUT", "MAX_REPLACED", "Helper", "HelperConfig", "run_session"]
 
 _log = logging.getLogger("launchhelm")
 
@@ -62,7 +62,7 @@ MAX_REPLACED = 3
 #: Signals the helper ignores: a Ctrl-C's and the schedulers' notices are the training process's.
 _NOTICES = "INT TERM USR1 USR2 HUP"
 #: What the helper's command line says, for ``ps`` and the tests.
-COMMAND = "import sys; from launchhelm._helper import main; sys.exit(main())"
+COMMAND = "import sys; from launchhelm._helper_boot import main; sys.exit(main())"
 
 
 @dataclass
@@ -266,7 +266,7 @@ def _spawn(line: bytes, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[byte
         process = subprocess.Popen(
             # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice;
             # through sh's `trap ''`: the notices are ignored from the exec on, before Python's imports, and
-            # an ignored signal stays ignored across exec (main() keeps them so)
+            # an ignored signal stays ignored across exec (run_session keeps them so)
             ["/bin/sh", "-c", f'trap \'\' {_NOTICES}; exec "$0" -c "$1"', sys.executable, COMMAND],
             stdin=subprocess.PIPE,
             stdout=fds.get(1),
@@ -499,36 +499,9 @@ def _settle_bounded(config: HelperConfig) -> None:
     worker.join(config.settle_timeout)
 
 
-def _first_line(fd: int, data: bytes = b"") -> tuple[bytes, bytes]:
-    """The config line from stdin (after ``data``, read before), and what came after it (flush requests):
-    read unbuffered, so the pipe's later lines are seen by ``select`` on the descriptor, not hidden in a
-    Python buffer."""
-    while b"\n" not in data:
-        more = os.read(fd, 65536)
-        if not more:
-            return data, b""
-        data += more
-    line, rest = data.split(b"\n", 1)
-    return line, rest
-
-
-def main() -> int:
-    line, rest = _first_line(sys.stdin.fileno())
-    if not line:
-        return 0
-    first = json.loads(line)
-    if "serve" in first:
-        # started by init before the run existed: the store is served to the training process from now on,
-        # and the session's configuration comes when the run exists
-        from launchhelm.storage._remote import open_and_serve
-
-        server = threading.Thread(target=open_and_serve, args=(first["serve"],), name="launchhelm-serve", daemon=True)
-        server.start()
-        line, rest = _first_line(sys.stdin.fileno(), rest)
-        if not line:  # no session (init failed, or the process is gone): serve until the socket's end
-            server.join()
-            return 0
-        first = json.loads(line)
+def run_session(first: dict[str, Any], rest: bytes) -> int:
+    """The helper's session, from its configuration (``first``) and what came after it on stdin; its
+    start (``launchhelm._helper_boot.main``) has read them, and served the store where asked."""
     config = HelperConfig(**first)
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     # LaunchHelm's own process: its threads' policy, pyarrow's pool and glibc's heap may be tuned here

@@ -352,8 +352,8 @@ class Terminal:
             self._master = -1
 
 
-#: What a helper process's command line holds (``launchhelm._helper``).
-HELPER_COMMAND = "from launchhelm._helper import main"
+#: What a helper process's command line holds (``launchhelm._helper_boot``).
+HELPER_COMMAND = "from launchhelm._helper_boot import main"
 
 
 def helper_pids(pid: int) -> list[int]:

@@ -21,7 +21,7 @@ import pytest
 from lhtest import child_env, make_store_url
 
 import launchhelm as lh
-from launchhelm._helper import _first_line
+from launchhelm._helper_boot import first_line as _first_line
 from launchhelm._runlog._watchdog import ParentWatch
 
 _TRAINER = textwrap.dedent(
