@@ -225,12 +225,14 @@ def test_takeover_resumes_a_run_whose_session_looks_alive(shared_store_url: str)
         proc.wait()
 
 
-def _resume_racer(url: str, run_id: str, barrier: object, queue: object) -> None:
+def _resume_racer(url: str, run_id: str, barrier: object, queue: object, decided: object) -> None:
     barrier.wait(timeout=60)  # type: ignore[attr-defined]
     try:
         run = lh.init("race", resume=run_id, store=url)
         queue.put(("won", run.session_id))  # type: ignore[attr-defined]
-        time.sleep(2)  # stay alive while the others decide
+        # alive until every racer has decided: a resume that comes after this session ended may win, rightly
+        # (on a loaded machine one came more than 2 s late)
+        decided.wait(120)  # type: ignore[attr-defined]
         run.finish(close_run=False)
     except lh.RunInUseError as exc:
         queue.put(("refused", str(exc)))  # type: ignore[attr-defined]
@@ -241,11 +243,16 @@ def test_concurrent_resumes_of_one_run_admit_exactly_one(shared_store_url: str) 
     run = lh.init("race", store=shared_store_url)
     run.finish(close_run=False)
     ctx = multiprocessing.get_context("spawn")
-    barrier, queue = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_resume_racer, args=(shared_store_url, run.id, barrier, queue)) for _ in range(4)]
+    barrier, queue, decided = ctx.Barrier(4), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_resume_racer, args=(shared_store_url, run.id, barrier, queue, decided)) for _ in range(4)
+    ]
     for p in procs:
         p.start()
-    outcomes = [queue.get(timeout=120) for _ in procs]
+    try:
+        outcomes = [queue.get(timeout=120) for _ in procs]
+    finally:
+        decided.set()
     for p in procs:
         p.join(60)
     assert sorted(o[0] for o in outcomes) == ["refused", "refused", "refused", "won"], outcomes

@@ -73,28 +73,30 @@ def test_callback_logs_records_config_and_publishes_each_checkpoint_folder(tmp_p
 
 
 class _SlowEvaluation(TrainerCallback):  # type: ignore[misc]
-    """Each evaluation batch takes a second; notes whether the run's hang clock was stopped then."""
+    """Each evaluation batch takes 2 s; notes whether the run's hang clock was stopped then."""
 
     def __init__(self, ours: LaunchHelmCallback) -> None:
         self.ours = ours
         self.clock_stopped: list[bool] = []
 
     def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: object) -> None:
-        time.sleep(1.0)
+        time.sleep(2.0)
         self.clock_stopped.append(self.ours.run._beacon.counting_paused)
 
 
 @pytest.mark.slow
 def test_an_evaluation_longer_than_the_hang_timeout_is_no_hang(tmp_path: Path) -> None:
     model, data = _tiny()
-    callback = LaunchHelmCallback("hf", store=str(tmp_path / "store"), hang_timeout=2)
+    # 4 s: a training step of this tiny model took more than 2 s on a loaded CI machine (its first AdamW
+    # step); each evaluation (3 batches of 2 s) is still longer than the timeout
+    callback = LaunchHelmCallback("hf", store=str(tmp_path / "store"), hang_timeout=4)
     slow = _SlowEvaluation(callback)
     args = _args(tmp_path / "out", 4, 100)
     args.eval_strategy = "steps"
     args.eval_steps = 2
     args.per_device_eval_batch_size = 4
     trainer = Trainer(model=model, args=args, train_dataset=data, eval_dataset=data[:12], callbacks=[callback, slow])
-    trainer.train()  # two evaluations of 3 s, at steps 2 and 4
+    trainer.train()  # two evaluations of 6 s, at steps 2 and 4
     assert slow.clock_stopped == [True] * 6
     assert not callback.run._beacon.counting_paused  # each evaluation's section closed
     handle = lh.Api(str(tmp_path / "store")).run(callback.run.id)
