@@ -264,7 +264,7 @@ def _spawn(line: bytes, pass_fds: tuple[int, ...] = ()) -> subprocess.Popen[byte
     # would make finish() wait out the capture's drain timeout for each stream
     with terminal_fds() as fds:
         process = subprocess.Popen(
-            # not ``-m``: launchhelm's import already loads this module, and runpy warns of running it twice;
+            # ``-c COMMAND``, not ``-m``: runpy warns where the module is already imported (a test may have);
             # through sh's `trap ''`: the notices are ignored from the exec on, before Python's imports, and
             # an ignored signal stays ignored across exec (run_session keeps them so)
             ["/bin/sh", "-c", f'trap \'\' {_NOTICES}; exec "$0" -c "$1"', sys.executable, COMMAND],
